@@ -1,0 +1,26 @@
+# Two entry points, as in the README: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+
+.PHONY: install install-test demo test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+install-test: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	scripts/install-etcd.sh
+
+demo: install
+	mkdir -p $(DAGSTER_HOME)
+	cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
+	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
+
+test: install-test
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

