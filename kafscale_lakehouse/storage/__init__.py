@@ -1,0 +1,77 @@
+"""Storage layer: KafScale segments in S3 or a local directory; key parsing, completeness, discovery, gaps."""
+
+from kafscale_lakehouse.storage.discovery import (
+    METADATA_SNAPSHOT_KEY,
+    Discovery,
+    DiscoveryMode,
+    discover_partitions,
+    parse_metadata_snapshot,
+)
+from kafscale_lakehouse.storage.errors import (
+    BucketNotFoundError,
+    DuplicateSegmentError,
+    MetadataSnapshotError,
+    ObjectNotFoundError,
+    SegmentOverlapError,
+    StorageAuthError,
+    StorageError,
+    StorageRequestError,
+    StorageUnreachableError,
+)
+from kafscale_lakehouse.storage.factory import segment_store_from_config
+from kafscale_lakehouse.storage.gaps import NOTHING_COMMITTED, Gap, find_gaps
+from kafscale_lakehouse.storage.keys import (
+    DEFAULT_NAMESPACE,
+    ObjectKind,
+    SegmentKey,
+    namespace_prefix,
+    parse_segment_key,
+    partition_prefix,
+    segment_key,
+    topic_prefix,
+)
+from kafscale_lakehouse.storage.local_store import LocalSegmentStore
+from kafscale_lakehouse.storage.s3_store import S3SegmentStore
+from kafscale_lakehouse.storage.store import (
+    IncompleteSegment,
+    ObjectInfo,
+    SegmentListing,
+    SegmentRef,
+    SegmentStore,
+)
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "METADATA_SNAPSHOT_KEY",
+    "NOTHING_COMMITTED",
+    "BucketNotFoundError",
+    "Discovery",
+    "DiscoveryMode",
+    "DuplicateSegmentError",
+    "Gap",
+    "IncompleteSegment",
+    "LocalSegmentStore",
+    "MetadataSnapshotError",
+    "ObjectInfo",
+    "ObjectKind",
+    "ObjectNotFoundError",
+    "S3SegmentStore",
+    "SegmentKey",
+    "SegmentListing",
+    "SegmentOverlapError",
+    "SegmentRef",
+    "SegmentStore",
+    "StorageAuthError",
+    "StorageError",
+    "StorageRequestError",
+    "StorageUnreachableError",
+    "discover_partitions",
+    "find_gaps",
+    "namespace_prefix",
+    "parse_metadata_snapshot",
+    "parse_segment_key",
+    "partition_prefix",
+    "segment_key",
+    "segment_store_from_config",
+    "topic_prefix",
+]

@@ -1,0 +1,334 @@
+"""`SegmentStore`: listing, reads and completeness of KafScale segments, on top of a few backend primitives.
+
+Backends (S3, local directory) implement four primitives (`_list_page`, `_get`, `_head`, `_put`); everything
+segment-specific lives here once, so both backends behave the same and count requests the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+from kafscale_lakehouse.format.errors import SegmentFormatError, SegmentMismatchError, TruncatedSegmentError
+from kafscale_lakehouse.format.segment_frame import FOOTER_SIZE, HEADER_SIZE, SegmentFooter, parse_footer
+from kafscale_lakehouse.storage.errors import DuplicateSegmentError, StorageRequestError
+from kafscale_lakehouse.storage.keys import (
+    DEFAULT_NAMESPACE,
+    ObjectKind,
+    namespace_prefix,
+    parse_partition,
+    parse_segment_key,
+    partition_prefix,
+    segment_key,
+    topic_prefix,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIST_PAGE_SIZE = 1000  # S3's maximum keys per ListObjectsV2 page
+# Footer reads are latency-bound 16-byte GETs; a few in flight make a first listing of a large backlog fast.
+FOOTER_READ_THREADS = 8
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    last_modified: datetime
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """One listing request's answer. `next_token` is None on the last page."""
+
+    objects: list[ObjectInfo]
+    common_prefixes: list[str]
+    next_token: str | None
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """A complete segment: both objects exist and the `.kfs` ends with a valid footer."""
+
+    topic: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    kfs_key: str
+    index_key: str
+    kfs_size: int
+
+
+@dataclass(frozen=True)
+class IncompleteSegment:
+    """A segment that is not (yet) readable: orphan `.kfs`, orphan `.index`, or a `.kfs` without `END!`.
+
+    `last_modified` is the newest of its objects, so an operator can tell an upload in progress from a broker that
+    died between the two uploads.
+    """
+
+    topic: str
+    partition: int
+    base_offset: int
+    kfs_key: str | None
+    index_key: str | None
+    reason: str
+    last_modified: datetime
+
+
+@dataclass(frozen=True)
+class SegmentListing:
+    """Result of `SegmentStore.list_segments`.
+
+    `segments` are the new complete segments in offset order, up to (excluding) the first incomplete one;
+    `incomplete` lists the incomplete segments seen; `cursor` is what to pass as `after` next time (the `.kfs` key
+    of the last returned segment, or the previous cursor when nothing new is complete).
+    """
+
+    segments: list[SegmentRef]
+    incomplete: list[IncompleteSegment]
+    cursor: str | None
+
+
+@dataclass
+class _SegmentPair:
+    kfs: ObjectInfo | None = None
+    index: ObjectInfo | None = None
+
+
+class SegmentStore(ABC):
+    """Object store holding KafScale segments under `namespace` (kafscale-format.md §1).
+
+    Object keys are full keys relative to the bucket (or root directory), e.g. `default/orders/0/segment-…kfs`.
+    `request_counts` counts requests by kind (`list` per page, `get`, `head`, `put`) since construction.
+    """
+
+    def __init__(self, *, namespace: str = DEFAULT_NAMESPACE, list_page_size: int = DEFAULT_LIST_PAGE_SIZE):
+        if not 1 <= list_page_size <= DEFAULT_LIST_PAGE_SIZE:
+            raise ValueError(f"list_page_size {list_page_size} is outside 1..{DEFAULT_LIST_PAGE_SIZE}")
+        self.namespace = namespace
+        self.list_page_size = list_page_size
+        self._request_counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
+
+    # ---- backend primitives -------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the store is, for messages: `s3://bucket at endpoint` or `local directory /path`."""
+
+    @abstractmethod
+    def _list_page(self, prefix: str, *, start_after: str | None, delimiter: str | None,
+                   token: str | None) -> ListPage: ...
+
+    @abstractmethod
+    def _get(self, key: str, byte_range: tuple[int, int] | None) -> bytes:
+        """Whole object, or the inclusive byte range (first, last)."""
+
+    @abstractmethod
+    def _head(self, key: str) -> int:
+        """Object size in bytes."""
+
+    @abstractmethod
+    def _put(self, key: str, data: bytes) -> None: ...
+
+    # ---- request counting and pickling (Spark ships stores to executors) ----------------------------------
+    @property
+    def request_counts(self) -> Counter[str]:
+        """A snapshot copy; subtract two snapshots to measure an operation."""
+        with self._counts_lock:
+            return Counter(self._request_counts)
+
+    def _counted(self, kind: str, call: Callable[..., _T], *args, **kwargs) -> _T:
+        with self._counts_lock:
+            self._request_counts[kind] += 1
+        return call(*args, **kwargs)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_counts_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._counts_lock = threading.Lock()
+
+    # ---- object operations --------------------------------------------------------------------------------
+    def _pages(self, prefix: str, start_after: str | None, delimiter: str | None) -> Iterator[ListPage]:
+        token = None
+        while True:
+            page = self._counted("list", self._list_page, prefix, start_after=start_after, delimiter=delimiter,
+                                 token=token)
+            yield page
+            if page.next_token is None:
+                return
+            token = page.next_token
+
+    def list_objects(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """All objects whose key starts with `prefix` (and sorts after `start_after`), in key order, page by page."""
+        for page in self._pages(prefix, start_after, None):
+            yield from page.objects
+
+    def list_common_prefixes(self, prefix: str) -> list[str]:
+        """The `<prefix><name>/` "directories" directly under `prefix` (ListObjectsV2 with `Delimiter='/'`)."""
+        return [common for page in self._pages(prefix, None, "/") for common in page.common_prefixes]
+
+    def read(self, key: str) -> bytes:
+        return self._counted("get", self._get, key, None)
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """Exactly `length` bytes from byte `start`; a shorter object is an error, never a silent short read."""
+        if start < 0 or length <= 0:
+            raise ValueError(f"invalid byte range start={start} length={length} for {key}")
+        data = self._counted("get", self._get, key, (start, start + length - 1))
+        if len(data) != length:
+            raise StorageRequestError(
+                f"short read of {key} in {self.location}: asked for {length} bytes at byte {start}, got {len(data)}",
+                location=self.location, key=key)
+        return data
+
+    def size(self, key: str) -> int:
+        return self._counted("head", self._head, key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._counted("put", self._put, key, data)
+
+    # ---- segments -----------------------------------------------------------------------------------------
+    def write_segment(self, topic: str, partition: int, base_offset: int, segment: bytes,
+                      index: bytes) -> tuple[str, str]:
+        """Upload a segment the way the broker does: `.kfs` first, then `.index` (which makes it complete)."""
+        kfs_key = segment_key(self.namespace, topic, partition, base_offset, ObjectKind.SEGMENT)
+        index_key = segment_key(self.namespace, topic, partition, base_offset, ObjectKind.INDEX)
+        self.put(kfs_key, segment)
+        self.put(index_key, index)
+        return kfs_key, index_key
+
+    def read_footer(self, kfs_key: str, kfs_size: int) -> SegmentFooter:
+        """The 16-byte footer with one ranged read; raises `SegmentFormatError` (key + byte offset) if absent."""
+        if kfs_size < HEADER_SIZE + FOOTER_SIZE:
+            raise TruncatedSegmentError(kfs_key, kfs_size, f"object has {kfs_size} bytes, a finished segment has at "
+                                        f"least {HEADER_SIZE + FOOTER_SIZE} (header and footer)")
+        position = kfs_size - FOOTER_SIZE
+        return parse_footer(self.read_range(kfs_key, position, FOOTER_SIZE), kfs_key, position)
+
+    def list_topics(self) -> list[str]:
+        """Topic names under the namespace, sorted."""
+        prefix = namespace_prefix(self.namespace)
+        return sorted(p[len(prefix):-1] for p in self.list_common_prefixes(prefix) if p[len(prefix):-1])
+
+    def list_partitions(self, topic: str) -> list[int]:
+        """Partition ids of `topic` (directories that are canonical non-negative int32), sorted."""
+        prefix = topic_prefix(self.namespace, topic)
+        names = (p[len(prefix):-1] for p in self.list_common_prefixes(prefix))
+        return sorted(partition for partition in map(parse_partition, names) if partition is not None)
+
+    def list_segments(self, topic: str, partition: int, after: str | None = None,
+                      limit: int | None = None) -> SegmentListing:
+        """Complete segments of one partition that follow the cursor `after` (a `.kfs` key from a previous listing).
+
+        Cost: listing pages from the cursor on, plus one 16-byte footer read per new complete segment (read
+        concurrently). With padded keys (what brokers write) the listing starts after the cursor (`StartAfter`);
+        an unpadded cursor does not sort numerically against newer keys, so the partition is listed in full and
+        filtered by base offset. Segments are returned in offset order and stop at the first incomplete one, so
+        the cursor never moves past a segment whose `.index` has not arrived yet. `limit` caps how many segments
+        (and footer reads) one call returns, to bound the cost of a sensor tick over a large backlog.
+        """
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit {limit} must be at least 1")
+        prefix = partition_prefix(self.namespace, topic, partition)
+        after_base, start_after = self._resume_point(topic, partition, after)
+        pairs = self._pair_objects(prefix, start_after, after_base)
+
+        incomplete: list[IncompleteSegment] = []
+        candidates: list[tuple[int, _SegmentPair]] = []  # both objects present, before any orphan
+        for base_offset in sorted(pairs):
+            pair = pairs[base_offset]
+            if pair.kfs is None or pair.index is None:
+                missing = "no .index (orphan .kfs)" if pair.index is None else "no .kfs (orphan .index)"
+                incomplete.append(_incomplete(topic, partition, base_offset, pair, missing))
+            elif not incomplete and (limit is None or len(candidates) < limit):
+                candidates.append((base_offset, pair))
+
+        segments: list[SegmentRef] = []
+        for (base_offset, pair), footer in zip(candidates, self._read_footers([pair.kfs for _, pair in candidates])):
+            kfs, index = pair.kfs, pair.index
+            if isinstance(footer, SegmentFormatError):
+                incomplete.insert(0, _incomplete(topic, partition, base_offset, pair, f"not finished: {footer}"))
+                break
+            if footer.last_offset < base_offset:
+                raise SegmentMismatchError(kfs.key, kfs.size - FOOTER_SIZE + 4,
+                                           f"footer last offset {footer.last_offset} is below the key's base "
+                                           f"offset {base_offset}")
+            segments.append(SegmentRef(topic, partition, base_offset, footer.last_offset, kfs.key, index.key,
+                                       kfs.size))
+        for item in incomplete:
+            log.info("incomplete segment in %s, not returned: %s / %s: %s", self.location, item.kfs_key,
+                     item.index_key, item.reason)
+        cursor = segments[-1].kfs_key if segments else after
+        return SegmentListing(segments, incomplete, cursor)
+
+    def _read_footers(self, objects: list[ObjectInfo]) -> list[SegmentFooter | SegmentFormatError]:
+        """Footers in order; a missing `END!` is returned (it means "not finished"), other errors raise."""
+
+        def footer_or_format_error(info: ObjectInfo) -> SegmentFooter | SegmentFormatError:
+            try:
+                return self.read_footer(info.key, info.size)
+            except SegmentFormatError as exc:
+                return exc
+
+        if len(objects) <= 1:
+            return [footer_or_format_error(info) for info in objects]
+        with ThreadPoolExecutor(max_workers=min(FOOTER_READ_THREADS, len(objects))) as pool:
+            return list(pool.map(footer_or_format_error, objects))
+
+    def _resume_point(self, topic: str, partition: int, after: str | None) -> tuple[int | None, str | None]:
+        """(base offset to skip up to, StartAfter key) for the cursor `after`."""
+        if after is None:
+            return None, None
+        parsed = parse_segment_key(after, self.namespace)
+        if parsed is None or parsed.kind is not ObjectKind.SEGMENT or (parsed.topic, parsed.partition) != (
+                topic, partition):
+            raise ValueError(f"cursor {after!r} is not a .kfs key of topic {topic!r} partition {partition} "
+                             f"under namespace {self.namespace!r}")
+        if not parsed.padded:
+            log.debug("unpadded cursor %s: listing %s/%d in full", after, topic, partition)
+        return parsed.base_offset, after if parsed.padded else None
+
+    def _pair_objects(self, prefix: str, start_after: str | None,
+                      after_base: int | None) -> dict[int, _SegmentPair]:
+        pairs: dict[int, _SegmentPair] = {}
+        for info in self.list_objects(prefix, start_after=start_after):
+            parsed = parse_segment_key(info.key, self.namespace)
+            if parsed is None or (after_base is not None and parsed.base_offset <= after_base):
+                continue
+            pair = pairs.setdefault(parsed.base_offset, _SegmentPair())
+            slot = "kfs" if parsed.kind is ObjectKind.SEGMENT else "index"
+            existing = getattr(pair, slot)
+            if existing is not None:
+                raise DuplicateSegmentError(
+                    f"{existing.key} and {info.key} in {self.location} both claim base offset "
+                    f"{parsed.base_offset}; remove one", location=self.location, key=info.key)
+            setattr(pair, slot, info)
+        return pairs
+
+
+def _incomplete(topic: str, partition: int, base_offset: int, pair: _SegmentPair, reason: str) -> IncompleteSegment:
+    infos = [info for info in (pair.kfs, pair.index) if info is not None]
+    return IncompleteSegment(
+        topic=topic,
+        partition=partition,
+        base_offset=base_offset,
+        kfs_key=pair.kfs.key if pair.kfs else None,
+        index_key=pair.index.key if pair.index else None,
+        reason=reason,
+        last_modified=max(info.last_modified for info in infos),
+    )

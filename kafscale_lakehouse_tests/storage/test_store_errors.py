@@ -1,0 +1,116 @@
+"""Typed storage errors: credentials, missing bucket/root, unreachable endpoint, missing objects, short reads."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+
+from kafscale_lakehouse.storage import (
+    BucketNotFoundError,
+    LocalSegmentStore,
+    ObjectNotFoundError,
+    S3SegmentStore,
+    StorageAuthError,
+    StorageRequestError,
+    StorageUnreachableError,
+)
+from kafscale_lakehouse_tests.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, free_ports
+from kafscale_lakehouse_tests.storage.conftest import make_s3_store, write_segments
+
+
+@pytest.mark.parametrize(
+    ("access_key", "secret_key", "code"),
+    [("WRONGKEYID", SECRET_KEY, "InvalidAccessKeyId"), (ACCESS_KEY, "wrong-secret-value", "SignatureDoesNotMatch")],
+)
+def test_wrong_credentials_name_endpoint_bucket_and_key_id_never_the_secret(seaweedfs, unique_prefix, access_key,
+                                                                          secret_key, code):
+    store = make_s3_store(seaweedfs, unique_prefix, access_key_id=access_key, secret_access_key=secret_key)
+    with pytest.raises(StorageAuthError) as raised:
+        store.list_topics()
+    assert str(raised.value) == (f"S3 at {seaweedfs.s3_endpoint} rejected the credentials (access key id "
+                                 f"{access_key}) for bucket {S3_BUCKET}: {code}")
+    assert secret_key not in str(raised.value) and secret_key not in repr(store)
+
+
+def test_credentials_from_the_environment_chain(seaweedfs, unique_prefix, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    store = S3SegmentStore(S3_BUCKET, namespace=unique_prefix, endpoint=seaweedfs.s3_endpoint, region=REGION,
+                           path_style=True)
+    write_segments(store, "orders", 0, [0])
+    assert [s.base_offset for s in store.list_segments("orders", 0).segments] == [0]
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ENVKEYID")
+    rejected = S3SegmentStore(S3_BUCKET, namespace=unique_prefix, endpoint=seaweedfs.s3_endpoint, region=REGION,
+                              path_style=True)
+    with pytest.raises(StorageAuthError, match=r"\(access key id ENVKEYID\)"):
+        rejected.list_topics()
+
+
+def test_missing_bucket(seaweedfs, unique_prefix):
+    store = S3SegmentStore(f"{unique_prefix}-absent", endpoint=seaweedfs.s3_endpoint, region=REGION,
+                           path_style=True, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
+    with pytest.raises(BucketNotFoundError) as raised:
+        store.list_segments("orders", 0)
+    assert str(raised.value) == f"S3 at {seaweedfs.s3_endpoint} has no bucket {unique_prefix}-absent"
+
+
+def test_unreachable_endpoint_fails_fast_and_names_it(unique_prefix):
+    [port] = free_ports(1)
+    endpoint = f"http://127.0.0.1:{port}"
+    store = S3SegmentStore(S3_BUCKET, namespace=unique_prefix, endpoint=endpoint, region=REGION, path_style=True,
+                           access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY, max_attempts=2,
+                           connect_timeout_seconds=1)
+    started = time.monotonic()
+    with pytest.raises(StorageUnreachableError) as raised:
+        store.read(f"{unique_prefix}/orders/0/segment-00000000000000000000.kfs")
+    assert time.monotonic() - started < 10  # bounded retries
+    assert f"S3 at {endpoint} unreachable while trying to read {unique_prefix}/orders/0/" in str(raised.value)
+    assert "after up to 2 attempts" in str(raised.value)
+
+
+def test_missing_object_and_short_range(store):
+    key = f"{store.namespace}/orders/0/segment-00000000000000000000.kfs"
+    with pytest.raises(ObjectNotFoundError, match=key):
+        store.read(key)
+    with pytest.raises(ObjectNotFoundError, match=key):
+        store.size(key)
+    store.put(key, b"0123456789")
+    with pytest.raises(StorageRequestError, match=f"short read of {key}.*asked for 8 bytes at byte 6, got 4"):
+        store.read_range(key, 6, 8)
+    with pytest.raises(StorageRequestError, match=key):
+        store.read_range(key, 20, 4)
+
+
+def test_missing_local_root(tmp_path):
+    store = LocalSegmentStore(tmp_path / "absent")
+    with pytest.raises(BucketNotFoundError, match=f"segment root {tmp_path / 'absent'} does not exist"):
+        store.list_segments("orders", 0)
+
+
+@pytest.mark.parametrize("key", ["../escape", "default/../../etc/passwd", "/abs", "a//b", "a\\b"])
+def test_local_keys_cannot_leave_the_root(local_store, key):
+    with pytest.raises(ValueError, match="not a relative"):
+        local_store.put(key, b"x")
+
+
+def test_stores_pickle_for_spark_executors(s3_store, local_store):
+    for store in (s3_store, local_store):
+        write_segments(store, "orders", 0, [0, 10])
+        copy = pickle.loads(pickle.dumps(store))
+        assert [s.base_offset for s in copy.list_segments("orders", 0).segments] == [0, 10]
+
+
+def test_storage_errors_pickle_with_their_attributes(s3_store):
+    with pytest.raises(ObjectNotFoundError) as raised:
+        s3_store.read(f"{s3_store.namespace}/missing")
+    copy = pickle.loads(pickle.dumps(raised.value))
+    assert (type(copy), str(copy), copy.key, copy.location) == (
+        ObjectNotFoundError, str(raised.value), f"{s3_store.namespace}/missing", s3_store.location)
+
+
+def test_explicit_credentials_come_in_pairs():
+    with pytest.raises(ValueError, match="given together"):
+        S3SegmentStore(S3_BUCKET, access_key_id="only-the-id")
