@@ -31,12 +31,20 @@ class BatchOverrunError(SegmentFormatError):
     """A batch or record length runs past the end of its container."""
 
 
+class BadRecordError(SegmentFormatError):
+    """A batch or record field holds an impossible value (negative length, overlong varint, offset out of order)."""
+
+
 class CrcMismatchError(SegmentFormatError):
     """A batch CRC or the footer's body CRC does not match the bytes."""
 
 
 class UnknownCodecError(SegmentFormatError):
     """A batch uses a compression codec id outside 0-4, or its payload does not decompress."""
+
+
+class CorruptCompressedPayloadError(UnknownCodecError):
+    """A batch's compressed records section does not decompress with its (known) codec."""
 
 
 class BadIndexError(SegmentFormatError):
