@@ -1,0 +1,272 @@
+"""Iceberg catalogs through pyiceberg (`rest`, embedded `sql` on sqlite) and opening/creating the mapped tables."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import (
+    ForbiddenError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    OAuthError,
+    ServerError,
+    ServiceUnavailableError,
+    UnauthorizedError,
+)
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.transforms import IdentityTransform, UnknownTransform, parse_transform
+from sqlalchemy.exc import SQLAlchemyError
+
+log = logging.getLogger(__name__)
+
+CATALOG_TYPES = ("rest", "sql")
+# Partition field ids start at 1000 by Iceberg convention; the catalog re-assigns them on create anyway.
+_FIRST_PARTITION_FIELD_ID = 1000
+
+
+class CatalogError(RuntimeError):
+    """An Iceberg catalog problem; the message names the catalog endpoint (never a secret)."""
+
+
+class CatalogUnavailableError(CatalogError):
+    """The catalog cannot be reached or answered with a server error."""
+
+
+class CatalogAuthenticationError(CatalogError):
+    """The catalog rejected the configured credentials or token."""
+
+
+class TableNotFoundError(CatalogError):
+    """The mapped table does not exist and `create_table_if_missing` is off."""
+
+
+class TableDefinitionError(CatalogError):
+    """The table cannot be created as configured (identifier, partition spec, properties)."""
+
+
+@dataclass(frozen=True)
+class CatalogSettings:
+    """How to reach the catalog. Field names follow the config keys `iceberg.catalog.*`, `iceberg.warehouse`, `s3.*`.
+
+    `sql` is the embedded catalog: `uri` is an SQLAlchemy URL and defaults to `<warehouse>/catalog.db` (sqlite)
+    for a local warehouse. `username`/`password` become the OAuth2 client credential of a `rest` catalog.
+    """
+
+    type: str
+    uri: str | None = None
+    warehouse: str | None = None
+    name: str = "kafscale"
+    token: str | None = field(default=None, repr=False)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    s3_path_style: bool | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = field(default=None, repr=False)
+    extra_properties: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def catalog_properties(self) -> dict[str, str]:
+        """pyiceberg catalog properties (contain secrets: never log them)."""
+        props: dict[str, str] = {}
+        if self.uri:
+            props["uri"] = self.uri
+        if self.warehouse:
+            props["warehouse"] = self.warehouse
+        if self.token:
+            props["token"] = self.token
+        if self.username or self.password:
+            # Same rule as the Go processor: "user" or "user:password".
+            props["credential"] = f"{self.username or ''}:{self.password}" if self.password else self.username or ""
+            if self.uri:
+                # The REST spec's default token endpoint; pyiceberg deprecates guessing it.
+                props["oauth2-server-uri"] = f"{self.uri.rstrip('/')}/v1/oauth/tokens"
+        s3 = {
+            "s3.endpoint": self.s3_endpoint,
+            "s3.region": self.s3_region,
+            "s3.access-key-id": self.s3_access_key_id,
+            "s3.secret-access-key": self.s3_secret_access_key,
+        }
+        props.update({k: v for k, v in s3.items() if v})
+        if self.s3_path_style is not None:
+            props["s3.force-virtual-addressing"] = "false" if self.s3_path_style else "true"
+        props.update(self.extra_properties)
+        return props
+
+
+@dataclass(frozen=True)
+class PartitionFieldSpec:
+    """One partition field of a mapping: `transform` is an Iceberg transform string (`identity`, `day`,
+    `bucket[16]`, `truncate[4]`, ...); `name` defaults to the column for identity, else `<column>_<transform>`."""
+
+    source_column: str
+    transform: str = "identity"
+    name: str | None = None
+
+
+def load_catalog(settings: CatalogSettings) -> Catalog:
+    """Connect to the configured catalog; unreachable or refused → `CatalogError` naming the endpoint."""
+    if settings.type not in CATALOG_TYPES:
+        raise ValueError(f"iceberg.catalog.type must be one of {CATALOG_TYPES}, got {settings.type!r}")
+    props = settings.catalog_properties()
+    if settings.type == "rest":
+        if not settings.uri:
+            raise ValueError("iceberg.catalog.uri is required for a rest catalog")
+        endpoint = redact_uri(settings.uri)
+        with catalog_errors(endpoint, _rest_auth_hint(settings)):
+            catalog: Catalog = RestCatalog(settings.name, **props)
+    else:
+        if not settings.warehouse:
+            raise ValueError("iceberg.warehouse is required for a sql catalog")
+        props["warehouse"] = _warehouse_uri(settings.warehouse)
+        props.setdefault("uri", _default_sqlite_uri(props["warehouse"]))
+        endpoint = redact_uri(props["uri"])
+        with catalog_errors(endpoint, "iceberg.catalog.uri"):
+            catalog = SqlCatalog(settings.name, **props)
+    log.info("Iceberg %s catalog %r at %s", settings.type, settings.name, endpoint)
+    return catalog
+
+
+def open_table(
+    catalog: Catalog,
+    identifier: str,
+    *,
+    schema: Schema | None = None,
+    create_if_missing: bool = False,
+    partition_fields: Sequence[PartitionFieldSpec] = (),
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    """Load `identifier` (`namespace.table`); with `create_if_missing`, create namespace and table first.
+
+    A created table gets `schema` as given (base columns ids 1-8, then mapped columns), Parquet data files,
+    the partition spec and the extra table properties. An existing table is loaded unchanged.
+    """
+    endpoint = catalog_endpoint(catalog)
+    namespace = Catalog.namespace_from(identifier)
+    if not namespace:
+        raise TableDefinitionError(f"table identifier {identifier!r} needs a namespace (e.g. 'prod.orders')")
+    with catalog_errors(endpoint):
+        try:
+            return catalog.load_table(identifier)
+        except (NoSuchTableError, NoSuchNamespaceError):
+            if not create_if_missing:
+                raise TableNotFoundError(
+                    f"table {identifier} does not exist in the Iceberg catalog at {endpoint} and "
+                    "create_table_if_missing is off for its mapping"
+                ) from None
+    if schema is None:
+        raise ValueError(f"creating table {identifier} needs a schema")
+    table_properties = _creation_properties(identifier, properties or {})
+    spec = build_partition_spec(identifier, schema, partition_fields)
+    with catalog_errors(endpoint):
+        catalog.create_namespace_if_not_exists(namespace)
+        table = catalog.create_table_if_not_exists(
+            identifier, schema, partition_spec=spec, properties=table_properties
+        )
+    log.info("table %s ready at %s (catalog %s)", identifier, table.location(), endpoint)
+    return table
+
+
+def build_partition_spec(identifier: str, schema: Schema, fields: Sequence[PartitionFieldSpec]) -> PartitionSpec:
+    """The partition spec of `fields` bound to `schema` by column name."""
+    spec_fields = []
+    for position, spec in enumerate(fields):
+        try:
+            source = schema.find_field(spec.source_column)
+        except ValueError:
+            raise TableDefinitionError(
+                f"table {identifier}: partition column {spec.source_column!r} is not in the schema"
+            ) from None
+        transform = parse_transform(spec.transform)
+        if isinstance(transform, UnknownTransform) or not transform.can_transform(source.field_type):
+            raise TableDefinitionError(
+                f"table {identifier}: partition transform {spec.transform!r} does not apply to column "
+                f"{spec.source_column!r} of type {source.field_type}"
+            )
+        name = spec.name or (
+            spec.source_column if isinstance(transform, IdentityTransform)
+            else f"{spec.source_column}_{str(transform).replace('[', '_').rstrip(']')}"
+        )
+        spec_fields.append(PartitionField(source.field_id, _FIRST_PARTITION_FIELD_ID + position, transform, name))
+    return PartitionSpec(*spec_fields)
+
+
+def catalog_endpoint(catalog: Catalog) -> str:
+    """Where the catalog lives, for messages (password in a URI is masked)."""
+    return redact_uri(catalog.properties.get("uri", f"catalog {catalog.name}"))
+
+
+def redact_uri(uri: str) -> str:
+    """`uri` with any password in its user info replaced by `***`."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@contextmanager
+def catalog_errors(endpoint: str, credential_keys: str = "the catalog credentials") -> Iterator[None]:
+    """Turn transport and auth failures of a catalog call into `CatalogError`s that name `endpoint`.
+
+    The original exception stays chained; neither message carries a secret.
+    """
+    try:
+        yield
+    except (OAuthError, UnauthorizedError, ForbiddenError) as exc:
+        raise CatalogAuthenticationError(
+            f"Iceberg catalog at {endpoint} rejected {credential_keys} ({type(exc).__name__})"
+        ) from exc
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise CatalogUnavailableError(f"Iceberg catalog at {endpoint} is unreachable ({type(exc).__name__})") from exc
+    except SQLAlchemyError as exc:
+        raise CatalogUnavailableError(f"Iceberg sql catalog at {endpoint} failed ({type(exc).__name__})") from exc
+    except (ServerError, ServiceUnavailableError) as exc:
+        raise CatalogUnavailableError(f"Iceberg catalog at {endpoint} answered {type(exc).__name__}") from exc
+
+
+def _rest_auth_hint(settings: CatalogSettings) -> str:
+    if settings.username or settings.password:
+        return "the credential of iceberg.catalog.username/password"
+    if settings.token:
+        return "the bearer token iceberg.catalog.token"
+    return "the request (no iceberg.catalog.token or username/password configured)"
+
+
+def _creation_properties(identifier: str, properties: Mapping[str, str]) -> dict[str, str]:
+    file_format = properties.get(TableProperties.WRITE_FILE_FORMAT, "parquet")
+    if file_format.lower() != "parquet":
+        raise TableDefinitionError(
+            f"table {identifier}: {TableProperties.WRITE_FILE_FORMAT}={file_format!r} is not supported; "
+            "the sink writes parquet"
+        )
+    return {**properties, TableProperties.WRITE_FILE_FORMAT: "parquet"}
+
+
+def _warehouse_uri(warehouse: str) -> str:
+    """A local warehouse path as an absolute `file://` URI; other URIs unchanged."""
+    if "://" in warehouse:
+        return warehouse
+    return Path(warehouse).expanduser().resolve().as_uri()
+
+
+def _default_sqlite_uri(warehouse_uri: str) -> str:
+    parts = urlsplit(warehouse_uri)
+    if parts.scheme != "file":
+        raise ValueError(
+            f"iceberg.catalog.uri is required for a sql catalog whose warehouse {warehouse_uri} is not local"
+        )
+    directory = Path(parts.path)
+    directory.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{directory / 'catalog.db'}"

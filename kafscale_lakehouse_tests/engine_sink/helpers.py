@@ -1,0 +1,73 @@
+"""Helpers for the engine_sink tests: the table schema, batches of Kafka-like rows, catalog settings."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import BinaryType, DoubleType, IntegerType, LongType, NestedField, StringType
+
+from kafscale_lakehouse.engine.catalog import CatalogSettings
+from kafscale_lakehouse.engine.iceberg_sink import write_data_files
+from kafscale_lakehouse_tests.servers import ACCESS_KEY, REGION, SECRET_KEY, TABLE_BUCKET
+
+BASE_COLUMNS = ["record_id", "topic", "partition", "offset", "timestamp_ms", "key", "value", "headers"]
+MAPPED_COLUMNS = ["amount", "customer"]
+
+
+def lakehouse_schema() -> Schema:
+    """Base columns (ids 1-8, kafscale-format.md §8) followed by two mapped columns."""
+    return Schema(
+        NestedField(1, "record_id", StringType(), required=True),
+        NestedField(2, "topic", StringType(), required=True),
+        NestedField(3, "partition", IntegerType(), required=True),
+        NestedField(4, "offset", LongType(), required=True),
+        NestedField(5, "timestamp_ms", LongType(), required=True),
+        NestedField(6, "key", BinaryType(), required=False),
+        NestedField(7, "value", BinaryType(), required=False),
+        NestedField(8, "headers", StringType(), required=False),
+        NestedField(9, "amount", DoubleType(), required=False),
+        NestedField(10, "customer", StringType(), required=False),
+    )
+
+
+def rest_settings(seaweedfs, **overrides) -> CatalogSettings:
+    values = dict(
+        type="rest", uri=seaweedfs.rest_uri, warehouse=f"s3://{TABLE_BUCKET}", username=ACCESS_KEY,
+        password=SECRET_KEY, s3_endpoint=seaweedfs.s3_endpoint, s3_region=REGION, s3_path_style=True,
+        s3_access_key_id=ACCESS_KEY, s3_secret_access_key=SECRET_KEY,
+    )
+    values.update(overrides)
+    return CatalogSettings(**values)
+
+
+def batch_dataframe(spark, topic: str, ranges: dict[int, tuple[int, int]], slices: int = 2):
+    """A DataFrame with the base and mapped columns for offsets [start, end) of each Kafka partition."""
+    rows = {name: [] for name in BASE_COLUMNS + MAPPED_COLUMNS}
+    for partition, (start, end) in sorted(ranges.items()):
+        for offset in range(start, end):
+            rows["record_id"].append(f"{topic}:{partition}:{offset}")
+            rows["topic"].append(topic)
+            rows["partition"].append(partition)
+            rows["offset"].append(offset)
+            rows["timestamp_ms"].append(1_700_000_000_000 + offset)
+            rows["key"].append(None if offset % 5 == 0 else f"k{offset}".encode())
+            rows["value"].append(f'{{"amount": {offset}}}'.encode())
+            rows["headers"].append("")
+            rows["amount"].append(offset * 1.5)
+            rows["customer"].append(None if offset % 3 == 0 else f"c{offset % 7}")
+    arrow = pa.table(rows, schema=pa.schema([
+        ("record_id", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+        ("timestamp_ms", pa.int64()), ("key", pa.binary()), ("value", pa.binary()), ("headers", pa.string()),
+        ("amount", pa.float64()), ("customer", pa.string()),
+    ]))
+    return spark.createDataFrame(arrow).repartition(slices)
+
+
+def write_batch(spark, table: Table, topic: str, ranges: dict[int, tuple[int, int]], run_id: str, slices: int = 2):
+    """Data files (uncommitted) for a batch, written through the Spark sink."""
+    return write_data_files(batch_dataframe(spark, topic, ranges, slices), table, run_id)
+
+
+def start_end(ranges: dict[int, tuple[int, int]]) -> tuple[dict[int, int], dict[int, int]]:
+    return {p: s for p, (s, _) in ranges.items()}, {p: e for p, (_, e) in ranges.items()}

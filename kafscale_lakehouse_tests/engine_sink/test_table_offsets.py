@@ -1,0 +1,278 @@
+"""Offsets in snapshot summaries and the commit protocol against real catalogs (sqlite and SeaweedFS REST)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from pyiceberg.exceptions import CommitStateUnknownException
+
+from kafscale_lakehouse.engine import table_offsets
+from kafscale_lakehouse.engine.iceberg_sink import data_file_prefix
+from kafscale_lakehouse.engine.table_offsets import (
+    COMMIT_ID_PROPERTY,
+    OFFSETS_PROPERTY_PREFIX,
+    RUN_ID_PROPERTY,
+    CommitOutcomeUnknownError,
+    CommitRetriesExhaustedError,
+    CorruptOffsetsPropertyError,
+    OffsetConflictError,
+    cleanup_uncommitted_files,
+    commit_append,
+    format_offsets_property,
+    offsets_summary_properties,
+    parse_offsets_property,
+    read_committed_offsets,
+    read_topic_offsets,
+)
+from kafscale_lakehouse_tests.engine_sink.helpers import start_end, write_batch
+
+pytestmark = pytest.mark.integration
+
+
+def _plain_append(catalog, table, rows: int = 1, **snapshot_properties) -> None:
+    """A commit by another engine: plain pyiceberg through its own table handle, no kafscale offsets."""
+    other = catalog.load_table(table.name())
+    arrow = pa.table({
+        "record_id": [f"other:{i}" for i in range(rows)], "topic": ["other"] * rows,
+        "partition": pa.array([0] * rows, pa.int32()), "offset": list(range(rows)),
+        "timestamp_ms": [0] * rows,
+    }, schema=pa.schema([
+        pa.field("record_id", pa.string(), nullable=False), pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False), pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp_ms", pa.int64(), nullable=False),
+    ]))
+    other.append(arrow, snapshot_properties=snapshot_properties)
+
+
+def _exists(table, data_files) -> list[bool]:
+    return [table.io.new_input(f.file_path).exists() for f in data_files]
+
+
+def test_offsets_carry_forward_across_topics_and_partitions(spark, make_table):
+    table = make_table()
+    steps = [
+        ("orders", {0: (0, 10), 1: (0, 5)}),
+        ("orders", {1: (5, 8)}),
+        ("refunds", {0: (0, 3)}),
+        ("orders", {2: (40, 41)}),
+    ]
+    for step, (topic, ranges) in enumerate(steps):
+        files = write_batch(spark, table, topic, ranges, run_id=f"run-{step}", slices=1)
+        result = commit_append(table, files, topic, *start_end(ranges), f"run-{step}")
+        assert result.attempts == 1
+
+    summary = table.current_snapshot().summary
+    assert summary[OFFSETS_PROPERTY_PREFIX + "orders"] == '{"0":10,"1":8,"2":41}'
+    assert summary[OFFSETS_PROPERTY_PREFIX + "refunds"] == '{"0":3}'
+    assert summary[RUN_ID_PROPERTY] == "run-3" and summary[COMMIT_ID_PROPERTY]
+    assert result.topic_offsets == {0: 10, 1: 8, 2: 41}
+    assert read_committed_offsets(table) == {"orders": {0: 10, 1: 8, 2: 41}, "refunds": {0: 3}}
+    assert len(table.metadata.snapshots) == 4
+    assert table.scan().to_arrow().num_rows == 10 + 5 + 3 + 3 + 1
+
+
+def test_reading_walks_back_past_snapshots_of_other_engines(spark, catalog, make_table):
+    table = make_table()
+    assert read_committed_offsets(table) == {}
+    ranges = {0: (0, 4)}
+    commit_append(table, write_batch(spark, table, "t", ranges, "run-1", slices=1), "t", *start_end(ranges), "run-1")
+    _plain_append(catalog, table)
+    _plain_append(catalog, table)
+    table.refresh()
+
+    assert OFFSETS_PROPERTY_PREFIX + "t" not in table.current_snapshot().summary.additional_properties
+    assert read_topic_offsets(table, "t") == {0: 4}
+    # The next batch starts where the walk says; its snapshot carries the map forward again.
+    ranges = {0: (4, 9), 3: (0, 2)}
+    commit_append(table, write_batch(spark, table, "t", ranges, "run-2", slices=1), "t", *start_end(ranges), "run-2")
+    assert table.current_snapshot().summary[OFFSETS_PROPERTY_PREFIX + "t"] == '{"0":9,"3":2}'
+
+
+def test_offset_conflict_aborts_and_deletes_our_files(spark, make_table):
+    table = make_table()
+    ranges_a = {0: (0, 10), 1: (0, 10)}
+    ranges_b = {1: (0, 6)}  # written concurrently, starting where A starts
+    files_a = write_batch(spark, table, "t", ranges_a, "run-a")
+    files_b = write_batch(spark, table, "t", ranges_b, "run-b")
+    commit_append(table, files_a, "t", *start_end(ranges_a), "run-a")
+
+    with pytest.raises(OffsetConflictError) as raised:
+        commit_append(table, files_b, "t", *start_end(ranges_b), "run-b")
+
+    assert raised.value.partition == 1 and raised.value.committed == 10 and raised.value.expected_start == 0
+    assert "topic t partition 1" in str(raised.value)
+    assert _exists(table, files_b) == [False] * len(files_b)
+    assert all(_exists(table, files_a))
+    assert len(table.metadata.snapshots) == 1
+    assert table.scan().to_arrow().num_rows == 20
+
+
+def test_unrelated_concurrent_commit_is_retried_without_rewriting(spark, catalog, make_table, monkeypatch):
+    table = make_table()
+    ranges = {0: (0, 10)}
+    files = write_batch(spark, table, "t", ranges, "run-r")
+    _interleave_before_commit(monkeypatch, times=1, commit=lambda: _plain_append(catalog, table, rows=2))
+
+    result = commit_append(table, files, "t", *start_end(ranges), "run-r")
+
+    assert result.attempts == 2
+    assert all(_exists(table, files))
+    assert [s.summary.operation.value for s in table.metadata.snapshots] == ["append", "append"]
+    current = table.current_snapshot()
+    assert current.snapshot_id == result.snapshot_id and current.parent_snapshot_id is not None
+    assert current.summary[OFFSETS_PROPERTY_PREFIX + "t"] == '{"0":10}'
+    assert {f.file_path for f in files} <= {t.file.file_path for t in table.scan().plan_files()}
+    assert table.scan().to_arrow().num_rows == 12
+
+
+def test_concurrent_kafscale_commit_is_detected_on_retry(spark, catalog, make_table, monkeypatch):
+    """pyiceberg's own commit retry would re-apply our append on top of the other run's: we must re-check."""
+    table = make_table()
+    ranges = {0: (0, 10)}
+    ours = write_batch(spark, table, "t", ranges, "run-ours")
+    theirs = write_batch(spark, table, "t", ranges, "run-theirs")
+    theirs_handle = catalog.load_table(table.name())
+    _interleave_before_commit(
+        monkeypatch, times=1,
+        commit=lambda: commit_append(theirs_handle, theirs, "t", *start_end(ranges), "run-theirs"),
+    )
+
+    with pytest.raises(OffsetConflictError, match="partition 0"):
+        commit_append(table, ours, "t", *start_end(ranges), "run-ours")
+
+    assert _exists(table, ours) == [False] * len(ours)
+    assert table.scan().to_arrow().num_rows == 10
+    assert table.current_snapshot().summary[RUN_ID_PROPERTY] == "run-theirs"
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_retries_are_bounded_and_then_delete_our_files(spark, catalog, make_table, monkeypatch):
+    table = make_table()
+    ranges = {0: (0, 5)}
+    files = write_batch(spark, table, "t", ranges, "run-x")
+    _interleave_before_commit(monkeypatch, times=3, commit=lambda: _plain_append(catalog, table))
+
+    with pytest.raises(CommitRetriesExhaustedError, match="3 times"):
+        commit_append(table, files, "t", *start_end(ranges), "run-x", max_attempts=3, retry_wait_seconds=0)
+
+    assert _exists(table, files) == [False] * len(files)
+    assert read_committed_offsets(table) == {}
+
+
+def test_cleanup_deletes_only_unreferenced_prefixed_files(spark, catalog, make_table):
+    table = make_table()
+    committed_ranges = {0: (0, 10)}
+    committed = write_batch(spark, table, "t", committed_ranges, "run-1")
+    commit_append(table, committed, "t", *start_end(committed_ranges), "run-1")
+    crashed = write_batch(spark, table, "t", {0: (10, 20)}, "run-2")  # written, never committed
+    foreign = f"{table.location()}/data/00000-0-foreign.parquet"
+    with table.io.new_output(foreign).create() as out:
+        out.write(b"not ours")
+    _plain_append(catalog, table)  # files of another engine, referenced
+
+    deleted = cleanup_uncommitted_files(table, data_file_prefix("run-1"))
+    assert deleted == []
+    deleted = cleanup_uncommitted_files(table)
+
+    assert sorted(deleted) == sorted(f.file_path for f in crashed)
+    assert _exists(table, crashed) == [False] * len(crashed)
+    assert all(_exists(table, committed))
+    assert table.io.new_input(foreign).exists()
+    assert table.scan().to_arrow().num_rows == 11
+    assert cleanup_uncommitted_files(table) == []
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_commit_whose_response_is_lost_is_found_in_the_table(spark, catalog, make_table, monkeypatch):
+    table = make_table()
+    ranges = {0: (0, 5)}
+    files = write_batch(spark, table, "t", ranges, "run-lost")
+    real_commit = catalog.commit_table
+
+    def commit_then_lose_the_response(*args, **kwargs):
+        real_commit(*args, **kwargs)
+        raise CommitStateUnknownException("gateway timeout after the commit")
+
+    monkeypatch.setattr(catalog, "commit_table", commit_then_lose_the_response)
+    result = commit_append(table, files, "t", *start_end(ranges), "run-lost")
+
+    assert result.snapshot_id == table.current_snapshot().snapshot_id
+    assert all(_exists(table, files))
+    assert read_topic_offsets(table, "t") == {0: 5}
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_unknown_outcome_keeps_files_until_cleanup_proves_them_unreferenced(spark, catalog, make_table, monkeypatch):
+    table = make_table()
+    ranges = {0: (0, 5)}
+    files = write_batch(spark, table, "t", ranges, "run-unknown")
+
+    def fail_without_committing(*args, **kwargs):
+        raise CommitStateUnknownException("connection reset")
+
+    monkeypatch.setattr(catalog, "commit_table", fail_without_committing)
+    with pytest.raises(CommitOutcomeUnknownError, match="run run-unknown failed with an unknown outcome"):
+        commit_append(table, files, "t", *start_end(ranges), "run-unknown")
+    monkeypatch.undo()
+
+    assert all(_exists(table, files))  # they might have been referenced
+    assert table.current_snapshot() is None
+    assert sorted(cleanup_uncommitted_files(table, data_file_prefix("run-unknown"))) == sorted(
+        f.file_path for f in files
+    )
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_empty_batch_still_advances_offsets(make_table):
+    table = make_table()
+    commit_append(table, [], "t", {0: 0}, {0: 7}, "run-empty")
+    assert read_topic_offsets(table, "t") == {0: 7}
+    assert table.scan().to_arrow().num_rows == 0
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_corrupt_offsets_property_names_the_snapshot(catalog, make_table):
+    table = make_table()
+    _plain_append(catalog, table, **{OFFSETS_PROPERTY_PREFIX + "t": "[1, 2]"})
+    table.refresh()
+    snapshot_id = table.current_snapshot().snapshot_id
+    with pytest.raises(CorruptOffsetsPropertyError, match=f"snapshot {snapshot_id} property kafscale.offsets.t"):
+        read_committed_offsets(table)
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_invalid_ranges_and_reserved_properties_are_refused(make_table):
+    table = make_table()
+    with pytest.raises(ValueError, match=r"partitions \[0\] but end offsets cover \[1\]"):
+        commit_append(table, [], "t", {0: 0}, {1: 5}, "r")
+    with pytest.raises(ValueError, match="partition 0: offset range 5..4"):
+        commit_append(table, [], "t", {0: 5}, {0: 4}, "r")
+    with pytest.raises(ValueError, match="kafscale.run-id"):
+        commit_append(table, [], "t", {0: 0}, {0: 1}, "r", snapshot_properties={RUN_ID_PROPERTY: "x"})
+    assert table.metadata.snapshots == []
+
+
+def test_offsets_property_format_round_trip():
+    assert format_offsets_property({10: 5, 2: 980, 0: 1200}) == '{"0":1200,"2":980,"10":5}'
+    assert parse_offsets_property('{"0":1200,"10":5}', where="w") == {0: 1200, 10: 5}
+    for bad in ('{"0": -1}', '{"x": 1}', '{"0": 1.5}', "{", '{"0": true}'):
+        with pytest.raises(CorruptOffsetsPropertyError, match="^w: "):
+            parse_offsets_property(bad, where="w")
+    assert offsets_summary_properties({"a": {0: 1}, "b": {0: 2}}, "a", {1: 4}) == {
+        "kafscale.offsets.a": '{"0":1,"1":4}', "kafscale.offsets.b": '{"0":2}',
+    }
+
+
+def _interleave_before_commit(monkeypatch, times: int, commit) -> None:
+    """Run a real concurrent `commit` right after commit_append has read the table's offsets, `times` times."""
+    real_read = table_offsets.read_committed_offsets
+    remaining = [times]
+
+    def read_then_let_another_writer_commit(table):
+        offsets = real_read(table)
+        if remaining[0] > 0:
+            remaining[0] -= 1
+            commit()
+        return offsets
+
+    monkeypatch.setattr(table_offsets, "read_committed_offsets", read_then_let_another_writer_commit)
