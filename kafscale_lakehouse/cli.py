@@ -7,10 +7,13 @@ import base64
 import json
 import logging
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
+from kafscale_lakehouse.config import ConfigError
 from kafscale_lakehouse.format import (
     FOOTER_SIZE,
     CrcMismatchError,
@@ -135,6 +138,35 @@ def _record_json(row: dict) -> dict:
             "value_b64": b64(row["value"]), "headers": row["headers"]}
 
 
+def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool) -> int:
+    """`--once`: one pass over every mapping; otherwise poll every `processor.poll_interval_seconds` until stopped."""
+    from kafscale_lakehouse.config import load_config
+    from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
+    from kafscale_lakehouse.engine.spark import get_spark_session
+
+    config = load_config(config_path)
+    # SIGTERM (Kubernetes, `kill`) unwinds like Ctrl-C, so leases are released and no run is left half-done.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    spark = get_spark_session(config.spark.master, dict(config.spark.conf))
+    while True:
+        try:
+            results = ingest(config, spark, topics=topics)
+            status = 0
+            for result in results:
+                log.info("topic %s → %s: %d records, snapshot %s", result.topic, result.table, result.records,
+                         result.snapshot_id)
+        except IngestFailedError as err:
+            log.error("%s", err)
+            status = 1
+        if once:
+            return status
+        time.sleep(config.processor.poll_interval_seconds)
+
+
+def _exit_on_sigterm(signum, frame):  # noqa: ANN001 - signal handler signature
+    raise SystemExit(128 + signum)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafscale-lakehouse", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get("KAFSCALE_LAKEHOUSE_LOG_LEVEL", "INFO"))
@@ -146,6 +178,13 @@ def _build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--records", action="store_true", help="one JSON line per record")
     inspect.add_argument("--topic", help="topic name when the path is not …/<topic>/<partition>/segment-<base>.kfs")
     inspect.add_argument("--partition", type=int, help="partition id, likewise")
+
+    ingest = commands.add_parser("ingest", help="ingest completed segments into Iceberg (the Go processor's loop)")
+    ingest.add_argument("--config", default=None,
+                        help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
+    ingest.add_argument("--topic", action="append", help="only this mapping's topic (repeatable)")
+    ingest.add_argument("--once", action="store_true",
+                        help="ingest what is completed now and exit (0 = all ingested, 1 = a partition failed)")
     return parser
 
 
@@ -157,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "segment" and args.segment_command == "inspect":
             return inspect_segment(args.location, records=args.records, out=sys.stdout, topic=args.topic,
                                    partition=args.partition)
-    except (CommandError, SegmentFormatError, StorageError, OSError) as err:
+        if args.command == "ingest":
+            return run_ingest(args.config, topics=args.topic, once=args.once)
+    except (CommandError, SegmentFormatError, StorageError, OSError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     raise AssertionError(f"unhandled command {args.command}")

@@ -48,12 +48,15 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from kafscale_lakehouse.engine.kafscale_source import INVALID_REASON_COLUMN
+from kafscale_lakehouse.engine.source_rows import SourceRowSplitter, SourceTaskStats
+
 log = logging.getLogger(__name__)
 
 SINK_FORMAT = "kafscale_iceberg_append"
 DEFAULT_TARGET_FILE_SIZE_BYTES = 128 * 1024 * 1024
 DATA_FILE_PREFIX = "kafscale-"
-STAGED_DATA_FILES = "data-files.pickle"
+STAGED_MESSAGES = "commit-messages.pickle"
 
 # FileIO settings the executors need; catalog settings (uri, credential, token, warehouse) stay on the driver.
 _FILE_IO_PROPERTY_PREFIXES = ("s3.", "client.", "gcs.", "adls.", "hdfs.", "hf.", "py-io-impl")
@@ -114,6 +117,7 @@ class SinkJob:
     run_id: str
     target_file_size_bytes: int
     staging_dir: str
+    kafscale_rows: bool = False  # rows of the `kafscale` source: hold back markers and invalid records
 
     def to_options(self) -> dict[str, str]:
         # FileIO secrets go in keys of their own (`io.s3.secret-access-key`) so that Spark's redaction of option
@@ -124,6 +128,7 @@ class SinkJob:
             "run_id": self.run_id,
             "target_file_size_bytes": str(self.target_file_size_bytes),
             "staging_dir": self.staging_dir,
+            "kafscale_rows": "true" if self.kafscale_rows else "false",
         }
         options.update({_OPTION_FILE_IO_PREFIX + k: v for k, v in self.file_io_properties.items()})
         return options
@@ -144,6 +149,7 @@ class SinkJob:
             run_id=options["run_id"],
             target_file_size_bytes=int(options["target_file_size_bytes"]),
             staging_dir=options["staging_dir"],
+            kafscale_rows=options.get("kafscale_rows", "false") == "true",
         )
 
 
@@ -153,6 +159,7 @@ class IcebergAppendCommitMessage(WriterCommitMessage):
 
     spark_partition_id: int
     data_files: tuple[DataFile, ...]
+    source_stats: SourceTaskStats | None = None  # with `kafscale_rows`: offsets written, failures, invalid records
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,9 @@ class IcebergAppendWriter(DataSourceArrowWriter):
         metadata = TableMetadataUtil.parse_raw(self.job.table_metadata_json)
         io = load_file_io(dict(self.job.file_io_properties), metadata.location)
         planner = _DataFilePlanner(self.job, metadata, spark_partition_id)
+        splitter = SourceRowSplitter() if self.job.kafscale_rows else None
+        if splitter is not None:
+            iterator = splitter.rows_to_write(iterator)
         written: list[DataFile] = []
         try:
             for chunk in bin_pack_record_batches(planner.checked(iterator), self.job.target_file_size_bytes):
@@ -207,13 +217,13 @@ class IcebergAppendWriter(DataSourceArrowWriter):
             self.job.table_name, self.job.run_id, spark_partition_id, len(written),
             sum(f.record_count for f in written),
         )
-        return IcebergAppendCommitMessage(spark_partition_id=spark_partition_id, data_files=tuple(written))
+        return IcebergAppendCommitMessage(spark_partition_id=spark_partition_id, data_files=tuple(written),
+                                          source_stats=splitter.stats if splitter is not None else None)
 
     def commit(self, messages: list[IcebergAppendCommitMessage | None]) -> None:
-        data_files = [f for m in messages if m is not None for f in m.data_files]
-        staged = Path(self.job.staging_dir) / STAGED_DATA_FILES
+        staged = Path(self.job.staging_dir) / STAGED_MESSAGES
         with staged.open("wb") as out:
-            pickle.dump(data_files, out, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump([m for m in messages if m is not None], out, protocol=pickle.HIGHEST_PROTOCOL)
 
     def abort(self, messages: list[IcebergAppendCommitMessage | None]) -> None:
         paths = [f.file_path for m in messages if m is not None for f in m.data_files]
@@ -333,10 +343,33 @@ def write_data_files(
     fails, the files of finished tasks are deleted (`abort`) and `IcebergSinkError` is raised. A file size roll-over
     happens every `target_file_size_bytes` of in-memory Arrow data (pyiceberg's measure; Parquet on disk is smaller).
     """
+    messages = _write(df, table, run_id, target_file_size_bytes=target_file_size_bytes, kafscale_rows=False)
+    return [f for m in messages for f in m.data_files]
+
+
+def write_kafscale_rows(
+    df: DataFrame,
+    table: Table,
+    run_id: str,
+    *,
+    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES,
+) -> list[IcebergAppendCommitMessage]:
+    """Like `write_data_files` for a DataFrame of the `kafscale` source, per Spark task.
+
+    Error markers and invalid records are not written; each message's `source_stats` says which offsets its files
+    hold, which segment stopped its Kafka partition and which records were held back, so the caller commits only
+    what is complete (and deletes the files of the rest).
+    """
+    return _write(df, table, run_id, target_file_size_bytes=target_file_size_bytes, kafscale_rows=True)
+
+
+def _write(df: DataFrame, table: Table, run_id: str, *, target_file_size_bytes: int,
+           kafscale_rows: bool) -> list[IcebergAppendCommitMessage]:
     if target_file_size_bytes <= 0:
         raise ValueError(f"target_file_size_bytes must be positive, got {target_file_size_bytes}")
     data_file_prefix(run_id)  # validates the run id on the driver rather than in every task
-    check_dataframe_schema(df.schema, table)
+    written_schema = df.drop(INVALID_REASON_COLUMN).schema if kafscale_rows else df.schema
+    check_dataframe_schema(written_schema, table)
     if df.sparkSession not in _sessions_with_sink:
         df.sparkSession.dataSource.register(IcebergAppendDataSource)
         _sessions_with_sink.add(df.sparkSession)
@@ -348,19 +381,32 @@ def write_data_files(
             run_id=run_id,
             target_file_size_bytes=target_file_size_bytes,
             staging_dir=staging_dir,
+            kafscale_rows=kafscale_rows,
         )
         try:
             df.write.format(SINK_FORMAT).mode("append").options(**job.to_options()).save()
         except Exception as exc:
-            raise IcebergSinkError(f"writing data files for table {job.table_name} (run {run_id}) failed") from exc
-        with (Path(staging_dir) / STAGED_DATA_FILES).open("rb") as staged:
-            data_files: list[DataFile] = pickle.load(staged)
+            raise IcebergSinkError(f"writing data files for table {job.table_name} (run {run_id}) failed: "
+                                   f"{_root_cause(exc)}") from exc
+        with (Path(staging_dir) / STAGED_MESSAGES).open("rb") as staged:
+            messages: list[IcebergAppendCommitMessage] = pickle.load(staged)
+    data_files = [f for m in messages for f in m.data_files]
     log.info(
         "table %s run %s: %d data files written (%d rows, %d bytes), not yet committed",
         job.table_name, run_id, len(data_files), sum(f.record_count for f in data_files),
         sum(f.file_size_in_bytes for f in data_files),
     )
-    return data_files
+    return messages
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The Python error raised in the executor, out of Spark's wrapping (last line of its traceback text)."""
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line.split(":", 1)[0]:
+            return line.strip()
+    return lines[-1].strip() if lines else type(exc).__name__
 
 
 def _metadata_for_writers(metadata: TableMetadata) -> TableMetadata:

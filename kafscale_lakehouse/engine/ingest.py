@@ -1,0 +1,422 @@
+"""One ingestion run of a topic→table mapping: the exactly-once commit protocol of DESIGN.md, without Dagster.
+
+    context = IngestContext.from_config(config, spark)
+    result = ingest_mapping(context, config.mappings[0])
+
+A run: claim a lease per Kafka partition → start offsets from the table (etcd repaired from it) → plan whole
+completed segments up to the run's byte budget → one Spark job reads them (`kafscale` source) and writes Parquet
+data files (sink) → keep, per partition, only the files below the first segment that could not be read → one
+Iceberg commit that re-checks the start offsets → etcd offsets, fenced by the leases → leases released.
+A partition that cannot advance (corrupt segment, gap, lease held elsewhere) does not stop the others; the run then
+ends with `IngestFailedError` naming what is at fault, after committing what was complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from pyiceberg.table import Table
+from pyspark.sql import SparkSession
+
+from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
+from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
+from kafscale_lakehouse.engine.iceberg_sink import IcebergAppendCommitMessage, delete_data_files, write_kafscale_rows
+from kafscale_lakehouse.engine.kafscale_source import (
+    KafscaleReadOptions,
+    SegmentErrorMode,
+    SegmentReadFailure,
+    StoreOptions,
+    read_kafscale,
+)
+from kafscale_lakehouse.engine.source_rows import InvalidRecord
+from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append, read_topic_offsets
+from kafscale_lakehouse.etcd_client import EtcdClient
+from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore
+from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
+from kafscale_lakehouse.schema import evolve_table_schema, table_schema
+from kafscale_lakehouse.storage import (
+    DiscoveryMode,
+    Gap,
+    ObjectKind,
+    SegmentRef,
+    SegmentStore,
+    discover_partitions,
+    find_gaps,
+    segment_key,
+)
+
+log = logging.getLogger(__name__)
+
+SKIPPED_PROPERTY_PREFIX = "kafscale.skipped."
+# Data files of a crashed run are removed once they are this old, so a live run's files are never touched.
+ORPHAN_FILE_MIN_AGE = timedelta(hours=1)
+
+
+class IngestFailedError(RuntimeError):
+    """Some partitions could not advance; `result` says which and why (what was complete is committed)."""
+
+    def __init__(self, result: IngestResult):
+        self.result = result
+        problems = "; ".join(f"partition {p.partition}: {p.error}" for p in result.partitions.values() if p.error)
+        if result.invalid_count:
+            problems = "; ".join(filter(None, [problems, _describe_invalid(result)]))
+        super().__init__(f"topic {result.topic} → table {result.table} (run {result.run_id}): {problems}")
+
+
+class InvalidRecordsError(RuntimeError):
+    pass
+
+
+@dataclass
+class PartitionOutcome:
+    partition: int
+    start_offset: int | None  # next offset before the run (None: nothing committed, starts at the oldest segment)
+    end_offset: int | None  # next offset after the run
+    records: int = 0
+    value_bytes: int = 0
+    data_files: int = 0
+    segments: int = 0
+    lag: int | None = None  # broker next_offset - end_offset
+    skipped: tuple[int, int] | None = None  # offsets [from, to) deleted before ingestion, skipped by config
+    error: str | None = None
+
+
+@dataclass
+class IngestResult:
+    topic: str
+    table: str
+    run_id: str
+    snapshot_id: int | None = None
+    partitions: dict[int, PartitionOutcome] = field(default_factory=dict)
+    invalid_count: int = 0
+    invalid_samples: list[InvalidRecord] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.invalid_count > 0 or any(p.error for p in self.partitions.values())
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.partitions.values())
+
+
+@dataclass
+class IngestContext:
+    """The connections one process uses for every run (Dagster resources build the same)."""
+
+    config: LakehouseConfig
+    spark: SparkSession
+    store: SegmentStore
+    store_options: StoreOptions
+    offsets: OffsetStore
+    catalog_settings: CatalogSettings
+    etcd: EtcdClient | None = None
+    owner_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+    @classmethod
+    def from_config(cls, config: LakehouseConfig, spark: SparkSession) -> IngestContext:
+        store_options = StoreOptions.from_config(config)
+        etcd = etcd_client_from_config(config) if config.etcd.endpoints else None
+        return cls(config=config, spark=spark, store=store_options.open(), store_options=store_options,
+                   offsets=offset_store_from_config(config, etcd), catalog_settings=catalog_settings(config),
+                   etcd=etcd)
+
+
+def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
+    """`iceberg.*` (+ `s3.*` for the warehouse FileIO) as catalog settings; secrets unwrapped only here."""
+    catalog, s3 = config.iceberg.catalog, config.s3
+    secret = lambda value: value.get_secret_value() if value is not None else None  # noqa: E731
+    username, password = catalog.username, secret(catalog.password)
+    if catalog.credential is not None:
+        username, _, password = secret(catalog.credential).partition(":")
+    return CatalogSettings(
+        type=catalog.type, uri=catalog.uri, warehouse=config.iceberg.warehouse, name=catalog.name,
+        token=secret(catalog.token), username=username, password=password or None,
+        s3_endpoint=s3.endpoint, s3_region=s3.region, s3_path_style=s3.path_style if s3.endpoint else None,
+        s3_access_key_id=s3.access_key_id, s3_secret_access_key=secret(s3.secret_access_key),
+    )
+
+
+def open_mapping_table(context: IngestContext, mapping: MappingConfig) -> Table:
+    """The mapping's table, created when allowed, with its schema evolved to the mapped columns."""
+    columns = mapping.schema_config.columns
+    table = open_table(
+        load_catalog(context.catalog_settings), mapping.table, schema=table_schema(columns),
+        create_if_missing=mapping.create_table_if_missing,
+        partition_fields=[PartitionFieldSpec(f.source, f.transform, f.name) for f in mapping.partition_spec],
+        properties=mapping.table_properties,
+    )
+    evolve_table_schema(table, columns, allow_type_widening=mapping.schema_config.allow_type_widening)
+    return table
+
+
+def ingest(config: LakehouseConfig, spark: SparkSession, *, topics: Iterable[str] | None = None) -> list[IngestResult]:
+    """Run every mapping (or those of `topics`) once; raises `IngestFailedError` for the first failed mapping
+    after all mappings ran."""
+    context = IngestContext.from_config(config, spark)
+    wanted = None if topics is None else set(topics)
+    mappings = [m for m in config.mappings if wanted is None or m.topic in wanted]
+    if wanted is not None and not mappings:
+        raise ValueError(f"no mapping in the config for topic(s) {sorted(wanted)}")
+    results, failures = [], []
+    for mapping in mappings:
+        try:
+            results.append(ingest_mapping(context, mapping))
+        except IngestFailedError as exc:
+            results.append(exc.result)
+            failures.append(exc)
+    if failures:
+        raise failures[0]
+    return results
+
+
+def discover_topic_partitions(context: IngestContext, topic: str) -> list[int]:
+    mode = DiscoveryMode.parse(context.config.discovery.mode)
+    return discover_partitions(mode, context.store, context.etcd, topics=[topic]).partitions.get(topic, [])
+
+
+def ingest_mapping(context: IngestContext, mapping: MappingConfig, *, partitions: Sequence[int] | None = None,
+                   run_id: str | None = None) -> IngestResult:
+    """One run for one mapping over `partitions` (default: every discovered partition). See the module docstring."""
+    run_id = run_id or uuid.uuid4().hex
+    topic = mapping.topic
+    result = IngestResult(topic=topic, table=mapping.table, run_id=run_id)
+    table = open_mapping_table(context, mapping)
+    cleanup_uncommitted_files(table, older_than=datetime.now(timezone.utc) - ORPHAN_FILE_MIN_AGE)
+    wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
+    leases: list[Lease] = []
+    try:
+        for partition in wanted:
+            try:
+                leases.append(context.offsets.acquire_lease(topic, partition, f"{context.owner_id}-{run_id[:8]}"))
+            except LeaseHeldError as exc:
+                result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
+        if leases:
+            _ingest_leased(context, mapping, table, leases, result)
+    finally:
+        for lease in leases:
+            lease.release()
+    _log_result(result)
+    if result.failed:
+        raise IngestFailedError(result)
+    return result
+
+
+@dataclass
+class _PartitionPlan:
+    outcome: PartitionOutcome
+    commit_start: int  # the table's next offset (what the commit re-checks)
+    read_start: int  # where reading starts (after a skipped gap)
+    end: int  # exclusive end of the planned segments
+    segments: list[SegmentRef]
+
+
+def _ingest_leased(context: IngestContext, mapping: MappingConfig, table: Table, leases: list[Lease],
+                   result: IngestResult) -> None:
+    topic = mapping.topic
+    by_partition = {lease.partition: lease for lease in leases}
+    table_next = read_topic_offsets(table, topic)
+    etcd_committed = context.offsets.committed_offsets(topic)
+    _repair_etcd(context, topic, table_next, etcd_committed, by_partition)
+
+    allow_gaps = mapping.allow_gaps if mapping.allow_gaps is not None else context.config.processor.allow_gaps
+    budget = max(1, context.config.processor.max_bytes_per_run // max(1, len(leases)))
+    plans: dict[int, _PartitionPlan] = {}
+    for partition in sorted(by_partition):
+        if partition in table_next:
+            start = table_next[partition]
+        elif partition in etcd_committed:
+            # The table has never been written by us: continue where the Go processor's etcd offsets stopped.
+            start = etcd_committed[partition].next_offset
+        else:
+            start = None
+        outcome = PartitionOutcome(partition, start, start)
+        result.partitions[partition] = outcome
+        plan = _plan_partition(context.store, topic, partition, start, budget, allow_gaps, outcome)
+        if plan is not None:
+            plans[partition] = plan
+
+    if plans:
+        _read_write_commit(context, mapping, table, plans, by_partition, result)
+    watermarks = context.offsets.broker_watermarks(topic)
+    for outcome in result.partitions.values():
+        if outcome.partition in watermarks and outcome.end_offset is not None:
+            outcome.lag = max(0, watermarks[outcome.partition] - outcome.end_offset)
+
+
+def _repair_etcd(context: IngestContext, topic: str, table_next: dict[int, int],
+                 etcd_committed: dict, leases: dict[int, Lease]) -> None:
+    """etcd is a cache of the table's offsets: bring it in line (either direction) before anything else."""
+    repairs = {}
+    for partition, lease in leases.items():
+        if partition not in table_next:
+            continue
+        cached = etcd_committed.get(partition)
+        if cached is None or cached.next_offset != table_next[partition]:
+            if cached is not None and cached.next_offset > table_next[partition]:
+                log.warning("topic %s partition %d: %s says next offset %d but table says %d; the table wins",
+                            topic, partition, context.offsets.location, cached.next_offset, table_next[partition])
+            repairs[partition] = (table_next[partition] - 1, cached.last_timestamp_ms if cached else 0)
+    if repairs:
+        log.info("topic %s: repairing offsets in %s from the table: %s", topic, context.offsets.location,
+                 {p: o for p, (o, _) in repairs.items()})
+        context.offsets.repair_offsets([leases[p] for p in repairs], repairs)
+
+
+def _plan_partition(store: SegmentStore, topic: str, partition: int, start: int | None, budget: int,
+                    allow_gaps: bool, outcome: PartitionOutcome) -> _PartitionPlan | None:
+    segments = _pending_segments(store, topic, partition, start)
+    if not segments:
+        return None
+    gaps = find_gaps(segments, committed_offset=-1 if start is None else start - 1)
+    read_start = segments[0].base_offset if start is None else start
+    commit_start = read_start if start is None else start
+    if gaps and gaps[0].expected_offset == read_start and allow_gaps:
+        gap = gaps.pop(0)
+        outcome.skipped = (gap.expected_offset, gap.found_offset)
+        log.warning("topic %s partition %d: offsets %d..%d were deleted before ingestion (%s); skipping them as "
+                    "allow_gaps says", topic, partition, gap.expected_offset, gap.found_offset - 1, gap.kfs_key)
+        read_start = gap.found_offset
+        segments = [s for s in segments if s.last_offset >= read_start]
+    if gaps:
+        gap: Gap = gaps[0]
+        if gap.expected_offset == read_start:
+            outcome.error = (f"gap: offsets {gap.expected_offset}..{gap.found_offset - 1} are missing before "
+                             f"{gap.kfs_key} (deleted before ingestion?); set allow_gaps to skip them")
+            return None
+        segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
+    chosen, used = [], 0
+    for segment in segments:
+        if chosen and used + segment.kfs_size > budget:
+            break
+        chosen.append(segment)
+        used += segment.kfs_size
+    return _PartitionPlan(outcome, commit_start, read_start, chosen[-1].last_offset + 1, chosen)
+
+
+def _pending_segments(store: SegmentStore, topic: str, partition: int, start: int | None) -> list[SegmentRef]:
+    """Completed segments holding offsets ≥ `start`, listing only what lies after the last committed segment."""
+    if start is None:
+        return store.list_segments(topic, partition).segments
+    # We commit whole segments, so the next segment normally starts exactly at `start`: resume the listing there.
+    after = segment_key(store.namespace, topic, partition, start - 1, ObjectKind.SEGMENT) if start > 0 else None
+    segments = store.list_segments(topic, partition, after=after).segments
+    if segments and segments[0].base_offset > start:
+        # `start` lies inside an earlier segment (offsets from the Go processor, or a gap): look from the beginning.
+        segments = store.list_segments(topic, partition).segments
+    return [s for s in segments if s.last_offset >= start]
+
+
+def _read_write_commit(context: IngestContext, mapping: MappingConfig, table: Table, plans: dict[int, _PartitionPlan],
+                       leases: dict[int, Lease], result: IngestResult) -> None:
+    topic, run_id, config = mapping.topic, result.run_id, context.config
+    read_options = KafscaleReadOptions(
+        store=context.store_options, topic=topic,
+        starting_offsets={p: plan.read_start for p, plan in plans.items()},
+        ending_offsets={p: plan.end for p, plan in plans.items()},
+        columns=tuple(mapping.schema_config.columns),
+        max_bytes_per_partition=config.processor.target_file_size_bytes,
+        on_segment_error=SegmentErrorMode.MARK,
+    )
+    log.info("topic %s → %s run %s: reading %s", topic, mapping.table, run_id,
+             {p: f"{plan.read_start}..{plan.end} ({len(plan.segments)} segments)" for p, plan in plans.items()})
+    messages = write_kafscale_rows(read_kafscale(context.spark, read_options), table, run_id,
+                                   target_file_size_bytes=config.processor.target_file_size_bytes)
+    keep, drop, failures = _files_to_commit(messages, plans)
+    for message in messages:
+        stats = message.source_stats
+        result.invalid_count += stats.invalid_count
+        result.invalid_samples.extend(stats.invalid_samples[: max(0, 20 - len(result.invalid_samples))])
+    io = table.io
+    if result.invalid_count:
+        delete_data_files(io, [f.file_path for m in messages for f in m.data_files])
+        return  # nothing is committed while invalid records have nowhere to go (IngestFailedError follows)
+    delete_data_files(io, [f.file_path for f in drop])
+
+    ends = {p: plan.end for p, plan in plans.items()}
+    for partition, failure in failures.items():
+        ends[partition] = min(ends[partition], failure.next_offset)
+        plans[partition].outcome.error = f"segment {failure.key} could not be read: {failure.message}"
+    committing = {p: plan for p, plan in plans.items() if ends[p] > plan.commit_start}
+    lost = [p for p in committing if leases[p].lost]
+    if lost:
+        delete_data_files(io, [f.file_path for f in keep])
+        for p in lost:
+            plans[p].outcome.error = f"lease lost before commit ({leases[p].lost_reason}); nothing committed"
+        return
+    if not committing:
+        return
+    for p, plan in committing.items():
+        _fill_outcome(plan, ends[p], messages)
+    skipped = {p: plan.outcome.skipped for p, plan in committing.items() if plan.outcome.skipped}
+    properties = ({SKIPPED_PROPERTY_PREFIX + topic: json.dumps({str(p): list(r) for p, r in skipped.items()})}
+                  if skipped else None)
+    commit = commit_append(table, keep, topic, {p: plans[p].commit_start for p in committing},
+                           {p: ends[p] for p in committing}, run_id, snapshot_properties=properties)
+    result.snapshot_id = commit.snapshot_id
+    try:
+        context.offsets.commit_offsets(
+            [leases[p] for p in committing],
+            {p: (ends[p] - 1, _max_timestamp(messages, p)) for p in committing})
+    except LeaseLostError as exc:
+        # The table has the data and the offsets; the next run repairs etcd from it.
+        log.warning("topic %s: committed snapshot %d but could not update %s: %s", topic, commit.snapshot_id,
+                    context.offsets.location, exc)
+
+
+def _files_to_commit(messages: list[IcebergAppendCommitMessage], plans: dict[int, _PartitionPlan]):
+    """Split the written files into those below each partition's first failed segment and the rest."""
+    failures: dict[int, SegmentReadFailure] = {}
+    for message in messages:
+        for failure in message.source_stats.failures:
+            if failure.partition not in failures or failure.next_offset < failures[failure.partition].next_offset:
+                failures[failure.partition] = failure
+    keep, drop = [], []
+    for message in messages:
+        stats = message.source_stats
+        partitions = set(stats.rows)
+        if len(partitions) > 1:
+            raise AssertionError(f"a Spark write task saw Kafka partitions {sorted(partitions)}; expected one")
+        stopped = any(p in failures and stats.first_offset[p] >= failures[p].next_offset for p in partitions)
+        (drop if stopped else keep).extend(message.data_files)
+    return keep, drop, failures
+
+
+def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IcebergAppendCommitMessage]) -> None:
+    outcome, p = plan.outcome, plan.outcome.partition
+    outcome.end_offset = end
+    outcome.segments = sum(1 for s in plan.segments if s.base_offset < end)
+    for message in messages:
+        stats = message.source_stats
+        if p in stats.rows and stats.first_offset[p] < end:
+            outcome.records += stats.rows[p]
+            outcome.value_bytes += stats.value_bytes[p]
+            outcome.data_files += len(message.data_files)
+    if outcome.start_offset is None:
+        outcome.start_offset = plan.commit_start
+
+
+def _max_timestamp(messages: list[IcebergAppendCommitMessage], partition: int) -> int:
+    return max((m.source_stats.max_timestamp_ms[partition] for m in messages
+                if partition in m.source_stats.max_timestamp_ms), default=0)
+
+
+def _describe_invalid(result: IngestResult) -> str:
+    samples = ", ".join(f"{s.record_id} ({s.reason})" for s in result.invalid_samples[:5])
+    return (f"{result.invalid_count} invalid records, nothing committed (configure a dead-letter table to divert "
+            f"them): {samples}")
+
+
+def _log_result(result: IngestResult) -> None:
+    for outcome in result.partitions.values():
+        log.info("topic %s partition %d → %s: offsets %s..%s, %d records, %d data files%s%s", result.topic,
+                 outcome.partition, result.table, outcome.start_offset, outcome.end_offset, outcome.records,
+                 outcome.data_files, f", lag {outcome.lag}" if outcome.lag is not None else "",
+                 f", ERROR {outcome.error}" if outcome.error else "")
