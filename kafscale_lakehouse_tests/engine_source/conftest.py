@@ -1,0 +1,96 @@
+"""Fixtures for the `kafscale` source: segment stores we can observe, pizza segments, store options."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from kafscale_lakehouse.config import ColumnConfig
+from kafscale_lakehouse.engine.kafscale_source import KafscaleReadOptions, StoreOptions
+from kafscale_lakehouse.format import EncodedSegment, encode_segment
+from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, S3SegmentStore, SegmentStore, segment_key
+from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_TOPIC, pizza_orders
+from kafscale_lakehouse_tests.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
+
+TOPIC = PIZZA_TOPIC
+# Small batches and a short index interval give segments several index entries, so ranged reads have a choice.
+RECORDS_PER_BATCH = 10
+INDEX_INTERVAL = 20
+
+PIZZA_COLUMNS = (
+    ColumnConfig(name="order_id", type="string", required=True),
+    ColumnConfig(name="store_id", type="int", required=True),
+    ColumnConfig(name="date_ordered", type="timestamp"),
+)
+
+
+@dataclass(frozen=True)
+class ObjectRead:
+    key: str
+    byte_range: tuple[int, int] | None
+    size: int
+
+
+class RecordingLocalStore(LocalSegmentStore):
+    """A real local store that also remembers every object read (key, range, bytes returned)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads: list[ObjectRead] = []
+
+    def _get(self, key: str, byte_range: tuple[int, int] | None) -> bytes:
+        data = super()._get(key, byte_range)
+        self.reads.append(ObjectRead(key, byte_range, len(data)))
+        return data
+
+
+def write_pizza_segments(store: SegmentStore, partition: int, segment_sizes: Sequence[int], *, first_offset: int = 0,
+                         codecs: Sequence[str] = ALL_CODECS, topic: str = TOPIC) -> list[EncodedSegment]:
+    """Contiguous pizza-order segments of `segment_sizes` records from `first_offset`; segment i uses codec i."""
+    written = []
+    offset = first_offset
+    for number, size in enumerate(segment_sizes):
+        segment = encode_segment(pizza_orders(offset, size, partition=partition), base_offset=offset,
+                                 codec=codecs[number % len(codecs)], records_per_batch=RECORDS_PER_BATCH,
+                                 index_interval=INDEX_INTERVAL)
+        store.write_segment(topic, partition, offset, segment.kfs, segment.index)
+        written.append(segment)
+        offset += size
+    return written
+
+
+def corrupt_segment(store: LocalSegmentStore, partition: int, base_offset: int) -> str:
+    """Flip one byte inside the first batch's records; returns the `.kfs` key."""
+    key = segment_key(store.namespace, TOPIC, partition, base_offset, ObjectKind.SEGMENT)
+    path = store.root / key
+    data = bytearray(path.read_bytes())
+    data[32 + 70] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return key
+
+
+def local_store_options(store: LocalSegmentStore) -> StoreOptions:
+    return StoreOptions(kind="local", namespace=store.namespace, local_root=str(store.root))
+
+
+def s3_store_options(seaweedfs, namespace: str) -> StoreOptions:
+    return StoreOptions(kind="s3", namespace=namespace, bucket=S3_BUCKET, endpoint=seaweedfs.s3_endpoint,
+                        region=REGION, path_style=True, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
+
+
+def read_options(store_options: StoreOptions, ending: dict[int, int], starting: dict[int, int] | None = None,
+                 **overrides) -> KafscaleReadOptions:
+    return KafscaleReadOptions(store=store_options, topic=overrides.pop("topic", TOPIC), ending_offsets=ending,
+                               starting_offsets=starting or {}, **overrides)
+
+
+@pytest.fixture
+def local_store(tmp_path, unique_prefix) -> RecordingLocalStore:
+    return RecordingLocalStore(tmp_path / "segments", namespace=unique_prefix, create=True)
+
+
+@pytest.fixture
+def s3_store(seaweedfs, unique_prefix) -> S3SegmentStore:
+    return s3_store_options(seaweedfs, unique_prefix).open()
