@@ -1,0 +1,41 @@
+"""Schema layer: table columns (Iceberg and Arrow), JSON → Arrow coercion, schema evolution."""
+
+from kafscale_lakehouse.schema.coercion import CoercionResult, JsonColumnCoercer, coerce_json_values
+from kafscale_lakehouse.schema.columns import (
+    ARROW_TYPES,
+    BASE_COLUMN_NAMES,
+    ICEBERG_TYPES,
+    columns_from_json_schema,
+    partition_spec,
+    record_arrow_schema,
+    table_schema,
+)
+from kafscale_lakehouse.schema.evolution import (
+    ColumnChange,
+    SchemaEvolutionPlan,
+    apply_schema_evolution,
+    evolve_table_schema,
+    plan_schema_evolution,
+)
+from kafscale_lakehouse.schema.errors import SchemaError, SchemaEvolutionError, SchemaMappingError
+
+__all__ = [
+    "ARROW_TYPES",
+    "BASE_COLUMN_NAMES",
+    "ICEBERG_TYPES",
+    "CoercionResult",
+    "ColumnChange",
+    "JsonColumnCoercer",
+    "SchemaError",
+    "SchemaEvolutionError",
+    "SchemaEvolutionPlan",
+    "SchemaMappingError",
+    "apply_schema_evolution",
+    "coerce_json_values",
+    "columns_from_json_schema",
+    "evolve_table_schema",
+    "partition_spec",
+    "plan_schema_evolution",
+    "record_arrow_schema",
+    "table_schema",
+]

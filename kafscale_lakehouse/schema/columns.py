@@ -1,0 +1,170 @@
+"""Table columns: base columns (field ids 1-8) + mapped columns (9+) as a pyiceberg Schema and as Arrow.
+
+Types follow KafScale's Go processor (`internal/sink/iceberg.go`): boolean, int (32-bit), long, float, double,
+string, binary, timestamp (Iceberg `timestamp`, without zone, values in UTC), date.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    NestedField,
+    PrimitiveType,
+    StringType,
+    TimestampType,
+)
+
+from kafscale_lakehouse.config import BASE_COLUMNS, PARTITION_TRANSFORM_SOURCE_TYPES, ColumnConfig, PartitionFieldConfig
+from kafscale_lakehouse.schema.errors import SchemaMappingError
+
+log = logging.getLogger(__name__)
+
+BASE_COLUMN_NAMES = tuple(column.name for column in BASE_COLUMNS)
+FIRST_MAPPED_FIELD_ID = len(BASE_COLUMNS) + 1
+# Iceberg numbers partition fields from 1000 (spec: "partition field IDs start at 1000").
+FIRST_PARTITION_FIELD_ID = 1000
+
+ICEBERG_TYPES: dict[str, PrimitiveType] = {
+    "boolean": BooleanType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "string": StringType(),
+    "binary": BinaryType(),
+    "timestamp": TimestampType(),
+    "date": DateType(),
+}
+# The Arrow types of coerced columns and of the record batches the reader yields. pyiceberg's writer accepts
+# string/binary as well as its own large_string/large_binary for the same Iceberg types.
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "timestamp": pa.timestamp("us"),
+    "date": pa.date32(),
+}
+_COLUMN_TYPE_BY_ICEBERG_TYPE = {iceberg_type: name for name, iceberg_type in ICEBERG_TYPES.items()}
+
+# JSON Schema property types → column types, as the Go processor maps registry schemas.
+_JSON_SCHEMA_TYPES = {"integer": "long", "number": "double", "boolean": "boolean", "string": "string"}
+
+
+def column_type_of(iceberg_type: Any) -> str | None:
+    """The column type name (`long`, ...) of an Iceberg type, None for types mappings cannot declare."""
+    return _COLUMN_TYPE_BY_ICEBERG_TYPE.get(iceberg_type)
+
+
+def table_schema(columns: Sequence[ColumnConfig]) -> Schema:
+    """The Iceberg schema of a new table: base columns with ids 1-8, then the mapped columns from id 9 in order."""
+    all_columns = [*BASE_COLUMNS, *columns]
+    check_column_names(all_columns)
+    fields = [
+        NestedField(field_id=field_id, name=column.name, field_type=ICEBERG_TYPES[column.type], required=column.required)
+        for field_id, column in enumerate(all_columns, start=1)
+    ]
+    return Schema(*fields)
+
+
+def record_arrow_schema(columns: Sequence[ColumnConfig]) -> pa.Schema:
+    """The Arrow schema of decoded records: base columns then mapped columns; required columns are not nullable."""
+    all_columns = [*BASE_COLUMNS, *columns]
+    check_column_names(all_columns)
+    return pa.schema([pa.field(column.name, ARROW_TYPES[column.type], nullable=not column.required) for column in all_columns])
+
+
+def check_column_names(columns: Sequence[ColumnConfig]) -> None:
+    """Raise `SchemaMappingError` when a name repeats (a mapped column reusing a base column name included)."""
+    seen: set[str] = set()
+    for column in columns:
+        if column.name in seen:
+            which = "a base column" if column.name in BASE_COLUMN_NAMES else "declared twice"
+            raise SchemaMappingError(f"column {column.name!r} is {which}; mapped column names must be unique and not {', '.join(BASE_COLUMN_NAMES)}")
+        seen.add(column.name)
+
+
+def partition_spec(schema: Schema, fields: Sequence[PartitionFieldConfig], table: str) -> PartitionSpec:
+    """The Iceberg partition spec of `fields` (a mapping's `partition_spec`) over `schema`."""
+    partition_fields = []
+    for index, field in enumerate(fields):
+        try:
+            source = schema.find_field(field.source)
+        except ValueError:
+            raise SchemaMappingError(f"table {table}: partition_spec[{index}].source {field.source!r} is not a column of the table") from None
+        column_type = column_type_of(source.field_type)
+        if column_type not in PARTITION_TRANSFORM_SOURCE_TYPES[field.transform_name]:
+            raise SchemaMappingError(f"table {table}: partition_spec[{index}]: {field.transform} cannot partition {field.source!r} of type {source.field_type}")
+        partition_fields.append(
+            PartitionField(source_id=source.field_id, field_id=FIRST_PARTITION_FIELD_ID + index, transform=_transform(field), name=field.field_name)
+        )
+    return PartitionSpec(*partition_fields)
+
+
+def _transform(field: PartitionFieldConfig) -> Transform[Any, Any]:
+    name, argument = field.transform_name, field.transform_argument
+    if name == "bucket":
+        return BucketTransform(num_buckets=argument)
+    if name == "truncate":
+        return TruncateTransform(width=argument)
+    return {"identity": IdentityTransform, "year": YearTransform, "month": MonthTransform, "day": DayTransform, "hour": HourTransform}[name]()
+
+
+def columns_from_json_schema(document: Mapping[str, Any], topic: str) -> list[ColumnConfig]:
+    """Mapped columns from a registry JSON Schema, as the Go processor derives them: each top-level property whose
+    type (or first non-null type of a list) is integer → long, number → double, boolean, string; `required` from the
+    schema's `required`; sorted by name. Properties of other types (object, array) stay only in `value`."""
+    properties = document.get("properties")
+    if not isinstance(properties, Mapping):
+        raise SchemaMappingError(f"registry schema of topic {topic!r} has no top-level 'properties' object")
+    required = {name for name in document.get("required", []) if isinstance(name, str)}
+    columns = []
+    skipped = []
+    for name, definition in properties.items():
+        column_type = _JSON_SCHEMA_TYPES.get(_json_schema_type(definition))
+        if column_type is None or name in BASE_COLUMN_NAMES:
+            skipped.append(name)
+            continue
+        columns.append(ColumnConfig(name=name, type=column_type, required=name in required))
+    if skipped:
+        log.info("registry schema of topic %s: properties %s get no column (not a scalar JSON type, or a base column name)", topic, ", ".join(sorted(skipped)))
+    if not columns:
+        raise SchemaMappingError(f"registry schema of topic {topic!r} gives no columns (no top-level integer/number/boolean/string properties)")
+    return sorted(columns, key=lambda column: column.name)
+
+
+def _json_schema_type(definition: Any) -> str | None:
+    if not isinstance(definition, Mapping):
+        return None
+    declared = definition.get("type")
+    if isinstance(declared, str):
+        return declared.lower()
+    if isinstance(declared, list):
+        return next((entry.lower() for entry in declared if isinstance(entry, str) and entry != "null"), None)
+    return None
