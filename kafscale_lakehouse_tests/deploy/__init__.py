@@ -1,0 +1,1 @@
+"""Tests of the deployment files: helm-values/, Dockerfile and .dockerignore."""
