@@ -52,8 +52,6 @@ PARTITION_TRANSFORM_SOURCE_TYPES: dict[str, frozenset[str]] = {
     "day": frozenset({"date", "timestamp"}),
     "hour": frozenset({"timestamp"}),
 }
-# Default partition field names, as Iceberg's Java API names them.
-_PARTITION_NAME_SUFFIX = {"bucket": "bucket", "truncate": "trunc", "year": "year", "month": "month", "day": "day", "hour": "hour"}
 
 _IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -277,7 +275,7 @@ class PartitionFieldConfig(_ConfigModel):
 
     source: str
     transform: str  # identity | year | month | day | hour | bucket[N] | truncate[W]
-    name: str | None = None  # defaults to Iceberg's naming: source, source_bucket, source_trunc, source_day, ...
+    name: str | None = None  # default: see field_name
 
     @property
     def transform_name(self) -> str:
@@ -291,11 +289,14 @@ class PartitionFieldConfig(_ConfigModel):
 
     @property
     def field_name(self) -> str:
-        """The partition field's name: `name`, or Iceberg's default for the transform."""
+        """The partition field's name: `name`, else the source column for identity, else `<source>_<transform>`
+        with the argument after an underscore (`order_id_bucket_16`, `created_at_day`)."""
         if self.name is not None:
             return self.name
-        transform = self.transform_name
-        return self.source if transform == "identity" else f"{self.source}_{_PARTITION_NAME_SUFFIX[transform]}"
+        if self.transform_name == "identity":
+            return self.source
+        argument = f"_{self.transform_argument}" if self.transform_argument is not None else ""
+        return f"{self.source}_{self.transform_name}{argument}"
 
     def _parsed_transform(self) -> tuple[str, int | None]:
         match = PARTITION_TRANSFORM_PATTERN.match(self.transform)
@@ -350,12 +351,6 @@ class LakehouseConfig(_ConfigModel):
         if self.iceberg.s3 is not None:
             return self.iceberg.s3
         return S3ConnectionConfig.model_construct(**{name: getattr(self.s3, name) for name in S3ConnectionConfig.model_fields})
-
-    def mapping_for_topic(self, topic: str) -> MappingConfig:
-        for mapping in self.mappings:
-            if mapping.topic == topic:
-                return mapping
-        raise KeyError(f"no mapping for topic {topic!r}; mapped topics: {', '.join(m.topic for m in self.mappings) or 'none'}")
 
 
 # --------------------------------------------------------------------------------------------------- loading

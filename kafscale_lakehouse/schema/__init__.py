@@ -6,10 +6,10 @@ from kafscale_lakehouse.schema.columns import (
     BASE_COLUMN_NAMES,
     ICEBERG_TYPES,
     columns_from_json_schema,
-    partition_spec,
     record_arrow_schema,
     table_schema,
 )
+from kafscale_lakehouse.schema.errors import SchemaError, SchemaEvolutionError, SchemaMappingError
 from kafscale_lakehouse.schema.evolution import (
     ColumnChange,
     SchemaEvolutionPlan,
@@ -17,7 +17,6 @@ from kafscale_lakehouse.schema.evolution import (
     evolve_table_schema,
     plan_schema_evolution,
 )
-from kafscale_lakehouse.schema.errors import SchemaError, SchemaEvolutionError, SchemaMappingError
 
 __all__ = [
     "ARROW_TYPES",
@@ -34,7 +33,6 @@ __all__ = [
     "coerce_json_values",
     "columns_from_json_schema",
     "evolve_table_schema",
-    "partition_spec",
     "plan_schema_evolution",
     "record_arrow_schema",
     "table_schema",

@@ -6,23 +6,25 @@ required column, as does a missing or null required value, and a value that is n
 not JSON, or other JSON) when any column is required. The reason names the column (`invalid_column` is null
 when the whole value is at fault).
 
-Hot path: values that look like one JSON object each (start with `{`, end with `}`, valid UTF-8) are joined
-with newlines by an Arrow kernel and parsed by pyarrow's JSON reader with an explicit schema of the mapped
-keys (exact top-level key match; other keys are skipped), then converted with Arrow compute kernels.
-Pretty-printed values (with newlines) parse on this path too. Everything else takes the reference rules,
-for the rows that need it only:
-- a block the reader rejects (invalid JSON, a key whose JSON type differs from the declared parse type, an
-  integer beyond int64, a duplicate key) is split in halves until the failing rows are isolated; blocks of
-  at most `_PYTHON_BLOCK_ROWS` rows are parsed with `json`;
-- when a key mostly holds another JSON type than expected (epoch-millisecond numbers for a timestamp, numbers
-  as strings for a long), the parse type is learned from a sample of the batch and kept for later batches;
-- single values outside the vectorized conversions (a float for a string column, a timestamp string with an
-  impossible day) are converted by the reference rules.
+Hot path: values from `{` to `}` in valid UTF-8 are joined with newlines by an Arrow kernel and parsed by
+pyarrow's JSON reader (parallel blocks) with an explicit schema of the mapped keys (exact top-level key match;
+other keys are skipped), then converted with Arrow compute kernels. When that read fails:
+- if a key mostly holds another JSON type than its parse type (epoch-millisecond numbers for a timestamp,
+  strings for a long), the parse type is learned from a sample and kept for later batches; read again;
+- values where a key holds another JSON type, or a number int64 cannot take (the reader reports those without
+  a row), are found with one regular expression per key and take the reference rules; read the rest again;
+- what still fails is read again window by window as single blocks, whose parse errors name the row: the rows
+  before it stay on the hot path, the row takes the reference rules; errors without a row halve the range.
+  Pretty-printed values get here only when one straddles a parallel block boundary.
+The reference rules also take values that are not `{...}` and single values outside the vectorized
+conversions (a float for a string column, a timestamp string with a day its month does not have).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -46,9 +48,18 @@ from kafscale_lakehouse.schema.json_values import (
 
 log = logging.getLogger(__name__)
 
-_PYTHON_BLOCK_ROWS = 16
+_PYTHON_BLOCK_ROWS = 32
+_SCAN_WINDOW_ROWS = 4096
 _SAMPLE_ROWS = 256
 _MIN_BLOCK_BYTES = 1 << 20
+_REJECTED_ROW = re.compile(r"in row (\d+)$")
+# After `"key":`, the start of a value the reader's parse type rejects (null is fine for every type).
+_UNEXPECTED_VALUE_START = {
+    pa.int64(): r"(-?[0-9]+([.eE]|[0-9]{18})|[^-0-9n\s])",
+    pa.float64(): r"[^-0-9n\s]",
+    pa.string(): r"[^\"n\s]",
+    pa.bool_(): r"[^tfn\s]",
+}
 MISSING_REQUIRED_REASON = "required value is missing or null"
 
 # JSON parse types a column may be declared with in the reader's schema; the first is the default.
@@ -70,9 +81,10 @@ _NUMBER_TEXT = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$"
 _DATE_TEXT = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
 # What Arrow's timestamp casts parse exactly like the reference: <= 6 fraction digits, and a zone (cast to a
 # UTC timestamp) or none (cast to a naive one, which is UTC by our rule).
-_TIMESTAMP_PREFIX = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[T ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
-_ZONED_TIMESTAMP_TEXT = _TIMESTAMP_PREFIX + r"(Z|[+-]([01][0-9]|2[0-3]):?[0-5][0-9])$"
-_NAIVE_TIMESTAMP_TEXT = _TIMESTAMP_PREFIX + r"$"
+_TIMESTAMP_TEXT = (
+    r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[T ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
+    r"(Z|[+-]([01][0-9]|2[0-3]):?[0-5][0-9])?$"
+)
 # Rewrites of the other accepted spellings into those, applied in order.
 _TIMESTAMP_REWRITES = (
     (r"^([0-9]{4}-[0-9]{2}-[0-9]{2})$", r"\1T00:00:00"),
@@ -117,7 +129,8 @@ class _Part:
 
 
 class JsonColumnCoercer:
-    """Coerces batches of JSON values into `columns`. Keep one per mapping: it learns the JSON types of keys.
+    """Coerces batches of JSON values into `columns`. Keep one per mapping and thread (it learns the JSON types
+    of keys across batches).
 
     `use_arrow_reader=False` applies the reference rules to every row (slow; to verify the fast path).
     """
@@ -147,46 +160,95 @@ class JsonColumnCoercer:
 
     # ----------------------------------------------------------------------------------------- fast path
 
-    def _fast_parts(self, candidates: pa.BinaryArray, rows: np.ndarray) -> list[_Part]:
+    def _fast_parts(self, candidates: pa.BinaryArray, rows: np.ndarray, *, screened: bool = False) -> list[_Part]:
         joined = pc.binary_join_element_wise(candidates, pa.scalar(b"", pa.binary()), b"\n")
         offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset : joined.offset + len(joined) + 1]
         data = joined.buffers()[2]
-        largest = int(np.max(np.diff(offsets)))
-        read_options = pa_json.ReadOptions(block_size=max(_MIN_BLOCK_BYTES, 2 * largest))
+        parallel_block_bytes = max(_MIN_BLOCK_BYTES, 2 * int(np.max(np.diff(offsets))))
+        parse_options = self._parse_options()
 
-        def parse(start: int, stop: int) -> pa.Table | None:
-            block = data.slice(int(offsets[start]), int(offsets[stop] - offsets[start]))
+        def parse(start: int, stop: int, *, one_block: bool) -> tuple[pa.Table | None, int | None]:
+            """The rows' table, or None and (when the reader says) which row, counted from `start`, it rejected.
+            Only a single block numbers rows from the start: parallel blocks number them from each block's start."""
+            size = int(offsets[stop] - offsets[start])
+            read_options = pa_json.ReadOptions(block_size=size + 1 if one_block else parallel_block_bytes, use_threads=not one_block)
             try:
-                table = pa_json.read_json(pa.BufferReader(block), read_options=read_options, parse_options=self._parse_options())
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                return None
-            # Each candidate starts with `{` and ends with `}`: a count mismatch means one held several objects.
-            return table if table.num_rows == stop - start else None
+                table = pa_json.read_json(pa.BufferReader(data.slice(int(offsets[start]), size)), read_options=read_options, parse_options=parse_options)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                return None, _rejected_row(exc, stop - start) if one_block else None
+            # Every candidate runs from `{` to `}`, so rows cannot merge: a count mismatch means one held several objects.
+            return (table, None) if table.num_rows == stop - start else (None, None)
 
-        whole = parse(0, len(candidates))
+        whole, _ = parse(0, len(candidates), one_block=False)
         if whole is None and self._learn_parse_types(candidates):
-            whole = parse(0, len(candidates))
+            parse_options = self._parse_options()
+            whole, _ = parse(0, len(candidates), one_block=False)
         if whole is not None:
             return [self._arrow_part(whole, rows)]
+        if not screened:
+            # Values of another JSON type than a key's parse type, and conversion errors (1.5 or 2^64 for an int64
+            # key, which name no row), are found for all rows at once; the rest of the rows are read again.
+            suspicious = self._suspicious_values(candidates)
+            if suspicious.any():
+                parts = [self._python_part(rows[suspicious], candidates.filter(pa.array(suspicious)).to_pylist())]
+                if not suspicious.all():
+                    parts += self._fast_parts(candidates.filter(pa.array(~suspicious)), rows[~suspicious], screened=True)
+                return parts
 
-        parts = []
-        pending = [(0, len(candidates))]
+        # Isolate the rows the reader rejects, window by window (a read costs time in proportion to its input even
+        # when it fails early). A parse error names its row: the rows before it parse, that one takes the
+        # reference path, and so do the next rows when rejected rows come thick (a read per few rows costs more
+        # than the reference rules). Other errors name no row: halve the range.
+        tables, table_rows, python_positions = [], [], []
+        pending = [(start, min(start + _SCAN_WINDOW_ROWS, len(candidates))) for start in range(0, len(candidates), _SCAN_WINDOW_ROWS)][::-1]
+        reference_run = _PYTHON_BLOCK_ROWS
         while pending:
             start, stop = pending.pop()
-            table = parse(start, stop) if (start, stop) != (0, len(candidates)) else None
-            if table is not None:
-                parts.append(self._arrow_part(table, rows[start:stop]))
-            elif stop - start <= _PYTHON_BLOCK_ROWS:
-                parts.append(self._python_part(rows[start:stop], candidates.slice(start, stop - start).to_pylist()))
-            else:
-                middle = (start + stop) // 2
-                pending.extend([(middle, stop), (start, middle)])
-        log.debug("JSON batch of %d values parsed in %d blocks after isolating rows the Arrow reader rejected", len(candidates), len(parts))
+            if stop - start > _PYTHON_BLOCK_ROWS:
+                table, rejected = parse(start, stop, one_block=True)
+                if table is not None:
+                    tables.append(table)
+                    table_rows.append(rows[start:stop])
+                    reference_run = _PYTHON_BLOCK_ROWS
+                    continue
+                if rejected is None:
+                    middle = (start + stop) // 2
+                    pending.extend([(middle, stop), (start, middle)])
+                    continue
+                first_rejected = start + rejected
+                if rejected >= _PYTHON_BLOCK_ROWS:
+                    pending.extend([(first_rejected + 1, stop), (start, first_rejected)])
+                    start = first_rejected
+                    stop = first_rejected + 1
+                else:
+                    pending.append((min(stop, max(first_rejected + 1, start + reference_run)), stop))
+                    stop = pending[-1][0]
+                    reference_run = min(2 * reference_run, _SCAN_WINDOW_ROWS)
+            python_positions.append(np.arange(start, stop, dtype=np.int64))
+        log.debug("JSON batch of %d values: %d blocks on the Arrow reader, %d values by the reference rules",
+                  len(candidates), len(tables), sum(map(len, python_positions)))
+        parts = [self._arrow_part(pa.concat_tables(tables), np.concatenate(table_rows))] if tables else []
+        if python_positions:
+            positions = np.concatenate(python_positions)
+            parts.append(self._python_part(rows[positions], candidates.take(positions).to_pylist()))
         return parts
+
+    def _suspicious_values(self, candidates: pa.BinaryArray) -> np.ndarray:
+        """Values where a mapped key holds what its parse type rejects: another JSON type, or for int64 a number with
+        a fraction, an exponent or 19+ digits. One regular expression per key; a nested key of the same name may
+        flag a value needlessly (it then takes the reference path), an escaped key name goes unflagged."""
+        suspicious = np.zeros(len(candidates), dtype=bool)
+        for name, parse_type in self._parse_types.items():
+            pattern = re.escape(json.dumps(name, ensure_ascii=False)) + r"\s*:\s*" + _UNEXPECTED_VALUE_START[parse_type]
+            suspicious |= pc.match_substring_regex(candidates, pattern).fill_null(False).to_numpy(zero_copy_only=False)
+        return suspicious
 
     def _parse_options(self) -> pa_json.ParseOptions:
         schema = pa.schema([(name, parse_type) for name, parse_type in self._parse_types.items()])
-        return pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=True)
+        # newlines_in_values=True aborts the process on some invalid input (pyarrow 26: std::out_of_range in its
+        # chunker). Without it, a pretty-printed value fails a parallel read when it straddles a block boundary
+        # (and only then), and parses in the single-block re-read.
+        return pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=False)
 
     def _learn_parse_types(self, candidates: pa.BinaryArray) -> bool:
         """Declare each key with the JSON type most of a sample of values has; True if anything changed."""
@@ -288,7 +350,7 @@ def _as_binary_array(values: pa.Array | pa.ChunkedArray) -> pa.BinaryArray:
 
 
 def _object_like_values(values: pa.BinaryArray) -> tuple[np.ndarray, pa.BinaryArray]:
-    """The rows (and their values) the Arrow reader may parse: one `{...}` each, valid UTF-8."""
+    """The rows (and their values) the Arrow reader may parse: from `{` to `}`, valid UTF-8."""
     object_like = pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}")).fill_null(False)
     rows = np.flatnonzero(object_like.to_numpy(zero_copy_only=False)).astype(np.int64)
     candidates = values if len(rows) == len(values) else values.take(rows)
@@ -298,6 +360,12 @@ def _object_like_values(values: pa.BinaryArray) -> tuple[np.ndarray, pa.BinaryAr
         keep = np.array([_is_utf8(raw) for raw in candidates.to_pylist()], dtype=bool)
         rows, candidates = rows[keep], candidates.filter(pa.array(keep))
     return rows, candidates
+
+
+def _rejected_row(error: Exception, row_count: int) -> int | None:
+    """The row a JSON reader parse error names ("... in row 12"), None for conversion errors and odd numbers."""
+    match = _REJECTED_ROW.search(str(error))
+    return int(match.group(1)) if match and int(match.group(1)) < row_count else None
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -387,7 +455,7 @@ def _integer(array: pa.Array, column_type: str) -> tuple[pa.Array, pa.BooleanArr
     else:
         handled = pc.is_valid(array)
     if column_type == "int":
-        pass
+        handled = pc.and_(handled, _between(array, *INT_RANGES["int"]))
     return _null_where_not(handled, array).cast(ARROW_TYPES[column_type]), handled
 
 
@@ -445,14 +513,12 @@ def _timestamp_text(array: pa.Array) -> tuple[pa.Array, pa.BooleanArray]:
 
 
 def _timestamp_shapes(array: pa.Array) -> tuple[pa.BooleanArray, pa.BooleanArray]:
-    """Which strings Arrow can cast as zoned and which as naive timestamps (both all false when none need it)."""
+    """Which strings Arrow can cast as zoned and which as naive timestamps."""
     # Year 0000 exists for Arrow but not for the reference (Python's datetime): leave it to the reference.
-    plausible = pc.invert(pc.starts_with(array, "0000")).fill_null(False)
-    zoned = pc.and_(pc.match_substring_regex(array, _ZONED_TIMESTAMP_TEXT).fill_null(False), plausible)
-    if pc.all(pc.or_(zoned, pc.is_null(array))).as_py():
-        return zoned, pa.array(np.zeros(len(array), dtype=bool))
-    naive = pc.and_(pc.match_substring_regex(array, _NAIVE_TIMESTAMP_TEXT).fill_null(False), plausible)
-    return zoned, naive
+    well_formed = pc.and_(pc.match_substring_regex(array, _TIMESTAMP_TEXT), pc.invert(pc.starts_with(array, "0000"))).fill_null(False)
+    # In a well-formed string, Z, + or a third - can only be the zone.
+    has_zone = pc.or_(pc.or_(pc.match_substring(array, "Z"), pc.match_substring(array, "+")), pc.greater(pc.count_substring(array, "-"), 2))
+    return pc.and_(well_formed, has_zone.fill_null(False)), pc.and_(well_formed, pc.invert(has_zone).fill_null(False))
 
 
 def _cast_valid_days(array: pa.Array, well_formed: pa.BooleanArray, target: pa.DataType) -> tuple[pa.Array, pa.BooleanArray]:

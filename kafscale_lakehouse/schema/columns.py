@@ -11,18 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.transforms import (
-    BucketTransform,
-    DayTransform,
-    HourTransform,
-    IdentityTransform,
-    MonthTransform,
-    Transform,
-    TruncateTransform,
-    YearTransform,
-)
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -37,15 +26,13 @@ from pyiceberg.types import (
     TimestampType,
 )
 
-from kafscale_lakehouse.config import BASE_COLUMNS, PARTITION_TRANSFORM_SOURCE_TYPES, ColumnConfig, PartitionFieldConfig
+from kafscale_lakehouse.config import BASE_COLUMNS, ColumnConfig
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 
 log = logging.getLogger(__name__)
 
 BASE_COLUMN_NAMES = tuple(column.name for column in BASE_COLUMNS)
 FIRST_MAPPED_FIELD_ID = len(BASE_COLUMNS) + 1
-# Iceberg numbers partition fields from 1000 (spec: "partition field IDs start at 1000").
-FIRST_PARTITION_FIELD_ID = 1000
 
 ICEBERG_TYPES: dict[str, PrimitiveType] = {
     "boolean": BooleanType(),
@@ -108,32 +95,6 @@ def check_column_names(columns: Sequence[ColumnConfig]) -> None:
             which = "a base column" if column.name in BASE_COLUMN_NAMES else "declared twice"
             raise SchemaMappingError(f"column {column.name!r} is {which}; mapped column names must be unique and not {', '.join(BASE_COLUMN_NAMES)}")
         seen.add(column.name)
-
-
-def partition_spec(schema: Schema, fields: Sequence[PartitionFieldConfig], table: str) -> PartitionSpec:
-    """The Iceberg partition spec of `fields` (a mapping's `partition_spec`) over `schema`."""
-    partition_fields = []
-    for index, field in enumerate(fields):
-        try:
-            source = schema.find_field(field.source)
-        except ValueError:
-            raise SchemaMappingError(f"table {table}: partition_spec[{index}].source {field.source!r} is not a column of the table") from None
-        column_type = column_type_of(source.field_type)
-        if column_type not in PARTITION_TRANSFORM_SOURCE_TYPES[field.transform_name]:
-            raise SchemaMappingError(f"table {table}: partition_spec[{index}]: {field.transform} cannot partition {field.source!r} of type {source.field_type}")
-        partition_fields.append(
-            PartitionField(source_id=source.field_id, field_id=FIRST_PARTITION_FIELD_ID + index, transform=_transform(field), name=field.field_name)
-        )
-    return PartitionSpec(*partition_fields)
-
-
-def _transform(field: PartitionFieldConfig) -> Transform[Any, Any]:
-    name, argument = field.transform_name, field.transform_argument
-    if name == "bucket":
-        return BucketTransform(num_buckets=argument)
-    if name == "truncate":
-        return TruncateTransform(width=argument)
-    return {"identity": IdentityTransform, "year": YearTransform, "month": MonthTransform, "day": DayTransform, "hour": HourTransform}[name]()
 
 
 def columns_from_json_schema(document: Mapping[str, Any], topic: str) -> list[ColumnConfig]:

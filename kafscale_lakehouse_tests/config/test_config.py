@@ -151,6 +151,14 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
             "mappings[0].partition_spec[0].transform: day cannot partition 'timestamp_ms' of type long (it takes date, timestamp)",
         ),
         (lambda t: t + "    partition_spec: [{source: topic, transform: 'bucket[0]'}]\n", "mappings[0].partition_spec[0].transform: 'bucket[0]' is not one of identity"),
+        (
+            lambda t: t + "    partition_spec: [{source: topic, transform: identity}, {source: offset, transform: 'bucket[4]', name: topic}]\n",
+            "mappings[0].partition_spec[1].name: partition field name 'topic' is used twice",
+        ),
+        (
+            lambda t: t + "    partition_spec: [{source: record_id, transform: 'truncate[4]', name: offset}]\n",
+            "mappings[0].partition_spec[0].name: partition field name 'offset' is already a column name",
+        ),
         (lambda t: t + "    dead_letter_table: prod.orders\n", "mappings[0].dead_letter_table: must differ from the mapping's table"),
         (lambda t: t + "offsets:\n  backend: local\n", "offsets.local_path: is required for offsets.backend local"),
         (lambda t: t + "segments:\n  local_root: /data\n", "segments.local_root: and s3.bucket both say where segments are; set only one"),
@@ -299,7 +307,7 @@ def test_production_example_loads(monkeypatch):
     assert config.etcd.tls.ca_file == Path("/etc/kafscale/etcd/ca.crt")
     assert config.spark.conf["spark.executor.instances"] == "4"  # Spark settings are strings
     orders, payments = config.mappings
-    assert [(f.field_name, f.transform_argument) for f in orders.partition_spec] == [("created_at_day", None), ("order_id_bucket", 16)]
+    assert [(f.field_name, f.transform_argument) for f in orders.partition_spec] == [("created_at_day", None), ("order_id_bucket_16", 16)]
     assert orders.dead_letter_table == "prod.orders_invalid"
     assert payments.schema_config.source == "registry" and payments.columns == []
 

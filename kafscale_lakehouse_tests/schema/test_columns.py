@@ -1,14 +1,13 @@
-"""Table columns: base ids 1-8, mapped 9+, Arrow schema, partition specs, registry JSON Schema columns."""
+"""Table columns: base ids 1-8, mapped 9+, Arrow schema, registry JSON Schema columns."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform, TruncateTransform
 from pyiceberg.types import BinaryType, DateType, IntegerType, LongType, StringType, TimestampType
 
-from kafscale_lakehouse.config import ColumnConfig, PartitionFieldConfig
-from kafscale_lakehouse.schema import SchemaMappingError, columns_from_json_schema, partition_spec, record_arrow_schema, table_schema
+from kafscale_lakehouse.config import ColumnConfig
+from kafscale_lakehouse.schema import SchemaMappingError, columns_from_json_schema, record_arrow_schema, table_schema
 
 PIZZA_COLUMNS = [
     ColumnConfig(name="order_id", type="string", required=True),
@@ -50,34 +49,6 @@ def test_record_arrow_schema_matches_the_table_schema():
 def test_duplicate_or_base_column_names_are_rejected(name):
     with pytest.raises(SchemaMappingError, match=repr(name)):
         table_schema([*PIZZA_COLUMNS, ColumnConfig(name=name, type="long")])
-
-
-def test_partition_spec_over_base_and_mapped_columns():
-    schema = table_schema(PIZZA_COLUMNS)
-    spec = partition_spec(
-        schema,
-        [
-            PartitionFieldConfig(source="date_ordered", transform="day"),
-            PartitionFieldConfig(source="order_id", transform="bucket[16]"),
-            PartitionFieldConfig(source="topic", transform="identity"),
-            PartitionFieldConfig(source="order_id", transform="truncate[4]", name="order_prefix"),
-        ],
-        table="rpc.pizzas",
-    )
-    assert [(f.source_id, f.field_id, f.transform, f.name) for f in spec.fields] == [
-        (11, 1000, DayTransform(), "date_ordered_day"),
-        (9, 1001, BucketTransform(num_buckets=16), "order_id_bucket"),
-        (2, 1002, IdentityTransform(), "topic"),
-        (9, 1003, TruncateTransform(width=4), "order_prefix"),
-    ]
-
-
-def test_partition_spec_errors_name_table_and_field():
-    schema = table_schema(PIZZA_COLUMNS)
-    with pytest.raises(SchemaMappingError, match=r"rpc.pizzas: partition_spec\[0\].source 'missing' is not a column"):
-        partition_spec(schema, [PartitionFieldConfig(source="missing", transform="day")], table="rpc.pizzas")
-    with pytest.raises(SchemaMappingError, match=r"partition_spec\[0\]: hour cannot partition 'day' of type date"):
-        partition_spec(schema, [PartitionFieldConfig(source="day", transform="hour")], table="rpc.pizzas")
 
 
 def test_columns_from_a_registry_json_schema_follow_the_go_processor():
