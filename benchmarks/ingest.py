@@ -1,0 +1,540 @@
+"""Ingest benchmark: pizza orders from SeaweedFS S3 into the SeaweedFS Iceberg REST catalog, end to end.
+
+Run from the repository root: `.venv/bin/python benchmarks/ingest.py [--records N] [--partitions P] ...`.
+Starts SeaweedFS (S3 + Iceberg REST) on loopback ports under a temporary directory, writes `--records` pizza orders
+as KafScale segments of `--partitions` Kafka partitions (codecs in turn), uploads them, and ingests the same
+segments twice, each time into a fresh table with the pizza fields as mapped columns:
+- reference, one process without Spark: boto3 downloads every completed segment, kafka-python's `DefaultRecordBatch`
+  reader decodes it (cramjam codecs, as in decode.py), pyarrow's JSON reader parses the values into the mapped
+  columns and one pyiceberg `table.append()` writes and commits everything;
+- kafscale_lakehouse: `ingest_mapping` on a `local[2]` Spark session that is already started and has run one small
+  warm-up ingestion (both timed and shown apart), offsets in a local sqlite file (or etcd with `--offsets etcd`).
+Prints, per pipeline, wall seconds, records/s, MB/s (of segment bytes), peak RSS of the driver and of its whole
+process tree (Spark JVM and Python workers, sampled from /proc), CPU seconds of that tree, snapshots and data
+files; then the speed ratio and where our run spent its wall time (driver phases). Both tables must hold every
+record exactly once, or the benchmark fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.json as pa_json  # noqa: E402
+from pyiceberg.table import Table  # noqa: E402
+
+from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, ProcessorConfig, parse_config  # noqa: E402
+from kafscale_lakehouse.engine import ingest as ingest_module  # noqa: E402
+from kafscale_lakehouse.engine.catalog import load_catalog, open_table  # noqa: E402
+from kafscale_lakehouse.engine.ingest import IngestContext, catalog_settings, ingest_mapping  # noqa: E402
+from kafscale_lakehouse.engine.spark import get_spark_session  # noqa: E402
+from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema  # noqa: E402
+from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_TOPIC, write_partition_segments  # noqa: E402
+from kafscale_lakehouse_tests.format.kafka_python_reference import (  # noqa: E402
+    cramjam_codec_patches,
+    read_segment_records,
+)
+from kafscale_lakehouse_tests.servers import (  # noqa: E402
+    ACCESS_KEY,
+    REGION,
+    S3_BUCKET,
+    SECRET_KEY,
+    TABLE_BUCKET,
+    Etcd,
+    SeaweedFS,
+)
+
+log = logging.getLogger("benchmarks.ingest")
+
+PIZZA_COLUMNS = (
+    ColumnConfig(name="order_id", type="string", required=True),
+    ColumnConfig(name="store_id", type="int"),
+    ColumnConfig(name="sauce", type="string"),
+    ColumnConfig(name="cheese", type="string"),
+    ColumnConfig(name="meats", type="string"),
+    ColumnConfig(name="veggies", type="string"),
+    ColumnConfig(name="date_ordered", type="timestamp"),
+)
+WARMUP_TOPIC = "warmup-pizzas"
+WARMUP_RECORDS = 2_000
+SPARK_TASK_SLOTS = 2
+SAMPLE_INTERVAL_SECONDS = 0.05
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# Driver-side phases of a run: functions of `kafscale_lakehouse.engine.ingest` (and methods of its offset store)
+# whose wall time is added to the named phase while our pipeline runs.
+_INGEST_PHASES = {
+    "open_mapping_table": "open/create table",
+    "cleanup_uncommitted_files": "orphan-file scan",
+    "discover_topic_partitions": "discover partitions",
+    "read_topic_offsets": "read table offsets",
+    "_plan_partition": "plan (list segments, footers)",
+    "write_kafscale_rows": "Spark job (read, decode, write Parquet)",
+    "commit_append": "Iceberg commit",
+}
+_OFFSET_STORE_PHASES = {
+    "acquire_lease": "offset store (leases, offsets)",
+    "committed_offsets": "offset store (leases, offsets)",
+    "commit_offsets": "offset store (leases, offsets)",
+    "broker_watermarks": "offset store (leases, offsets)",
+}
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+
+@dataclass
+class ProcessUsage:
+    peak_driver_rss: int = 0
+    peak_tree_rss: int = 0
+    start_driver_rss: int = 0
+    cpu_seconds_by_kind: dict[str, float] = field(default_factory=dict)
+    peak_tree_rss_by_kind: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind → (processes, bytes)
+
+    @property
+    def tree_cpu_seconds(self) -> float:
+        return sum(self.cpu_seconds_by_kind.values())
+
+
+class ProcessTreeSampler:
+    """Samples RSS and CPU time of this process and all its descendants from /proc (except `excluded` subtrees).
+
+    One read of /proc/<pid>/stat per process on the machine gives parent, RSS and CPU ticks, so a sample is cheap.
+    CPU seconds count what each process used while sampled (a process that exits keeps its last reading).
+    """
+
+    def __init__(self, excluded: set[int], interval: float = SAMPLE_INTERVAL_SECONDS):
+        self._excluded = excluded
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._first_cpu: dict[int, int] = {}
+        self._last_cpu: dict[int, int] = {}
+        self._kinds: dict[int, str] = {}
+        self.usage = ProcessUsage()
+
+    def __enter__(self) -> ProcessTreeSampler:
+        self._sample(first=True)
+        self.usage.start_driver_rss = self.usage.peak_driver_rss
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        by_kind: dict[str, float] = defaultdict(float)
+        for pid, ticks in self._last_cpu.items():
+            by_kind[self._kinds[pid]] += (ticks - self._first_cpu.get(pid, 0)) / _CLOCK_TICKS
+        self.usage.cpu_seconds_by_kind = dict(by_kind)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def _sample(self, first: bool = False) -> None:
+        stats = _all_process_stats()
+        children: dict[int, list[int]] = defaultdict(list)
+        for pid, (parent, _, _) in stats.items():
+            children[parent].append(pid)
+        driver = os.getpid()
+        tree, pending = [], [driver]
+        while pending:
+            pid = pending.pop()
+            if pid in self._excluded or pid not in stats:
+                continue
+            tree.append(pid)
+            pending.extend(children.get(pid, ()))
+        for pid in tree:
+            if pid not in self._kinds:
+                self._kinds[pid] = "driver" if pid == driver else _process_kind(pid)
+            cpu = stats[pid][2]
+            if first:
+                self._first_cpu[pid] = cpu
+            self._last_cpu[pid] = cpu
+        usage = self.usage
+        usage.peak_driver_rss = max(usage.peak_driver_rss, stats[driver][1])
+        tree_rss = sum(stats[pid][1] for pid in tree)
+        if tree_rss > usage.peak_tree_rss:
+            usage.peak_tree_rss = tree_rss
+            by_kind: dict[str, tuple[int, int]] = {}
+            for pid in tree:
+                processes, rss = by_kind.get(self._kinds[pid], (0, 0))
+                by_kind[self._kinds[pid]] = (processes + 1, rss + stats[pid][1])
+            usage.peak_tree_rss_by_kind = by_kind
+
+
+def _all_process_stats() -> dict[int, tuple[int, int, int]]:
+    """pid → (parent pid, RSS bytes, user+system CPU ticks) of every process visible in /proc."""
+    stats = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat_file:
+                raw = stat_file.read()
+        except OSError:  # the process exited between listdir and open
+            continue
+        # The command name (field 2) may hold spaces and parentheses: split after its closing parenthesis.
+        fields = raw[raw.rindex(b")") + 2:].split()
+        stats[int(name)] = (int(fields[1]), int(fields[21]) * _PAGE_SIZE, int(fields[11]) + int(fields[12]))
+    return stats
+
+
+def _process_kind(pid: int) -> str:
+    """`Spark JVM`, `Python <worker module>` (PySpark daemons and the workers they fork) or the program name."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline_file:
+            argv = cmdline_file.read().decode(errors="replace").split("\0")
+    except OSError:
+        return "exited"
+    if not argv[0]:
+        return "exited"  # a zombie has no command line
+    if Path(argv[0]).name == "java":
+        return "Spark JVM"
+    if "pyspark.daemon" in argv:
+        modules = argv[argv.index("pyspark.daemon") + 1:]
+        module = modules[0] if modules and modules[0] else "pyspark.worker"
+        return f"Python {module.removeprefix('pyspark.sql.worker.').removeprefix('pyspark.')}"
+    return Path(argv[0]).name
+
+
+class PhaseTimer:
+    """Wall seconds spent in named functions, found by wrapping them while `timing(...)` is active."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def timing(self, target: object, phases: Mapping[str, str]) -> Iterator[None]:
+        originals = {attribute: getattr(target, attribute) for attribute in phases}
+        for attribute, phase in phases.items():
+            setattr(target, attribute, self._timed(originals[attribute], phase))
+        try:
+            yield
+        finally:
+            for attribute, original in originals.items():
+                setattr(target, attribute, original)
+
+    def _timed(self, function: Callable, phase: str) -> Callable:
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds[phase] += time.perf_counter() - started
+        return timed
+
+
+@dataclass
+class PipelineFigures:
+    name: str
+    seconds: float
+    usage: ProcessUsage
+    snapshots: int
+    data_files: int
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------ workload
+
+
+@dataclass(frozen=True)
+class UploadedSegments:
+    namespace: str
+    topic: str
+    kfs_keys: tuple[str, ...]
+    kfs_bytes: int
+    records_by_partition: dict[int, int]
+
+
+def write_and_upload(s3, root: Path, *, namespace: str, topic: str, records: int, partitions: int,
+                     records_per_segment: int, records_per_batch: int, codecs: tuple[str, ...]) -> UploadedSegments:
+    """Write `records` pizza orders spread over `partitions` as segments and upload them, `.kfs` before `.index`."""
+    records_by_partition = {p: records // partitions + (1 if p < records % partitions else 0)
+                            for p in range(partitions)}
+    kfs_keys, kfs_bytes = [], 0
+    for partition, count in records_by_partition.items():
+        if count == 0:
+            continue
+        for segment in write_partition_segments(root, record_count=count, namespace=namespace, topic=topic,
+                                                partition=partition, records_per_segment=records_per_segment,
+                                                records_per_batch=records_per_batch, codecs=codecs):
+            for path in (segment.kfs_path, segment.index_path):
+                s3.upload_file(str(path), S3_BUCKET, path.relative_to(root).as_posix())
+            kfs_keys.append(segment.kfs_path.relative_to(root).as_posix())
+            kfs_bytes += segment.kfs_path.stat().st_size
+    return UploadedSegments(namespace, topic, tuple(kfs_keys), kfs_bytes,
+                            {p: n for p, n in records_by_partition.items() if n})
+
+
+# ------------------------------------------------------------------------------------------------ reference
+
+
+def reference_ingest(s3, segments: UploadedSegments, table: Table) -> None:
+    """kafka-python decode + pyarrow JSON parsing + one pyiceberg append, all in this process."""
+    columns: dict[str, list] = {name: [] for name in ("record_id", "partition", "offset", "timestamp_ms", "key",
+                                                        "value", "headers")}
+    for kfs_key in _completed_segment_keys(s3, f"{segments.namespace}/{segments.topic}/"):
+        partition = int(kfs_key.rsplit("/", 2)[1])
+        kfs = s3.get_object(Bucket=S3_BUCKET, Key=kfs_key)["Body"].read()
+        for offset, timestamp_ms, key, value, headers in read_segment_records(kfs):
+            columns["record_id"].append(f"{segments.topic}:{partition}:{offset}")
+            columns["partition"].append(partition)
+            columns["offset"].append(offset)
+            columns["timestamp_ms"].append(timestamp_ms)
+            columns["key"].append(key)
+            columns["value"].append(value)
+            # Go's encoding of the `headers` column; json.dumps writes the same for these ASCII headers.
+            columns["headers"].append(json.dumps([{"key": k, "value": (v or b"").decode()} for k, v in headers],
+                                                 separators=(",", ":")) if headers else "")
+    values = pa.array(columns["value"], pa.binary())
+    joined = pc.binary_join_element_wise(values, pa.scalar(b"", pa.binary()), b"\n")
+    mapped_schema = pa.schema([(column.name, ARROW_TYPES[column.type]) for column in PIZZA_COLUMNS])
+    parse_options = pa_json.ParseOptions(explicit_schema=mapped_schema, unexpected_field_behavior="ignore")
+    mapped = pa_json.read_json(pa.BufferReader(joined.buffers()[2]), parse_options=parse_options)
+    row_count = len(values)
+    arrays = [
+        pa.array(columns["record_id"], pa.string()),
+        pa.repeat(pa.scalar(segments.topic, pa.string()), row_count),
+        pa.array(columns["partition"], pa.int32()),
+        pa.array(columns["offset"], pa.int64()),
+        pa.array(columns["timestamp_ms"], pa.int64()),
+        pa.array(columns["key"], pa.binary()),
+        values,
+        pa.array(columns["headers"], pa.string()),
+        *(mapped.column(column.name).combine_chunks() for column in PIZZA_COLUMNS),
+    ]
+    table.append(pa.Table.from_arrays(arrays, schema=record_arrow_schema(PIZZA_COLUMNS)))
+
+
+def _completed_segment_keys(s3, prefix: str) -> list[str]:
+    """`.kfs` keys under `prefix` whose `.index` exists (a complete segment), in key order."""
+    keys = set()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=S3_BUCKET, Prefix=prefix):
+        keys.update(item["Key"] for item in page.get("Contents", ()))
+    return sorted(key for key in keys if key.endswith(".kfs") and key[:-len(".kfs")] + ".index" in keys)
+
+
+def run_reference(s3, segments: UploadedSegments, config: LakehouseConfig, table_name: str,
+                  excluded_pids: set[int]) -> PipelineFigures:
+    gc.collect()
+    started = time.perf_counter()
+    with ProcessTreeSampler(excluded_pids) as sampler:
+        table = open_table(load_catalog(catalog_settings(config)), table_name, schema=table_schema(PIZZA_COLUMNS),
+                           create_if_missing=True)
+        reference_ingest(s3, segments, table)
+    seconds = time.perf_counter() - started
+    return PipelineFigures("reference", seconds, sampler.usage, *verify_table(table, segments))
+
+
+# ------------------------------------------------------------------------------------------------ ours
+
+
+def lakehouse_config(seaweedfs: SeaweedFS, etcd: Etcd | None, workdir: Path, *, s3_namespace: str,
+                     table_namespace: str, max_bytes_per_run: int) -> LakehouseConfig:
+    def mapping(topic: str, table: str) -> dict:
+        return {"topic": topic, "table": f"{table_namespace}.{table}", "create_table_if_missing": True,
+                "schema": {"columns": [column.model_dump() for column in PIZZA_COLUMNS]}}
+
+    offsets = {"backend": "etcd"} if etcd else {"backend": "local", "local_path": str(workdir / "offsets.db")}
+    return parse_config({
+        "s3": {"bucket": S3_BUCKET, "namespace": s3_namespace, "endpoint": seaweedfs.s3_endpoint, "region": REGION,
+               "path_style": True, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY},
+        "iceberg": {"catalog": {"type": "rest", "uri": seaweedfs.rest_uri, "credential": f"{ACCESS_KEY}:{SECRET_KEY}"},
+                    "warehouse": f"s3://{TABLE_BUCKET}"},
+        "offsets": {**offsets, "key_prefix": f"bench-{s3_namespace}"},
+        "etcd": {"endpoints": [etcd.endpoint]} if etcd else {},
+        "discovery": {"mode": "s3"},
+        "processor": {"max_bytes_per_run": max_bytes_per_run},
+        "spark": {"master": f"local[{SPARK_TASK_SLOTS}]", "conf": {"spark.ui.showConsoleProgress": "false"}},
+        "mappings": [mapping(PIZZA_TOPIC, "pizzas_lakehouse"), mapping(WARMUP_TOPIC, "warmup")],
+    }, source="benchmarks/ingest.py")
+
+
+def ingest_all(context: IngestContext, topic: str, expected_records: int) -> int:
+    """Runs of `ingest_mapping` until every record is in (one run unless the per-run byte limit splits it)."""
+    [mapping] = [m for m in context.config.mappings if m.topic == topic]
+    ingested, runs = 0, 0
+    while ingested < expected_records:
+        result = ingest_mapping(context, mapping)
+        runs += 1
+        if result.records == 0:
+            raise SystemExit(f"run {runs} of topic {topic} → {mapping.table} found nothing pending after "
+                             f"{ingested} of {expected_records} records")
+        ingested += result.records
+    return runs
+
+
+def run_ours(context: IngestContext, segments: UploadedSegments, excluded_pids: set[int]) -> PipelineFigures:
+    timer = PhaseTimer()
+    gc.collect()
+    started = time.perf_counter()
+    with ProcessTreeSampler(excluded_pids) as sampler, timer.timing(ingest_module, _INGEST_PHASES), \
+            timer.timing(context.offsets, _OFFSET_STORE_PHASES):
+        runs = ingest_all(context, segments.topic, sum(segments.records_by_partition.values()))
+    seconds = time.perf_counter() - started
+    log.info("kafscale_lakehouse ingested topic %s in %d run(s)", segments.topic, runs)
+    [mapping] = [m for m in context.config.mappings if m.topic == segments.topic]
+    table = load_catalog(context.catalog_settings).load_table(mapping.table)
+    return PipelineFigures("kafscale_lakehouse", seconds, sampler.usage, *verify_table(table, segments),
+                           phases=dict(timer.seconds))
+
+
+# ------------------------------------------------------------------------------------------------ checks, output
+
+
+def verify_table(table: Table, segments: UploadedSegments) -> tuple[int, int]:
+    """(snapshots, data files) of a fresh table, after checking it holds every record exactly once, with every
+    mapped column filled (each pizza order has every field)."""
+    table.refresh()
+    name = ".".join(table.name())
+    expected = sum(segments.records_by_partition.values())
+    rows = table.scan(selected_fields=("record_id", "partition", *(c.name for c in PIZZA_COLUMNS))).to_arrow()
+    distinct = pc.count_distinct(rows.column("record_id")).as_py()
+    per_partition = {row["values"]: row["counts"] for row in pc.value_counts(rows.column("partition")).to_pylist()}
+    if rows.num_rows != expected or distinct != expected or per_partition != segments.records_by_partition:
+        raise SystemExit(f"table {name} holds {rows.num_rows} rows ({distinct} distinct record ids, per partition "
+                         f"{per_partition}); expected {expected} ({segments.records_by_partition})")
+    nulls = {c.name: rows.column(c.name).null_count for c in PIZZA_COLUMNS if rows.column(c.name).null_count}
+    if nulls:
+        raise SystemExit(f"table {name} has nulls in mapped columns {nulls}; every pizza order has every field")
+    return len(table.snapshots()), table.inspect.files().num_rows
+
+
+def print_figures(figures: list[PipelineFigures], records: int, megabytes: float) -> None:
+    print(f"{'pipeline':>18} {'wall s':>7} {'records/s':>10} {'MB/s':>6} {'driver RSS':>11} {'tree RSS':>9} "
+          f"{'tree CPU s':>10} {'snapshots':>9} {'files':>5}")
+    for f in figures:
+        print(f"{f.name:>18} {f.seconds:7.2f} {records / f.seconds:10,.0f} {megabytes / f.seconds:6.1f} "
+              f"{f.usage.peak_driver_rss / 2**20:8.0f} MB {f.usage.peak_tree_rss / 2**20:6.0f} MB "
+              f"{f.usage.tree_cpu_seconds:10.1f} {f.snapshots:9d} {f.data_files:5d}")
+    print("  (driver RSS at start: " + ", ".join(f"{f.name} {f.usage.start_driver_rss / 2**20:.0f} MB"
+                                                 for f in figures) + ")")
+
+
+def print_phases(figures: PipelineFigures) -> None:
+    print(f"where {figures.name} spent its {figures.seconds:.2f} s (driver wall time):")
+    accounted = 0.0
+    for phase, seconds in sorted(figures.phases.items(), key=lambda item: -item[1]):
+        print(f"  {phase:<40} {seconds:6.2f} s  {100 * seconds / figures.seconds:5.1f} %")
+        accounted += seconds
+    rest = figures.seconds - accounted
+    print(f"  {'other (lease release, logging, checks)':<40} {rest:6.2f} s  {100 * rest / figures.seconds:5.1f} %")
+    usage = figures.usage
+    print(f"{figures.name} by process: CPU seconds, and RSS when the whole tree peaked")
+    for kind in sorted(usage.cpu_seconds_by_kind.keys() | usage.peak_tree_rss_by_kind.keys(),
+                       key=lambda kind: -usage.cpu_seconds_by_kind.get(kind, 0)):
+        processes, rss = usage.peak_tree_rss_by_kind.get(kind, (0, 0))
+        if rss == 0 and usage.cpu_seconds_by_kind.get(kind, 0) < 0.005:
+            continue  # exited before the peak and used no CPU worth a line
+        print(f"  {kind:<40} {usage.cpu_seconds_by_kind.get(kind, 0):6.2f} s  {rss / 2**20:6.0f} MB in {processes} "
+              f"process{'es' if processes != 1 else ''}")
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--records-per-segment", type=int, default=10_000)
+    parser.add_argument("--records-per-batch", type=int, default=100)
+    parser.add_argument("--codecs", nargs="+", choices=ALL_CODECS, default=list(ALL_CODECS),
+                        help="codecs used by the segments in turn (default: all)")
+    parser.add_argument("--max-bytes-per-run", type=int,
+                        default=ProcessorConfig.model_fields["max_bytes_per_run"].default,
+                        help="processor.max_bytes_per_run: segment bytes one of our runs may read (more runs, "
+                             "more snapshots, less memory when smaller)")
+    parser.add_argument("--offsets", choices=("local", "etcd"), default="local",
+                        help="offsets backend of our pipeline: a sqlite file, or a Debian etcd started here")
+    parser.add_argument("--verbose", action="store_true", help="log at INFO level")
+    args = parser.parse_args()
+    if args.records < 1 or args.partitions < 1 or args.records_per_segment < 1 or args.records_per_batch < 1:
+        parser.error("--records, --partitions, --records-per-segment and --records-per-batch must be positive")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for target, attribute, value in cramjam_codec_patches():
+        setattr(target, attribute, value)
+    run = uuid.uuid4().hex[:8]
+    s3_namespace, table_namespace = f"bench-{run}", f"bench_{run}"
+    with tempfile.TemporaryDirectory(prefix="kafscale-ingest-bench-") as workdir_name:
+        workdir = Path(workdir_name)
+        seaweedfs = SeaweedFS(workdir / "seaweedfs").start()
+        etcd = Etcd(workdir / "etcd").start() if args.offsets == "etcd" else None
+        try:
+            servers = {server.proc.pid for server in (seaweedfs, etcd) if server is not None}
+            benchmark(args, seaweedfs, etcd, workdir, s3_namespace, table_namespace, servers)
+        finally:
+            for server in (etcd, seaweedfs):
+                if server is not None:
+                    server.stop()
+
+
+def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd | None, workdir: Path, s3_namespace: str,
+              table_namespace: str, excluded_pids: set[int]) -> None:
+    s3 = seaweedfs.s3_client()
+    started = time.perf_counter()
+    segments = write_and_upload(s3, workdir / "segments", namespace=s3_namespace, topic=PIZZA_TOPIC,
+                                records=args.records, partitions=args.partitions,
+                                records_per_segment=args.records_per_segment,
+                                records_per_batch=args.records_per_batch, codecs=tuple(args.codecs))
+    # As many warm-up partitions as Spark task slots, so that every Python worker a task uses is started.
+    warmup = write_and_upload(s3, workdir / "segments", namespace=s3_namespace, topic=WARMUP_TOPIC,
+                              records=WARMUP_RECORDS, partitions=SPARK_TASK_SLOTS, records_per_segment=WARMUP_RECORDS,
+                              records_per_batch=args.records_per_batch, codecs=tuple(args.codecs[:1]))
+    megabytes = segments.kfs_bytes / 1e6
+    print(f"{args.records} pizza records in {len(segments.kfs_keys)} segments of {args.partitions} partitions "
+          f"({megabytes:.1f} MB, codecs {', '.join(args.codecs)}, {args.records_per_batch} records per batch), "
+          f"written and uploaded to SeaweedFS in {time.perf_counter() - started:.1f} s; {os.cpu_count()} cores")
+    config = lakehouse_config(seaweedfs, etcd, workdir, s3_namespace=s3_namespace, table_namespace=table_namespace,
+                              max_bytes_per_run=args.max_bytes_per_run)
+
+    # The reference first, before Spark exists, so that its process tree is this process alone.
+    reference = run_reference(s3, segments, config, f"{table_namespace}.pizzas_reference", excluded_pids)
+
+    started = time.perf_counter()
+    spark = get_spark_session(config.spark.master, dict(config.spark.conf), ui_enabled=False)
+    session_seconds = time.perf_counter() - started
+    try:
+        context = IngestContext.from_config(config, spark)
+        started = time.perf_counter()
+        ingest_all(context, warmup.topic, sum(warmup.records_by_partition.values()))
+        warmup_seconds = time.perf_counter() - started
+        print(f"Spark session start ({config.spark.master}): {session_seconds:.1f} s; warm-up run "
+              f"({WARMUP_RECORDS} records, starts the Python workers): {warmup_seconds:.1f} s (both not counted below)")
+        ours = run_ours(context, segments, excluded_pids)
+    finally:
+        spark.stop()
+
+    print_figures([reference, ours], args.records, megabytes)
+    print(f"ratio: {reference.seconds / ours.seconds:.2f}x (our speed / the reference's, end to end)")
+    print_phases(ours)
+
+
+if __name__ == "__main__":
+    main()
