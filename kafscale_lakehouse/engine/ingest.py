@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
@@ -287,9 +288,10 @@ def _plan_partition(store: SegmentStore, topic: str, partition: int, start: int 
         segments = [s for s in segments if s.last_offset >= read_start]
     if gaps:
         gap: Gap = gaps[0]
-        if gap.expected_offset == read_start:
+        if not allow_gaps:  # reported from the first run that sees it, not only once the partition reaches it
             outcome.error = (f"gap: offsets {gap.expected_offset}..{gap.found_offset - 1} are missing before "
                              f"{gap.kfs_key} (deleted before ingestion?); set allow_gaps to skip them")
+        if gap.expected_offset == read_start:
             return None
         segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
     chosen, used = [], 0
@@ -345,12 +347,11 @@ def _read_write_commit(context: IngestContext, mapping: MappingConfig, table: Ta
         ends[partition] = min(ends[partition], failure.next_offset)
         plans[partition].outcome.error = f"segment {failure.key} could not be read: {failure.message}"
     committing = {p: plan for p, plan in plans.items() if ends[p] > plan.commit_start}
-    lost = [p for p in committing if leases[p].lost]
-    if lost:
-        delete_data_files(io, [f.file_path for f in keep])
-        for p in lost:
-            plans[p].outcome.error = f"lease lost before commit ({leases[p].lost_reason}); nothing committed"
-        return
+    for p in [p for p in committing if leases[p].lost]:
+        # Only this partition is fenced off (the next run reads it again); the other partitions still commit.
+        plans[p].outcome.error = f"lease lost before commit ({leases[p].lost_reason}); nothing committed"
+        del committing[p]
+    delete_data_files(io, [f.file_path for p, files in keep.items() if p not in committing for f in files])
     if not committing:
         return
     for p, plan in committing.items():
@@ -358,8 +359,9 @@ def _read_write_commit(context: IngestContext, mapping: MappingConfig, table: Ta
     skipped = {p: plan.outcome.skipped for p, plan in committing.items() if plan.outcome.skipped}
     properties = ({SKIPPED_PROPERTY_PREFIX + topic: json.dumps({str(p): list(r) for p, r in skipped.items()})}
                   if skipped else None)
-    commit = commit_append(table, keep, topic, {p: plans[p].commit_start for p in committing},
-                           {p: ends[p] for p in committing}, run_id, snapshot_properties=properties)
+    commit = commit_append(table, [f for p in committing for f in keep.get(p, [])], topic,
+                           {p: plans[p].commit_start for p in committing}, {p: ends[p] for p in committing}, run_id,
+                           snapshot_properties=properties)
     result.snapshot_id = commit.snapshot_id
     try:
         context.offsets.commit_offsets(
@@ -372,20 +374,25 @@ def _read_write_commit(context: IngestContext, mapping: MappingConfig, table: Ta
 
 
 def _files_to_commit(messages: list[IcebergAppendCommitMessage], plans: dict[int, _PartitionPlan]):
-    """Split the written files into those below each partition's first failed segment and the rest."""
+    """Split the written files into those below each partition's first failed segment (by Kafka partition) and
+    the rest."""
     failures: dict[int, SegmentReadFailure] = {}
     for message in messages:
         for failure in message.source_stats.failures:
             if failure.partition not in failures or failure.next_offset < failures[failure.partition].next_offset:
                 failures[failure.partition] = failure
-    keep, drop = [], []
+    keep: dict[int, list[DataFile]] = {}
+    drop: list[DataFile] = []
     for message in messages:
         stats = message.source_stats
         partitions = set(stats.rows)
         if len(partitions) > 1:
             raise AssertionError(f"a Spark write task saw Kafka partitions {sorted(partitions)}; expected one")
-        stopped = any(p in failures and stats.first_offset[p] >= failures[p].next_offset for p in partitions)
-        (drop if stopped else keep).extend(message.data_files)
+        if not partitions:
+            continue  # no valid rows, so no data files
+        [p] = partitions
+        stopped = p in failures and stats.first_offset[p] >= failures[p].next_offset
+        (drop if stopped else keep.setdefault(p, [])).extend(message.data_files)
     return keep, drop, failures
 
 

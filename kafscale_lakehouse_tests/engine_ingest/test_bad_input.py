@@ -1,0 +1,78 @@
+"""Input the run cannot take as is: a corrupt segment, a gap (deleted segment), invalid records. Nothing is skipped
+silently: what is complete is committed, the rest fails naming the object, offsets or record."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+import pytest
+
+from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
+from kafscale_lakehouse.workload import pizza_orders
+
+
+def test_corrupt_segment_stops_its_partition_until_replaced(production_world, cli_main, caplog):
+    world = production_world
+    world.write_segments(0, 160, records_per_segment=40, codecs=("none",))  # segments 0, 40, 80, 120
+    world.write_segments(1, 80, records_per_segment=40)
+    corrupt_key = world.corrupt_segment(0, 40)
+    # A small input-partition budget makes every segment a Spark task of its own, so the segments after the corrupt
+    # one are read and written too and their files must be thrown away.
+    config_path = world.write_config_file(target_file_size_bytes=8_000)
+
+    with caplog.at_level(logging.ERROR, logger="kafscale_lakehouse.cli"):
+        assert cli_main("ingest", "--config", str(config_path), "--once") == 1
+    [error] = [r.getMessage() for r in caplog.records if r.name == "kafscale_lakehouse.cli"]
+    assert f"partition 0: segment {corrupt_key} could not be read" in error
+    table = world.assert_exactly_once(runs=1, expected={0: range(40), 1: range(80)})
+    assert world.table_data_files() == world.referenced_data_files(table), "files past the corrupt segment deleted"
+
+    world.restore_segment(0, 40)
+    assert cli_main("ingest", "--config", str(config_path), "--once") == 0
+    world.assert_exactly_once(runs=2)
+
+
+def test_gap_fails_loudly_unless_allowed_then_is_skipped_and_recorded(embedded_world, spark):
+    world = embedded_world
+    world.write_segments(0, 160, records_per_segment=40)  # segments 0, 40, 80, 120
+    world.write_segments(1, 80, records_per_segment=40)
+    deleted = world.delete_segment(0, 40)  # retention removed offsets 40..79 before they were ingested
+
+    with pytest.raises(IngestFailedError) as failed:
+        ingest(world.config(), spark)
+    error = failed.value.result.partitions[0].error
+    assert "offsets 40..79 are missing" in error and world.segment_object_key(0, 80) in error
+    world.assert_exactly_once(runs=1, expected={0: range(40), 1: range(80)})  # up to the gap, and partition 1
+
+    with pytest.raises(IngestFailedError, match="offsets 40..79 are missing"):
+        ingest(world.config(), spark)
+    world.assert_exactly_once(runs=1, expected={0: range(40), 1: range(80)})
+
+    [result] = ingest(world.config(allow_gaps=True), spark)
+    assert result.partitions[0].skipped == (deleted.start, deleted.stop)
+    table = world.assert_exactly_once(runs=2)  # every offset that still exists; the next offset is past the gap
+    assert world.skipped_ranges(table) == [{"0": [40, 80]}]
+
+
+def test_invalid_records_commit_nothing_and_are_named(embedded_world, spark):
+    world = embedded_world
+    records = pizza_orders(0, 60)
+    for offset in (17, 42):  # the required mapped column order_id is missing from these values
+        value = json.loads(records[offset].value)
+        del value["order_id"]
+        records[offset] = dataclasses.replace(records[offset], value=json.dumps(value).encode())
+    world.write_records(0, 0, records)
+    world.write_segments(1, 40, records_per_segment=40)
+
+    with pytest.raises(IngestFailedError) as failed:
+        ingest(world.config(), spark)
+
+    result = failed.value.result
+    assert result.invalid_count == 2
+    assert {s.record_id for s in result.invalid_samples} == {f"{world.topic}:0:17", f"{world.topic}:0:42"}
+    assert f"{world.topic}:0:17 (order_id:" in str(failed.value)
+    assert result.snapshot_id is None and world.our_snapshots() == []
+    assert world.store_next_offsets() == {}
+    assert world.table_data_files() == set(), "the files written for the batch were deleted"
