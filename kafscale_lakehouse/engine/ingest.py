@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
@@ -151,7 +151,7 @@ def open_mapping_table(context: IngestContext, mapping: MappingConfig) -> Table:
     table = open_table(
         load_catalog(context.catalog_settings), mapping.table, schema=table_schema(columns),
         create_if_missing=mapping.create_table_if_missing,
-        partition_fields=[PartitionFieldSpec(f.source, f.transform, f.name) for f in mapping.partition_spec],
+        partition_fields=[PartitionFieldSpec(f.source, f.transform, f.field_name) for f in mapping.partition_spec],
         properties=mapping.table_properties,
     )
     evolve_table_schema(table, columns, allow_type_widening=mapping.schema_config.allow_type_widening)
@@ -186,28 +186,7 @@ def discover_topic_partitions(context: IngestContext, topic: str) -> list[int]:
 def ingest_mapping(context: IngestContext, mapping: MappingConfig, *, partitions: Sequence[int] | None = None,
                    run_id: str | None = None) -> IngestResult:
     """One run for one mapping over `partitions` (default: every discovered partition). See the module docstring."""
-    run_id = run_id or uuid.uuid4().hex
-    topic = mapping.topic
-    result = IngestResult(topic=topic, table=mapping.table, run_id=run_id)
-    table = open_mapping_table(context, mapping)
-    cleanup_uncommitted_files(table, older_than=datetime.now(timezone.utc) - ORPHAN_FILE_MIN_AGE)
-    wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
-    leases: list[Lease] = []
-    try:
-        for partition in wanted:
-            try:
-                leases.append(context.offsets.acquire_lease(topic, partition, f"{context.owner_id}-{run_id[:8]}"))
-            except LeaseHeldError as exc:
-                result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
-        if leases:
-            _ingest_leased(context, mapping, table, leases, result)
-    finally:
-        for lease in leases:
-            lease.release()
-    _log_result(result)
-    if result.failed:
-        raise IngestFailedError(result)
-    return result
+    return commit_ingest(prepare_ingest(context, mapping, partitions=partitions, run_id=run_id))
 
 
 @dataclass
@@ -219,18 +198,81 @@ class _PartitionPlan:
     segments: list[SegmentRef]
 
 
-def _ingest_leased(context: IngestContext, mapping: MappingConfig, table: Table, leases: list[Lease],
-                   result: IngestResult) -> None:
+@dataclass
+class PreparedIngest:
+    """Phase one of a run, done: leases held, offsets settled, segments planned, the (lazy) DataFrame to write.
+
+    Hand it to `commit_ingest` (which always releases the leases) or call `abort()`. The Dagster asset returns it and
+    the IO manager commits it.
+    """
+
+    context: IngestContext
+    mapping: MappingConfig
+    table: Table
+    result: IngestResult
+    leases: dict[int, Lease]
+    plans: dict[int, _PartitionPlan]
+    read_options: KafscaleReadOptions | None
+
+    def dataframe(self) -> DataFrame | None:
+        """The records to append (base + mapped columns + `_kafscale_invalid_reason`), None when nothing is pending."""
+        return None if self.read_options is None else read_kafscale(self.context.spark, self.read_options)
+
+    def abort(self) -> None:
+        for lease in self.leases.values():
+            lease.release()
+
+
+def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions: Sequence[int] | None = None,
+                   run_id: str | None = None) -> PreparedIngest:
+    run_id = run_id or uuid.uuid4().hex
     topic = mapping.topic
-    by_partition = {lease.partition: lease for lease in leases}
-    table_next = read_topic_offsets(table, topic)
+    result = IngestResult(topic=topic, table=mapping.table, run_id=run_id)
+    table = open_mapping_table(context, mapping)
+    cleanup_uncommitted_files(table, older_than=datetime.now(timezone.utc) - ORPHAN_FILE_MIN_AGE)
+    wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
+    leases: dict[int, Lease] = {}
+    prepared = PreparedIngest(context, mapping, table, result, leases, {}, None)
+    try:
+        for partition in wanted:
+            try:
+                leases[partition] = context.offsets.acquire_lease(topic, partition,
+                                                                  f"{context.owner_id}-{run_id[:8]}")
+            except LeaseHeldError as exc:
+                result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
+        if leases:
+            _plan(prepared)
+    except BaseException:
+        prepared.abort()
+        raise
+    return prepared
+
+
+def commit_ingest(prepared: PreparedIngest) -> IngestResult:
+    """Phase two: write the planned records, commit once, update etcd, release the leases; `IngestFailedError`
+    when a partition could not advance (after committing what was complete)."""
+    result = prepared.result
+    try:
+        if prepared.plans:
+            _write_and_commit(prepared)
+        _record_lag(prepared)
+    finally:
+        prepared.abort()
+    _log_result(result)
+    if result.failed:
+        raise IngestFailedError(result)
+    return result
+
+
+def _plan(prepared: PreparedIngest) -> None:
+    context, mapping, topic = prepared.context, prepared.mapping, prepared.mapping.topic
+    table_next = read_topic_offsets(prepared.table, topic)
     etcd_committed = context.offsets.committed_offsets(topic)
-    _repair_etcd(context, topic, table_next, etcd_committed, by_partition)
+    _repair_etcd(context, topic, table_next, etcd_committed, prepared.leases)
 
     allow_gaps = mapping.allow_gaps if mapping.allow_gaps is not None else context.config.processor.allow_gaps
-    budget = max(1, context.config.processor.max_bytes_per_run // max(1, len(leases)))
-    plans: dict[int, _PartitionPlan] = {}
-    for partition in sorted(by_partition):
+    budget = max(1, context.config.processor.max_bytes_per_run // len(prepared.leases))
+    for partition in sorted(prepared.leases):
         if partition in table_next:
             start = table_next[partition]
         elif partition in etcd_committed:
@@ -239,15 +281,25 @@ def _ingest_leased(context: IngestContext, mapping: MappingConfig, table: Table,
         else:
             start = None
         outcome = PartitionOutcome(partition, start, start)
-        result.partitions[partition] = outcome
+        prepared.result.partitions[partition] = outcome
         plan = _plan_partition(context.store, topic, partition, start, budget, allow_gaps, outcome)
         if plan is not None:
-            plans[partition] = plan
+            prepared.plans[partition] = plan
+    if prepared.plans:
+        config = context.config
+        prepared.read_options = KafscaleReadOptions(
+            store=context.store_options, topic=topic,
+            starting_offsets={p: plan.read_start for p, plan in prepared.plans.items()},
+            ending_offsets={p: plan.end for p, plan in prepared.plans.items()},
+            columns=tuple(mapping.schema_config.columns),
+            max_bytes_per_partition=config.processor.target_file_size_bytes,
+            on_segment_error=SegmentErrorMode.MARK,
+        )
 
-    if plans:
-        _read_write_commit(context, mapping, table, plans, by_partition, result)
-    watermarks = context.offsets.broker_watermarks(topic)
-    for outcome in result.partitions.values():
+
+def _record_lag(prepared: PreparedIngest) -> None:
+    watermarks = prepared.context.offsets.broker_watermarks(prepared.mapping.topic)
+    for outcome in prepared.result.partitions.values():
         if outcome.partition in watermarks and outcome.end_offset is not None:
             outcome.lag = max(0, watermarks[outcome.partition] - outcome.end_offset)
 
@@ -316,20 +368,13 @@ def _pending_segments(store: SegmentStore, topic: str, partition: int, start: in
     return [s for s in segments if s.last_offset >= start]
 
 
-def _read_write_commit(context: IngestContext, mapping: MappingConfig, table: Table, plans: dict[int, _PartitionPlan],
-                       leases: dict[int, Lease], result: IngestResult) -> None:
+def _write_and_commit(prepared: PreparedIngest) -> None:
+    context, mapping, table, result = prepared.context, prepared.mapping, prepared.table, prepared.result
+    plans, leases = prepared.plans, prepared.leases
     topic, run_id, config = mapping.topic, result.run_id, context.config
-    read_options = KafscaleReadOptions(
-        store=context.store_options, topic=topic,
-        starting_offsets={p: plan.read_start for p, plan in plans.items()},
-        ending_offsets={p: plan.end for p, plan in plans.items()},
-        columns=tuple(mapping.schema_config.columns),
-        max_bytes_per_partition=config.processor.target_file_size_bytes,
-        on_segment_error=SegmentErrorMode.MARK,
-    )
     log.info("topic %s → %s run %s: reading %s", topic, mapping.table, run_id,
              {p: f"{plan.read_start}..{plan.end} ({len(plan.segments)} segments)" for p, plan in plans.items()})
-    messages = write_kafscale_rows(read_kafscale(context.spark, read_options), table, run_id,
+    messages = write_kafscale_rows(prepared.dataframe(), table, run_id,
                                    target_file_size_bytes=config.processor.target_file_size_bytes)
     keep, drop, failures = _files_to_commit(messages, plans)
     for message in messages:
@@ -347,10 +392,14 @@ def _read_write_commit(context: IngestContext, mapping: MappingConfig, table: Ta
         ends[partition] = min(ends[partition], failure.next_offset)
         plans[partition].outcome.error = f"segment {failure.key} could not be read: {failure.message}"
     committing = {p: plan for p, plan in plans.items() if ends[p] > plan.commit_start}
-    for p in [p for p in committing if leases[p].lost]:
-        # Only this partition is fenced off (the next run reads it again); the other partitions still commit.
-        plans[p].outcome.error = f"lease lost before commit ({leases[p].lost_reason}); nothing committed"
-        del committing[p]
+    for p in list(committing):
+        try:
+            # Ask the store, not only the keeper's flag: a lease taken over since the last renewal must not commit.
+            context.offsets.confirm_lease(leases[p])
+        except LeaseLostError as exc:
+            # Only this partition is fenced off (the next run reads it again); the other partitions still commit.
+            plans[p].outcome.error = f"lease lost before commit ({exc}); nothing committed"
+            del committing[p]
     delete_data_files(io, [f.file_path for p, files in keep.items() if p not in committing for f in files])
     if not committing:
         return

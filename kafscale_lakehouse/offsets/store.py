@@ -238,6 +238,16 @@ class OffsetStore(ABC):
 
     # ---- fenced writes ----------------------------------------------------------------------------------------
 
+    def confirm_lease(self, lease: Lease) -> None:
+        """Check with the store (not the keeper's last word) that `lease` is still ours, renewing it on the way;
+        `LeaseLostError` (and the lease marked lost) when it is gone or taken over."""
+        lease.ensure_held()
+        try:
+            self._renew_lease(lease)
+        except LeaseLostError as exc:
+            lease.mark_lost(str(exc))
+            raise
+
     def commit_offsets(self, leases: Iterable[Lease], offsets: Mapping[int, tuple[int, int]]) -> None:
         """Record `{partition: (last committed offset, last_timestamp_ms)}` under our leases, atomically.
 
