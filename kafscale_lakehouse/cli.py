@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from kafscale_lakehouse.config import ConfigError
 from kafscale_lakehouse.format import (
@@ -24,6 +24,12 @@ from kafscale_lakehouse.format import (
     parse_index,
 )
 from kafscale_lakehouse.storage import ObjectKind, StorageError, parse_segment_key
+
+if TYPE_CHECKING:  # the heavy engine imports load only for the commands that need them
+    from pyspark.sql import SparkSession
+
+    from kafscale_lakehouse.config import LakehouseConfig
+    from kafscale_lakehouse.engine.ingest import IngestContext
 
 log = logging.getLogger("kafscale_lakehouse.cli")
 
@@ -141,16 +147,24 @@ def _record_json(row: dict) -> dict:
 def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool) -> int:
     """`--once`: one pass over every mapping; otherwise poll every `processor.poll_interval_seconds` until stopped."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
+    from kafscale_lakehouse.engine.ingest import IngestContext
     from kafscale_lakehouse.engine.spark import get_spark_session
 
     config = load_config(config_path)
     # SIGTERM (Kubernetes, `kill`) unwinds like Ctrl-C, so leases are released and no run is left half-done.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     spark = get_spark_session(config.spark.master, dict(config.spark.conf))
+    with IngestContext.from_config(config, spark) as context:
+        return _ingest_loop(config, spark, context, topics=topics, once=once)
+
+
+def _ingest_loop(config: LakehouseConfig, spark: SparkSession, context: IngestContext, *, topics: list[str] | None,
+                 once: bool) -> int:
+    from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
+
     while True:
         try:
-            results = ingest(config, spark, topics=topics)
+            results = ingest(config, spark, topics=topics, context=context)
             status = 0
             for result in results:
                 log.info("topic %s → %s: %d records, snapshot %s", result.topic, result.table, result.records,
@@ -161,6 +175,25 @@ def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool)
         if once:
             return status
         time.sleep(config.processor.poll_interval_seconds)
+
+
+def run_demo_producer_command(args: argparse.Namespace) -> int:
+    """Run until stopped (SIGTERM, Ctrl-C) or until the parent process is gone (`make demo` killed hard)."""
+    from kafscale_lakehouse.config import load_config
+    from kafscale_lakehouse.demo_producer import run_demo_producer
+
+    config = load_config(args.config)
+    options = {name: getattr(args, name) for name in ("topic", "partitions", "interval_seconds",
+                                                      "records_per_segment", "rounds") if hasattr(args, name)}
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    parent = os.getppid()
+    try:
+        run_demo_producer(config, keep_going=lambda: os.getppid() == parent, **options)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    except (KeyboardInterrupt, SystemExit):
+        log.info("demo producer stopped")
+    return 0
 
 
 def _exit_on_sigterm(signum, frame):  # noqa: ANN001 - signal handler signature
@@ -185,6 +218,18 @@ def _build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--topic", action="append", help="only this mapping's topic (repeatable)")
     ingest.add_argument("--once", action="store_true",
                         help="ingest what is completed now and exit (0 = all ingested, 1 = a partition failed)")
+
+    producer = commands.add_parser("demo-producer", help="write pizza-order segments like a KafScale broker (demo)")
+    producer.add_argument("--config", default=None,
+                          help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
+    # Unset options keep run_demo_producer's defaults (one place for them).
+    producer.add_argument("--topic", default=argparse.SUPPRESS, help="topic to write (default: the first mapping's)")
+    producer.add_argument("--partitions", type=int, default=argparse.SUPPRESS, help="write partitions 0..N-1")
+    producer.add_argument("--interval-seconds", type=float, default=argparse.SUPPRESS,
+                          help="seconds between two segments of a partition")
+    producer.add_argument("--records-per-segment", type=int, default=argparse.SUPPRESS, help="orders per segment")
+    producer.add_argument("--rounds", type=int, default=argparse.SUPPRESS,
+                          help="stop after this many segments per partition (default: run until stopped)")
     return parser
 
 
@@ -198,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                                    partition=args.partition)
         if args.command == "ingest":
             return run_ingest(args.config, topics=args.topic, once=args.once)
+        if args.command == "demo-producer":
+            return run_demo_producer_command(args)
     except (CommandError, SegmentFormatError, StorageError, OSError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -129,6 +129,17 @@ class IngestContext:
                    offsets=offset_store_from_config(config, etcd), catalog_settings=catalog_settings(config),
                    etcd=etcd)
 
+    def close(self) -> None:
+        self.offsets.close()
+        if self.etcd is not None:
+            self.etcd.close()
+
+    def __enter__(self) -> IngestContext:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
 
 def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
     """`iceberg.*` (+ `s3.*` for the warehouse FileIO) as catalog settings; secrets unwrapped only here."""
@@ -158,10 +169,13 @@ def open_mapping_table(context: IngestContext, mapping: MappingConfig) -> Table:
     return table
 
 
-def ingest(config: LakehouseConfig, spark: SparkSession, *, topics: Iterable[str] | None = None) -> list[IngestResult]:
+def ingest(config: LakehouseConfig, spark: SparkSession, *, topics: Iterable[str] | None = None,
+           context: IngestContext | None = None) -> list[IngestResult]:
     """Run every mapping (or those of `topics`) once; raises `IngestFailedError` for the first failed mapping
-    after all mappings ran."""
-    context = IngestContext.from_config(config, spark)
+    after all mappings ran. A polling caller passes its long-lived `context`; otherwise one is opened and closed."""
+    if context is None:
+        with IngestContext.from_config(config, spark) as own_context:
+            return ingest(config, spark, topics=topics, context=own_context)
     wanted = None if topics is None else set(topics)
     mappings = [m for m in config.mappings if wanted is None or m.topic in wanted]
     if wanted is not None and not mappings:
