@@ -17,9 +17,14 @@ install-test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	scripts/install-etcd.sh
 
+# `dagster dev` on the embedded default (lakehouse.yaml, data in var/) next to the demo producer, which writes a
+# segment of pizza orders per partition every few seconds. Ctrl-C stops both (the trap stops the producer).
 demo: install
 	mkdir -p $(DAGSTER_HOME)
 	cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
+	$(BIN)/kafscale-lakehouse demo-producer --rounds 1  # the definitions check at load that the topic exists
+	$(BIN)/kafscale-lakehouse demo-producer & producer=$$!; \
+	trap 'kill $$producer 2>/dev/null; wait $$producer' EXIT; trap 'exit 130' INT TERM; \
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
 test: install-test

@@ -96,7 +96,18 @@ class SeaweedFS:
     def rest_uri(self) -> str:
         return f"http://127.0.0.1:{self.rest_port}"
 
-    def start(self) -> "SeaweedFS":
+    def start(self, attempts: int = 3) -> "SeaweedFS":
+        """Start on fresh free ports; another process may grab a port between our probe and weed's bind: retry."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except RuntimeError:
+                if attempt == attempts:
+                    raise
+                log.warning("SeaweedFS did not come up (attempt %d/%d), retrying on other ports", attempt, attempts)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "SeaweedFS":
         # The venv's bin is not on PATH when tests run as `.venv/bin/python -m pytest`.
         weed = shutil.which("weed") or shutil.which("weed", path=str(Path(sys.executable).parent))
         if weed is None:
@@ -125,8 +136,12 @@ class SeaweedFS:
         ]
         out = self.workdir / "weed.out"
         self.proc = subprocess.Popen(cmd, stdout=out.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_for(self._s3_ready, "SeaweedFS S3", 60, self.proc, out)
-        _wait_for(lambda: _tcp_open(self.rest_port), "SeaweedFS Iceberg REST", 60, self.proc, out)
+        try:
+            _wait_for(self._s3_ready, "SeaweedFS S3", 60, self.proc, out)
+            _wait_for(lambda: _tcp_open(self.rest_port), "SeaweedFS Iceberg REST", 60, self.proc, out)
+        except RuntimeError:
+            self.stop()  # never leave an orphan `weed` behind
+            raise
         log.info("SeaweedFS up: s3=%s rest=%s", self.s3_endpoint, self.rest_uri)
         return self
 
@@ -182,7 +197,11 @@ class Etcd:
         ]
         out = self.workdir / "etcd.out"
         self.proc = subprocess.Popen(cmd, stdout=out.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_for(self._healthy, "etcd", 30, self.proc, out)
+        try:
+            _wait_for(self._healthy, "etcd", 30, self.proc, out)
+        except RuntimeError:
+            self.stop()
+            raise
         log.info("etcd up: %s", self.endpoint)
         return self
 

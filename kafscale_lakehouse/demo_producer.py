@@ -1,0 +1,131 @@
+"""Demo producer: plays a KafScale broker for the embedded demo (`make demo`).
+
+Every round it appends a segment of pizza orders (`workload.pizza_orders`) to each partition of the topic: first it
+publishes the partition's new broker watermark (the broker has accepted the records, so lag shows before the segment
+lands), then it uploads the segment `.kfs` first and `.index` second, as the broker does. Batches inside a segment
+rotate through every Kafka codec. Orders are stamped with the wall clock so the table's day partitions are today.
+It resumes after the last complete segment of each partition, so restarting it never rewrites ingested offsets.
+Watermarks go where the sensors read them: the sqlite offsets store (`offsets.backend: local`) or the broker's
+`next_offset` keys in etcd.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+from kafscale_lakehouse.config import LakehouseConfig
+from kafscale_lakehouse.etcd_client import EtcdClient
+from kafscale_lakehouse.format import encode_segment
+from kafscale_lakehouse.offsets import LocalOffsetStore
+from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
+from kafscale_lakehouse.offsets.records import broker_next_offset_key
+from kafscale_lakehouse.storage import SegmentStore, segment_store_from_config
+from kafscale_lakehouse.workload import ALL_CODECS, pizza_orders
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PARTITIONS = 3
+DEFAULT_INTERVAL_SECONDS = 3.0
+DEFAULT_RECORDS_PER_SEGMENT = 40
+RECORDS_PER_BATCH = 10
+
+# (topic, partition, next offset) -> None
+WatermarkPublisher = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class ProducedSegment:
+    partition: int
+    base_offset: int
+    last_offset: int
+    kfs_key: str
+    codecs: tuple[str, ...]
+
+
+class DemoProducer:
+    """Appends one segment per partition per `produce_round`, continuing after the segments already in `store`."""
+
+    def __init__(self, store: SegmentStore, publish_watermark: WatermarkPublisher, *, topic: str, partitions: int,
+                 records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, seed: int = 0):
+        if partitions < 1 or records_per_segment < 1:
+            raise ValueError(f"partitions ({partitions}) and records_per_segment ({records_per_segment}) must be "
+                             f"at least 1")
+        self.store = store
+        self.publish_watermark = publish_watermark
+        self.topic = topic
+        self.records_per_segment = records_per_segment
+        self.seed = seed
+        self.next_offsets = {partition: self._resume_offset(partition) for partition in range(partitions)}
+        self.segments_written = 0
+
+    def _resume_offset(self, partition: int) -> int:
+        # An orphan `.kfs` (killed between the two uploads) lies at the returned offset and is overwritten.
+        segments = self.store.list_segments(self.topic, partition).segments
+        return segments[-1].last_offset + 1 if segments else 0
+
+    def produce_round(self, now_ms: int, interval_ms: int) -> list[ProducedSegment]:
+        """One segment per partition, its orders spread over the `interval_ms` before `now_ms`."""
+        produced = []
+        for partition, base_offset in sorted(self.next_offsets.items()):
+            count = self.records_per_segment
+            spacing_ms = max(1, interval_ms // count)
+            records = pizza_orders(base_offset, count, seed=self.seed, partition=partition,
+                                   start_ms=now_ms - (base_offset + count - 1) * spacing_ms, interval_ms=spacing_ms)
+            shift = self.segments_written % len(ALL_CODECS)
+            codecs = ALL_CODECS[shift:] + ALL_CODECS[:shift]
+            segment = encode_segment(records, base_offset=base_offset, codec=codecs,
+                                     records_per_batch=RECORDS_PER_BATCH, created_ms=now_ms)
+            self.publish_watermark(self.topic, partition, segment.last_offset + 1)
+            kfs_key, _ = self.store.write_segment(self.topic, partition, base_offset, segment.kfs, segment.index)
+            batch_count = -(-count // RECORDS_PER_BATCH)
+            produced.append(ProducedSegment(partition, base_offset, segment.last_offset, kfs_key,
+                                            tuple(codecs[i % len(codecs)] for i in range(batch_count))))
+            self.next_offsets[partition] = segment.last_offset + 1
+            self.segments_written += 1
+        return produced
+
+
+def watermark_publisher(config: LakehouseConfig, etcd: EtcdClient | None = None) -> WatermarkPublisher:
+    """Publishes broker watermarks where `OffsetStore.broker_watermarks` reads them for this config (through `etcd`
+    when given, else a client of `etcd.*`, for `offsets.backend: etcd`)."""
+    if config.offsets.backend == "local":
+        # The factory returns a LocalOffsetStore for this backend, the one store with a broker-watermark writer.
+        return cast(LocalOffsetStore, offset_store_from_config(config)).record_broker_watermark
+    client = etcd or etcd_client_from_config(config)
+    return lambda topic, partition, next_offset: client.put(broker_next_offset_key(topic, partition),
+                                                            str(next_offset))
+
+
+def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, partitions: int = DEFAULT_PARTITIONS,
+                      interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+                      records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, rounds: int | None = None,
+                      keep_going: Callable[[], bool] = lambda: True) -> int:
+    """Produce a round every `interval_seconds` until `rounds` are done or `keep_going()` is false; returns the
+    number of segments written. `topic` defaults to the first mapping's topic."""
+    if topic is None:
+        if not config.mappings:
+            raise ValueError("mappings: the config maps no topic; give the demo producer a topic")
+        topic = config.mappings[0].topic
+    if interval_seconds <= 0:
+        raise ValueError(f"interval_seconds {interval_seconds} must be positive")
+    if config.segments.local_root is not None:
+        config.segments.local_root.mkdir(parents=True, exist_ok=True)  # a broker creates its bucket, so do we
+    producer = DemoProducer(segment_store_from_config(config), watermark_publisher(config), topic=topic,
+                            partitions=partitions, records_per_segment=records_per_segment)
+    log.info("demo producer: topic %s, %d partitions, %d orders per segment every %.1fs into %s; resuming at %s",
+             topic, partitions, records_per_segment, interval_seconds, producer.store.location, producer.next_offsets)
+    interval_ms = int(interval_seconds * 1000)
+    done = 0
+    while (rounds is None or done < rounds) and keep_going():
+        started = time.monotonic()
+        for segment in producer.produce_round(time.time_ns() // 1_000_000, interval_ms):
+            log.info("wrote %s (offsets %d..%d, codecs %s)", segment.kfs_key, segment.base_offset,
+                     segment.last_offset, "/".join(segment.codecs))
+        done += 1
+        if rounds is None or done < rounds:
+            time.sleep(max(0.0, interval_seconds - (time.monotonic() - started)))
+    return producer.segments_written

@@ -1,0 +1,319 @@
+"""Sensors: one per mapping, watching the topic's completed segments (S3 or the local segment root) and the broker
+watermarks (etcd or the local offsets store), and requesting ingest runs of the mapping's table.
+
+A tick of the sensor of `topic → table`:
+1. discovers the topic's Kafka partitions (`discovery.mode`) and registers new ones as Dagster dynamic partitions;
+2. lists, per partition, only the segments after the cursor's last seen `.kfs` key (`SegmentStore.list_segments`),
+   so a tick costs one listing request per partition plus one footer read per new segment; a partition seen for the
+   first time is listed from its committed offset on, so segments ingested long ago are never read;
+3. reads the committed offsets and the broker watermarks (one range read each; never the Iceberg table);
+4. reports an observation of the topic asset (`kafscale/<topic>`) when a watermark, a committed offset or the end of
+   the completed segments moved: per partition broker next offset, committed next offset, completed end and lag;
+5. requests ONE run of the table's ingest job covering every partition with pending data (a completed segment whose
+   last offset is at or after the committed next offset), as a Dagster partition key range (tags
+   `dagster/asset_partition_range_start|end`, read by the single-run-backfill asset as `context.partition_keys`;
+   dynamic partitions are ordered by insertion, so partitions inside the range without pending data are part of
+   the run and simply have nothing to ingest).
+No run is requested while a run of the job is queued or in progress (runs would pile up behind the table's pool
+faster than they finish; the first tick after it requests whatever is still pending), nor again for exactly the
+state an earlier request covered, so a run that failed without progress is not retried in a loop: new segments,
+progress on any partition or a manual materialization start the next one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
+from kafscale_lakehouse.etcd_client import EtcdClient
+from kafscale_lakehouse.offsets import OffsetStore
+from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
+from kafscale_lakehouse.orchestration.naming import (
+    dagster_name_part,
+    ingest_job_name,
+    kafka_partition_key,
+    partitions_def_name,
+    topic_asset_key,
+    topic_partitions_def,
+)
+from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, SegmentStore, discover_partitions, segment_key
+from kafscale_lakehouse.storage.factory import segment_store_from_config
+
+CURSOR_VERSION = 1
+# Bounds the footer reads of one partition in one tick over a large backlog; the cursor catches up over later ticks.
+SEGMENTS_PER_PARTITION_PER_TICK = 1000
+PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
+PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
+PENDING_PARTITIONS_TAG = "kafscale/pending_partitions"
+ACTIVE_RUN_STATUSES = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+
+
+class SensorCursorError(ValueError):
+    """A sensor cursor that this code cannot read (edited by hand, or from another version)."""
+
+
+def sensor_name(table: str) -> str:
+    return f"kafscale_{dagster_name_part(table)}_sensor"
+
+
+# ---------------------------------------------------------------------------------------------- cursor
+
+
+@dataclass
+class PartitionCursor:
+    """Where the listing of one partition resumes, and how far its completed segments reach."""
+
+    last_kfs_key: str | None  # the `.kfs` key the next listing starts after (None: from the partition's start)
+    completed_end: int | None  # last offset of the newest completed segment seen + 1 (None: none seen yet)
+
+
+@dataclass
+class SensorCursor:
+    """The persisted state of one mapping's sensor (JSON in Dagster's cursor).
+
+    `observed` is the last reported `(broker next offset, committed next offset, completed end)` per partition;
+    `requested` is `(committed next offset, completed end)` per pending partition of the last requested run.
+    """
+
+    partitions: dict[int, PartitionCursor] = field(default_factory=dict)
+    observed: dict[int, tuple[int | None, int, int | None]] = field(default_factory=dict)
+    requested: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "version": CURSOR_VERSION,
+            "partitions": {str(p): [c.last_kfs_key, c.completed_end] for p, c in sorted(self.partitions.items())},
+            "observed": {str(p): list(state) for p, state in sorted(self.observed.items())},
+            "requested": {str(p): list(state) for p, state in sorted(self.requested.items())},
+        }, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None, sensor: str) -> SensorCursor:
+        """The cursor `text` of `sensor` (None or empty: a fresh cursor); `SensorCursorError` names what is wrong."""
+        if not text:
+            return cls()
+        try:
+            document = json.loads(text)
+            if document.get("version") != CURSOR_VERSION:
+                raise ValueError(f"version {document.get('version')!r}, expected {CURSOR_VERSION}")
+            return cls(
+                partitions={int(p): PartitionCursor(key, end) for p, (key, end) in document["partitions"].items()},
+                observed={int(p): (broker, committed, end) for p, (broker, committed, end)
+                          in document["observed"].items()},
+                requested={int(p): (committed, end) for p, (committed, end) in document["requested"].items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SensorCursorError(
+                f"sensor {sensor}: cursor {text[:200]!r} is not readable ({exc}); reset the cursor in the Dagster UI "
+                f"(the next tick lists from the committed offsets)") from None
+
+
+# ---------------------------------------------------------------------------------------------- scanning
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """What one tick knows about a Kafka partition."""
+
+    partition: int
+    committed_next: int  # next offset to ingest (0 when nothing is committed)
+    completed_end: int | None  # end (exclusive) of the completed segments seen; None when none seen
+    broker_next: int | None  # the broker's watermark; None when it publishes none
+
+    @property
+    def pending(self) -> bool:
+        """A completed segment holds offsets at or after the committed next offset."""
+        return self.completed_end is not None and self.completed_end > self.committed_next
+
+    @property
+    def lag(self) -> int | None:
+        """Records the broker has that are not committed yet (kafscale-format.md §6)."""
+        return None if self.broker_next is None else max(0, self.broker_next - self.committed_next)
+
+
+@dataclass(frozen=True)
+class TopicScan:
+    partitions: dict[int, PartitionState]
+    cursor: SensorCursor  # the cursor to store after this tick (same `observed`/`requested` as the input)
+    new_segments: int  # completed segments listed for the first time in this tick
+
+
+@dataclass
+class WatchSources:
+    """The connections the sensors read (built once per process, on the first tick)."""
+
+    store: SegmentStore
+    offsets: OffsetStore
+    discovery_mode: DiscoveryMode
+    etcd: EtcdClient | None = None
+
+    @classmethod
+    def from_config(cls, config: LakehouseConfig) -> WatchSources:
+        etcd = etcd_client_from_config(config) if config.etcd.endpoints else None
+        return cls(store=segment_store_from_config(config), offsets=offset_store_from_config(config, etcd),
+                   discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=etcd)
+
+
+def scan_topic(sources: WatchSources, topic: str, cursor: SensorCursor) -> TopicScan:
+    """Discover the partitions of `topic`, list their new completed segments and read offsets and watermarks."""
+    discovered = discover_partitions(sources.discovery_mode, sources.store, sources.etcd, topics=[topic])
+    partition_ids = discovered.partitions.get(topic, [])
+    committed = sources.offsets.committed_offsets(topic)
+    watermarks = sources.offsets.broker_watermarks(topic)
+    # Partitions with a watermark but no segment directory yet (S3 discovery) still count for lag.
+    partition_ids = sorted(set(partition_ids) | set(watermarks))
+    store = sources.store
+    new_cursor = SensorCursor(partitions=dict(cursor.partitions), observed=cursor.observed,
+                              requested=cursor.requested)
+    states: dict[int, PartitionState] = {}
+    new_segments = 0
+    for partition in partition_ids:
+        committed_next = committed[partition].next_offset if partition in committed else 0
+        previous = cursor.partitions.get(partition)
+        if previous is None:
+            # First sight of this partition: segments wholly below the committed offset are done, skip their listing.
+            after = (segment_key(store.namespace, topic, partition, committed_next - 1, ObjectKind.SEGMENT)
+                     if committed_next > 0 else None)
+            previous = PartitionCursor(after, None)
+        listing = store.list_segments(topic, partition, after=previous.last_kfs_key,
+                                      limit=SEGMENTS_PER_PARTITION_PER_TICK)
+        completed_end = previous.completed_end
+        if listing.segments:
+            completed_end = max(completed_end or 0, listing.segments[-1].last_offset + 1)
+            new_segments += len(listing.segments)
+        new_cursor.partitions[partition] = PartitionCursor(listing.cursor, completed_end)
+        states[partition] = PartitionState(partition, committed_next, completed_end, watermarks.get(partition))
+    return TopicScan(states, new_cursor, new_segments)
+
+
+# ---------------------------------------------------------------------------------------------- sensors
+
+
+def build_sensors(config: LakehouseConfig,
+                  sources: Callable[[], WatchSources] | None = None) -> list[dg.SensorDefinition]:
+    """One sensor per mapping, on by default, ticking every `processor.poll_interval_seconds`.
+
+    `sources` builds the connections (default: from `config`, on the first tick, then kept for the process).
+    """
+    get_sources = sources or _cached(lambda: WatchSources.from_config(config))
+    return [_mapping_sensor(config, mapping, get_sources) for mapping in config.mappings]
+
+
+def _cached(build: Callable[[], WatchSources]) -> Callable[[], WatchSources]:
+    built: list[WatchSources] = []
+
+    def get() -> WatchSources:
+        if not built:
+            built.append(build())
+        return built[0]
+
+    return get
+
+
+def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig,
+                    get_sources: Callable[[], WatchSources]) -> dg.SensorDefinition:
+    topic, table = mapping.topic, mapping.table
+    name = sensor_name(table)
+    job_name = ingest_job_name(table)
+    partitions_def = topic_partitions_def(topic)
+
+    @dg.sensor(
+        name=name,
+        job_name=job_name,
+        minimum_interval_seconds=config.processor.poll_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Requests one run of {job_name} over the Kafka partitions of topic {topic!r} with completed "
+                    f"segments beyond their committed offsets; registers new partitions; observes lag.",
+    )
+    def watch_topic(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        cursor = SensorCursor.from_json(context.cursor, name)
+        scan = scan_topic(get_sources(), topic, cursor)
+        if not scan.partitions:
+            return dg.SensorResult(cursor=scan.cursor.to_json(),
+                                   skip_reason=f"no partitions of topic {topic!r} in {get_sources().store.location}")
+
+        registered = list(context.instance.get_dynamic_partitions(partitions_def_name(topic)))
+        known = set(registered)
+        new_keys = [kafka_partition_key(p) for p in sorted(scan.partitions) if kafka_partition_key(p) not in known]
+        partition_requests = [partitions_def.build_add_request(new_keys)] if new_keys else []
+
+        observation = _observation(topic, scan, cursor)
+        if observation is not None:
+            scan.cursor.observed = {p: (s.broker_next, s.committed_next, s.completed_end)
+                                    for p, s in scan.partitions.items()}
+        asset_events = [observation] if observation is not None else []
+
+        pending = {p: s for p, s in scan.partitions.items() if s.pending}
+        run_request, skip = _run_request(context, job_name, registered + new_keys, pending, scan.cursor)
+        context.log.info("topic %s: %d partitions (%d new), %d new segments, pending %s%s", topic,
+                         len(scan.partitions), len(new_keys), scan.new_segments,
+                         {p: f"{s.committed_next}..{s.completed_end}" for p, s in pending.items()} or "none",
+                         f"; {skip}" if skip else "")
+        return dg.SensorResult(
+            run_requests=[run_request] if run_request is not None else None,
+            skip_reason=skip,
+            cursor=scan.cursor.to_json(),
+            dynamic_partitions_requests=partition_requests,
+            asset_events=asset_events,
+        )
+
+    return watch_topic
+
+
+def _run_request(context: dg.SensorEvaluationContext, job_name: str, ordered_keys: list[str],
+                 pending: dict[int, PartitionState], cursor: SensorCursor) -> tuple[dg.RunRequest | None, str | None]:
+    """The run to request for `pending` partitions, or why none is requested; records the request in `cursor`."""
+    if not pending:
+        return None, "no completed segments beyond the committed offsets"
+    state = {p: (s.committed_next, s.completed_end) for p, s in pending.items()}
+    if state == cursor.requested:
+        return None, ("a run was already requested for exactly these pending segments; waiting for new segments, "
+                      "progress or a manual materialization")
+    active = context.instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES), limit=1)
+    if active:
+        return None, f"run {active[0].run_id} of {job_name} is {active[0].status.value.lower()}; it or the next one " \
+                     f"ingests these segments"
+    positions = {key: index for index, key in enumerate(ordered_keys)}
+    pending_keys = sorted((kafka_partition_key(p) for p in pending), key=positions.__getitem__)
+    cursor.requested = state
+    return dg.RunRequest(
+        job_name=job_name,
+        tags={PARTITION_RANGE_START_TAG: pending_keys[0], PARTITION_RANGE_END_TAG: pending_keys[-1],
+              PENDING_PARTITIONS_TAG: ",".join(pending_keys)},
+    ), None
+
+
+def _observation(topic: str, scan: TopicScan, cursor: SensorCursor) -> dg.AssetObservation | None:
+    """An observation of the topic asset when any partition's watermark, committed offset or completed end moved."""
+    current = {p: (s.broker_next, s.committed_next, s.completed_end) for p, s in scan.partitions.items()}
+    if current == cursor.observed:
+        return None
+    return dg.AssetObservation(asset_key=topic_asset_key(topic), metadata=topic_observation_metadata(scan))
+
+
+def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue]:
+    """What an observation of the topic asset reports: per partition the broker watermark, the committed next offset,
+    the end of the completed segments and the lag, the pending partitions, and the total lag (plotted by the UI)."""
+    states = [scan.partitions[p] for p in sorted(scan.partitions)]
+    lags = [s.lag for s in states if s.lag is not None]
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "partitions": len(states),
+        "broker_next_offset": dg.MetadataValue.json({str(s.partition): s.broker_next for s in states}),
+        "committed_next_offset": dg.MetadataValue.json({str(s.partition): s.committed_next for s in states}),
+        "completed_segments_end": dg.MetadataValue.json({str(s.partition): s.completed_end for s in states}),
+        "lag_by_partition": dg.MetadataValue.json({str(s.partition): s.lag for s in states}),
+        "pending_partitions": dg.MetadataValue.json(sorted(s.partition for s in states if s.pending)),
+    }
+    if lags:
+        metadata["lag"] = sum(lags)  # an int, so the UI plots it over time
+    return metadata
