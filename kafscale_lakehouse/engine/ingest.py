@@ -143,7 +143,7 @@ class IngestContext:
 
 def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
     """`iceberg.*` (+ `s3.*` for the warehouse FileIO) as catalog settings; secrets unwrapped only here."""
-    catalog, s3 = config.iceberg.catalog, config.s3
+    catalog, s3 = config.iceberg.catalog, config.warehouse_s3
     secret = lambda value: value.get_secret_value() if value is not None else None  # noqa: E731
     username, password = catalog.username, secret(catalog.password)
     if catalog.credential is not None:

@@ -1,0 +1,1 @@
+"""Dagster orchestration: thin definitions over `kafscale_lakehouse.engine` (names, resources, assets, IO manager, checks, sensors)."""

@@ -1,0 +1,86 @@
+"""One asset per mapping (the Iceberg table, partitioned by Kafka partition id) and its upstream observable source
+asset (the KafScale topic).
+
+The table asset only prepares the run (`engine.ingest.prepare_ingest`: leases, plans, the Spark DataFrame of the
+`kafscale` source); the IO manager (`io_manager.py`) writes and commits it. Several Kafka partitions materialize in
+one run (`BackfillPolicy.single_run`) and one Iceberg commit; the table's pool serializes runs on one table.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the context and resource parameter annotations at runtime.
+import dagster as dg
+
+from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
+from kafscale_lakehouse.engine.ingest import PreparedIngest, prepare_ingest
+from kafscale_lakehouse.orchestration.naming import (
+    kafka_partition_id,
+    pool_name,
+    table_asset_key,
+    topic_asset_key,
+    topic_partitions_def,
+)
+from kafscale_lakehouse.orchestration.resources import (
+    IcebergCatalogResource,
+    OffsetStoreResource,
+    SegmentStoreResource,
+    SparkResource,
+    ingest_context,
+)
+from kafscale_lakehouse.orchestration.sensors import SensorCursor, TopicScan, WatchSources, scan_topic, topic_observation_metadata
+from kafscale_lakehouse.storage import DiscoveryMode
+
+ICEBERG_IO_MANAGER_KEY = "iceberg_io_manager"
+ASSET_GROUP = "kafscale"
+
+
+def scan_topic_now(config: LakehouseConfig, topic: str, segment_store: SegmentStoreResource,
+                   offset_store: OffsetStoreResource) -> TopicScan:
+    """The topic's partitions now: committed and broker offsets, completed segments. A fresh sensor cursor lists
+    each partition from its committed offset on, so the cost is that of the pending segments."""
+    sources = WatchSources(store=segment_store.open_store(), offsets=offset_store.offset_store(),
+                           discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=offset_store.etcd_client())
+    return scan_topic(sources, topic, SensorCursor())
+
+
+def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.SourceAsset:
+    """`kafscale/<topic>`: observed with the broker watermark, the completed segments and the lag per partition."""
+    topic = mapping.topic
+
+    @dg.observable_source_asset(
+        key=topic_asset_key(topic),
+        group_name=ASSET_GROUP,
+        description=f"KafScale topic {topic!r}: completed segments in the segment store, broker watermarks in etcd.",
+        metadata={"kafscale/topic": topic},
+    )
+    def observe_topic(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource) -> dg.ObserveResult:
+        scan = scan_topic_now(config, topic, segment_store, offset_store)
+        ends = ",".join(f"{p}:{s.broker_next}:{s.completed_end}" for p, s in sorted(scan.partitions.items()))
+        metadata = topic_observation_metadata(scan) if scan.partitions else {"partitions": 0}
+        return dg.ObserveResult(metadata=metadata, data_version=dg.DataVersion(ends or "empty"))
+
+    return observe_topic
+
+
+def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.AssetsDefinition:
+    """The mapping's Iceberg table; a materialization of Kafka partitions ingests what is pending in each."""
+    topic, table = mapping.topic, mapping.table
+
+    @dg.asset(
+        key=table_asset_key(table),
+        deps=[topic_asset_key(topic)],
+        partitions_def=topic_partitions_def(topic),
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        pool=pool_name(table),
+        io_manager_key=ICEBERG_IO_MANAGER_KEY,
+        group_name=ASSET_GROUP,
+        kinds={"iceberg", "pyspark"},
+        description=f"Iceberg table {table}, landed from KafScale topic {topic!r}; partitions are Kafka partition ids.",
+        metadata={"dagster/table_name": table, "kafscale/topic": topic},
+    )
+    def ingest_table(context: dg.AssetExecutionContext, spark: SparkResource, segment_store: SegmentStoreResource,
+                     offset_store: OffsetStoreResource, iceberg_catalog: IcebergCatalogResource) -> PreparedIngest:
+        partitions = sorted(kafka_partition_id(key) for key in context.partition_keys)
+        context.log.info("topic %s → %s: preparing Kafka partitions %s", topic, table, partitions)
+        engine = ingest_context(config, spark, segment_store, offset_store, iceberg_catalog)
+        return prepare_ingest(engine, mapping, partitions=partitions, run_id=context.run_id)
+
+    return ingest_table

@@ -1,0 +1,159 @@
+"""The asset checks' evaluations on a local sqlite Iceberg table and on hand-made inputs (no servers, no Spark)."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+from kafscale_lakehouse.config import MappingConfig
+from kafscale_lakehouse.engine.ingest import SKIPPED_PROPERTY_PREFIX, IngestResult, PartitionOutcome
+from kafscale_lakehouse.engine.source_rows import InvalidRecord
+from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY
+from kafscale_lakehouse.orchestration.checks import (
+    committed_ranges,
+    evaluate_freshness,
+    evaluate_offsets_contiguous,
+    evaluate_record_id_unique,
+    evaluate_schema_valid,
+    offset_commits,
+)
+from kafscale_lakehouse.orchestration.io_manager import run_metadata
+from kafscale_lakehouse.orchestration.sensors import PartitionState
+from kafscale_lakehouse.schema import table_schema
+
+TOPIC = "orders.v1"
+
+
+@pytest.fixture
+def table(tmp_path):
+    catalog = SqlCatalog("checks", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=(tmp_path / "wh").as_uri())
+    catalog.create_namespace("shop")
+    return catalog.create_table("shop.orders", table_schema([]))
+
+
+def append(table, partition: int, offsets: range, *, next_offsets: dict[int, int] | None = None,
+           run_id: str | None = None, skipped: dict[int, tuple[int, int]] | None = None) -> None:
+    """Rows of `offsets` in one snapshot; with `next_offsets` it looks like one of our commits."""
+    arrow_schema = table.schema().as_arrow()
+    rows = pa.Table.from_pylist([{
+        "record_id": f"{TOPIC}:{partition}:{o}", "topic": TOPIC, "partition": partition, "offset": o,
+        "timestamp_ms": 0, "key": None, "value": b"{}", "headers": "",
+    } for o in offsets], schema=arrow_schema)
+    properties = {}
+    if next_offsets is not None:
+        properties[OFFSETS_PROPERTY_PREFIX + TOPIC] = json.dumps({str(p): o for p, o in next_offsets.items()})
+        properties[RUN_ID_PROPERTY] = run_id or "run"
+    if skipped:
+        properties[SKIPPED_PROPERTY_PREFIX + TOPIC] = json.dumps({str(p): list(r) for p, r in skipped.items()})
+    table.append(rows, snapshot_properties=properties)
+
+
+def test_committed_ranges_are_those_of_the_run_else_of_the_latest_commit(table):
+    append(table, 0, range(0, 10), next_offsets={0: 10}, run_id="first")
+    append(table, 1, range(0, 5), next_offsets={0: 10, 1: 5}, run_id="second")
+    append(table, 0, range(10, 30), next_offsets={0: 30, 1: 5}, run_id="third")
+    commits = offset_commits(table, TOPIC)
+
+    assert [c.run_id for c in commits] == ["first", "second", "third"]
+    assert committed_ranges(commits, "second")[1] == {1: (0, 5)}
+    assert committed_ranges(commits, "third")[1] == {0: (10, 30)}
+    assert committed_ranges(commits, "a check run alone")[1] == {0: (10, 30)}
+    assert committed_ranges([], "any") == (None, {})
+
+
+def test_record_id_unique_finds_a_duplicate_in_the_run_range_only(table):
+    append(table, 0, range(0, 10), next_offsets={0: 10}, run_id="first")
+    append(table, 0, range(3, 4))  # another writer duplicates offset 3, outside the next run's range
+    append(table, 0, range(10, 20), next_offsets={0: 20}, run_id="second")
+
+    assert evaluate_record_id_unique(table, TOPIC, "second").passed
+    failed = evaluate_record_id_unique(table, TOPIC, "first")
+    assert not failed.passed and failed.severity == dg.AssetCheckSeverity.ERROR
+    assert [r.data for r in failed.metadata["duplicate_samples"].value.records] == [
+        {"record_id": f"{TOPIC}:0:3", "occurrences": 2}]
+
+
+def test_offsets_contiguous_passes_for_commits_that_only_move_forward(table):
+    append(table, 0, range(0, 10), next_offsets={0: 10})
+    append(table, 0, range(10, 20), next_offsets={0: 20})
+
+    result = evaluate_offsets_contiguous(table, TOPIC)
+
+    assert result.passed, result.description
+    assert result.metadata["next_offsets"].value == {"0": 20}
+
+
+def test_offsets_contiguous_fails_when_a_commit_moves_offsets_back(table):
+    append(table, 0, range(0, 20), next_offsets={0: 20})
+    append(table, 1, range(0, 5), next_offsets={0: 12, 1: 5})
+    snapshot_back = table.current_snapshot().snapshot_id
+
+    result = evaluate_offsets_contiguous(table, TOPIC)
+
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.ERROR
+    assert f"snapshot {snapshot_back} moved partition 0 back from 20 to 12" in result.description
+
+
+def test_offsets_contiguous_fails_for_rows_beyond_the_committed_offsets(table):
+    append(table, 0, range(0, 10), next_offsets={0: 10})
+    append(table, 0, range(10, 12))  # rows nobody committed offsets for: the next run ingests them again
+    append(table, 2, range(0, 1))  # a partition without committed offsets at all
+
+    result = evaluate_offsets_contiguous(table, TOPIC)
+
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.ERROR
+    assert result.metadata["rows_beyond_committed_samples"].value == [
+        f"{TOPIC}:0:10", f"{TOPIC}:0:11", f"{TOPIC}:2:0"]
+
+
+def test_offsets_contiguous_warns_about_a_gap_the_latest_commit_skipped(table):
+    append(table, 0, range(0, 10), next_offsets={0: 10})
+    append(table, 0, range(40, 50), next_offsets={0: 50}, skipped={0: (10, 40)})
+
+    result = evaluate_offsets_contiguous(table, TOPIC)
+
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
+    assert "partition 0 offsets 10..39" in result.description
+    append(table, 0, range(50, 60), next_offsets={0: 60})
+    later = evaluate_offsets_contiguous(table, TOPIC)
+    assert later.passed, "an earlier, reported gap does not fail later runs"
+    assert later.metadata["skipped_gaps"].value[0]["offsets"] == [10, 39]
+
+
+def test_freshness_warns_above_the_threshold_naming_partitions_and_what_lag_is_measured_against():
+    states = {
+        0: PartitionState(0, committed_next=100, completed_end=100, broker_next=5_100),
+        1: PartitionState(1, committed_next=50, completed_end=80, broker_next=None),
+    }
+
+    assert evaluate_freshness(states, max_lag_records=5_000).passed
+    result = evaluate_freshness(states, max_lag_records=20)
+
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
+    assert "partitions [0, 1]" in result.description
+    rows = {r.data["partition"]: r.data for r in result.metadata["lag_by_partition"].value.records}
+    assert (rows[0]["lag"], rows[0]["measured_against"]) == (5_000, "broker watermark")
+    assert (rows[1]["lag"], rows[1]["measured_against"]) == (30, "completed segments")
+
+
+def test_schema_valid_reads_the_run_invalid_records_from_its_materialization_metadata():
+    mapping = MappingConfig(topic=TOPIC, table="shop.orders", dead_letter_table="shop.orders_dead_letters")
+    result = IngestResult(topic=TOPIC, table="shop.orders", run_id="r", snapshot_id=7,
+                          partitions={0: PartitionOutcome(0, 0, 10, records=8)}, invalid_count=2,
+                          invalid_samples=[InvalidRecord(f"{TOPIC}:0:3", "order_id: missing", None),
+                                           InvalidRecord(f"{TOPIC}:0:7", "not valid", "properties.store_id.type")])
+
+    check = evaluate_schema_valid(run_metadata(result), mapping, "lenient")
+
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert "2 invalid records (in dead-letter table shop.orders_dead_letters)" in check.description
+    assert f"{TOPIC}:0:7: not valid (schema properties.store_id.type)" in check.description
+    assert [r.data["record_id"] for r in check.metadata["invalid_samples"].value.records] == [
+        f"{TOPIC}:0:3", f"{TOPIC}:0:7"]
+    result.invalid_count, result.invalid_samples = 0, []
+    assert evaluate_schema_valid(run_metadata(result), mapping, "lenient").passed
+    assert evaluate_schema_valid(None, mapping, "strict").passed
