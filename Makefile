@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
 .PHONY: install install-test demo test
 
@@ -25,7 +25,7 @@ demo: install
 	$(BIN)/kafscale-lakehouse demo-producer --rounds 1  # the definitions check at load that the topic exists
 	$(BIN)/kafscale-lakehouse demo-producer & producer=$$!; \
 	trap 'kill $$producer 2>/dev/null; wait $$producer' EXIT; trap 'exit 130' INT TERM; \
-	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
+	DAGSTER_HOME=$(DAGSTER_HOME) $(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
 test: install-test
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -17,6 +17,7 @@ import pytest
 from dagster._grpc.client import DagsterGrpcClient
 from dagster._utils.error import SerializableErrorInfo
 
+from kafscale_lakehouse.workload import write_partition_segments
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.deploy.conftest import size_values
 from kafscale_lakehouse_tests.deploy.dockerfile import DockerIgnore
@@ -46,6 +47,8 @@ def image_env(dockerfile, venv_bin, tmp_path) -> dict[str, str]:
     image = dockerfile.env()
     config = tmp_path / "lakehouse.yaml"
     shutil.copy(REPO_ROOT / "examples" / "embedded.yaml", config)
+    # The definitions check at load that the mapped topic exists: give it one segment, as the demo producer would.
+    write_partition_segments(tmp_path / "var" / "segments", record_count=10, topic="completed-pizzas", partition=0)
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
     env = {name: value for name, value in os.environ.items() if not name.startswith(("SPARK_", "DAGSTER_"))}
