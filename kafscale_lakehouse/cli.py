@@ -196,6 +196,20 @@ def run_demo_producer_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_report(config_path: str | None, *, table: str, output: str) -> int:
+    """Write the data-owner report of `table` (check history from the Dagster instance at $DAGSTER_HOME)."""
+    from kafscale_lakehouse.config import load_config
+    from kafscale_lakehouse.report import ReportError, write_table_report
+
+    config = load_config(config_path)
+    try:
+        path = write_table_report(config, table, Path(output), dagster_home=os.environ.get("DAGSTER_HOME"))
+    except ReportError as err:
+        raise CommandError(str(err)) from None
+    print(f"report of {table} written to {path}")
+    return 0
+
+
 def _exit_on_sigterm(signum, frame):  # noqa: ANN001 - signal handler signature
     raise SystemExit(128 + signum)
 
@@ -230,6 +244,12 @@ def _build_parser() -> argparse.ArgumentParser:
     producer.add_argument("--records-per-segment", type=int, default=argparse.SUPPRESS, help="orders per segment")
     producer.add_argument("--rounds", type=int, default=argparse.SUPPRESS,
                           help="stop after this many segments per partition (default: run until stopped)")
+
+    report = commands.add_parser("report", help="write a table's data-owner report (self-contained HTML)")
+    report.add_argument("--table", required=True, help="Iceberg table of a mapping (namespace.table)")
+    report.add_argument("--config", default=None,
+                        help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
+    report.add_argument("--output", default="report.html", help="HTML file to write (default: report.html)")
     return parser
 
 
@@ -245,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_ingest(args.config, topics=args.topic, once=args.once)
         if args.command == "demo-producer":
             return run_demo_producer_command(args)
+        if args.command == "report":
+            return run_report(args.config, table=args.table, output=args.output)
     except (CommandError, SegmentFormatError, StorageError, OSError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -48,8 +48,8 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from kafscale_lakehouse.engine.kafscale_source import INVALID_REASON_COLUMN
-from kafscale_lakehouse.engine.source_rows import SourceRowSplitter, SourceTaskStats
+from kafscale_lakehouse.engine.kafscale_source import SOURCE_STATUS_COLUMNS
+from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class SinkJob:
     target_file_size_bytes: int
     staging_dir: str
     kafscale_rows: bool = False  # rows of the `kafscale` source: hold back markers and invalid records
+    dead_letters: DeadLetterTarget | None = None  # with kafscale_rows: write the invalid records there
 
     def to_options(self) -> dict[str, str]:
         # FileIO secrets go in keys of their own (`io.s3.secret-access-key`) so that Spark's redaction of option
@@ -131,6 +132,8 @@ class SinkJob:
             "kafscale_rows": "true" if self.kafscale_rows else "false",
         }
         options.update({_OPTION_FILE_IO_PREFIX + k: v for k, v in self.file_io_properties.items()})
+        if self.dead_letters is not None:
+            options.update(self.dead_letters.to_options())
         return options
 
     @classmethod
@@ -150,6 +153,7 @@ class SinkJob:
             target_file_size_bytes=int(options["target_file_size_bytes"]),
             staging_dir=options["staging_dir"],
             kafscale_rows=options.get("kafscale_rows", "false") == "true",
+            dead_letters=DeadLetterTarget.from_options(options),
         )
 
 
@@ -195,7 +199,7 @@ class IcebergAppendWriter(DataSourceArrowWriter):
         metadata = TableMetadataUtil.parse_raw(self.job.table_metadata_json)
         io = load_file_io(dict(self.job.file_io_properties), metadata.location)
         planner = _DataFilePlanner(self.job, metadata, spark_partition_id)
-        splitter = SourceRowSplitter() if self.job.kafscale_rows else None
+        splitter = SourceRowSplitter(self.job.dead_letters, spark_partition_id) if self.job.kafscale_rows else None
         if splitter is not None:
             iterator = splitter.rows_to_write(iterator)
         written: list[DataFile] = []
@@ -211,6 +215,8 @@ class IcebergAppendWriter(DataSourceArrowWriter):
                     raise
         except BaseException:
             delete_data_files(io, (f.file_path for f in written))
+            if splitter is not None:
+                splitter.discard_dead_letters()
             raise
         log.info(
             "table %s run %s: Spark partition %d wrote %d data files (%d rows)",
@@ -230,6 +236,10 @@ class IcebergAppendWriter(DataSourceArrowWriter):
         metadata = TableMetadataUtil.parse_raw(self.job.table_metadata_json)
         io = load_file_io(dict(self.job.file_io_properties), metadata.location)
         failed = delete_data_files(io, paths)
+        if self.job.dead_letters is not None:
+            delete_data_files(self.job.dead_letters.file_io(),
+                              (f.file_path for m in messages if m is not None and m.source_stats is not None
+                               for f in m.source_stats.dead_letter_files))
         log.warning(
             "table %s run %s: Spark write aborted, deleted %d of %d data files written by finished tasks",
             self.job.table_name, self.job.run_id, len(paths) - len(failed), len(paths),
@@ -353,22 +363,25 @@ def write_kafscale_rows(
     run_id: str,
     *,
     target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES,
+    dead_letters: DeadLetterTarget | None = None,
 ) -> list[IcebergAppendCommitMessage]:
     """Like `write_data_files` for a DataFrame of the `kafscale` source, per Spark task.
 
     Error markers and invalid records are not written; each message's `source_stats` says which offsets its files
     hold, which segment stopped its Kafka partition and which records were held back, so the caller commits only
-    what is complete (and deletes the files of the rest).
+    what is complete (and deletes the files of the rest). With `dead_letters`, the same tasks write the invalid
+    records as data files of the dead-letter table (`source_stats.dead_letter_files`, uncommitted).
     """
-    return _write(df, table, run_id, target_file_size_bytes=target_file_size_bytes, kafscale_rows=True)
+    return _write(df, table, run_id, target_file_size_bytes=target_file_size_bytes, kafscale_rows=True,
+                  dead_letters=dead_letters)
 
 
 def _write(df: DataFrame, table: Table, run_id: str, *, target_file_size_bytes: int,
-           kafscale_rows: bool) -> list[IcebergAppendCommitMessage]:
+           kafscale_rows: bool, dead_letters: DeadLetterTarget | None = None) -> list[IcebergAppendCommitMessage]:
     if target_file_size_bytes <= 0:
         raise ValueError(f"target_file_size_bytes must be positive, got {target_file_size_bytes}")
     data_file_prefix(run_id)  # validates the run id on the driver rather than in every task
-    written_schema = df.drop(INVALID_REASON_COLUMN).schema if kafscale_rows else df.schema
+    written_schema = df.drop(*SOURCE_STATUS_COLUMNS).schema if kafscale_rows else df.schema
     check_dataframe_schema(written_schema, table)
     if df.sparkSession not in _sessions_with_sink:
         df.sparkSession.dataSource.register(IcebergAppendDataSource)
@@ -382,6 +395,7 @@ def _write(df: DataFrame, table: Table, run_id: str, *, target_file_size_bytes: 
             target_file_size_bytes=target_file_size_bytes,
             staging_dir=staging_dir,
             kafscale_rows=kafscale_rows,
+            dead_letters=dead_letters,
         )
         try:
             df.write.format(SINK_FORMAT).mode("append").options(**job.to_options()).save()

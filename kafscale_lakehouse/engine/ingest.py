@@ -26,8 +26,17 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 
-from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
+from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
+from kafscale_lakehouse.engine.dead_letter import (
+    DeadLetterFiles,
+    dead_letter_target,
+    open_dead_letter_table,
+    publish_dead_letters,
+    publish_pending_dead_letters,
+    split_dead_letter_files,
+    stage_dead_letters,
+)
 from kafscale_lakehouse.engine.iceberg_sink import IcebergAppendCommitMessage, delete_data_files, write_kafscale_rows
 from kafscale_lakehouse.engine.kafscale_source import (
     KafscaleReadOptions,
@@ -38,10 +47,16 @@ from kafscale_lakehouse.engine.kafscale_source import (
 )
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
 from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append, read_topic_offsets
+from kafscale_lakehouse.engine.validation_stage import (
+    RecordValidation,
+    resolve_record_validation,
+    schema_registry_client,
+)
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore
 from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
+from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
     Gap,
@@ -66,7 +81,7 @@ class IngestFailedError(RuntimeError):
     def __init__(self, result: IngestResult):
         self.result = result
         problems = "; ".join(f"partition {p.partition}: {p.error}" for p in result.partitions.values() if p.error)
-        if result.invalid_count:
+        if result.invalid_count and result.dead_letter_table is None:
             problems = "; ".join(filter(None, [problems, _describe_invalid(result)]))
         super().__init__(f"topic {result.topic} → table {result.table} (run {result.run_id}): {problems}")
 
@@ -87,6 +102,7 @@ class PartitionOutcome:
     lag: int | None = None  # broker next_offset - end_offset
     skipped: tuple[int, int] | None = None  # offsets [from, to) deleted before ingestion, skipped by config
     error: str | None = None
+    dead_lettered: int = 0  # invalid records of the committed range, now in the dead-letter table
 
 
 @dataclass
@@ -98,10 +114,13 @@ class IngestResult:
     partitions: dict[int, PartitionOutcome] = field(default_factory=dict)
     invalid_count: int = 0
     invalid_samples: list[InvalidRecord] = field(default_factory=list)
+    dead_letter_table: str | None = None  # where invalid records go; None: they fail the run
+    dead_letter_snapshot_id: int | None = None
 
     @property
     def failed(self) -> bool:
-        return self.invalid_count > 0 or any(p.error for p in self.partitions.values())
+        invalid_failed = self.invalid_count > 0 and self.dead_letter_table is None
+        return invalid_failed or any(p.error for p in self.partitions.values())
 
     @property
     def records(self) -> int:
@@ -119,6 +138,7 @@ class IngestContext:
     offsets: OffsetStore
     catalog_settings: CatalogSettings
     etcd: EtcdClient | None = None
+    registry: SchemaRegistryClient | None = None
     owner_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
     @classmethod
@@ -127,7 +147,7 @@ class IngestContext:
         etcd = etcd_client_from_config(config) if config.etcd.endpoints else None
         return cls(config=config, spark=spark, store=store_options.open(), store_options=store_options,
                    offsets=offset_store_from_config(config, etcd), catalog_settings=catalog_settings(config),
-                   etcd=etcd)
+                   etcd=etcd, registry=schema_registry_client(config))
 
     def close(self) -> None:
         self.offsets.close()
@@ -156,9 +176,8 @@ def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
     )
 
 
-def open_mapping_table(context: IngestContext, mapping: MappingConfig) -> Table:
+def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[ColumnConfig]) -> Table:
     """The mapping's table, created when allowed, with its schema evolved to the mapped columns."""
-    columns = mapping.schema_config.columns
     table = open_table(
         load_catalog(context.catalog_settings), mapping.table, schema=table_schema(columns),
         create_if_missing=mapping.create_table_if_missing,
@@ -222,7 +241,9 @@ class PreparedIngest:
 
     context: IngestContext
     mapping: MappingConfig
+    validation: RecordValidation
     table: Table
+    dead_letters: Table | None  # the dead-letter table, when invalid records go to one
     result: IngestResult
     leases: dict[int, Lease]
     plans: dict[int, _PartitionPlan]
@@ -242,11 +263,21 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
     run_id = run_id or uuid.uuid4().hex
     topic = mapping.topic
     result = IngestResult(topic=topic, table=mapping.table, run_id=run_id)
-    table = open_mapping_table(context, mapping)
-    cleanup_uncommitted_files(table, older_than=datetime.now(timezone.utc) - ORPHAN_FILE_MIN_AGE)
+    # Registry errors (down, 404) are raised here, before anything is read: never invalid records.
+    validation = resolve_record_validation(context.config, mapping, context.registry)
+    table = open_mapping_table(context, mapping, validation.columns)
+    catalog = load_catalog(context.catalog_settings)
+    publish_pending_dead_letters(table, catalog)  # of a run that stopped between its commit and publishing
+    orphans_before = datetime.now(timezone.utc) - ORPHAN_FILE_MIN_AGE
+    dead_letters = None
+    if validation.dead_letter_table is not None:
+        dead_letters = open_dead_letter_table(catalog, validation.dead_letter_table)
+        result.dead_letter_table = validation.dead_letter_table
+        cleanup_uncommitted_files(dead_letters, older_than=orphans_before)
+    cleanup_uncommitted_files(table, older_than=orphans_before)
     wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
     leases: dict[int, Lease] = {}
-    prepared = PreparedIngest(context, mapping, table, result, leases, {}, None)
+    prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {}, None)
     try:
         for partition in wanted:
             try:
@@ -305,9 +336,10 @@ def _plan(prepared: PreparedIngest) -> None:
             store=context.store_options, topic=topic,
             starting_offsets={p: plan.read_start for p, plan in prepared.plans.items()},
             ending_offsets={p: plan.end for p, plan in prepared.plans.items()},
-            columns=tuple(mapping.schema_config.columns),
+            columns=prepared.validation.columns,
             max_bytes_per_partition=config.processor.target_file_size_bytes,
             on_segment_error=SegmentErrorMode.MARK,
+            json_schema=prepared.validation.json_schema,
         )
 
 
@@ -388,15 +420,19 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     topic, run_id, config = mapping.topic, result.run_id, context.config
     log.info("topic %s → %s run %s: reading %s", topic, mapping.table, run_id,
              {p: f"{plan.read_start}..{plan.end} ({len(plan.segments)} segments)" for p, plan in plans.items()})
+    dead_letters = prepared.dead_letters
+    target = None if dead_letters is None else dead_letter_target(
+        dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes)
     messages = write_kafscale_rows(prepared.dataframe(), table, run_id,
-                                   target_file_size_bytes=config.processor.target_file_size_bytes)
+                                   target_file_size_bytes=config.processor.target_file_size_bytes,
+                                   dead_letters=target)
     keep, drop, failures = _files_to_commit(messages, plans)
     for message in messages:
         stats = message.source_stats
         result.invalid_count += stats.invalid_count
         result.invalid_samples.extend(stats.invalid_samples[: max(0, 20 - len(result.invalid_samples))])
     io = table.io
-    if result.invalid_count:
+    if result.invalid_count and dead_letters is None:
         delete_data_files(io, [f.file_path for m in messages for f in m.data_files])
         return  # nothing is committed while invalid records have nowhere to go (IngestFailedError follows)
     delete_data_files(io, [f.file_path for f in drop])
@@ -415,17 +451,34 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
             plans[p].outcome.error = f"lease lost before commit ({exc}); nothing committed"
             del committing[p]
     delete_data_files(io, [f.file_path for p, files in keep.items() if p not in committing for f in files])
+    dead_letter_files = DeadLetterFiles()
+    if dead_letters is not None:
+        dead_letter_files = split_dead_letter_files(messages, {p: ends[p] for p in committing})
+        delete_data_files(dead_letters.io, [f.file_path for f in dead_letter_files.drop])
     if not committing:
         return
     for p, plan in committing.items():
         _fill_outcome(plan, ends[p], messages)
     skipped = {p: plan.outcome.skipped for p, plan in committing.items() if plan.outcome.skipped}
     properties = ({SKIPPED_PROPERTY_PREFIX + topic: json.dumps({str(p): list(r) for p, r in skipped.items()})}
-                  if skipped else None)
+                  if skipped else {})
+    staged = None
+    if dead_letters is not None:
+        # Staged before the table commit, published right after it (dead_letter.py: why nothing is lost or doubled).
+        ranges = {p: (plans[p].commit_start, ends[p]) for p in committing}
+        staged = stage_dead_letters(dead_letters, dead_letter_files.keep, run_id=run_id, source_table=mapping.table,
+                                    topic=topic, offset_ranges=ranges)
+        if staged is not None:
+            properties.update(staged.summary_properties())
+        for p in committing:
+            plans[p].outcome.dead_lettered = dead_letter_files.records.get(p, 0)
     commit = commit_append(table, [f for p in committing for f in keep.get(p, [])], topic,
                            {p: plans[p].commit_start for p in committing}, {p: ends[p] for p in committing}, run_id,
                            snapshot_properties=properties)
     result.snapshot_id = commit.snapshot_id
+    if staged is not None:
+        result.dead_letter_snapshot_id = publish_dead_letters(dead_letters, staged,
+                                                              source_snapshot_id=commit.snapshot_id)
     try:
         context.offsets.commit_offsets(
             [leases[p] for p in committing],
@@ -479,7 +532,7 @@ def _max_timestamp(messages: list[IcebergAppendCommitMessage], partition: int) -
 
 
 def _describe_invalid(result: IngestResult) -> str:
-    samples = ", ".join(f"{s.record_id} ({s.reason})" for s in result.invalid_samples[:5])
+    samples = ", ".join(s.describe() for s in result.invalid_samples[:5])
     return (f"{result.invalid_count} invalid records, nothing committed (configure a dead-letter table to divert "
             f"them): {samples}")
 

@@ -16,13 +16,20 @@ Options (case-insensitive, like every Spark source option; an unknown option is 
 - `columns`: JSON list of mapped columns `[{"name": ..., "type": ..., "required": ...}]` (config `schema.columns`).
 - `maxBytesPerPartition`: segment bytes per input partition (default 128 MiB).
 - `onSegmentError`: `fail` (default) or `mark` (below).
+- `jsonSchema` (+ `jsonSchemaSource`, where it came from, for messages): a JSON Schema document every record value is
+  validated against on the executors (`schema.mode` lenient/strict). The driver fetches it from the registry, so an
+  unreachable registry fails the run before any task starts and executors never call it.
 
 Schema: the base columns (`BASE_SCHEMA`), then the mapped columns in option order (types from the schema layer,
-all nullable: a required column is null in an invalid record), then `_kafscale_invalid_reason` (string, nullable).
+all nullable: a required column is null in an invalid record), then `_kafscale_invalid_reason` (string, nullable),
+then, only with `jsonSchema`, `_kafscale_invalid_schema_path` (string, nullable).
 
 Invalid records (a required mapped column missing or not coercible, or a value that is no JSON object while a column
-is required) are kept: `_kafscale_invalid_reason` says why (`<column>: <reason>`, or just the reason when the whole
-value is at fault) and is null for valid records. The writer splits on it (table vs dead letters) and drops it.
+is required, or with `jsonSchema` a value that violates it) are kept: `_kafscale_invalid_reason` says why
+(`<column>: <reason>`; the reason alone when the whole value is at fault; `<value path>: <reason>` for a schema
+violation, which wins over a coercion failure of the same record) and is null for valid records.
+`_kafscale_invalid_schema_path` is the JSON Pointer of the violated schema keyword (`#/properties/store_id/type`),
+null unless the record violates the schema. The writer splits on them (table vs dead letters) and drops them.
 
 Planning (driver, `plan_read`): per Kafka partition, one listing of the partition's keys finds the segment holding
 the start offset, then `SegmentStore.list_segments` reads footers from that segment on only (up to the end offset),
@@ -83,6 +90,13 @@ from kafscale_lakehouse.format import (
 )
 from kafscale_lakehouse.format.segment_index import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE
 from kafscale_lakehouse.schema import JsonColumnCoercer, SchemaMappingError, record_arrow_schema
+from kafscale_lakehouse.schema.validation import (
+    CompiledJsonSchema,
+    InvalidSchemaDocumentError,
+    ValidationResult,
+    compile_json_schema,
+    validate_values,
+)
 from kafscale_lakehouse.storage import (
     DEFAULT_NAMESPACE,
     Gap,
@@ -106,6 +120,9 @@ EARLIEST = -2
 LATEST = -1
 ERROR_MARKER_OFFSET = -1
 INVALID_REASON_COLUMN = "_kafscale_invalid_reason"
+INVALID_SCHEMA_PATH_COLUMN = "_kafscale_invalid_schema_path"
+# Columns that describe a record rather than belong to it: never written to the table.
+SOURCE_STATUS_COLUMNS = (INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN)
 DEFAULT_MAX_BYTES_PER_PARTITION = 128 * 1024 * 1024
 MAX_ROWS_PER_BATCH = 65_536
 
@@ -114,7 +131,8 @@ _STORE_OPTIONS = ("store", "namespace", "bucket", "endpoint", "region", "pathSty
                   "s3.accessKeyId", "s3.secretAccessKey", "s3.sessionToken")
 _S3_ONLY_OPTIONS = ("bucket", "endpoint", "region", "pathStyle", "s3.accessKeyId", "s3.secretAccessKey",
                     "s3.sessionToken")
-_READ_OPTIONS = ("topic", "startingOffsets", "endingOffsets", "columns", "maxBytesPerPartition", "onSegmentError")
+_READ_OPTIONS = ("topic", "startingOffsets", "endingOffsets", "columns", "maxBytesPerPartition", "onSegmentError",
+                 "jsonSchema", "jsonSchemaSource")
 _OPTION_NAMES = {name.lower(): name for name in (*_STORE_OPTIONS, *_READ_OPTIONS)}
 # Registering again works but makes Spark warn about replacing the source, so once per session.
 _sessions_with_source: weakref.WeakSet[SparkSession] = weakref.WeakSet()
@@ -239,6 +257,7 @@ class KafscaleReadOptions:
     columns: tuple[ColumnConfig, ...] = ()
     max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
     on_segment_error: SegmentErrorMode = SegmentErrorMode.FAIL
+    json_schema: CompiledJsonSchema | None = None  # validate every value against it (schema.mode lenient/strict)
 
     def __post_init__(self) -> None:
         if not self.topic:
@@ -275,6 +294,8 @@ class KafscaleReadOptions:
             "columns": json.dumps([column.model_dump() for column in self.columns]),
             "maxBytesPerPartition": str(self.max_bytes_per_partition),
             "onSegmentError": self.on_segment_error.value,
+            **({"jsonSchema": json.dumps(self.json_schema.document), "jsonSchemaSource": self.json_schema.source}
+               if self.json_schema is not None else {}),
         }
 
     @classmethod
@@ -303,6 +324,7 @@ class KafscaleReadOptions:
                                                            str(DEFAULT_MAX_BYTES_PER_PARTITION)),
                                                "maxBytesPerPartition"),
             on_segment_error=SegmentErrorMode(mode),
+            json_schema=_parse_json_schema(lowered.get("jsonschema"), lowered.get("jsonschemasource")),
         )
 
 
@@ -349,6 +371,22 @@ def _parse_columns(text: str) -> tuple[ColumnConfig, ...]:
     return tuple(columns)
 
 
+def _parse_json_schema(text: str | None, source: str | None) -> CompiledJsonSchema | None:
+    if text is None:
+        if source is not None:
+            raise KafscaleOptionError("option jsonSchemaSource is given without jsonSchema")
+        return None
+    source = source or "option jsonSchema"
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KafscaleOptionError(f"option jsonSchema (from {source}) is not JSON ({exc})") from exc
+    try:
+        return compile_json_schema(document, source)
+    except InvalidSchemaDocumentError as exc:
+        raise KafscaleOptionError(f"option jsonSchema: {exc}") from exc
+
+
 def _parse_int(text: str, option: str) -> int:
     try:
         return int(text)
@@ -359,16 +397,20 @@ def _parse_int(text: str, option: str) -> int:
 # ----------------------------------------------------------------------------------------------------- schema
 
 
-def source_arrow_schema(columns: Sequence[ColumnConfig]) -> pa.Schema:
-    """Base columns, mapped columns (nullable: invalid records keep nulls there), then `_kafscale_invalid_reason`."""
+def source_arrow_schema(columns: Sequence[ColumnConfig], *, validated: bool = False) -> pa.Schema:
+    """Base columns, mapped columns (nullable: invalid records keep nulls there), then `_kafscale_invalid_reason`,
+    then (`validated`: the read has a `jsonSchema`) `_kafscale_invalid_schema_path`."""
     record_schema = record_arrow_schema(columns)
     mapped = [record_schema.field(name).with_nullable(True) for name in record_schema.names[len(BASE_SCHEMA):]]
-    return pa.schema([*BASE_SCHEMA, *mapped, pa.field(INVALID_REASON_COLUMN, pa.string(), nullable=True)])
+    status = [pa.field(INVALID_REASON_COLUMN, pa.string(), nullable=True)]
+    if validated:
+        status.append(pa.field(INVALID_SCHEMA_PATH_COLUMN, pa.string(), nullable=True))
+    return pa.schema([*BASE_SCHEMA, *mapped, *status])
 
 
-def source_spark_schema(columns: Sequence[ColumnConfig]) -> StructType:
+def source_spark_schema(columns: Sequence[ColumnConfig], *, validated: bool = False) -> StructType:
     """The Spark schema of `source_arrow_schema` (Iceberg `timestamp` is Spark `timestamp_ntz`)."""
-    return from_arrow_schema(source_arrow_schema(columns), prefer_timestamp_ntz=True)
+    return from_arrow_schema(source_arrow_schema(columns, validated=validated), prefer_timestamp_ntz=True)
 
 
 # --------------------------------------------------------------------------------------------------- planning
@@ -508,9 +550,11 @@ def _coalesce(topic: str, partition: int, offsets: OffsetRange, segments: list[S
 
 
 def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[ColumnConfig],
-                         on_segment_error: SegmentErrorMode = SegmentErrorMode.FAIL) -> Iterator[pa.RecordBatch]:
-    """Arrow batches (`source_arrow_schema(columns)`) of the records of `partition`, in offset order."""
-    schema = source_arrow_schema(columns)
+                         on_segment_error: SegmentErrorMode = SegmentErrorMode.FAIL,
+                         json_schema: CompiledJsonSchema | None = None) -> Iterator[pa.RecordBatch]:
+    """Arrow batches (`source_arrow_schema(columns, validated=json_schema is not None)`) of the records of
+    `partition`, in offset order, each value validated against `json_schema` when given."""
+    schema = source_arrow_schema(columns, validated=json_schema is not None)
     coercer = JsonColumnCoercer(columns)
     for segment in partition.segments:
         try:
@@ -524,7 +568,7 @@ def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, co
             yield _error_marker_batch(schema, segment, next_offset, exc)
             return
         for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
-            yield _with_mapped_columns(batch, coercer, schema)
+            yield _with_mapped_columns(batch, coercer, schema, json_schema)
 
 
 def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange) -> pa.Table:
@@ -569,12 +613,25 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
     return decoded.records
 
 
-def _with_mapped_columns(batch: pa.RecordBatch, coercer: JsonColumnCoercer, schema: pa.Schema) -> pa.RecordBatch:
+def _with_mapped_columns(batch: pa.RecordBatch, coercer: JsonColumnCoercer, schema: pa.Schema,
+                         json_schema: CompiledJsonSchema | None) -> pa.RecordBatch:
     result = coercer.coerce(batch.column("value"))
     column_reasons = pc.binary_join_element_wise(result.invalid_column, result.invalid_reason, ": ")
     reasons = pc.coalesce(column_reasons, result.invalid_reason)
     mapped = [result.columns[column.name] for column in coercer.columns]
-    return pa.RecordBatch.from_arrays([*batch.columns, *mapped, reasons], schema=schema)
+    status = [reasons]
+    if json_schema is not None:
+        violations = validate_values(batch.column("value"), batch.column("record_id"), json_schema)
+        # The schema violation names the record's fault as the producer's contract states it, so it wins.
+        status = [pc.coalesce(violations.reasons(), reasons), _schema_paths(violations)]
+    return pa.RecordBatch.from_arrays([*batch.columns, *mapped, *status], schema=schema)
+
+
+def _schema_paths(violations: ValidationResult) -> pa.StringArray:
+    paths: list[str | None] = [None] * violations.record_count
+    for record in violations.invalid_records:
+        paths[record.row] = record.schema_path
+    return pa.array(paths, type=pa.string())
 
 
 # ---------------------------------------------------------------------------------------------- error markers
@@ -638,14 +695,15 @@ class KafscaleDataSource(DataSource):
         return KAFSCALE_FORMAT
 
     def schema(self) -> StructType:
-        return source_spark_schema(KafscaleReadOptions.from_options(self.options).columns)
+        read_options = KafscaleReadOptions.from_options(self.options)
+        return source_spark_schema(read_options.columns, validated=read_options.json_schema is not None)
 
     def reader(self, schema: StructType) -> KafscaleReader:
         read_options = KafscaleReadOptions.from_options(self.options)
-        expected = source_spark_schema(read_options.columns)
+        expected = source_spark_schema(read_options.columns, validated=read_options.json_schema is not None)
         if schema != expected:
-            raise KafscaleOptionError(f"the {KAFSCALE_FORMAT} source's schema follows its columns option "
-                                      f"({expected.simpleString()}); a different schema was given "
+            raise KafscaleOptionError(f"the {KAFSCALE_FORMAT} source's schema follows its columns and jsonSchema "
+                                      f"options ({expected.simpleString()}); a different schema was given "
                                       f"({schema.simpleString()})")
         return KafscaleReader(read_options)
 
@@ -660,7 +718,7 @@ class KafscaleReader(DataSourceReader):
 
     def read(self, partition: SegmentRunPartition) -> Iterator[pa.RecordBatch]:
         return read_input_partition(self.store, partition, self.read_options.columns,
-                                    self.read_options.on_segment_error)
+                                    self.read_options.on_segment_error, self.read_options.json_schema)
 
 
 def register_kafscale_source(spark: SparkSession) -> None:

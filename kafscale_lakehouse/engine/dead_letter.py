@@ -1,0 +1,277 @@
+"""The dead-letter table of a mapping, and the commit that puts each invalid record in it exactly once.
+
+Invalid records (a value violating the topic's JSON Schema in lenient mode, or a required column that cannot be
+coerced, when a dead-letter table is configured) are kept out of the table but not lost: the Spark tasks that write
+the table's data files also write them, with their raw value, error, violated schema path and run id, as data files
+of the dead-letter table (`source_rows.DeadLetterFileWriter`, columns `source_rows.DEAD_LETTER_SCHEMA`).
+
+Order of one run, and what a crash between the steps leaves:
+1. Spark job: table data files + dead-letter data files, all uncommitted.
+2. `stage_dead_letters`: the dead-letter files become a *staged* snapshot of the dead-letter table: durable and
+   referenced (orphan cleanup keeps its files), but on no branch, so no reader sees it.
+3. The table commit (`table_offsets.commit_append`) carries `StagedDeadLetters.summary_properties()`: the dead-letter
+   table, the staged snapshot id and the record count, next to the new offsets.
+4. `publish_dead_letters`: the staged snapshot's files are appended to the dead-letter table's main branch, with the
+   run id, the table snapshot and the offset ranges in the summary.
+- Crash before 3: the table did not advance, so the next run reads the same offsets and dead-letters them again.
+  The first attempt's files are unreferenced (orphan cleanup removes them) or in a staged snapshot nobody publishes.
+- Crash between 3 and 4: the table has moved past the invalid records. The next run calls
+  `publish_pending_dead_letters` before it commits anything: it finds the table snapshots whose staged dead letters
+  are not on the dead-letter table's branch and publishes them.
+- Publishing is idempotent per staged snapshot (one per run): it checks the branch first, and commits without
+  pyiceberg's client retries so that a concurrent publisher's commit makes it check again instead of appending twice.
+A staged snapshot removed by `expire_snapshots` before it was published cannot be recovered; that is an error naming
+the run (it takes a crash and then no run of the mapping for longer than the snapshot retention).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.manifest import DataFile, ManifestEntryStatus
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot, ancestors_of
+
+from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, open_table
+from kafscale_lakehouse.engine.iceberg_sink import (
+    IcebergAppendCommitMessage,
+    _metadata_for_writers,
+    data_file_prefix,
+    file_io_properties,
+)
+from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
+from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, _append_without_client_retries
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER_TABLE_SUFFIX = "_dead_letters"
+# On the table's snapshot: where its run's invalid records were staged.
+DEAD_LETTER_TABLE_PROPERTY = "kafscale.dead-letter.table"
+STAGED_SNAPSHOT_PROPERTY = "kafscale.dead-letter.staged-snapshot-id"
+DEAD_LETTER_RECORDS_PROPERTY = "kafscale.dead-letter.records"
+# On the dead-letter table's snapshots.
+SOURCE_TABLE_PROPERTY = "kafscale.dead-letter.source-table"
+SOURCE_SNAPSHOT_PROPERTY = "kafscale.dead-letter.source-snapshot-id"
+OFFSET_RANGES_PROPERTY_PREFIX = "kafscale.dead-letter.offsets."  # + topic: {"<partition>": [start, end]}
+DEFAULT_PUBLISH_ATTEMPTS = 5
+_RETRY_WAIT_SECONDS = 0.2
+
+
+class DeadLetterError(RuntimeError):
+    """A dead-letter table problem; the message names the table (and run)."""
+
+
+class DeadLetterTableError(DeadLetterError):
+    """The dead-letter table exists but cannot hold dead letters (other columns, partitioned)."""
+
+
+class DeadLetterRecoveryError(DeadLetterError):
+    """A run's staged dead letters can no longer be published (their staged snapshot is gone)."""
+
+
+def default_dead_letter_table(table: str) -> str:
+    """`prod.orders` → `prod.orders_dead_letters`."""
+    return table + DEAD_LETTER_TABLE_SUFFIX
+
+
+def open_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
+    """The dead-letter table, created when missing (invalid records must never lack a place to go), checked to have
+    the dead-letter columns and no partitioning."""
+    table = open_table(catalog, identifier, schema=DEAD_LETTER_SCHEMA, create_if_missing=True)
+    schema = table.schema()
+    problems = []
+    for expected in DEAD_LETTER_SCHEMA.fields:
+        found = next((f for f in schema.fields if f.name == expected.name), None)
+        if found is None:
+            problems.append(f"column {expected.name!r} ({expected.field_type}) is missing")
+        elif found.field_type != expected.field_type:
+            problems.append(f"column {expected.name!r} is {found.field_type}, expected {expected.field_type}")
+        elif found.required and not expected.required:
+            problems.append(f"column {expected.name!r} is required, expected optional")
+    if not table.spec().is_unpartitioned():
+        problems.append("it is partitioned; dead-letter tables are written unpartitioned")
+    if problems:
+        raise DeadLetterTableError(f"dead-letter table {identifier}: " + "; ".join(problems))
+    return table
+
+
+def dead_letter_target(table: Table, run_id: str, *, target_file_size_bytes: int,
+                       ingested_at: datetime | None = None) -> DeadLetterTarget:
+    """What the run's Spark tasks need to write dead-letter files of `table` (`ingested_at` defaults to now)."""
+    ingested_at = ingested_at or datetime.now(timezone.utc)
+    return DeadLetterTarget(
+        table_name=".".join(table.name()),
+        table_metadata_json=_metadata_for_writers(table.metadata).model_dump_json(),
+        file_io_properties=file_io_properties(table),
+        run_id=run_id,
+        file_name_prefix=data_file_prefix(run_id),
+        ingested_at_us=int(ingested_at.timestamp() * 1_000_000),
+        target_file_size_bytes=target_file_size_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class DeadLetterFiles:
+    """A run's dead-letter files split like its data files: `keep` those of offsets the run commits."""
+
+    keep: list[DataFile] = field(default_factory=list)
+    drop: list[DataFile] = field(default_factory=list)
+    records: dict[int, int] = field(default_factory=dict)  # per Kafka partition, in `keep`
+
+
+def split_dead_letter_files(messages: Iterable[IcebergAppendCommitMessage], ends: Mapping[int, int]) -> DeadLetterFiles:
+    """Keep a task's dead-letter files when its Kafka partition commits (`ends`: partition → next offset after the
+    commit, committing partitions only) and its records lie below that end; drop the rest.
+
+    A task reads one Kafka partition, and a partition stops at a segment boundary, so a task's records are either
+    all below the partition's end or all at or beyond it.
+    """
+    split = DeadLetterFiles()
+    for message in messages:
+        stats = message.source_stats
+        if not stats.dead_letter_files:
+            continue
+        [partition] = stats.invalid_first_offset  # one Kafka partition per task
+        if partition in ends and stats.invalid_first_offset[partition] < ends[partition]:
+            split.keep.extend(stats.dead_letter_files)
+            split.records[partition] = split.records.get(partition, 0) + stats.invalid_by_partition[partition]
+        else:
+            split.drop.extend(stats.dead_letter_files)
+    return split
+
+
+@dataclass(frozen=True)
+class StagedDeadLetters:
+    """A run's dead letters staged in `table_name` as snapshot `snapshot_id` (on no branch yet)."""
+
+    table_name: str
+    snapshot_id: int
+    records: int
+
+    def summary_properties(self) -> dict[str, str]:
+        """For the table's commit, so a later run can publish them if this one stops before it does."""
+        return {DEAD_LETTER_TABLE_PROPERTY: self.table_name, STAGED_SNAPSHOT_PROPERTY: str(self.snapshot_id),
+                DEAD_LETTER_RECORDS_PROPERTY: str(self.records)}
+
+    @classmethod
+    def from_summary(cls, snapshot: Snapshot) -> StagedDeadLetters | None:
+        summary = snapshot.summary.additional_properties if snapshot.summary else {}
+        if STAGED_SNAPSHOT_PROPERTY not in summary:
+            return None
+        return cls(summary[DEAD_LETTER_TABLE_PROPERTY], int(summary[STAGED_SNAPSHOT_PROPERTY]),
+                   int(summary.get(DEAD_LETTER_RECORDS_PROPERTY, "0")))
+
+
+def stage_dead_letters(table: Table, files: list[DataFile], *, run_id: str, source_table: str, topic: str,
+                       offset_ranges: Mapping[int, tuple[int, int]]) -> StagedDeadLetters | None:
+    """Step 2: commit `files` as a staged snapshot of the dead-letter `table` (None when there are no files).
+
+    `offset_ranges`: partition → [start, end) offsets the run commits; kept in the summary for audits."""
+    if not files:
+        return None
+    table_name = ".".join(table.name())
+    properties = {RUN_ID_PROPERTY: run_id, SOURCE_TABLE_PROPERTY: source_table,
+                  OFFSET_RANGES_PROPERTY_PREFIX + topic: _format_ranges(offset_ranges)}
+    with catalog_errors(catalog_endpoint(table.catalog)):
+        with table.transaction() as transaction:
+            # branch=None: a snapshot no ref points at (Iceberg's "stage only"), invisible until published.
+            with transaction.update_snapshot(snapshot_properties=properties, branch=None).fast_append() as append:
+                for data_file in files:
+                    append.append_data_file(data_file)
+                snapshot_id = append.snapshot_id
+    staged = StagedDeadLetters(table_name, snapshot_id, sum(f.record_count for f in files))
+    log.info("dead-letter table %s: run %s staged %d invalid records of %s in %d files as snapshot %d", table_name,
+             run_id, staged.records, source_table, len(files), snapshot_id)
+    return staged
+
+
+def publish_dead_letters(table: Table, staged: StagedDeadLetters, *, source_snapshot_id: int,
+                         max_attempts: int = DEFAULT_PUBLISH_ATTEMPTS) -> int:
+    """Step 4: append the staged snapshot's files to the dead-letter table's branch, unless a snapshot on the branch
+    already published it; returns the snapshot id that holds them."""
+    table_name = ".".join(table.name())
+    endpoint = catalog_endpoint(table.catalog)
+    attempt = 0
+    while True:
+        attempt += 1
+        with catalog_errors(endpoint):
+            table.refresh()
+        published = _published_snapshot(table, staged.snapshot_id)
+        if published is not None:
+            log.info("dead-letter table %s: staged snapshot %d is already published as %d", table_name,
+                     staged.snapshot_id, published.snapshot_id)
+            return published.snapshot_id
+        staged_snapshot = table.metadata.snapshot_by_id(staged.snapshot_id)
+        if staged_snapshot is None:
+            raise DeadLetterRecoveryError(
+                f"dead-letter table {table_name}: staged snapshot {staged.snapshot_id} holding {staged.records} "
+                f"invalid records (table snapshot {source_snapshot_id}) no longer exists (expired?); those records "
+                "are in neither table")
+        summary = staged_snapshot.summary.additional_properties
+        properties = {**{k: v for k, v in summary.items() if k.startswith("kafscale.")},
+                      STAGED_SNAPSHOT_PROPERTY: str(staged.snapshot_id),
+                      SOURCE_SNAPSHOT_PROPERTY: str(source_snapshot_id)}
+        try:
+            with catalog_errors(endpoint):
+                _append_without_client_retries(table, _added_files(table, staged_snapshot), properties)
+        except CommitFailedException as exc:
+            if attempt == max_attempts:
+                raise DeadLetterError(f"dead-letter table {table_name}: publishing staged snapshot "
+                                      f"{staged.snapshot_id} lost to concurrent commits {attempt} times") from exc
+            time.sleep(_RETRY_WAIT_SECONDS * attempt)
+            continue
+        snapshot_id = table.metadata.current_snapshot_id
+        log.info("dead-letter table %s: published %d invalid records of run %s as snapshot %d", table_name,
+                 staged.records, summary.get(RUN_ID_PROPERTY), snapshot_id)
+        return snapshot_id
+
+
+def publish_pending_dead_letters(table: Table, catalog: Catalog) -> list[int]:
+    """Publish the staged dead letters of `table`'s snapshots that a stopped run did not publish (oldest first);
+    returns the dead-letter snapshot ids published now. Call it at the start of every run, before it commits.
+
+    Walks back from the current snapshot to the first snapshot whose dead letters are published: every run publishes
+    its own (or an earlier run's pending ones) before it commits, so older ones are published too."""
+    pending: list[tuple[Snapshot, StagedDeadLetters]] = []
+    dead_letter_tables: dict[str, Table] = {}
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        staged = StagedDeadLetters.from_summary(snapshot)
+        if staged is None:
+            continue
+        if staged.table_name not in dead_letter_tables:
+            dead_letter_tables[staged.table_name] = open_dead_letter_table(catalog, staged.table_name)
+        if _published_snapshot(dead_letter_tables[staged.table_name], staged.snapshot_id) is not None:
+            break
+        pending.append((snapshot, staged))
+    published = []
+    for snapshot, staged in reversed(pending):
+        log.warning("table %s snapshot %d (run %s): its %d invalid records were staged but not published to %s; "
+                    "publishing them now", ".".join(table.name()), snapshot.snapshot_id,
+                    snapshot.summary.get(RUN_ID_PROPERTY), staged.records, staged.table_name)
+        published.append(publish_dead_letters(dead_letter_tables[staged.table_name], staged,
+                                              source_snapshot_id=snapshot.snapshot_id))
+    return published
+
+
+def _published_snapshot(table: Table, staged_snapshot_id: int) -> Snapshot | None:
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        if snapshot.summary is not None and snapshot.summary.get(STAGED_SNAPSHOT_PROPERTY) == str(staged_snapshot_id):
+            return snapshot
+    return None
+
+
+def _added_files(table: Table, snapshot: Snapshot) -> list[DataFile]:
+    return [entry.data_file for manifest in snapshot.manifests(table.io)
+            for entry in manifest.fetch_manifest_entry(table.io)
+            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id]
+
+
+def _format_ranges(offset_ranges: Mapping[int, tuple[int, int]]) -> str:
+    return json.dumps({str(p): list(offset_ranges[p]) for p in sorted(offset_ranges)}, separators=(",", ":"))

@@ -1,0 +1,68 @@
+"""How a run of a mapping judges its records: mapped columns, JSON Schema validation and where invalid records go.
+
+Resolved on the driver once per run (`resolve_record_validation`), before any data is read:
+- columns: `schema.source: mapping` → `schema.columns`; `registry` → derived from `<base_url>/<topic>.json`
+  (`SchemaRegistryClient.columns`); `none` → base columns only.
+- JSON Schema (`schema.mode` lenient or strict): the topic's compiled schema, handed to the `kafscale` source so the
+  executors validate every value while they decode (`jsonschema` is per-record Python work: it scales with tasks).
+- A registry that is down, answers 404 or serves a document that is no JSON Schema raises here
+  (`SchemaRegistryError`, `InvalidSchemaDocumentError`): the run fails before it reads anything, and no record is
+  ever judged invalid because of the registry.
+- dead-letter table: lenient → `mappings[].dead_letter_table`, default `<table>_dead_letters`; off → the configured
+  one only (coercion failures of required columns go there; without one they fail the run); strict → none: any
+  invalid record fails the run before it commits, naming the record_id and the violated schema path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kafscale_lakehouse.config import ColumnConfig, ConfigError, LakehouseConfig, MappingConfig
+from kafscale_lakehouse.engine.dead_letter import default_dead_letter_table
+from kafscale_lakehouse.schema.registry import SchemaRegistryClient
+from kafscale_lakehouse.schema.validation import CompiledJsonSchema
+
+SchemaMode = Literal["off", "lenient", "strict"]
+
+
+@dataclass(frozen=True)
+class RecordValidation:
+    mode: SchemaMode
+    columns: tuple[ColumnConfig, ...]  # the mapped columns of the table and of the read
+    json_schema: CompiledJsonSchema | None  # validate every value against it (lenient, strict)
+    dead_letter_table: str | None  # where invalid records go; None: invalid records fail the run
+
+
+def schema_registry_client(config: LakehouseConfig) -> SchemaRegistryClient | None:
+    """The process's registry client (its cache is per client: build one and share it), None without a base_url."""
+    registry = config.schema_config.registry
+    return SchemaRegistryClient.from_config(registry) if registry.base_url is not None else None
+
+
+def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
+                              registry: SchemaRegistryClient | None) -> RecordValidation:
+    """See the module docstring; raises the registry's errors for `mapping.topic` as they are."""
+    mode: SchemaMode = config.schema_config.mode
+    needs_registry = mode != "off" or mapping.schema_config.source == "registry"
+    if needs_registry and registry is None:
+        raise ConfigError("record validation", [f"schema.registry.base_url: is required for topic {mapping.topic} "
+                                                f"(schema.mode {mode}, schema.source {mapping.schema_config.source})"])
+    if mapping.schema_config.source == "registry":
+        columns = tuple(registry.columns(mapping.topic))
+    else:
+        columns = tuple(mapping.schema_config.columns)
+    json_schema = registry.get_schema(mapping.topic) if mode != "off" else None
+    if mode == "lenient":
+        dead_letter_table = mapping.dead_letter_table or default_dead_letter_table(mapping.table)
+    elif mode == "off":
+        dead_letter_table = mapping.dead_letter_table
+    else:
+        dead_letter_table = None
+    # A configured name is checked when the config loads; the default one could still be another mapping's table.
+    clash = next((other for other in config.mappings if other.table == dead_letter_table), None)
+    if clash is not None:
+        raise ConfigError("record validation", [
+            f"mappings[].dead_letter_table of topic {mapping.topic}: the default {dead_letter_table!r} is the table "
+            f"of the mapping of topic {clash.topic}; set dead_letter_table explicitly"])
+    return RecordValidation(mode=mode, columns=columns, json_schema=json_schema, dead_letter_table=dead_letter_table)
