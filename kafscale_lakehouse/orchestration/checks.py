@@ -32,6 +32,7 @@ from kafscale_lakehouse.engine.table_offsets import (
 )
 from kafscale_lakehouse.orchestration.assets import scan_topic_now
 from kafscale_lakehouse.orchestration.io_manager import (
+    DEAD_LETTER_TABLE_KEY,
     INVALID_RECORDS_KEY,
     INVALID_SAMPLES_SCHEMA,
     invalid_samples_from_metadata,
@@ -257,7 +258,7 @@ def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: in
                                description=f"every partition within {max_lag_records} records of the broker")
 
 
-def evaluate_schema_valid(metadata: Mapping[str, dg.MetadataValue] | None, mapping: MappingConfig,
+def evaluate_schema_valid(metadata: Mapping[str, dg.MetadataValue] | None,
                           schema_mode: str) -> dg.AssetCheckResult:
     if metadata is None:
         return dg.AssetCheckResult(passed=True, description="no materialization yet: nothing was validated",
@@ -265,17 +266,19 @@ def evaluate_schema_valid(metadata: Mapping[str, dg.MetadataValue] | None, mappi
     invalid_value = metadata.get(INVALID_RECORDS_KEY)
     invalid = int(invalid_value.value) if isinstance(invalid_value, dg.IntMetadataValue) else 0
     samples = invalid_samples_from_metadata(metadata)
+    # Where the run put them (lenient mode has a default dead-letter table, which the mapping need not name).
+    dead_letter_value = metadata.get(DEAD_LETTER_TABLE_KEY)
+    dead_letter_table = dead_letter_value.value if isinstance(dead_letter_value, dg.TextMetadataValue) else None
     result_metadata = {
         "schema_mode": schema_mode,
         "invalid_records": invalid,
         "invalid_samples": dg.MetadataValue.table([dg.TableRecord(s) for s in samples], schema=INVALID_SAMPLES_SCHEMA),
-        "dead_letter_table": mapping.dead_letter_table or dg.MetadataValue.null(),
+        "dead_letter_table": dead_letter_table or dg.MetadataValue.null(),
     }
     if invalid == 0:
         return dg.AssetCheckResult(passed=True, metadata=result_metadata,
                                    description="every record of the run was valid")
-    where = (f"in dead-letter table {mapping.dead_letter_table}" if mapping.dead_letter_table
-             else "not committed")
+    where = f"in dead-letter table {dead_letter_table}" if dead_letter_table else "not committed"
     reasons = "; ".join(f"{s['record_id']}: {s['reason']}" + (f" (schema {s['schema_path']})" if s.get("schema_path") else "")
                         for s in samples[:3])
     return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=result_metadata,
@@ -315,7 +318,7 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig,
     @dg.asset_check(asset=asset_key, name=SCHEMA_VALID, blocking=True,
                     description="Records of the run that failed validation (schema.mode) or a required column.")
     def schema_valid(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        return evaluate_schema_valid(_run_materialization_metadata(context, asset_key), mapping,
+        return evaluate_schema_valid(_run_materialization_metadata(context, asset_key),
                                      config.schema_config.mode)
 
     @dg.asset_check(asset=asset_key, name=RECORD_ID_UNIQUE,

@@ -21,6 +21,7 @@ from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, S
 # Materialization metadata keys that asset checks read back (checks.py).
 INVALID_RECORDS_KEY = "invalid_records"
 INVALID_SAMPLES_KEY = "invalid_samples"
+DEAD_LETTER_TABLE_KEY = "dead_letter_table"
 SNAPSHOT_ID_KEY = "snapshot_id"
 
 _PARTITION_TABLE_SCHEMA = dg.TableSchema(columns=[
@@ -105,6 +106,8 @@ def run_metadata(result: IngestResult) -> dict[str, dg.MetadataValue]:
         "records_in_run": dg.MetadataValue.int(result.records),
         INVALID_RECORDS_KEY: dg.MetadataValue.int(result.invalid_count),
         INVALID_SAMPLES_KEY: dg.MetadataValue.table(samples, schema=INVALID_SAMPLES_SCHEMA),
+        DEAD_LETTER_TABLE_KEY: dg.MetadataValue.text(result.dead_letter_table) if result.dead_letter_table
+        else dg.MetadataValue.null(),
     }
 
 

@@ -141,19 +141,23 @@ def test_freshness_warns_above_the_threshold_naming_partitions_and_what_lag_is_m
 
 
 def test_schema_valid_reads_the_run_invalid_records_from_its_materialization_metadata():
-    mapping = MappingConfig(topic=TOPIC, table="shop.orders", dead_letter_table="shop.orders_dead_letters")
+    # Lenient mode's default dead-letter table: the mapping names none, the run reports where the records went.
     result = IngestResult(topic=TOPIC, table="shop.orders", run_id="r", snapshot_id=7,
+                          dead_letter_table="shop.orders_dead_letters",
                           partitions={0: PartitionOutcome(0, 0, 10, records=8)}, invalid_count=2,
                           invalid_samples=[InvalidRecord(f"{TOPIC}:0:3", "order_id: missing", None),
                                            InvalidRecord(f"{TOPIC}:0:7", "not valid", "properties.store_id.type")])
 
-    check = evaluate_schema_valid(run_metadata(result), mapping, "lenient")
+    check = evaluate_schema_valid(run_metadata(result), "lenient")
 
     assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
     assert "2 invalid records (in dead-letter table shop.orders_dead_letters)" in check.description
     assert f"{TOPIC}:0:7: not valid (schema properties.store_id.type)" in check.description
     assert [r.data["record_id"] for r in check.metadata["invalid_samples"].value.records] == [
         f"{TOPIC}:0:3", f"{TOPIC}:0:7"]
+    result.dead_letter_table = None
+    assert "2 invalid records (not committed)" in evaluate_schema_valid(run_metadata(result),
+                                                                         "strict").description
     result.invalid_count, result.invalid_samples = 0, []
-    assert evaluate_schema_valid(run_metadata(result), mapping, "lenient").passed
-    assert evaluate_schema_valid(None, mapping, "strict").passed
+    assert evaluate_schema_valid(run_metadata(result), "lenient").passed
+    assert evaluate_schema_valid(None, "strict").passed
