@@ -40,13 +40,13 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.json as pa_json  # noqa: E402
 from pyiceberg.table import Table  # noqa: E402
 
-from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, ProcessorConfig, parse_config  # noqa: E402
+from kafscale_lakehouse.config import LakehouseConfig, ProcessorConfig, parse_config  # noqa: E402
 from kafscale_lakehouse.engine import ingest as ingest_module  # noqa: E402
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table  # noqa: E402
 from kafscale_lakehouse.engine.ingest import IngestContext, catalog_settings, ingest_mapping  # noqa: E402
 from kafscale_lakehouse.engine.spark import get_spark_session  # noqa: E402
 from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema  # noqa: E402
-from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_TOPIC, write_partition_segments  # noqa: E402
+from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_COLUMNS, PIZZA_TOPIC, write_partition_segments  # noqa: E402
 from kafscale_lakehouse_tests.format.kafka_python_reference import (  # noqa: E402
     cramjam_codec_patches,
     read_segment_records,
@@ -63,15 +63,6 @@ from kafscale_lakehouse_tests.servers import (  # noqa: E402
 
 log = logging.getLogger("benchmarks.ingest")
 
-PIZZA_COLUMNS = (
-    ColumnConfig(name="order_id", type="string", required=True),
-    ColumnConfig(name="store_id", type="int"),
-    ColumnConfig(name="sauce", type="string"),
-    ColumnConfig(name="cheese", type="string"),
-    ColumnConfig(name="meats", type="string"),
-    ColumnConfig(name="veggies", type="string"),
-    ColumnConfig(name="date_ordered", type="timestamp"),
-)
 WARMUP_TOPIC = "warmup-pizzas"
 WARMUP_RECORDS = 2_000
 SPARK_TASK_SLOTS = 2

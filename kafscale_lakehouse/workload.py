@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kafscale_lakehouse.format import DEFAULT_INDEX_INTERVAL, Record, encode_segment
+from kafscale_lakehouse.config import ColumnConfig
 
 PIZZA_TOPIC = "completed-pizzas"
 PIZZA_HEADERS = (("source", b"pizza-svc"),)
@@ -39,6 +40,17 @@ class WrittenSegment:
     last_offset: int
     codec: str
 
+
+# The mapped columns of the pizza orders (the demo's `rpc.pizzas`), for benchmarks and tests.
+PIZZA_COLUMNS = (
+    ColumnConfig(name="order_id", type="string", required=True),
+    ColumnConfig(name="store_id", type="int"),
+    ColumnConfig(name="sauce", type="string"),
+    ColumnConfig(name="cheese", type="string"),
+    ColumnConfig(name="meats", type="string"),
+    ColumnConfig(name="veggies", type="string"),
+    ColumnConfig(name="date_ordered", type="timestamp"),
+)
 
 def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int = DEFAULT_START_MS,
                 interval_ms: int = DEFAULT_INTERVAL_MS) -> Record:

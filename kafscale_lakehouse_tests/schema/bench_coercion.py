@@ -14,19 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.schema import JsonColumnCoercer
-from kafscale_lakehouse.workload import pizza_orders
+from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_orders
 
-PIZZA_COLUMNS = [
-    ColumnConfig(name="order_id", type="string", required=True),
-    ColumnConfig(name="store_id", type="int"),
-    ColumnConfig(name="sauce", type="string"),
-    ColumnConfig(name="cheese", type="string"),
-    ColumnConfig(name="meats", type="string"),
-    ColumnConfig(name="veggies", type="string"),
-    ColumnConfig(name="date_ordered", type="timestamp"),
-]
 _BASELINE_SCHEMA = pa.schema(
     [("order_id", pa.string()), ("store_id", pa.int64()), ("sauce", pa.string()), ("cheese", pa.string()),
      ("meats", pa.string()), ("veggies", pa.string()), ("date_ordered", pa.timestamp("us"))]
