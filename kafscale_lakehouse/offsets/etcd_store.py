@@ -8,6 +8,8 @@ attached to our etcd lease, so a worker whose lease expired or was taken over ca
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Mapping
 
 from kafscale_lakehouse.etcd_client import EtcdClient, LeaseIs, ModRevisionIs, PutOp, VersionIs
@@ -30,7 +32,10 @@ from kafscale_lakehouse.offsets.store import (
 log = logging.getLogger(__name__)
 
 # A commit retries when another committer of the same topic changed the watermarks between our read and write.
-_COMMIT_ATTEMPTS = 10
+# Every failed attempt means another commit landed, so the topic as a whole always progresses; a deadline with
+# jittered backoff (not a fixed attempt count) keeps one committer from starving behind a busy neighbour.
+_COMMIT_DEADLINE_SECONDS = 60.0
+_COMMIT_BACKOFF_SECONDS = (0.005, 0.5)
 _CLAIM_ATTEMPTS = 3
 
 
@@ -95,7 +100,10 @@ class EtcdOffsetStore(OffsetStore):
         topic_watermark_key = self.keys.topic_watermark(topic)
         offsets_prefix = self.keys.offsets_prefix(topic)
         watermarks_prefix = self.keys.partition_watermarks_prefix(topic)
-        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+        deadline = time.monotonic() + _COMMIT_DEADLINE_SECONDS
+        attempt = 0
+        while True:
+            attempt += 1
             # Every fenced commit rewrites the topic watermark, so comparing its mod_revision serialises commits
             # of one topic: it detects any commit that landed between these reads and our transaction.
             topic_watermark = self.client.get_entry(topic_watermark_key)
@@ -118,11 +126,16 @@ class EtcdOffsetStore(OffsetStore):
             if self.client.transaction(compares, [PutOp(key, value) for key, value in writes.items()]):
                 return
             self._raise_if_lost(leases)
-            log.info("offset commit of %s on %s raced with another writer (attempt %d); retrying",
-                     topic, self.location, attempt)
-        raise CommitConflictError(
-            f"{self.location}: offsets of {topic} kept changing under {_COMMIT_ATTEMPTS} commit attempts"
-        )
+            if time.monotonic() >= deadline:
+                raise CommitConflictError(
+                    f"{self.location}: offsets of {topic} kept changing for {_COMMIT_DEADLINE_SECONDS:.0f} s "
+                    f"({attempt} commit attempts)"
+                )
+            low, high = _COMMIT_BACKOFF_SECONDS
+            delay = random.uniform(0, min(high, low * 2 ** min(attempt, 10)))
+            log.info("offset commit of %s on %s raced with another writer (attempt %d); retrying in %.3f s",
+                     topic, self.location, attempt, delay)
+            time.sleep(delay)
 
     def _raise_if_lost(self, leases: list[Lease]) -> None:
         lost = []
