@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,8 @@ from kafscale_lakehouse.storage import (
 log = logging.getLogger(__name__)
 
 SKIPPED_PROPERTY_PREFIX = "kafscale.skipped."
+# Milliseconds from the start of the write to the commit, the Go processor's write latency, for `serve-metrics`.
+WRITE_LATENCY_PROPERTY = "kafscale.write-latency-ms"
 # Data files of a crashed run are removed once they are this old, so a live run's files are never touched.
 ORPHAN_FILE_MIN_AGE = timedelta(hours=1)
 
@@ -420,6 +423,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     topic, run_id, config = mapping.topic, result.run_id, context.config
     log.info("topic %s → %s run %s: reading %s", topic, mapping.table, run_id,
              {p: f"{plan.read_start}..{plan.end} ({len(plan.segments)} segments)" for p, plan in plans.items()})
+    write_started = time.monotonic()
     dead_letters = prepared.dead_letters
     target = None if dead_letters is None else dead_letter_target(
         dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes)
@@ -462,6 +466,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     skipped = {p: plan.outcome.skipped for p, plan in committing.items() if plan.outcome.skipped}
     properties = ({SKIPPED_PROPERTY_PREFIX + topic: json.dumps({str(p): list(r) for p, r in skipped.items()})}
                   if skipped else {})
+    properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - write_started) * 1000))
     staged = None
     if dead_letters is not None:
         # Staged before the table commit, published right after it (dead_letter.py: why nothing is lost or doubled).
