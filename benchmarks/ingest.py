@@ -78,7 +78,7 @@ _INGEST_PHASES = {
     "discover_topic_partitions": "discover partitions",
     "read_topic_offsets": "read table offsets",
     "_plan_partition": "plan (list segments, footers)",
-    "write_kafscale_rows": "Spark job (read, decode, write Parquet)",
+    "run_ingest_job": "Spark job (read, decode, write Parquet)",
     "commit_append": "Iceberg commit",
 }
 _OFFSET_STORE_PHASES = {

@@ -40,12 +40,8 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, open_table
-from kafscale_lakehouse.engine.iceberg_sink import (
-    IcebergAppendCommitMessage,
-    _metadata_for_writers,
-    data_file_prefix,
-    file_io_properties,
-)
+from kafscale_lakehouse.engine.iceberg_sink import data_file_prefix, file_io_properties, writer_metadata_json
+from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
 from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, _append_without_client_retries
 
@@ -108,7 +104,7 @@ def dead_letter_target(table: Table, run_id: str, *, target_file_size_bytes: int
     ingested_at = ingested_at or datetime.now(timezone.utc)
     return DeadLetterTarget(
         table_name=".".join(table.name()),
-        table_metadata_json=_metadata_for_writers(table.metadata).model_dump_json(),
+        table_metadata_json=writer_metadata_json(table),
         file_io_properties=file_io_properties(table),
         run_id=run_id,
         file_name_prefix=data_file_prefix(run_id),
@@ -126,7 +122,7 @@ class DeadLetterFiles:
     records: dict[int, int] = field(default_factory=dict)  # per Kafka partition, in `keep`
 
 
-def split_dead_letter_files(messages: Iterable[IcebergAppendCommitMessage], ends: Mapping[int, int]) -> DeadLetterFiles:
+def split_dead_letter_files(messages: Iterable[IngestTaskOutput], ends: Mapping[int, int]) -> DeadLetterFiles:
     """Keep a task's dead-letter files when its Kafka partition commits (`ends`: partition → next offset after the
     commit, committing partitions only) and its records lie below that end; drop the rest.
 

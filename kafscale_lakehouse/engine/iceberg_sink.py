@@ -1,7 +1,8 @@
 """Iceberg append sink on the PySpark Python Data Source write API.
 
 Executors turn their Arrow batches into Parquet data files with pyiceberg's own file writer (Iceberg field ids,
-column statistics, partition values) and return the `DataFile`s as commit messages. The Iceberg commit is *not*
+column statistics, partition values; `write_batches_as_data_files`, which the ingestion job's tasks use too) and
+return the `DataFile`s as commit messages. The Iceberg commit is *not*
 done by Spark's job commit: our commit has to re-check the table's offsets first (`table_offsets.commit_append`),
 so the job commit only hands the files to the driver and the caller commits them (or deletes them).
 
@@ -26,7 +27,7 @@ import tempfile
 import uuid
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -47,9 +48,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
-
-from kafscale_lakehouse.engine.kafscale_source import SOURCE_STATUS_COLUMNS
-from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
 
 log = logging.getLogger(__name__)
 
@@ -109,18 +107,29 @@ def delete_data_files(io: FileIO, paths: Iterable[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class SinkJob:
-    """Everything an executor needs to write data files for one table, carried in data source options."""
+    """Everything an executor needs to write data files for one table (carried in data source options, or pickled
+    into the ingestion job's tasks)."""
 
     table_name: str
     table_metadata_json: str
-    file_io_properties: Mapping[str, str]
+    file_io_properties: Mapping[str, str] = field(repr=False)
     run_id: str
     target_file_size_bytes: int
-    staging_dir: str
-    kafscale_rows: bool = False  # rows of the `kafscale` source: hold back markers and invalid records
-    dead_letters: DeadLetterTarget | None = None  # with kafscale_rows: write the invalid records there
 
-    def to_options(self) -> dict[str, str]:
+    @classmethod
+    def for_table(cls, table: Table, run_id: str, target_file_size_bytes: int) -> SinkJob:
+        if target_file_size_bytes <= 0:
+            raise ValueError(f"target_file_size_bytes must be positive, got {target_file_size_bytes}")
+        data_file_prefix(run_id)  # validates the run id on the driver rather than in every task
+        return cls(table_name=_table_name(table), table_metadata_json=writer_metadata_json(table),
+                   file_io_properties=file_io_properties(table), run_id=run_id,
+                   target_file_size_bytes=target_file_size_bytes)
+
+    def file_io(self) -> FileIO:
+        location = TableMetadataUtil.parse_raw(self.table_metadata_json).location
+        return load_file_io(dict(self.file_io_properties), location)
+
+    def to_options(self, staging_dir: str) -> dict[str, str]:
         # FileIO secrets go in keys of their own (`io.s3.secret-access-key`) so that Spark's redaction of option
         # keys matching spark.redaction.regex (secret|password|token by default) hides them in plans and logs.
         options = {
@@ -128,22 +137,20 @@ class SinkJob:
             "table_metadata": self.table_metadata_json,
             "run_id": self.run_id,
             "target_file_size_bytes": str(self.target_file_size_bytes),
-            "staging_dir": self.staging_dir,
-            "kafscale_rows": "true" if self.kafscale_rows else "false",
+            "staging_dir": staging_dir,
         }
         options.update({_OPTION_FILE_IO_PREFIX + k: v for k, v in self.file_io_properties.items()})
-        if self.dead_letters is not None:
-            options.update(self.dead_letters.to_options())
         return options
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> SinkJob:
+    def from_options(cls, options: Mapping[str, str]) -> tuple[SinkJob, str]:
+        """The job and the staging directory."""
         missing = {"table", "table_metadata", "run_id", "target_file_size_bytes", "staging_dir"} - set(options)
         if missing:
             raise IcebergSinkError(
                 f"{SINK_FORMAT} data source is missing options {sorted(missing)}; write through write_data_files()"
             )
-        return cls(
+        job = cls(
             table_name=options["table"],
             table_metadata_json=options["table_metadata"],
             file_io_properties={
@@ -151,10 +158,8 @@ class SinkJob:
             },
             run_id=options["run_id"],
             target_file_size_bytes=int(options["target_file_size_bytes"]),
-            staging_dir=options["staging_dir"],
-            kafscale_rows=options.get("kafscale_rows", "false") == "true",
-            dead_letters=DeadLetterTarget.from_options(options),
         )
+        return job, options["staging_dir"]
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,6 @@ class IcebergAppendCommitMessage(WriterCommitMessage):
 
     spark_partition_id: int
     data_files: tuple[DataFile, ...]
-    source_stats: SourceTaskStats | None = None  # with `kafscale_rows`: offsets written, failures, invalid records
 
 
 @dataclass(frozen=True)
@@ -184,66 +188,60 @@ class IcebergAppendDataSource(DataSource):
         return SINK_FORMAT
 
     def writer(self, schema: StructType, overwrite: bool) -> IcebergAppendWriter:
-        job = SinkJob.from_options(self.options)
+        job, staging_dir = SinkJob.from_options(self.options)
         if overwrite:
             raise IcebergSinkError(f"{SINK_FORMAT} for table {job.table_name} only appends; use mode('append')")
-        return IcebergAppendWriter(job)
+        return IcebergAppendWriter(job, staging_dir)
 
 
 class IcebergAppendWriter(DataSourceArrowWriter):
-    def __init__(self, job: SinkJob):
+    def __init__(self, job: SinkJob, staging_dir: str):
         self.job = job
+        self.staging_dir = staging_dir
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IcebergAppendCommitMessage:
         spark_partition_id = TaskContext.get().partitionId()
-        metadata = TableMetadataUtil.parse_raw(self.job.table_metadata_json)
-        io = load_file_io(dict(self.job.file_io_properties), metadata.location)
-        planner = _DataFilePlanner(self.job, metadata, spark_partition_id)
-        splitter = SourceRowSplitter(self.job.dead_letters, spark_partition_id) if self.job.kafscale_rows else None
-        if splitter is not None:
-            iterator = splitter.rows_to_write(iterator)
-        written: list[DataFile] = []
-        try:
-            for chunk in bin_pack_record_batches(planner.checked(iterator), self.job.target_file_size_bytes):
-                tasks = planner.tasks_for(pa.Table.from_batches(chunk))
-                try:
-                    # write_file maps tasks on a thread pool; list() waits for all of them before the next chunk.
-                    written.extend(write_file(io, metadata, iter(tasks)))
-                except BaseException:
-                    # Some files of the chunk may exist already; the names are known before writing.
-                    delete_data_files(io, (planner.path_of(task) for task in tasks))
-                    raise
-        except BaseException:
-            delete_data_files(io, (f.file_path for f in written))
-            if splitter is not None:
-                splitter.discard_dead_letters()
-            raise
-        log.info(
-            "table %s run %s: Spark partition %d wrote %d data files (%d rows)",
-            self.job.table_name, self.job.run_id, spark_partition_id, len(written),
-            sum(f.record_count for f in written),
-        )
-        return IcebergAppendCommitMessage(spark_partition_id=spark_partition_id, data_files=tuple(written),
-                                          source_stats=splitter.stats if splitter is not None else None)
+        written = write_batches_as_data_files(self.job, iterator, spark_partition_id)
+        return IcebergAppendCommitMessage(spark_partition_id=spark_partition_id, data_files=tuple(written))
 
     def commit(self, messages: list[IcebergAppendCommitMessage | None]) -> None:
-        staged = Path(self.job.staging_dir) / STAGED_MESSAGES
+        staged = Path(self.staging_dir) / STAGED_MESSAGES
         with staged.open("wb") as out:
             pickle.dump([m for m in messages if m is not None], out, protocol=pickle.HIGHEST_PROTOCOL)
 
     def abort(self, messages: list[IcebergAppendCommitMessage | None]) -> None:
         paths = [f.file_path for m in messages if m is not None for f in m.data_files]
-        metadata = TableMetadataUtil.parse_raw(self.job.table_metadata_json)
-        io = load_file_io(dict(self.job.file_io_properties), metadata.location)
-        failed = delete_data_files(io, paths)
-        if self.job.dead_letters is not None:
-            delete_data_files(self.job.dead_letters.file_io(),
-                              (f.file_path for m in messages if m is not None and m.source_stats is not None
-                               for f in m.source_stats.dead_letter_files))
+        failed = delete_data_files(self.job.file_io(), paths)
         log.warning(
             "table %s run %s: Spark write aborted, deleted %d of %d data files written by finished tasks",
             self.job.table_name, self.job.run_id, len(paths) - len(failed), len(paths),
         )
+
+
+def write_batches_as_data_files(job: SinkJob, batches: Iterable[pa.RecordBatch], task_id: int) -> list[DataFile]:
+    """Write `batches` as Parquet data files of the job's table (rolling over every `target_file_size_bytes`) and
+    return them, uncommitted. If anything fails, the files written so far are deleted before the error propagates.
+    `task_id` (the Spark partition id) goes into the file names."""
+    metadata = TableMetadataUtil.parse_raw(job.table_metadata_json)
+    io = load_file_io(dict(job.file_io_properties), metadata.location)
+    planner = _DataFilePlanner(job, metadata, task_id)
+    written: list[DataFile] = []
+    try:
+        for chunk in bin_pack_record_batches(planner.checked(batches), job.target_file_size_bytes):
+            tasks = planner.tasks_for(pa.Table.from_batches(chunk))
+            try:
+                # write_file maps tasks on a thread pool; list() waits for all of them before the next chunk.
+                written.extend(write_file(io, metadata, iter(tasks)))
+            except BaseException:
+                # Some files of the chunk may exist already; the names are known before writing.
+                delete_data_files(io, (planner.path_of(task) for task in tasks))
+                raise
+    except BaseException:
+        delete_data_files(io, (f.file_path for f in written))
+        raise
+    log.info("table %s run %s: task %d wrote %d data files (%d rows, %d bytes)", job.table_name, job.run_id, task_id,
+             len(written), sum(f.record_count for f in written), sum(f.file_size_in_bytes for f in written))
+    return written
 
 
 class _DataFilePlanner:
@@ -321,14 +319,19 @@ def _with_utc_timestamps(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def check_dataframe_schema(spark_schema: StructType, table: Table) -> None:
-    """Fail before any file is written if the DataFrame cannot be appended to the table.
+    """Fail before any file is written if the DataFrame cannot be appended to the table."""
+    # Spark hands TimestampType to Python as UTC instants (timestamptz); the zone name only affects the type.
+    check_arrow_schema(to_arrow_schema(spark_schema, timezone="UTC"), table, what="DataFrame")
 
-    Columns are matched by name. Spark marks most columns nullable even when they never hold nulls, so a required
-    table column only needs to be present here; nulls in it are caught per batch on the executors.
+
+def check_arrow_schema(arrow_schema: pa.Schema, table: Table, *, what: str = "Arrow schema") -> None:
+    """Fail before any file is written if rows of `arrow_schema` cannot be appended to the table.
+
+    Columns are matched by name. Spark (and our source, for invalid records) marks columns nullable even when the
+    written rows never hold nulls, so a required table column only needs to be present here; nulls in it are caught
+    per batch on the executors.
     """
     table_schema = table.schema()
-    # Spark hands TimestampType to Python as UTC instants (timestamptz); the zone name only affects the type.
-    arrow_schema = to_arrow_schema(spark_schema, timezone="UTC")
     unknown = [name for name in arrow_schema.names if name not in table_schema.column_names]
     if unknown:
         raise SinkSchemaError(f"table {_table_name(table)} has no columns {unknown}; evolve the table schema first")
@@ -337,7 +340,7 @@ def check_dataframe_schema(spark_schema: StructType, table: Table) -> None:
     try:
         _check_pyarrow_schema_compatible(table_schema, arrow_schema, format_version=table.format_version)
     except ValueError as exc:
-        raise SinkSchemaError(f"DataFrame does not fit table {_table_name(table)}: {exc}") from exc
+        raise SinkSchemaError(f"{what} does not fit table {_table_name(table)}: {exc}") from exc
 
 
 def write_data_files(
@@ -353,55 +356,17 @@ def write_data_files(
     fails, the files of finished tasks are deleted (`abort`) and `IcebergSinkError` is raised. A file size roll-over
     happens every `target_file_size_bytes` of in-memory Arrow data (pyiceberg's measure; Parquet on disk is smaller).
     """
-    messages = _write(df, table, run_id, target_file_size_bytes=target_file_size_bytes, kafscale_rows=False)
-    return [f for m in messages for f in m.data_files]
-
-
-def write_kafscale_rows(
-    df: DataFrame,
-    table: Table,
-    run_id: str,
-    *,
-    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES,
-    dead_letters: DeadLetterTarget | None = None,
-) -> list[IcebergAppendCommitMessage]:
-    """Like `write_data_files` for a DataFrame of the `kafscale` source, per Spark task.
-
-    Error markers and invalid records are not written; each message's `source_stats` says which offsets its files
-    hold, which segment stopped its Kafka partition and which records were held back, so the caller commits only
-    what is complete (and deletes the files of the rest). With `dead_letters`, the same tasks write the invalid
-    records as data files of the dead-letter table (`source_stats.dead_letter_files`, uncommitted).
-    """
-    return _write(df, table, run_id, target_file_size_bytes=target_file_size_bytes, kafscale_rows=True,
-                  dead_letters=dead_letters)
-
-
-def _write(df: DataFrame, table: Table, run_id: str, *, target_file_size_bytes: int,
-           kafscale_rows: bool, dead_letters: DeadLetterTarget | None = None) -> list[IcebergAppendCommitMessage]:
-    if target_file_size_bytes <= 0:
-        raise ValueError(f"target_file_size_bytes must be positive, got {target_file_size_bytes}")
-    data_file_prefix(run_id)  # validates the run id on the driver rather than in every task
-    written_schema = df.drop(*SOURCE_STATUS_COLUMNS).schema if kafscale_rows else df.schema
-    check_dataframe_schema(written_schema, table)
+    job = SinkJob.for_table(table, run_id, target_file_size_bytes)
+    check_dataframe_schema(df.schema, table)
     if df.sparkSession not in _sessions_with_sink:
         df.sparkSession.dataSource.register(IcebergAppendDataSource)
         _sessions_with_sink.add(df.sparkSession)
     with tempfile.TemporaryDirectory(prefix="kafscale-sink-") as staging_dir:
-        job = SinkJob(
-            table_name=_table_name(table),
-            table_metadata_json=_metadata_for_writers(table.metadata).model_dump_json(),
-            file_io_properties=file_io_properties(table),
-            run_id=run_id,
-            target_file_size_bytes=target_file_size_bytes,
-            staging_dir=staging_dir,
-            kafscale_rows=kafscale_rows,
-            dead_letters=dead_letters,
-        )
         try:
-            df.write.format(SINK_FORMAT).mode("append").options(**job.to_options()).save()
+            df.write.format(SINK_FORMAT).mode("append").options(**job.to_options(staging_dir)).save()
         except Exception as exc:
             raise IcebergSinkError(f"writing data files for table {job.table_name} (run {run_id}) failed: "
-                                   f"{_root_cause(exc)}") from exc
+                                   f"{root_cause(exc)}") from exc
         with (Path(staging_dir) / STAGED_MESSAGES).open("rb") as staged:
             messages: list[IcebergAppendCommitMessage] = pickle.load(staged)
     data_files = [f for m in messages for f in m.data_files]
@@ -410,10 +375,10 @@ def _write(df: DataFrame, table: Table, run_id: str, *, target_file_size_bytes: 
         job.table_name, run_id, len(data_files), sum(f.record_count for f in data_files),
         sum(f.file_size_in_bytes for f in data_files),
     )
-    return messages
+    return data_files
 
 
-def _root_cause(exc: BaseException) -> str:
+def root_cause(exc: BaseException) -> str:
     """The Python error raised in the executor, out of Spark's wrapping (last line of its traceback text)."""
     text = str(exc).strip()
     lines = [line for line in text.splitlines() if line.strip()]
@@ -423,12 +388,13 @@ def _root_cause(exc: BaseException) -> str:
     return lines[-1].strip() if lines else type(exc).__name__
 
 
-def _metadata_for_writers(metadata: TableMetadata) -> TableMetadata:
-    """Writers need schema, spec, properties and location, not the snapshot history (which only grows)."""
-    return metadata.model_copy(update={
+def writer_metadata_json(table: Table) -> str:
+    """The table metadata writers need (schema, spec, properties, location), without the snapshot history (which
+    only grows), as JSON for the executors."""
+    return table.metadata.model_copy(update={
         "snapshots": [], "snapshot_log": [], "metadata_log": [], "refs": {}, "current_snapshot_id": None,
         "statistics": [], "partition_statistics": [],
-    })
+    }).model_dump_json()
 
 
 def _table_name(table: Table) -> str:

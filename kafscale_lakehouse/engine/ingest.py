@@ -4,8 +4,9 @@
     result = ingest_mapping(context, config.mappings[0])
 
 A run: claim a lease per Kafka partition → start offsets from the table (etcd repaired from it) → plan whole
-completed segments up to the run's byte budget → one Spark job reads them (`kafscale` source) and writes Parquet
-data files (sink) → keep, per partition, only the files below the first segment that could not be read → one
+completed segments up to the run's byte budget → one Spark job reads them and writes Parquet data files
+(`ingest_job.run_ingest_job`: each task decodes its segments and writes its files, no record goes through the JVM)
+→ keep, per partition, only the files below the first segment that could not be read → one
 Iceberg commit that re-checks the start offsets → etcd offsets, fenced by the leases → leases released.
 A partition that cannot advance (corrupt segment, gap, lease held elsewhere) does not stop the others; the run then
 ends with `IngestFailedError` naming what is at fault, after committing what was complete.
@@ -25,7 +26,7 @@ from datetime import datetime, timedelta, timezone
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
@@ -38,13 +39,16 @@ from kafscale_lakehouse.engine.dead_letter import (
     split_dead_letter_files,
     stage_dead_letters,
 )
-from kafscale_lakehouse.engine.iceberg_sink import IcebergAppendCommitMessage, delete_data_files, write_kafscale_rows
+from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
+from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput, run_ingest_job
 from kafscale_lakehouse.engine.kafscale_source import (
     KafscaleReadOptions,
+    OffsetRange,
     SegmentErrorMode,
     SegmentReadFailure,
+    SegmentRunPartition,
     StoreOptions,
-    read_kafscale,
+    segment_run_partitions,
 )
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
 from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append, read_topic_offsets
@@ -236,7 +240,8 @@ class _PartitionPlan:
 
 @dataclass
 class PreparedIngest:
-    """Phase one of a run, done: leases held, offsets settled, segments planned, the (lazy) DataFrame to write.
+    """Phase one of a run, done: leases held, offsets settled, segments planned into the Spark job's input
+    partitions.
 
     Hand it to `commit_ingest` (which always releases the leases) or call `abort()`. The Dagster asset returns it and
     the IO manager commits it.
@@ -252,9 +257,12 @@ class PreparedIngest:
     plans: dict[int, _PartitionPlan]
     read_options: KafscaleReadOptions | None
 
-    def dataframe(self) -> DataFrame | None:
-        """The records to append (base + mapped columns + `_kafscale_invalid_reason`), None when nothing is pending."""
-        return None if self.read_options is None else read_kafscale(self.context.spark, self.read_options)
+    def input_partitions(self) -> list[SegmentRunPartition]:
+        """The planned segments in groups of at most `processor.target_file_size_bytes`: one Spark task each."""
+        max_bytes = self.context.config.processor.target_file_size_bytes
+        return [run for partition, plan in sorted(self.plans.items())
+                for run in segment_run_partitions(self.mapping.topic, partition, OffsetRange(plan.read_start, plan.end),
+                                                  plan.segments, max_bytes)]
 
     def abort(self) -> None:
         for lease in self.leases.values():
@@ -425,11 +433,10 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
              {p: f"{plan.read_start}..{plan.end} ({len(plan.segments)} segments)" for p, plan in plans.items()})
     write_started = time.monotonic()
     dead_letters = prepared.dead_letters
-    target = None if dead_letters is None else dead_letter_target(
-        dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes)
-    messages = write_kafscale_rows(prepared.dataframe(), table, run_id,
-                                   target_file_size_bytes=config.processor.target_file_size_bytes,
-                                   dead_letters=target)
+    target = None if dead_letters is None else (dead_letters, dead_letter_target(
+        dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes))
+    messages = run_ingest_job(context.spark, table, run_id, prepared.read_options, prepared.input_partitions(),
+                              target_file_size_bytes=config.processor.target_file_size_bytes, dead_letters=target)
     keep, drop, failures = _files_to_commit(messages, plans)
     for message in messages:
         stats = message.source_stats
@@ -494,7 +501,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
                     context.offsets.location, exc)
 
 
-def _files_to_commit(messages: list[IcebergAppendCommitMessage], plans: dict[int, _PartitionPlan]):
+def _files_to_commit(messages: list[IngestTaskOutput], plans: dict[int, _PartitionPlan]):
     """Split the written files into those below each partition's first failed segment (by Kafka partition) and
     the rest."""
     failures: dict[int, SegmentReadFailure] = {}
@@ -517,7 +524,7 @@ def _files_to_commit(messages: list[IcebergAppendCommitMessage], plans: dict[int
     return keep, drop, failures
 
 
-def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IcebergAppendCommitMessage]) -> None:
+def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestTaskOutput]) -> None:
     outcome, p = plan.outcome, plan.outcome.partition
     outcome.end_offset = end
     outcome.segments = sum(1 for s in plan.segments if s.base_offset < end)
@@ -531,7 +538,7 @@ def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IcebergAppendCo
         outcome.start_offset = plan.commit_start
 
 
-def _max_timestamp(messages: list[IcebergAppendCommitMessage], partition: int) -> int:
+def _max_timestamp(messages: list[IngestTaskOutput], partition: int) -> int:
     return max((m.source_stats.max_timestamp_ms[partition] for m in messages
                 if partition in m.source_stats.max_timestamp_ms), default=0)
 

@@ -457,8 +457,8 @@ def plan_read(store: SegmentStore, options: KafscaleReadOptions) -> ReadPlan:
                      store.location)
             continue
         ranges[partition] = resolved
-        input_partitions.extend(_coalesce(options.topic, partition, resolved, segments,
-                                          options.max_bytes_per_partition))
+        input_partitions.extend(segment_run_partitions(options.topic, partition, resolved, segments,
+                                                       options.max_bytes_per_partition))
     log.info("kafscale read of topic %s from %s: ranges %s in %d input partitions (%d segments, %d bytes)",
              options.topic, store.location, {p: str(r) for p, r in ranges.items()}, len(input_partitions),
              sum(len(p.segments) for p in input_partitions),
@@ -530,8 +530,10 @@ def _segments_from(store: SegmentStore, topic: str, partition: int, start: int,
     return listing.segments, listing.incomplete
 
 
-def _coalesce(topic: str, partition: int, offsets: OffsetRange, segments: list[SegmentRef],
-              max_bytes: int) -> list[SegmentRunPartition]:
+def segment_run_partitions(topic: str, partition: int, offsets: OffsetRange, segments: Sequence[SegmentRef],
+                           max_bytes: int) -> list[SegmentRunPartition]:
+    """Consecutive `segments` grouped into input partitions of at most `max_bytes` of segment bytes each (a larger
+    segment gets one of its own), each taking the offsets of `offsets` that its segments hold."""
     runs: list[list[SegmentRef]] = []
     run_bytes = 0
     for segment in segments:

@@ -1,6 +1,6 @@
-"""What one Spark write task saw of the `kafscale` source: the rows to write, and what must not be written.
+"""What one ingestion task saw of the `kafscale` source: the rows to write, and what must not be written.
 
-The sink writes rows of the `kafscale` source (one `SegmentRunPartition` per task, so one Kafka partition). Before
+An ingestion task (`engine/ingest_job.py`) writes the rows of one `SegmentRunPartition`, so one Kafka partition. Before
 the rows reach Parquet, error-marker rows (a segment that could not be read) and invalid records (a required mapped
 column missing or not coercible, or a value violating the topic's JSON Schema) are taken out and accounted for here,
 so the driver can decide what to commit: offsets up to the first failed segment, and nothing at all while invalid
@@ -40,7 +40,6 @@ from kafscale_lakehouse.engine.kafscale_source import (
 log = logging.getLogger(__name__)
 
 MAX_INVALID_SAMPLES = 20
-DEAD_LETTER_OPTION_PREFIX = "deadLetter."
 
 # The dead-letter table: each invalid record with its raw value, why it is invalid and which run held it back.
 DEAD_LETTER_SCHEMA = Schema(
@@ -93,7 +92,7 @@ class SourceTaskStats:
 
 @dataclass(frozen=True)
 class DeadLetterTarget:
-    """Where a run's tasks write dead-letter data files: carried to the executors in sink options.
+    """Where a run's tasks write dead-letter data files (pickled into the ingestion job's tasks).
 
     `file_name_prefix` is the run's data file prefix (`iceberg_sink.data_file_prefix`), so crash leftovers are found
     by the same cleanup as the table's own; `ingested_at_us` (UTC microseconds) is the same for every row of a run.
@@ -106,34 +105,6 @@ class DeadLetterTarget:
     file_name_prefix: str
     ingested_at_us: int
     target_file_size_bytes: int
-
-    def to_options(self) -> dict[str, str]:
-        # FileIO settings keep their own key names (`...io.s3.secret-access-key`) so Spark's redaction of option keys
-        # matching spark.redaction.regex hides the secrets in plans and logs, as for the sink's own FileIO options.
-        p = DEAD_LETTER_OPTION_PREFIX
-        options = {f"{p}table": self.table_name, f"{p}table_metadata": self.table_metadata_json,
-                   f"{p}run_id": self.run_id, f"{p}file_name_prefix": self.file_name_prefix,
-                   f"{p}ingested_at_us": str(self.ingested_at_us),
-                   f"{p}target_file_size_bytes": str(self.target_file_size_bytes)}
-        options.update({f"{p}io.{key}": value for key, value in self.file_io_properties.items()})
-        return options
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> DeadLetterTarget | None:
-        """The target in `options` (keys as `to_options` writes them, or lower-cased), None when there is none."""
-        values = {key.lower()[len(DEAD_LETTER_OPTION_PREFIX):]: value for key, value in options.items()
-                  if key.lower().startswith(DEAD_LETTER_OPTION_PREFIX.lower())}
-        if not values:
-            return None
-        required = ("table", "table_metadata", "run_id", "file_name_prefix", "ingested_at_us", "target_file_size_bytes")
-        missing = [DEAD_LETTER_OPTION_PREFIX + name for name in required if name not in values]
-        if missing:
-            raise ValueError(f"dead-letter sink options {missing} are missing; build them with DeadLetterTarget")
-        return cls(table_name=values["table"], table_metadata_json=values["table_metadata"],
-                   file_io_properties={k[len("io."):]: v for k, v in values.items() if k.startswith("io.")},
-                   run_id=values["run_id"], file_name_prefix=values["file_name_prefix"],
-                   ingested_at_us=int(values["ingested_at_us"]),
-                   target_file_size_bytes=int(values["target_file_size_bytes"]))
 
     def file_io(self) -> FileIO:
         location = TableMetadataUtil.parse_raw(self.table_metadata_json).location

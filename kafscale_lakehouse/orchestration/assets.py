@@ -1,8 +1,8 @@
 """One asset per mapping (the Iceberg table, partitioned by Kafka partition id) and its upstream observable source
 asset (the KafScale topic).
 
-The table asset only prepares the run (`engine.ingest.prepare_ingest`: leases, plans, the Spark DataFrame of the
-`kafscale` source); the IO manager (`io_manager.py`) writes and commits it. Several Kafka partitions materialize in
+The table asset only prepares the run (`engine.ingest.prepare_ingest`: leases, offsets, the planned segments); the
+IO manager (`io_manager.py`) writes and commits it. Several Kafka partitions materialize in
 one run (`BackfillPolicy.single_run`) and one Iceberg commit; the table's pool serializes runs on one table.
 """
 
@@ -81,6 +81,6 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
         partitions = sorted(kafka_partition_id(key) for key in context.partition_keys)
         context.log.info("topic %s → %s: preparing Kafka partitions %s", topic, table, partitions)
         engine = ingest_context(config, spark, segment_store, offset_store, iceberg_catalog)
-        return prepare_ingest(engine, mapping, partitions=partitions, run_id=context.run_id)
+        return prepare_ingest(engine, mapping, partitions=partitions, run_id=context.run.run_id)
 
     return ingest_table

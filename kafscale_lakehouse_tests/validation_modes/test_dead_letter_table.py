@@ -20,7 +20,7 @@ from kafscale_lakehouse.engine.dead_letter import (
     split_dead_letter_files,
     stage_dead_letters,
 )
-from kafscale_lakehouse.engine.iceberg_sink import IcebergAppendCommitMessage
+from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
 from kafscale_lakehouse.engine.kafscale_source import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
@@ -170,17 +170,6 @@ def test_files_roll_over_at_the_target_size_and_a_failed_task_deletes_its_own(tm
     assert splitter.stats.dead_letter_files == []
 
 
-def test_the_target_round_trips_through_spark_options(tmp_path):
-    catalog = load_catalog(CatalogSettings(type="sql", warehouse=str(tmp_path / "warehouse")))
-    target = dead_letter_target(open_dead_letter_table(catalog, "ns.t_dead_letters"), "run-g",
-                                target_file_size_bytes=1000)
-
-    spark_options = {key.lower(): value for key, value in target.to_options().items()}  # Spark lower-cases keys
-
-    assert DeadLetterTarget.from_options(spark_options) == target
-    assert DeadLetterTarget.from_options({"table": "x"}) is None
-
-
 def test_a_dead_letter_table_with_other_columns_is_refused_naming_it(tmp_path):
     catalog = load_catalog(CatalogSettings(type="sql", warehouse=str(tmp_path / "warehouse")))
     open_table(catalog, "ns.taken", schema=Schema(NestedField(1, "record_id", StringType(), required=True)),
@@ -190,10 +179,10 @@ def test_a_dead_letter_table_with_other_columns_is_refused_naming_it(tmp_path):
         open_dead_letter_table(catalog, "ns.taken")
 
 
-def _message(partition: int, first_invalid: int, files: list) -> IcebergAppendCommitMessage:
+def _message(partition: int, first_invalid: int, files: list) -> IngestTaskOutput:
     stats = SourceTaskStats(invalid_count=2, invalid_by_partition={partition: 2},
                             invalid_first_offset={partition: first_invalid}, dead_letter_files=files)
-    return IcebergAppendCommitMessage(spark_partition_id=0, data_files=(), source_stats=stats)
+    return IngestTaskOutput(task_id=0, data_files=(), source_stats=stats)
 
 
 def test_dead_letter_files_are_kept_only_for_offsets_the_run_commits():

@@ -1,10 +1,12 @@
 """Ingest runs in each schema.mode: invalid records to the dead-letter table exactly once, or the run fails.
 
-These run `ingest_mapping` end to end (kafscale source → sink → commit), so they need the dead-letter call sites in
-`engine/ingest.py` and `engine/iceberg_sink.py`.
+These run `ingest_mapping` end to end (the ingestion job's tasks write data and dead-letter files, then the commits).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import json
 
 import pytest
 from pyiceberg.table import Table
@@ -12,6 +14,7 @@ from pyiceberg.table import Table
 from kafscale_lakehouse.engine import ingest as ingest_module
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table
 from kafscale_lakehouse.engine.dead_letter import STAGED_SNAPSHOT_PROPERTY
+from kafscale_lakehouse.engine.iceberg_sink import IcebergSinkError
 from kafscale_lakehouse.engine.ingest import IngestContext, IngestFailedError, catalog_settings, ingest_mapping
 from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY
 from kafscale_lakehouse.schema.registry import SchemaNotFoundError
@@ -181,6 +184,36 @@ def test_a_run_stopped_before_the_table_commit_leaves_no_dead_letter_behind(embe
     world.assert_exactly_once(runs=1, expected={0: VALID_OFFSETS, 1: range(SEGMENT_RECORDS)})
     assert dead_letter_offsets(dead_letter_table(world)) == INVALID_OFFSETS  # the second run's, once
     assert result.dead_letter_snapshot_id is not None
+
+
+def test_a_task_that_fails_fails_the_run_and_no_data_file_of_any_task_is_left(embedded_world, registry, spark,
+                                                                              monkeypatch):
+    """Partition 0's task fails writing its dead letters (their storage is unreachable) while partition 1's task
+    writes its data files: the job fails naming the table, and the files of both tasks are gone."""
+    world = embedded_world
+    serve_schema(registry, world.topic)
+    write_faulty_topic(world)
+    config = validated_config(world, registry.base_url, "lenient")
+    real_target = ingest_module.dead_letter_target
+
+    def unreachable_target(*args, **kwargs):
+        target = real_target(*args, **kwargs)
+        metadata = json.loads(target.table_metadata_json)
+        metadata["location"] = "s3://unreachable/dead_letters"
+        return dataclasses.replace(target, table_metadata_json=json.dumps(metadata), file_io_properties={
+            "s3.endpoint": "http://127.0.0.1:9", "s3.region": "us-east-1", "s3.access-key-id": "k",
+            "s3.secret-access-key": "s", "s3.connect-timeout": "1", "s3.request-timeout": "1"})
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ingest_module, "dead_letter_target", unreachable_target)
+        with pytest.raises(IcebergSinkError, match=rf"table {world.table_name} \(run [0-9a-f]+\) failed"):
+            run(world, config, spark)
+
+    assert world.our_snapshots() == []
+    assert world.table_data_files() == set()
+    result = run(world, config, spark)  # leases were released; the next run lands everything
+    world.assert_exactly_once(runs=1, expected={0: VALID_OFFSETS, 1: range(SEGMENT_RECORDS)})
+    assert result.invalid_count == len(INVALID_OFFSETS)
 
 
 def test_registry_columns_shape_the_table(embedded_world, registry, spark):
