@@ -319,6 +319,7 @@ class MappingConfig(_ConfigModel):
     table_properties: StringMap = Field(default_factory=dict)  # extension
     dead_letter_table: str | None = None  # extension: where lenient validation puts invalid records
     allow_gaps: bool | None = None  # extension; resolved to processor.allow_gaps when not set
+    freshness_max_lag_records: PositiveInt = 10_000  # extension: the freshness check warns above this lag
 
     @property
     def columns(self) -> list[ColumnConfig]:

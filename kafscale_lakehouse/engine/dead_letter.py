@@ -43,7 +43,7 @@ from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, 
 from kafscale_lakehouse.engine.iceberg_sink import data_file_prefix, file_io_properties, writer_metadata_json
 from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
 from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
-from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, _append_without_client_retries
+from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, append_without_client_retries
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ def publish_dead_letters(table: Table, staged: StagedDeadLetters, *, source_snap
                       SOURCE_SNAPSHOT_PROPERTY: str(source_snapshot_id)}
         try:
             with catalog_errors(endpoint):
-                _append_without_client_retries(table, _added_files(table, staged_snapshot), properties)
+                append_without_client_retries(table, _added_files(table, staged_snapshot), properties)
         except CommitFailedException as exc:
             if attempt == max_attempts:
                 raise DeadLetterError(f"dead-letter table {table_name}: publishing staged snapshot "

@@ -166,7 +166,7 @@ def commit_append(
             raise OffsetConflictError(table_name, topic, partition, start_offsets[partition], committed_offset)
         properties = {**offsets_summary_properties(committed, topic, end_offsets), **markers}
         try:
-            _append_without_client_retries(table, data_files, properties)
+            append_without_client_retries(table, data_files, properties)
             snapshot_id = table.metadata.current_snapshot_id
         except CommitFailedException as exc:
             if attempt == max_attempts:
@@ -285,7 +285,7 @@ def _first_conflict(committed: Mapping[int, int], start_offsets: Mapping[int, in
     return None
 
 
-def _append_without_client_retries(table: Table, data_files: Sequence[DataFile], properties: dict[str, str]) -> None:
+def append_without_client_retries(table: Table, data_files: Sequence[DataFile], properties: dict[str, str]) -> None:
     """One fast append; on success `table` holds the catalog's new metadata.
 
     pyiceberg retries a conflicting commit by itself, re-applying the append on the new metadata with the old

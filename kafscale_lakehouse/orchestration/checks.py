@@ -46,7 +46,6 @@ RECORD_ID_UNIQUE = "record_id_unique"
 OFFSETS_CONTIGUOUS = "offsets_contiguous"
 FRESHNESS = "freshness"
 CHECK_NAMES = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS)
-DEFAULT_MAX_LAG_RECORDS = 10_000
 SAMPLE_SIZE = 20
 
 
@@ -308,9 +307,9 @@ def _table_or_none(catalog: IcebergCatalogResource, identifier: str) -> Table | 
         return None
 
 
-def build_table_checks(config: LakehouseConfig, mapping: MappingConfig,
-                       max_lag_records: int = DEFAULT_MAX_LAG_RECORDS) -> list[dg.AssetChecksDefinition]:
+def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[dg.AssetChecksDefinition]:
     """The four checks of a mapping's table asset."""
+    max_lag_records = mapping.freshness_max_lag_records
     asset_key = table_asset_key(mapping.table)
     topic, table_name = mapping.topic, mapping.table
     no_table = dg.AssetCheckResult(passed=True, description=f"table {table_name} does not exist yet")

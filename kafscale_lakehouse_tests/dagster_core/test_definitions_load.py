@@ -62,6 +62,14 @@ def test_demo_config_loads_one_asset_per_mapping_with_its_checks_job_and_sensor(
     assert [sensor.job_name for sensor in definitions.sensors] == [job.name]
 
 
+def test_the_freshness_threshold_comes_from_the_mapping(demo_config_path):
+    edited_demo_config(demo_config_path, lambda d: d["mappings"][0].update(freshness_max_lag_records=250))
+
+    freshness = dg.AssetCheckKey(DEMO_TABLE_KEY, "freshness")
+    descriptions = [s.description for d in defs().asset_checks or [] for s in d.check_specs if s.key == freshness]
+    assert descriptions == ["Lag behind the broker watermark; warns above 250 records."]
+
+
 def test_production_config_loads_against_the_servers_and_keeps_secrets_out_of_resource_config(production_world):
     world = production_world
     world.write_segments(0, 10, records_per_segment=10)

@@ -22,7 +22,7 @@ def test_commit_conflicting_with_another_writer_is_retried(production_world, spa
     world = production_world
     world.write_segments(0, 80, records_per_segment=40)
     world.write_segments(1, 40, records_per_segment=40)
-    real_append = table_offsets._append_without_client_retries
+    real_append = table_offsets.append_without_client_retries
     appends = []
 
     def another_writer_commits_first(table, data_files, properties):
@@ -33,7 +33,7 @@ def test_commit_conflicting_with_another_writer_is_retried(production_world, spa
         appends.append(properties)
         return real_append(table, data_files, properties)
 
-    monkeypatch.setattr(table_offsets, "_append_without_client_retries", another_writer_commits_first)
+    monkeypatch.setattr(table_offsets, "append_without_client_retries", another_writer_commits_first)
     [result] = ingest(world.config(), spark)
 
     assert len(appends) == 2, "the first attempt conflicted and was retried"
