@@ -14,8 +14,10 @@ wrote; a task that fails deletes its own files before it re-raises.
 Data file names start with `data_file_prefix(run_id)` so that files left by a crash can be found and removed
 (`table_offsets.cleanup_uncommitted_files`).
 
-Relies on pyiceberg's private writer helpers in `pyiceberg.io.pyarrow` (`write_file`, `bin_pack_record_batches`,
-`_determine_partitions`, `_check_pyarrow_schema_compatible`): pyiceberg is pinned and the tests pin this behaviour.
+Relies on pyiceberg's writer internals in `pyiceberg.io.pyarrow` (`ParquetFormatWriter` and its `_fos`,
+`_to_requested_schema`, `bin_pack_record_batches`, `_determine_partitions`, `_check_pyarrow_schema_compatible`): a
+rolling writer that closes a file at its on-disk target size is what `write_file` does not offer yet (iceberg-python
+#2998): pyiceberg is pinned and the tests pin this behaviour.
 """
 
 from __future__ import annotations
@@ -32,17 +34,24 @@ from pathlib import Path
 
 import pyarrow as pa
 from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.io import OutputFile
 from pyiceberg.io.pyarrow import (
+    FileFormatFactory,
+    ParquetFormatWriter,
     _check_pyarrow_schema_compatible,
     _determine_partitions,
+    _to_requested_schema,
     bin_pack_record_batches,
     pyarrow_to_schema,
-    write_file,
 )
-from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, WriteTask
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionKey
+from pyiceberg.schema import sanitize_column_names
+from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE, Table
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
+from pyiceberg.table.metadata import TableMetadataUtil
+from pyiceberg.typedef import Record
+from pyiceberg.utils.config import Config
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
@@ -170,16 +179,6 @@ class IcebergAppendCommitMessage(WriterCommitMessage):
     data_files: tuple[DataFile, ...]
 
 
-@dataclass(frozen=True)
-class _PrefixedWriteTask(WriteTask):
-    """pyiceberg's write task with our file name: `kafscale-<run>-<spark partition>-<seq>-<uuid>.parquet`."""
-
-    file_name_prefix: str = ""
-
-    def generate_data_file_filename(self, extension: str) -> str:
-        return f"{self.file_name_prefix}{self.task_id:05d}-{self.write_uuid}.{extension}"
-
-
 class IcebergAppendDataSource(DataSource):
     """Append-only Iceberg sink; use `write_data_files`, which sets the options and collects the files."""
 
@@ -219,49 +218,71 @@ class IcebergAppendWriter(DataSourceArrowWriter):
 
 
 def write_batches_as_data_files(job: SinkJob, batches: Iterable[pa.RecordBatch], task_id: int) -> list[DataFile]:
-    """Write `batches` as Parquet data files of the job's table (rolling over every `target_file_size_bytes`) and
-    return them, uncommitted. If anything fails, the files written so far are deleted before the error propagates.
-    `task_id` (the Spark partition id) goes into the file names."""
-    metadata = TableMetadataUtil.parse_raw(job.table_metadata_json)
-    io = load_file_io(dict(job.file_io_properties), metadata.location)
-    planner = _DataFilePlanner(job, metadata, task_id)
-    written: list[DataFile] = []
+    """Write `batches` as Parquet data files of the job's table and return them, uncommitted.
+
+    A file rolls over once it holds `target_file_size_bytes` on disk (Iceberg's meaning of the target size), one
+    open file per partition value; batches are written in row groups of at most `ROW_GROUP_ARROW_BYTES` of Arrow
+    data, so memory stays bounded whatever the file size. If anything fails, the files written so far are deleted
+    before the error propagates. `task_id` (the Spark partition id) goes into the file names.
+    """
+    files = _RollingDataFiles(job, task_id)
     try:
-        for chunk in bin_pack_record_batches(planner.checked(batches), job.target_file_size_bytes):
-            tasks = planner.tasks_for(pa.Table.from_batches(chunk))
-            try:
-                # write_file maps tasks on a thread pool; list() waits for all of them before the next chunk.
-                written.extend(write_file(io, metadata, iter(tasks)))
-            except BaseException:
-                # Some files of the chunk may exist already; the names are known before writing.
-                delete_data_files(io, (planner.path_of(task) for task in tasks))
-                raise
+        for chunk in bin_pack_record_batches(files.checked(batches), files.chunk_bytes):
+            files.write(pa.Table.from_batches(chunk))
+        written = files.close()
     except BaseException:
-        delete_data_files(io, (f.file_path for f in written))
+        files.discard()
         raise
     log.info("table %s run %s: task %d wrote %d data files (%d rows, %d bytes)", job.table_name, job.run_id, task_id,
              len(written), sum(f.record_count for f in written), sum(f.file_size_in_bytes for f in written))
     return written
 
 
-class _DataFilePlanner:
-    """Turns Arrow chunks into pyiceberg write tasks for one Spark task."""
+_PARQUET = FileFormatFactory.get(FileFormat.PARQUET)
+# Arrow bytes handed to one Parquet write call (one row group or more); bounds a task's memory, not the file size.
+ROW_GROUP_ARROW_BYTES = 64 * 1024 * 1024
 
-    def __init__(self, job: SinkJob, metadata: TableMetadata, spark_partition_id: int):
+
+class _SizedParquetWriter(ParquetFormatWriter):
+    """pyiceberg's Parquet writer (field ids, column statistics), telling how many bytes it has written so far."""
+
+    def bytes_written(self) -> int:
+        return 0 if self._fos is None else self._fos.tell()
+
+
+@dataclass
+class _OpenDataFile:
+    path: str
+    output: OutputFile
+    writer: _SizedParquetWriter
+    partition_key: PartitionKey | None
+
+
+class _RollingDataFiles:
+    """One task's data files: one open Parquet file per partition value, closed when it reaches the target size."""
+
+    def __init__(self, job: SinkJob, task_id: int):
         self._job = job
-        self._metadata = metadata
-        self._schema = metadata.schema()
-        self._spec = metadata.spec()
-        self._location_provider = load_location_provider(metadata.location, metadata.properties)
+        self._metadata = TableMetadataUtil.parse_raw(job.table_metadata_json)
+        self._io = load_file_io(dict(job.file_io_properties), self._metadata.location)
+        self._schema = self._metadata.schema()
+        sanitized = sanitize_column_names(self._schema)
+        self._file_schema = sanitized if sanitized != self._schema else self._schema
+        self._spec = self._metadata.spec()
+        self._location_provider = load_location_provider(self._metadata.location, self._metadata.properties)
         self._write_uuid = uuid.uuid4()  # differs per task attempt, so a retried task never reuses a name
-        self._file_name_prefix = f"{data_file_prefix(job.run_id)}{spark_partition_id:05d}-"
-        self._spark_partition_id = spark_partition_id
+        self._file_name_prefix = f"{data_file_prefix(job.run_id)}{task_id:05d}-"
+        self._task_id = task_id
         self._sequence = 0
         self._required_columns = [f.name for f in self._schema.fields if f.required]
+        self._downcast_ns = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
+        self._open: dict[str, _OpenDataFile] = {}
+        self._written: list[DataFile] = []
+        # Small targets (tests) roll over within a few row groups rather than after one large one.
+        self.chunk_bytes = max(1, min(ROW_GROUP_ARROW_BYTES, job.target_file_size_bytes))
 
     def checked(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Non-empty batches no larger than the target file size, after checking required columns for nulls."""
-        target = self._job.target_file_size_bytes
+        """Non-empty batches no larger than a chunk, after checking required columns for nulls."""
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -271,39 +292,73 @@ class _DataFilePlanner:
                 if column.null_count:
                     raise RequiredColumnNullError(
                         f"table {self._job.table_name}: required column {name!r} has {column.null_count} null "
-                        f"values in Spark partition {self._spark_partition_id} (run {self._job.run_id})"
+                        f"values in Spark partition {self._task_id} (run {self._job.run_id})"
                     )
-            # Spark hands over up to 10,000 rows per batch; slicing (zero-copy) lets a file roll over mid-batch.
-            rows_per_slice = max(1, batch.num_rows * target // max(batch.nbytes, 1))
+            # Slicing (zero-copy) keeps each write call, and so the memory it needs, under one chunk.
+            rows_per_slice = max(1, batch.num_rows * self.chunk_bytes // max(batch.nbytes, 1))
             for offset in range(0, batch.num_rows, rows_per_slice):
                 yield batch.slice(offset, rows_per_slice)
 
-    def tasks_for(self, chunk: pa.Table) -> list[_PrefixedWriteTask]:
-        task_schema = pyarrow_to_schema(
-            chunk.schema, name_mapping=self._schema.name_mapping, format_version=self._metadata.format_version
-        )
+    def write(self, chunk: pa.Table) -> None:
+        task_schema = pyarrow_to_schema(chunk.schema, name_mapping=self._schema.name_mapping,
+                                        format_version=self._metadata.format_version)
         if self._spec.is_unpartitioned():
             parts = [(None, chunk)]
         else:
             parts = [(p.partition_key, p.arrow_table_partition)
                      for p in _determine_partitions(spec=self._spec, schema=self._schema, arrow_table=chunk)]
-        tasks = []
-        for partition_key, table in parts:
-            tasks.append(_PrefixedWriteTask(
-                write_uuid=self._write_uuid,
-                task_id=self._sequence,
-                schema=task_schema,
-                record_batches=table.to_batches(),
-                partition_key=partition_key,
-                file_name_prefix=self._file_name_prefix,
-            ))
-            self._sequence += 1
-        return tasks
+        for partition_key, rows in parts:
+            batches = [_to_requested_schema(requested_schema=self._file_schema, file_schema=task_schema, batch=batch,
+                                            downcast_ns_timestamp_to_us=self._downcast_ns, include_field_ids=True,
+                                            format_model=_PARQUET)
+                       for batch in rows.to_batches()]
+            key = partition_key.to_path() if partition_key is not None else ""
+            data_file = self._open.get(key) or self._new_file(key, partition_key)
+            data_file.writer.write(pa.Table.from_batches(batches))
+            if data_file.writer.bytes_written() >= self._job.target_file_size_bytes:
+                self._finish(key)
 
-    def path_of(self, task: _PrefixedWriteTask) -> str:
-        return self._location_provider.new_data_location(
-            data_file_name=task.generate_data_file_filename("parquet"), partition_key=task.partition_key
-        )
+    def close(self) -> list[DataFile]:
+        for key in list(self._open):
+            self._finish(key)
+        return self._written
+
+    def discard(self) -> None:
+        """Delete every file this task started (the task failed)."""
+        for data_file in self._open.values():
+            try:
+                data_file.writer.close()
+            except Exception:  # noqa: BLE001 - the file is deleted below either way
+                pass
+        delete_data_files(self._io, [f.file_path for f in self._written] + [f.path for f in self._open.values()])
+        self._open.clear()
+        self._written = []
+
+    def _new_file(self, key: str, partition_key: PartitionKey | None) -> _OpenDataFile:
+        name = f"{self._file_name_prefix}{self._sequence:05d}-{self._write_uuid}.parquet"
+        self._sequence += 1
+        path = self._location_provider.new_data_location(data_file_name=name, partition_key=partition_key)
+        output = self._io.new_output(path)
+        self._open[key] = _OpenDataFile(path, output,
+                                        _SizedParquetWriter(output, self._file_schema, self._metadata.properties),
+                                        partition_key)
+        return self._open[key]
+
+    def _finish(self, key: str) -> None:
+        data_file = self._open.pop(key)
+        statistics = data_file.writer.close()
+        self._written.append(DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=data_file.path,
+            file_format=FileFormat.PARQUET,
+            partition=data_file.partition_key.partition if data_file.partition_key else Record(),
+            file_size_in_bytes=len(data_file.output),
+            sort_order_id=None,
+            spec_id=self._metadata.default_spec_id,
+            equality_ids=None,
+            key_metadata=None,
+            **statistics.to_serialized_dict(),
+        ))
 
 
 def _with_utc_timestamps(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -353,8 +408,8 @@ def write_data_files(
     """Write `df` as data files of `table` (one Spark job) and return them, uncommitted.
 
     Commit them with `table_offsets.commit_append`, which deletes them if the commit is refused. If the Spark job
-    fails, the files of finished tasks are deleted (`abort`) and `IcebergSinkError` is raised. A file size roll-over
-    happens every `target_file_size_bytes` of in-memory Arrow data (pyiceberg's measure; Parquet on disk is smaller).
+    fails, the files of finished tasks are deleted (`abort`) and `IcebergSinkError` is raised. A file rolls over once
+    it holds `target_file_size_bytes` on disk.
     """
     job = SinkJob.for_table(table, run_id, target_file_size_bytes)
     check_dataframe_schema(df.schema, table)
