@@ -40,7 +40,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, open_table
-from kafscale_lakehouse.engine.iceberg_sink import data_file_prefix, file_io_properties, writer_metadata_json
+from kafscale_lakehouse.engine.iceberg_sink import SinkJob
 from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
 from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, append_without_client_retries
@@ -102,15 +102,8 @@ def dead_letter_target(table: Table, run_id: str, *, target_file_size_bytes: int
                        ingested_at: datetime | None = None) -> DeadLetterTarget:
     """What the run's Spark tasks need to write dead-letter files of `table` (`ingested_at` defaults to now)."""
     ingested_at = ingested_at or datetime.now(timezone.utc)
-    return DeadLetterTarget(
-        table_name=".".join(table.name()),
-        table_metadata_json=writer_metadata_json(table),
-        file_io_properties=file_io_properties(table),
-        run_id=run_id,
-        file_name_prefix=data_file_prefix(run_id),
-        ingested_at_us=int(ingested_at.timestamp() * 1_000_000),
-        target_file_size_bytes=target_file_size_bytes,
-    )
+    return DeadLetterTarget(sink=SinkJob.for_table(table, run_id, target_file_size_bytes),
+                            ingested_at_us=int(ingested_at.timestamp() * 1_000_000))
 
 
 @dataclass(frozen=True)

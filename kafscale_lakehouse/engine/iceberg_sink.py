@@ -225,7 +225,7 @@ def write_batches_as_data_files(job: SinkJob, batches: Iterable[pa.RecordBatch],
     data, so memory stays bounded whatever the file size. If anything fails, the files written so far are deleted
     before the error propagates. `task_id` (the Spark partition id) goes into the file names.
     """
-    files = _RollingDataFiles(job, task_id)
+    files = RollingDataFiles(job, task_id)
     try:
         for chunk in bin_pack_record_batches(files.checked(batches), files.chunk_bytes):
             files.write(pa.Table.from_batches(chunk))
@@ -258,8 +258,9 @@ class _OpenDataFile:
     partition_key: PartitionKey | None
 
 
-class _RollingDataFiles:
-    """One task's data files: one open Parquet file per partition value, closed when it reaches the target size."""
+class RollingDataFiles:
+    """One task's data files of one table: one open Parquet file per partition value, closed when it reaches the
+    target size. `write` Arrow tables of the table's columns, then `close()` for the files, or `discard()`."""
 
     def __init__(self, job: SinkJob, task_id: int):
         self._job = job

@@ -14,20 +14,18 @@ the target on the driver and commits those files.
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.io import FileIO, load_file_io
-from pyiceberg.io.pyarrow import pyarrow_to_schema, schema_to_pyarrow, write_file
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
-from pyiceberg.table import WriteTask
-from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
+from kafscale_lakehouse.engine.iceberg_sink import RollingDataFiles, SinkJob
 from kafscale_lakehouse.engine.kafscale_source import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
@@ -92,52 +90,24 @@ class SourceTaskStats:
 
 @dataclass(frozen=True)
 class DeadLetterTarget:
-    """Where a run's tasks write dead-letter data files (pickled into the ingestion job's tasks).
+    """Where a run's tasks write dead-letter data files (pickled into the ingestion job's tasks): the dead-letter
+    table's sink job, whose run id names the files like the table's own (so crash leftovers are found by the same
+    cleanup), and `ingested_at_us` (UTC microseconds), the same for every row of a run."""
 
-    `file_name_prefix` is the run's data file prefix (`iceberg_sink.data_file_prefix`), so crash leftovers are found
-    by the same cleanup as the table's own; `ingested_at_us` (UTC microseconds) is the same for every row of a run.
-    """
-
-    table_name: str
-    table_metadata_json: str
-    file_io_properties: Mapping[str, str] = field(repr=False)
-    run_id: str
-    file_name_prefix: str
+    sink: SinkJob
     ingested_at_us: int
-    target_file_size_bytes: int
 
     def file_io(self) -> FileIO:
-        location = TableMetadataUtil.parse_raw(self.table_metadata_json).location
-        return load_file_io(dict(self.file_io_properties), location)
-
-
-@dataclass(frozen=True)
-class _DeadLetterWriteTask(WriteTask):
-    """pyiceberg's write task named like the sink's files: `<run prefix><spark partition>-<seq>-<uuid>.parquet`."""
-
-    file_name_prefix: str = ""
-
-    def generate_data_file_filename(self, extension: str) -> str:
-        return f"{self.file_name_prefix}{self.task_id:05d}-{self.write_uuid}.{extension}"
+        return self.sink.file_io()
 
 
 class DeadLetterFileWriter:
-    """Turns one task's invalid records into dead-letter rows and writes them as Parquet data files of the
-    dead-letter table, a file each time `target_file_size_bytes` of rows are buffered and at `close()`."""
+    """Turns one task's invalid records into dead-letter rows, written as Parquet data files of the dead-letter
+    table as they come (`RollingDataFiles`)."""
 
-    def __init__(self, target: DeadLetterTarget, spark_partition_id: int):
+    def __init__(self, target: DeadLetterTarget, task_id: int):
         self._target = target
-        self._metadata = TableMetadataUtil.parse_raw(target.table_metadata_json)
-        self._io = target.file_io()
-        self._task_schema = pyarrow_to_schema(_DEAD_LETTER_ARROW_SCHEMA,
-                                              name_mapping=self._metadata.schema().name_mapping,
-                                              format_version=self._metadata.format_version)
-        self._file_name_prefix = f"{target.file_name_prefix}{spark_partition_id:05d}-"
-        self._write_uuid = uuid.uuid4()  # differs per task attempt, so a retried task never reuses a name
-        self._pending: list[pa.RecordBatch] = []
-        self._pending_bytes = 0
-        self._sequence = 0
-        self.files: list[DataFile] = []
+        self._files = RollingDataFiles(target.sink, task_id)
 
     def add(self, invalid: pa.RecordBatch) -> None:
         """`invalid`: source rows with a non-null `_kafscale_invalid_reason`."""
@@ -148,48 +118,28 @@ class DeadLetterFileWriter:
                                                        "value")},
             "error": invalid.column(INVALID_REASON_COLUMN),
             "schema_path": invalid.column(INVALID_SCHEMA_PATH_COLUMN) if has_schema_paths else pa.nulls(rows),
-            "run_id": pa.repeat(self._target.run_id, rows),
+            "run_id": pa.repeat(self._target.sink.run_id, rows),
             "ingested_at": pa.repeat(pa.scalar(self._target.ingested_at_us, pa.int64()), rows),
         }
-        # Spark may hand over large or differently-zoned variants of these types; the table's are fixed.
-        batch = pa.RecordBatch.from_arrays([columns[f.name].cast(f.type) for f in _DEAD_LETTER_ARROW_SCHEMA],
-                                           schema=_DEAD_LETTER_ARROW_SCHEMA)
-        self._pending.append(batch)
-        self._pending_bytes += batch.nbytes
-        if self._pending_bytes >= self._target.target_file_size_bytes:
-            self._flush()
+        # The source's large or differently-zoned variants of these types; the table's are fixed.
+        self._files.write(pa.Table.from_arrays([columns[f.name].cast(f.type) for f in _DEAD_LETTER_ARROW_SCHEMA],
+                                               schema=_DEAD_LETTER_ARROW_SCHEMA))
 
     def close(self) -> list[DataFile]:
-        self._flush()
-        return self.files
+        return self._files.close()
 
     def discard(self) -> None:
-        """Delete every file written so far (the task failed); a file that cannot be deleted is left to cleanup."""
-        for data_file in self.files:
-            try:
-                self._io.delete(data_file.file_path)
-            except Exception:  # noqa: BLE001 - keep deleting the rest; orphan cleanup removes it later
-                log.warning("could not delete dead-letter data file %s of table %s", data_file.file_path,
-                            self._target.table_name, exc_info=True)
-        self.files = []
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        task = _DeadLetterWriteTask(write_uuid=self._write_uuid, task_id=self._sequence, schema=self._task_schema,
-                                    record_batches=self._pending, file_name_prefix=self._file_name_prefix)
-        self._sequence += 1
-        self.files.extend(write_file(self._io, self._metadata, iter([task])))
-        self._pending, self._pending_bytes = [], 0
+        """Delete every file written so far (the task failed)."""
+        self._files.discard()
 
 
 class SourceRowSplitter:
     """Filters a task's Arrow batches down to the valid records (without the status columns) and keeps stats;
     with a dead-letter target, writes the invalid records to dead-letter data files (`stats.dead_letter_files`)."""
 
-    def __init__(self, dead_letters: DeadLetterTarget | None = None, spark_partition_id: int = 0) -> None:
+    def __init__(self, dead_letters: DeadLetterTarget | None = None, task_id: int = 0) -> None:
         self.stats = SourceTaskStats()
-        self._dead_letters = DeadLetterFileWriter(dead_letters, spark_partition_id) if dead_letters else None
+        self._dead_letters = DeadLetterFileWriter(dead_letters, task_id) if dead_letters else None
 
     def rows_to_write(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The valid rows; once `batches` is exhausted, the dead-letter files are closed into the stats."""

@@ -90,7 +90,7 @@ def _commit_rows(table, ranges: dict[int, tuple[int, int]], run_id: str, *, star
 
 def _stage_dead_letters(dead_letters, run_id: str):
     target = dead_letter_target(dead_letters, run_id, target_file_size_bytes=1 << 20)
-    writer = DeadLetterFileWriter(target, spark_partition_id=0)
+    writer = DeadLetterFileWriter(target, task_id=0)
     invalid = pa.RecordBatch.from_pylist(
         [{"record_id": f"{TOPIC}:0:{30 + i}", "topic": TOPIC, "partition": 0, "offset": 30 + i, "timestamp_ms": 30 + i,
           "value": f'{{"n": {i}}}'.encode(), INVALID_REASON_COLUMN: error, INVALID_SCHEMA_PATH_COLUMN: path}

@@ -66,7 +66,7 @@ def source_batches(tmp_path) -> list[pa.RecordBatch]:
 
 
 def split(batches: list[pa.RecordBatch], target: DeadLetterTarget | None) -> tuple[SourceRowSplitter, pa.Table]:
-    splitter = SourceRowSplitter(target, spark_partition_id=3)
+    splitter = SourceRowSplitter(target, task_id=3)
     valid = pa.Table.from_batches(list(splitter.rows_to_write(batches)))
     return splitter, valid
 
