@@ -210,6 +210,21 @@ def run_report(config_path: str | None, *, table: str, output: str) -> int:
     return 0
 
 
+def run_serve_metrics_command(config_path: str | None, *, address: str | None) -> int:
+    """Serve /metrics, /healthz and /readyz until SIGTERM or Ctrl-C (kafscale_lakehouse/metrics.py)."""
+    from kafscale_lakehouse.config import load_config
+    from kafscale_lakehouse.metrics import resolve_metrics_address, serve_metrics
+
+    host, port = resolve_metrics_address(address)
+    config = load_config(config_path)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        serve_metrics(config, host, port)
+    except (KeyboardInterrupt, SystemExit):
+        log.info("serve-metrics stopped")
+    return 0
+
+
 def _exit_on_sigterm(signum, frame):  # noqa: ANN001 - signal handler signature
     raise SystemExit(128 + signum)
 
@@ -250,6 +265,14 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("--config", default=None,
                         help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
     report.add_argument("--output", default="report.html", help="HTML file to write (default: report.html)")
+
+    serve_metrics = commands.add_parser(
+        "serve-metrics", help="serve the Go processor's Prometheus metrics (read from etcd and the catalog), "
+                              "/healthz and /readyz")
+    serve_metrics.add_argument("--config", default=None,
+                               help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
+    serve_metrics.add_argument("--address", default=None,
+                               help="HOST:PORT or :PORT to listen on (default: $KAFSCALE_METRICS_ADDR, then :9093)")
     return parser
 
 
@@ -267,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo_producer_command(args)
         if args.command == "report":
             return run_report(args.config, table=args.table, output=args.output)
+        if args.command == "serve-metrics":
+            return run_serve_metrics_command(args.config, address=args.address)
     except (CommandError, SegmentFormatError, StorageError, OSError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,534 @@
+"""`kafscale-lakehouse serve-metrics`: the Go iceberg-processor's Prometheus metrics and health endpoints.
+
+KafScale's Go processor counts in its own long-running process. Here ingestion runs in Dagster run pods (or
+`kafscale-lakehouse ingest`) that come and go, so this small process derives every series from durable state when
+Prometheus scrapes it, under the Go processor's names and labels, and dashboards built for it keep working:
+
+| series | from |
+|---|---|
+| `kafscale_processor_records_total{topic,result="written"}` | sum of `added-records` of our snapshots |
+| `kafscale_processor_records_total{topic,result="invalid"}` | sum of `kafscale.dead-letter.records` of our snapshots |
+| `kafscale_processor_records_total{topic,result="dropped"}` | always 0 (see below) |
+| `kafscale_processor_batches_total{topic}` | number of our snapshots (one per commit, as Go counts a write + commit) |
+| `kafscale_processor_write_latency_ms{topic}` | histogram of `kafscale.write-latency-ms` of our snapshots |
+| `kafscale_processor_last_offset{topic,partition}` | last committed offset in etcd / the offsets store |
+| `kafscale_processor_watermark_offset{topic,partition}` | the same (Go sets both to the last committed offset) |
+| `kafscale_processor_watermark_timestamp_ms{topic,partition}` | commit time of that offset (`updated_at`) |
+| `kafscale_processor_lag{topic,partition}` | our addition: broker `next_offset` - committed next offset |
+| `kafscale_processor_errors_total{stage}` | this process's failures to read state (`checkpoint`, `sink`) |
+
+"Our snapshots" are those of the mapping's table (current snapshot and its ancestors) whose summary carries
+`kafscale.offsets.<topic>`; compaction and other engines' snapshots do not. Snapshot summaries are in the table
+metadata, so a scrape costs one catalog `load_table` per mapping and no manifest reads. Each snapshot is counted
+once by id, so the counters never go down when old snapshots expire; a restarted `serve-metrics` starts again from
+the snapshots still in the table's history (older snapshots written by the Go processor carry no latency and are
+not observed). `dropped` (Go: records at or below the committed offset, read again and filtered) stays 0: a run
+here starts reading at the committed offset and records nothing of the kind.
+
+Go sets `watermark_timestamp_ms` to the wall-clock time of the commit. The etcd offset record holds that time as
+`updated_at` (our `last_timestamp_ms` is the newest record timestamp, Go's the commit time), so `updated_at` is used.
+
+`errors_total` counts what this process failed to read (etcd or the offsets store: `checkpoint`; the catalog or a
+table: `sink`), across scrapes. Failed ingest runs are not counted here: they are in Dagster (run status, asset
+checks) or the exit code of `kafscale-lakehouse ingest`. When etcd or the catalog is down, `/metrics` still answers:
+the series of the failing source are left out of that scrape and `errors_total` goes up.
+
+Endpoints: `/metrics`, `/healthz` (200 `ok` while the process runs: liveness) and `/readyz` (200 when etcd and the
+catalog answer within a few seconds, else 503 naming the one that did not). Listens on `--address`, else
+`$KAFSCALE_METRICS_ADDR`, else `:9093` (all interfaces), as the Go processor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ADDED_RECORDS, Snapshot, ancestors_of
+
+from kafscale_lakehouse.config import ConfigError, LakehouseConfig
+from kafscale_lakehouse.engine.catalog import CatalogError, catalog_endpoint, catalog_errors, load_catalog, redact_uri
+from kafscale_lakehouse.engine.dead_letter import DEAD_LETTER_RECORDS_PROPERTY
+from kafscale_lakehouse.engine.ingest import WRITE_LATENCY_PROPERTY, catalog_settings
+from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX
+from kafscale_lakehouse.etcd_client import EtcdClient, EtcdError, EtcdUnavailableError
+from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
+from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+NAMESPACE = "kafscale_processor"
+METRICS_ADDRESS_ENV = "KAFSCALE_METRICS_ADDR"
+DEFAULT_METRICS_ADDRESS = ":9093"
+METRICS_PATH, HEALTH_PATH, READY_PATH = "/metrics", "/healthz", "/readyz"
+# Milliseconds (the Go processor's name says ms but it kept Prometheus' second-sized default buckets).
+WRITE_LATENCY_BUCKETS_MS = (50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000, 300000)
+RESULT_WRITTEN, RESULT_INVALID, RESULT_DROPPED = "written", "invalid", "dropped"
+STAGE_CHECKPOINT, STAGE_SINK = "checkpoint", "sink"  # the Go processor's stages this process can fail in
+# How long one source (offsets, catalog) may take per scrape or readiness check: both together stay under
+# Prometheus' default 10 s scrape timeout.
+SOURCE_TIMEOUT_SECONDS = 4.0
+# etcd: how long an unreachable etcd is retried, and each RPC's timeout; the sum stays inside SOURCE_TIMEOUT_SECONDS,
+# so an etcd that is down is reported as unreachable (naming its endpoints), not as a timeout.
+ETCD_RETRY_SECONDS = 1.0
+ETCD_RPC_TIMEOUT_SECONDS = 1.5
+
+
+class SourceTimeoutError(RuntimeError):
+    """A source did not answer before the deadline (or an earlier call to it still has not returned)."""
+
+
+# ------------------------------------------------------------------------------------------- address
+
+
+def parse_metrics_address(text: str, *, source: str) -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT` (all interfaces, as Go) or `[IPv6]:PORT` → (host, port); `source` names where it came
+    from (`--address`, `KAFSCALE_METRICS_ADDR`) in the `ConfigError`."""
+    host, separator, port_text = text.strip().rpartition(":")
+    if not separator or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(source, [f"{text!r} is not HOST:PORT or :PORT with a port 0-65535 (e.g. :9093)"])
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ConfigError(source, [f"{text!r}: write an IPv6 host in brackets, e.g. [::]:9093"])
+    return host, int(port_text)
+
+
+def resolve_metrics_address(option: str | None) -> tuple[str, int]:
+    """`--address` when given, else `$KAFSCALE_METRICS_ADDR`, else `:9093`."""
+    if option is not None:
+        return parse_metrics_address(option, source="--address")
+    from_env = os.environ.get(METRICS_ADDRESS_ENV)
+    if from_env:
+        return parse_metrics_address(from_env, source=METRICS_ADDRESS_ENV)
+    return parse_metrics_address(DEFAULT_METRICS_ADDRESS, source="default address")
+
+
+# -------------------------------------------------------------------------------------- bounded calls
+
+
+class _BoundedCaller:
+    """Calls one source in a daemon thread and waits for it at most until a deadline.
+
+    pyiceberg's REST client has no request timeout, so a hung catalog would otherwise hang scrapes and readiness
+    checks. One call is in flight at a time: a call that never returns keeps the slot, so later calls fail fast
+    instead of piling up threads; daemon threads do not hold up the process when it stops.
+    """
+
+    def __init__(self, name: str, timeout_seconds: float):
+        self.name = name
+        self.timeout_seconds = timeout_seconds
+        self._slot = threading.Semaphore(1)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.timeout_seconds
+        if not self._slot.acquire(timeout=self.timeout_seconds):
+            raise SourceTimeoutError(f"{self.name}: an earlier request has not returned after "
+                                     f"{self.timeout_seconds:g}s")
+        finished = threading.Event()
+        outcome: list[tuple[bool, object]] = []
+
+        def work() -> None:
+            try:
+                outcome.append((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                outcome.append((False, exc))
+            finally:
+                self._slot.release()
+                finished.set()
+
+        threading.Thread(target=work, name=f"serve-metrics {self.name}", daemon=True).start()
+        if not finished.wait(max(0.0, deadline - time.monotonic())):
+            raise SourceTimeoutError(f"{self.name} did not answer within {self.timeout_seconds:g}s")
+        ok, value = outcome[0]
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for logs and `/readyz`: our typed errors name the endpoint and never a secret; anything else is
+    shown by its type only (a library message might carry a URL with credentials)."""
+    if isinstance(exc, (EtcdError, OffsetStoreError, CatalogError, SourceTimeoutError)):
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    return type(exc).__name__
+
+
+# ------------------------------------------------------------------------------------------ state
+
+
+@dataclass(frozen=True)
+class TopicOffsets:
+    """What etcd (or the local offsets store) holds for one topic."""
+
+    committed: dict[int, CommittedOffset]
+    broker_next: dict[int, int]  # the broker's `next_offset` per partition
+
+
+@dataclass
+class TopicTotals:
+    """Counters of one topic from its table's snapshots, each snapshot counted once (by id)."""
+
+    written: int = 0
+    invalid: int = 0
+    batches: int = 0
+    latency_bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(WRITE_LATENCY_BUCKETS_MS) + 1))
+    latency_sum_ms: float = 0.0
+    seen_snapshot_ids: set[int] = field(default_factory=set, repr=False)
+    metadata_location: str | None = None
+
+    def cumulative_buckets(self) -> list[tuple[str, float]]:
+        """Prometheus `le` buckets (cumulative), ending with `+Inf`."""
+        buckets, running = [], 0
+        for bound, count in zip((*map(str, WRITE_LATENCY_BUCKETS_MS), "+Inf"), self.latency_bucket_counts):
+            running += count
+            buckets.append((bound, float(running)))
+        return buckets
+
+    def add_new_snapshots(self, table: Table, topic: str) -> None:
+        """Count the snapshots of `table`'s current ancestry not seen before that carry `topic`'s offsets.
+
+        The walk stops at the first snapshot seen before: its ancestors were seen with it. Unchanged metadata is
+        not walked at all."""
+        if table.metadata_location == self.metadata_location:
+            return
+        marker = OFFSETS_PROPERTY_PREFIX + topic
+        table_name = ".".join(table.name())
+        for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+            if snapshot.snapshot_id in self.seen_snapshot_ids:
+                break
+            self.seen_snapshot_ids.add(snapshot.snapshot_id)
+            summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+            if marker not in summary:
+                continue
+            self.batches += 1
+            self.written += _int_property(table_name, snapshot, summary, ADDED_RECORDS) or 0
+            self.invalid += _int_property(table_name, snapshot, summary, DEAD_LETTER_RECORDS_PROPERTY) or 0
+            latency = _int_property(table_name, snapshot, summary, WRITE_LATENCY_PROPERTY)
+            if latency is not None:
+                self.observe_latency(latency)
+        self.metadata_location = table.metadata_location
+
+    def observe_latency(self, latency_ms: float) -> None:
+        index = next((i for i, bound in enumerate(WRITE_LATENCY_BUCKETS_MS) if latency_ms <= bound),
+                     len(WRITE_LATENCY_BUCKETS_MS))
+        self.latency_bucket_counts[index] += 1
+        self.latency_sum_ms += latency_ms
+
+    def copy(self) -> TopicTotals:
+        return TopicTotals(self.written, self.invalid, self.batches, list(self.latency_bucket_counts),
+                           self.latency_sum_ms, metadata_location=self.metadata_location)
+
+
+def _int_property(table_name: str, snapshot: Snapshot, summary: dict[str, str], key: str) -> int | None:
+    value = summary.get(key)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        log.warning("table %s snapshot %d: summary property %s is %r, not an integer; not counted", table_name,
+                    snapshot.snapshot_id, key, value[:40])
+        return None
+
+
+class LakehouseStateCollector:
+    """A `prometheus_client` collector that reads etcd (or the offsets store) and the catalog on every scrape.
+
+    Thread-safe: each source is called by one thread at a time (`_BoundedCaller`), and the error counter is locked.
+    """
+
+    def __init__(self, config: LakehouseConfig, *, source_timeout_seconds: float = SOURCE_TIMEOUT_SECONDS):
+        self._config = config
+        self._topics = [(m.topic, m.table) for m in config.mappings]
+        self._etcd: EtcdClient | None = None
+        if config.offsets.backend == "etcd":
+            self._etcd = etcd_client_from_config(config, retry_seconds=ETCD_RETRY_SECONDS)
+            # Per-RPC timeout (the client's default is 5 s); read when the client connects on its first call.
+            self._etcd.timeout_seconds = ETCD_RPC_TIMEOUT_SECONDS
+        self._offsets: OffsetStore = offset_store_from_config(config, self._etcd)
+        self._offsets_name = "etcd" if self._etcd is not None else "offsets store"
+        self._catalog_settings = catalog_settings(config)
+        self._catalog: Catalog | None = None
+        settings = self._catalog_settings
+        catalog_where = redact_uri(settings.uri or settings.warehouse or settings.name)
+        # The names appear in timeout messages (logs, /readyz): where each source is, never a credential.
+        self._offsets_caller = _BoundedCaller(self._offsets.location, source_timeout_seconds)
+        self._catalog_caller = _BoundedCaller(f"Iceberg catalog at {catalog_where}", source_timeout_seconds)
+        self._totals: dict[str, TopicTotals] = {}
+        self._errors = {STAGE_CHECKPOINT: 0, STAGE_SINK: 0}
+        self._errors_lock = threading.Lock()
+
+    # ---- reading ----------------------------------------------------------------------------------------
+
+    def _count_error(self, stage: str) -> None:
+        with self._errors_lock:
+            self._errors[stage] += 1
+
+    def errors(self) -> dict[str, int]:
+        with self._errors_lock:
+            return dict(self._errors)
+
+    def _read_offsets(self) -> dict[str, TopicOffsets]:
+        """Per topic; a topic whose keys cannot be read is left out (and counted); an unreachable store ends it."""
+        found: dict[str, TopicOffsets] = {}
+        for topic, _table in self._topics:
+            try:
+                found[topic] = TopicOffsets(self._offsets.committed_offsets(topic),
+                                            self._offsets.broker_watermarks(topic))
+            except (EtcdUnavailableError, OffsetStoreUnavailableError):
+                raise  # the other topics would only wait for the same unreachable store
+            except (EtcdError, OffsetStoreError) as exc:
+                self._count_error(STAGE_CHECKPOINT)
+                log.warning("cannot read the offsets of topic %s from %s: %s", topic, self._offsets.location,
+                            describe_failure(exc))
+        return found
+
+    def _connected_catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = load_catalog(self._catalog_settings)
+        return self._catalog
+
+    def _read_tables(self) -> dict[str, TopicTotals]:
+        """Per topic; a table that cannot be read is left out (and counted); an unreachable catalog ends it."""
+        catalog = self._connected_catalog()
+        endpoint = catalog_endpoint(catalog)
+        found: dict[str, TopicTotals] = {}
+        for topic, table_name in self._topics:
+            totals = self._totals.setdefault(topic, TopicTotals())
+            try:
+                with catalog_errors(endpoint):
+                    table = catalog.load_table(table_name)
+                totals.add_new_snapshots(table, topic)
+            except (NoSuchTableError, NoSuchNamespaceError):
+                log.debug("table %s of topic %s does not exist yet", table_name, topic)
+            except CatalogError:
+                self._catalog = None  # connect afresh next time (new session, new token)
+                raise
+            except Exception as exc:  # noqa: BLE001 - one bad table must not hide the others
+                self._count_error(STAGE_SINK)
+                log.warning("cannot read table %s of topic %s from the catalog at %s: %s", table_name, topic,
+                            endpoint, describe_failure(exc))
+                log.debug("reading table %s failed", table_name, exc_info=True)
+                continue
+            found[topic] = totals.copy()
+        return found
+
+    def _read_source(self, caller: _BoundedCaller, read: Callable[[], dict], stage: str, where: str) -> dict:
+        try:
+            return caller.call(read)
+        except Exception as exc:  # noqa: BLE001 - /metrics keeps answering without this source
+            self._count_error(stage)
+            log.warning("cannot read %s: %s", where, describe_failure(exc))
+            log.debug("reading %s failed", where, exc_info=True)
+            return {}
+
+    # ---- prometheus_client Collector ---------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        offsets = self._read_source(self._offsets_caller, self._read_offsets, STAGE_CHECKPOINT,
+                                    f"offsets from {self._offsets.location}")
+        totals = self._read_source(self._catalog_caller, self._read_tables, STAGE_SINK,
+                                   f"tables from the {self._catalog_settings.type} catalog")
+        yield from _table_families(totals)
+        yield from _offset_families(offsets)
+        errors = CounterMetricFamily(f"{NAMESPACE}_errors_total",
+                                     "Failures of serve-metrics to read etcd/offsets (checkpoint) or the catalog "
+                                     "(sink); failed ingest runs are in Dagster.", labels=["stage"])
+        for stage, count in sorted(self.errors().items()):
+            errors.add_metric([stage], count)
+        yield errors
+
+    # ---- readiness --------------------------------------------------------------------------------------
+
+    def readiness_problems(self) -> dict[str, str]:
+        """`{dependency: what failed}` for etcd (or the offsets store) and the catalog; empty when both answer."""
+        problems: dict[str, str] = {}
+        checks = ((self._offsets_name, self._offsets_caller, self._probe_offsets),
+                  ("catalog", self._catalog_caller, self._probe_catalog))
+        for name, caller, probe in checks:
+            try:
+                caller.call(probe)
+            except Exception as exc:  # noqa: BLE001 - reported as not ready
+                problems[name] = describe_failure(exc)
+        return problems
+
+    def _probe_offsets(self) -> None:
+        if self._etcd is not None:
+            self._etcd.get_entry(f"{self._config.offsets.key_prefix}/offsets/")
+        elif self._topics:
+            self._offsets.committed_offsets(self._topics[0][0])
+
+    def _probe_catalog(self) -> None:
+        catalog = self._connected_catalog()
+        try:
+            with catalog_errors(catalog_endpoint(catalog)):
+                if self._topics:
+                    catalog.table_exists(self._topics[0][1])  # a HEAD request on a REST catalog
+                else:
+                    catalog.list_namespaces()
+        except NoSuchNamespaceError:
+            pass  # the catalog answered (table_exists falls back to load_table on older REST servers)
+        except CatalogError:
+            self._catalog = None
+            raise
+
+    def close(self) -> None:
+        self._offsets.close()
+        if self._etcd is not None:
+            self._etcd.close()
+
+
+def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
+    records = CounterMetricFamily(f"{NAMESPACE}_records_total", "Records processed, by result.",
+                                  labels=["topic", "result"])
+    batches = CounterMetricFamily(f"{NAMESPACE}_batches_total", "Batches committed (one per Iceberg commit).",
+                                  labels=["topic"])
+    latency = HistogramMetricFamily(f"{NAMESPACE}_write_latency_ms",
+                                    "Milliseconds from the start of a run's write to its commit.", labels=["topic"])
+    for topic, topic_totals in sorted(totals.items()):
+        records.add_metric([topic, RESULT_WRITTEN], topic_totals.written)
+        records.add_metric([topic, RESULT_INVALID], topic_totals.invalid)
+        records.add_metric([topic, RESULT_DROPPED], 0)
+        batches.add_metric([topic], topic_totals.batches)
+        latency.add_metric([topic], topic_totals.cumulative_buckets(), topic_totals.latency_sum_ms)
+    return records, batches, latency
+
+
+def _offset_families(offsets: dict[str, TopicOffsets]) -> Iterable[Metric]:
+    labels = ["topic", "partition"]
+    last_offset = GaugeMetricFamily(f"{NAMESPACE}_last_offset", "Last committed offset per topic/partition.",
+                                    labels=labels)
+    watermark_offset = GaugeMetricFamily(f"{NAMESPACE}_watermark_offset", "Watermark offset per topic/partition.",
+                                         labels=labels)
+    watermark_timestamp = GaugeMetricFamily(f"{NAMESPACE}_watermark_timestamp_ms",
+                                            "Commit time (unix ms) of the watermark offset per topic/partition.",
+                                            labels=labels)
+    lag = GaugeMetricFamily(f"{NAMESPACE}_lag",
+                            "Records the broker has that are not committed: broker next offset - committed next "
+                            "offset (kafscale-lakehouse addition).", labels=labels)
+    for topic, topic_offsets in sorted(offsets.items()):
+        for partition, committed in sorted(topic_offsets.committed.items()):
+            if committed.offset < 0:
+                continue  # a record of "nothing committed"; Go never sets these gauges before a commit
+            partition_labels = [topic, str(partition)]
+            last_offset.add_metric(partition_labels, committed.offset)
+            watermark_offset.add_metric(partition_labels, committed.offset)
+            watermark_timestamp.add_metric(partition_labels, committed.updated_at_ms)
+        for partition, broker_next in sorted(topic_offsets.broker_next.items()):
+            committed = topic_offsets.committed.get(partition)
+            committed_next = max(0, committed.next_offset) if committed is not None else 0
+            lag.add_metric([topic, str(partition)], max(0, broker_next - committed_next))
+    return last_offset, watermark_offset, watermark_timestamp, lag
+
+
+# ------------------------------------------------------------------------------------------- server
+
+
+class _Handler(BaseHTTPRequestHandler):
+    collector: LakehouseStateCollector  # set on the subclass made per server
+    registry: CollectorRegistry
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        path = self.path.split("?", 1)[0]
+        if path == METRICS_PATH:
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._answer(HTTPStatus.OK, encoder(self.registry), content_type)
+        elif path == HEALTH_PATH:
+            self._answer(HTTPStatus.OK, b"ok")
+        elif path == READY_PATH:
+            problems = self.collector.readiness_problems()
+            if problems:
+                body = "".join(f"{name}: {problem}\n" for name, problem in problems.items())
+                log.warning("not ready: %s", body.strip().replace("\n", "; "))
+                self._answer(HTTPStatus.SERVICE_UNAVAILABLE, body.encode())
+            else:
+                self._answer(HTTPStatus.OK, b"ok")
+        else:
+            self._answer(HTTPStatus.NOT_FOUND, f"not found; try {METRICS_PATH}, {HEALTH_PATH}, {READY_PATH}\n".encode())
+
+    def _answer(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class _IPv6ThreadingHTTPServer(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class MetricsServer:
+    """`/metrics`, `/healthz` and `/readyz` for `collector` on (host, port); port 0 picks a free port."""
+
+    def __init__(self, collector: LakehouseStateCollector, host: str, port: int):
+        self.collector = collector
+        # Our own registry: nothing else in the process (Dagster, libraries) ends up on this endpoint.
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        ProcessCollector(registry=self.registry)  # process_* series (memory, CPU, open fds), as Go's default handler
+        handler = type("MetricsHandler", (_Handler,), {"collector": collector, "registry": self.registry})
+        server_class = _IPv6ThreadingHTTPServer if ":" in host else ThreadingHTTPServer
+        try:
+            self._httpd = server_class((host, port), handler)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {_format_address(host, port)}: {exc.strerror}") from exc
+        self._httpd.daemon_threads = True
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = self._httpd.server_address[0]
+        return f"http://{_format_address(host, self.port)}"
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever(poll_interval=0.5)
+
+    def shutdown(self) -> None:
+        """Stop `serve_forever` running in another thread."""
+        self._httpd.shutdown()
+
+    def close(self) -> None:
+        self._httpd.server_close()
+
+
+def _format_address(host: str, port: int) -> str:
+    shown = host or "0.0.0.0"
+    return f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+
+
+def serve_metrics(config: LakehouseConfig, host: str, port: int) -> None:
+    """Serve until interrupted (KeyboardInterrupt, or SystemExit from the CLI's SIGTERM handler)."""
+    collector = LakehouseStateCollector(config)
+    try:
+        server = MetricsServer(collector, host, port)
+        try:
+            log.info("serving Prometheus metrics on %s%s (liveness %s, readiness %s) for %d mapping(s)", server.url,
+                     METRICS_PATH, HEALTH_PATH, READY_PATH, len(config.mappings))
+            server.serve_forever()
+        finally:
+            server.close()
+    finally:
+        collector.close()
