@@ -20,9 +20,9 @@ RUN python -m venv /opt/venv
 WORKDIR /opt/kafscale-lakehouse
 COPY pyproject.toml README.md ./
 COPY kafscale_lakehouse ./kafscale_lakehouse
-# dagster-postgres: the chart's instance keeps runs and events in PostgreSQL, and run pods load that instance.
-# Same release line as the dagster-* libraries pinned in pyproject.toml.
-RUN pip install --no-cache-dir . dagster-postgres==0.29.27
+# The `k8s` extra adds dagster-postgres: the chart's instance keeps runs and events in PostgreSQL, and run pods load
+# that instance.
+RUN pip install --no-cache-dir ".[k8s]"
 
 # Spark's Python workers must run this venv's interpreter; SPARK_HOME is pip's pyspark (its jars start executors).
 # KAFSCALE_LAKEHOUSE_CONFIG is where the values mount the ConfigMap; DAGSTER_HOME is the chart's default.

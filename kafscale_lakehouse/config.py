@@ -30,7 +30,17 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+    field_serializer,
+    model_validator,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +76,17 @@ class ConfigError(ValueError):
         self.source = source
         self.problems = list(problems)
         super().__init__("\n".join(f"{source}: {problem}" for problem in self.problems))
+
+
+def _without_userinfo(url: str | None) -> str | None:
+    """`url` with its `user:password@` (if any) replaced by `***@`."""
+    if url is None:
+        return None
+    scheme, separator, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not separator or "@" not in netloc:
+        return url
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
 
 
 def _lowercase(value: Any) -> Any:
@@ -115,6 +136,10 @@ class _ConfigModel(BaseModel):
                     continue
             kept[key] = value
         return kept
+
+
+# Server-side encryption we can request for written objects (S3's x-amz-server-side-encryption values).
+SSE_TYPES = ("AES256", "aws:kms")
 
 
 class SseConfig(_ConfigModel):
@@ -208,11 +233,22 @@ class EtcdConfig(_ConfigModel):
 
 
 class RegistryConfig(_ConfigModel):
+    """`schema.registry`. Credentials in `base_url` (`https://user:secret@host/schemas`) show as `***@` in `repr`,
+    `str` and `model_dump`; the registry client reads the attribute itself."""
+
     _ZERO_MEANS_DEFAULT = frozenset({"timeout_seconds", "cache_seconds"})
 
     base_url: str | None = None
     timeout_seconds: PositiveInt = 5
     cache_seconds: PositiveInt = 300
+
+    def __repr_args__(self):  # noqa: ANN204 - pydantic's signature
+        for name, value in super().__repr_args__():
+            yield name, _without_userinfo(value) if name == "base_url" else value
+
+    @field_serializer("base_url")
+    def _base_url_for_display(self, base_url: str | None) -> str | None:
+        return _without_userinfo(base_url)
 
 
 class SchemaValidationConfig(_ConfigModel):
@@ -370,7 +406,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> LakehouseConfig:
     try:
         document = yaml.load(text, Loader=_ConfigYamlLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ConfigError(source, [f"not valid YAML: {_describe_yaml_error(exc)}"]) from exc
+        # Not chained: the parser's exception quotes the offending line, which may hold a secret.
+        raise ConfigError(source, [f"not valid YAML: {_describe_yaml_error(exc)}"]) from None
     if document is None:
         document = {}
     config = parse_config(document, source=source, base_dir=Path(source).resolve().parent)

@@ -281,6 +281,8 @@ def _check_evaluation(name: str, record: Any) -> CheckEvaluation:
 
 def _metadata_text(value: Any) -> str:
     raw = getattr(value, "value", value)
+    if hasattr(raw, "records"):  # a table: json would iterate Dagster's TableRecord tuples, which refuse it
+        raw = [getattr(record, "data", record) for record in raw.records]
     text = raw if isinstance(raw, str) else json.dumps(raw, default=str, sort_keys=True)
     return text if len(text) <= _METADATA_VALUE_CHARS else text[:_METADATA_VALUE_CHARS - 1] + "…"
 

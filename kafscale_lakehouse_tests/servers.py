@@ -81,12 +81,14 @@ def _tcp_open(port: int) -> bool:
 
 @dataclass
 class SeaweedFS:
-    """One `weed mini` process: S3 on `s3_port`, Iceberg REST catalog on `rest_port`."""
+    """One `weed mini` process: S3 on `s3_port`, Iceberg REST catalog on `rest_port`. Besides the admin identity
+    (ACCESS_KEY/SECRET_KEY), `extra_credentials` (access key -> secret key) are admin identities too."""
 
     workdir: Path
     s3_port: int = 0
     rest_port: int = 0
     proc: subprocess.Popen | None = None
+    extra_credentials: dict[str, str] = field(default_factory=dict)
 
     @property
     def s3_endpoint(self) -> str:
@@ -117,11 +119,12 @@ class SeaweedFS:
         data.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
         s3_json = self.workdir / "s3.json"
+        credentials = {ACCESS_KEY: SECRET_KEY, **self.extra_credentials}
         s3_json.write_text(json.dumps({"identities": [{
-            "name": "admin",
-            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "name": "admin" if access_key == ACCESS_KEY else f"admin-{index}",
+            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
             "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-        }]}))
+        } for index, (access_key, secret_key) in enumerate(credentials.items())]}))
         p = free_ports(12)
         self.s3_port, self.rest_port = p[0], p[1]
         cmd = [

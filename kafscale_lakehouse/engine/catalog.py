@@ -22,11 +22,14 @@ from pyiceberg.exceptions import (
     ServiceUnavailableError,
     UnauthorizedError,
 )
+from pyiceberg.io import FSSPEC_FILE_IO, PY_IO_IMPL, S3_SERVER_SIDE_ENCRYPTION, S3_SSE_KMS_KEY_ID
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform, UnknownTransform, parse_transform
 from sqlalchemy.exc import SQLAlchemyError
+
+from kafscale_lakehouse.config import SSE_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ class CatalogSettings:
 
     `sql` is the embedded catalog: `uri` is an SQLAlchemy URL and defaults to `<warehouse>/catalog.db` (sqlite)
     for a local warehouse. `username`/`password` become the OAuth2 client credential of a `rest` catalog.
+    `s3_sse_type` (`AES256` | `aws:kms`) and `s3_sse_kms_key_id` are the server-side encryption requested for every
+    object the FileIO writes (data files, manifests, manifest lists, and metadata files a `sql` catalog writes).
     """
 
     type: str
@@ -75,7 +80,16 @@ class CatalogSettings:
     s3_path_style: bool | None = None
     s3_access_key_id: str | None = None
     s3_secret_access_key: str | None = field(default=None, repr=False)
+    s3_sse_type: str | None = None
+    s3_sse_kms_key_id: str | None = None
     extra_properties: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.s3_sse_type is not None and self.s3_sse_type not in SSE_TYPES:
+            raise ValueError(f"sse.type (s3.sse or iceberg.s3.sse) must be one of {SSE_TYPES}, "
+                             f"got {self.s3_sse_type!r}")
+        if self.s3_sse_kms_key_id is not None and self.s3_sse_type != "aws:kms":
+            raise ValueError("sse.kms_key_id (s3.sse or iceberg.s3.sse) is only used with sse.type aws:kms")
 
     def catalog_properties(self) -> dict[str, str]:
         """pyiceberg catalog properties (contain secrets: never log them)."""
@@ -101,6 +115,13 @@ class CatalogSettings:
         props.update({k: v for k, v in s3.items() if v})
         if self.s3_path_style is not None:
             props["s3.force-virtual-addressing"] = "false" if self.s3_path_style else "true"
+        if self.s3_sse_type:
+            props[S3_SERVER_SIDE_ENCRYPTION] = self.s3_sse_type
+            if self.s3_sse_kms_key_id:
+                props[S3_SSE_KMS_KEY_ID] = self.s3_sse_kms_key_id
+            # pyiceberg 0.12 applies these only in its fsspec (s3fs) FileIO; the PyArrow FileIO it picks by default
+            # for s3:// ignores them (pyarrow's S3FileSystem has no SSE-S3/SSE-KMS option) and would write plain.
+            props[PY_IO_IMPL] = FSSPEC_FILE_IO
         props.update(self.extra_properties)
         return props
 
@@ -130,7 +151,8 @@ def load_catalog(settings: CatalogSettings) -> Catalog:
         if not settings.warehouse:
             raise ValueError("iceberg.warehouse is required for a sql catalog")
         props["warehouse"] = _warehouse_uri(settings.warehouse)
-        props.setdefault("uri", _default_sqlite_uri(props["warehouse"]))
+        if "uri" not in props:  # not setdefault: the default needs a local warehouse, a given uri does not
+            props["uri"] = _default_sqlite_uri(props["warehouse"])
         endpoint = redact_uri(props["uri"])
         with catalog_errors(endpoint, "iceberg.catalog.uri"):
             catalog = SqlCatalog(settings.name, **props)

@@ -10,7 +10,7 @@ that loads the definitions; run workers and step processes load them too, so the
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
@@ -24,6 +24,7 @@ from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, ope
 from kafscale_lakehouse.engine.ingest import IngestContext, catalog_settings
 from kafscale_lakehouse.engine.kafscale_source import StoreOptions
 from kafscale_lakehouse.engine.spark import get_spark_session
+from kafscale_lakehouse.engine.validation_stage import schema_registry_client
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets import EtcdOffsetStore, LocalOffsetStore, OffsetStore
 from kafscale_lakehouse.storage import SegmentStore
@@ -33,6 +34,8 @@ SEGMENT_STORE_RESOURCE_KEY = "segment_store"
 CATALOG_RESOURCE_KEY = "iceberg_catalog"
 OFFSET_STORE_RESOURCE_KEY = "offset_store"
 SECRET_ENV_PREFIX = "KAFSCALE_LAKEHOUSE_SECRET_"
+SECRET_MASK = "**********"  # as pydantic's SecretStr shows a secret
+_S3_SECRET_FIELDS = frozenset({"aws_secret_access_key", "aws_session_token"})
 
 
 class SecretConflictError(ValueError):
@@ -58,6 +61,37 @@ def secret_reference(config_key: str, secret: SecretStr | str | None) -> dg.EnvV
     return dg.EnvVar(name)
 
 
+def _secret_shown(value: Any) -> Any:
+    """A secret as `repr` shows it: an EnvVar reference (a variable name) as it is, a value as `**********`."""
+    return value if value is None or isinstance(value, dg.EnvVar) else SECRET_MASK
+
+
+class _SecretsHiddenInRepr:
+    """`repr`/`str` of a resource show its `_SECRET_FIELDS`, and the keys of a nested `S3Resource`, through
+    `_secret_shown`: in the definitions they are EnvVar references, but once a run resolves the resource they hold
+    the secrets themselves."""
+
+    _SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset()
+
+    def __repr_args__(self):  # noqa: ANN204 - pydantic's signature
+        for name, value in super().__repr_args__():
+            if name in self._SECRET_FIELDS:
+                yield name, _secret_shown(value)
+            elif isinstance(value, S3Resource):
+                yield name, _ReprText(f"{type(value).__name__}(" + ", ".join(
+                    f"{key}={_secret_shown(item) if key in _S3_SECRET_FIELDS else item!r}"
+                    for key, item in value.__repr_args__()) + ")")
+            else:
+                yield name, value
+
+
+class _ReprText(str):
+    """Text that `repr` shows unquoted (a nested resource's own repr)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 class SparkResource(PySparkResource):
     """The Spark session of `spark.*` through dagster-pyspark, built by `engine.spark.get_spark_session` (loopback
     binding for local masters, the venv's Python for workers, `KAFSCALE_SPARK_*` deployment overrides). Created on
@@ -77,7 +111,7 @@ class SparkResource(PySparkResource):
         return self._spark_session
 
 
-class SegmentStoreResource(dg.ConfigurableResource):
+class SegmentStoreResource(_SecretsHiddenInRepr, dg.ConfigurableResource):
     """Where KafScale segments are: `local_root` (the embedded default) or S3 `bucket`, reached with the dagster-aws
     `s3` resource's endpoint, region and credentials (`path_style` is ours: S3Resource has no addressing setting)."""
 
@@ -105,8 +139,10 @@ class SegmentStoreResource(dg.ConfigurableResource):
         return self.store_options().open()
 
 
-class IcebergCatalogResource(dg.ConfigurableResource):
+class IcebergCatalogResource(_SecretsHiddenInRepr, dg.ConfigurableResource):
     """The Iceberg catalog (`iceberg.catalog.*`, `iceberg.warehouse`) and the S3 settings of its FileIO."""
+
+    _SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset({"token", "password", "s3_secret_access_key"})
 
     type: str
     uri: str | None = None
@@ -120,20 +156,23 @@ class IcebergCatalogResource(dg.ConfigurableResource):
     s3_path_style: bool | None = None
     s3_access_key_id: str | None = None
     s3_secret_access_key: str | None = None
+    s3_sse_type: str | None = None
+    s3_sse_kms_key_id: str | None = None
 
     def settings(self) -> CatalogSettings:
         return CatalogSettings(
             type=self.type, uri=self.uri, warehouse=self.warehouse, name=self.name, token=self.token,
             username=self.username, password=self.password, s3_endpoint=self.s3_endpoint, s3_region=self.s3_region,
             s3_path_style=self.s3_path_style, s3_access_key_id=self.s3_access_key_id,
-            s3_secret_access_key=self.s3_secret_access_key)
+            s3_secret_access_key=self.s3_secret_access_key, s3_sse_type=self.s3_sse_type,
+            s3_sse_kms_key_id=self.s3_sse_kms_key_id)
 
     def load_table(self, identifier: str) -> Table:
         """The table as the catalog has it now; `engine.catalog.TableNotFoundError` names it when it is missing."""
         return open_table(load_catalog(self.settings()), identifier)
 
 
-class OffsetStoreResource(dg.ConfigurableResource):
+class OffsetStoreResource(_SecretsHiddenInRepr, dg.ConfigurableResource):
     """Committed offsets, broker watermarks and leases: `etcd` (KafScale keys) or `local` (sqlite). The etcd client
     also serves `discovery.mode` etcd/auto; both are opened once per step and closed after it."""
 
@@ -147,6 +186,8 @@ class OffsetStoreResource(dg.ConfigurableResource):
     etcd_ca_file: str | None = None
     etcd_cert_file: str | None = None
     etcd_key_file: str | None = None
+
+    _SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset({"etcd_password"})
 
     _etcd: EtcdClient | None = PrivateAttr(default=None)
     _store: OffsetStore | None = PrivateAttr(default=None)
@@ -201,7 +242,11 @@ def lakehouse_resources(config: LakehouseConfig) -> dict[str, dg.ConfigurableRes
         password=secret_reference("iceberg.catalog.password", settings.password),
         s3_endpoint=settings.s3_endpoint, s3_region=settings.s3_region, s3_path_style=settings.s3_path_style,
         s3_access_key_id=settings.s3_access_key_id,
-        s3_secret_access_key=secret_reference("s3.secret_access_key", settings.s3_secret_access_key))
+        # The warehouse's own `iceberg.s3` key when it has one, else the `s3` key the segment store shares.
+        s3_secret_access_key=secret_reference(
+            "iceberg.s3.secret_access_key" if config.iceberg.s3 is not None else "s3.secret_access_key",
+            settings.s3_secret_access_key),
+        s3_sse_type=settings.s3_sse_type, s3_sse_kms_key_id=settings.s3_sse_kms_key_id)
     offsets, etcd = config.offsets, config.etcd
     tls = etcd.tls
     offset_store = OffsetStoreResource(
@@ -226,4 +271,5 @@ def ingest_context(config: LakehouseConfig, spark: SparkResource, segment_store:
     store_options = segment_store.store_options()
     return IngestContext(config=config, spark=spark.spark_session, store=store_options.open(),
                          store_options=store_options, offsets=offset_store.offset_store(),
-                         catalog_settings=catalog.settings(), etcd=offset_store.etcd_client())
+                         catalog_settings=catalog.settings(), etcd=offset_store.etcd_client(),
+                         registry=schema_registry_client(config))

@@ -19,6 +19,7 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
+from kafscale_lakehouse.config import SSE_TYPES
 from kafscale_lakehouse.storage.errors import (
     BucketNotFoundError,
     ObjectNotFoundError,
@@ -48,7 +49,8 @@ class S3SegmentStore(SegmentStore):
     Credentials: `access_key_id` + `secret_access_key` (+ `session_token`) when given, else the standard AWS chain
     (environment variables, profile, instance/pod role). `max_attempts` bounds botocore's retries (standard mode);
     every request also has connect/read timeouts. The boto3 client is created lazily and not pickled, so a store
-    can be shipped to Spark executors.
+    can be shipped to Spark executors. `sse_type` (`AES256` | `aws:kms`, with an optional `sse_kms_key_id`) is the
+    server-side encryption requested for every object the store writes.
     """
 
     def __init__(
@@ -66,6 +68,8 @@ class S3SegmentStore(SegmentStore):
         connect_timeout_seconds: float = 5.0,
         read_timeout_seconds: float = 30.0,
         list_page_size: int = DEFAULT_LIST_PAGE_SIZE,
+        sse_type: str | None = None,
+        sse_kms_key_id: str | None = None,
     ):
         super().__init__(namespace=namespace, list_page_size=list_page_size)
         if not bucket:
@@ -75,6 +79,10 @@ class S3SegmentStore(SegmentStore):
                              "the AWS credential chain)")
         if max_attempts < 1:
             raise ValueError(f"S3 max_attempts {max_attempts} must be at least 1")
+        if sse_type is not None and sse_type not in SSE_TYPES:
+            raise ValueError(f"s3.sse.type must be one of {SSE_TYPES}, got {sse_type!r}")
+        if sse_kms_key_id is not None and sse_type != "aws:kms":
+            raise ValueError("s3.sse.kms_key_id is only used with s3.sse.type aws:kms")
         self.bucket = bucket
         self.endpoint = endpoint or None
         self.region = region or None
@@ -82,6 +90,8 @@ class S3SegmentStore(SegmentStore):
         self.max_attempts = max_attempts
         self.connect_timeout_seconds = connect_timeout_seconds
         self.read_timeout_seconds = read_timeout_seconds
+        self.sse_type = sse_type
+        self.sse_kms_key_id = sse_kms_key_id
         self._access_key_id = access_key_id
         self._secret_access_key = secret_access_key
         self._session_token = session_token
@@ -212,4 +222,13 @@ class S3SegmentStore(SegmentStore):
         return int(self._call("stat", key, "head_object", Key=key)["ContentLength"])
 
     def _put(self, key: str, data: bytes) -> None:
-        self._call("write", key, "put_object", Key=key, Body=data)
+        self._call("write", key, "put_object", Key=key, Body=data, **self._sse_params())
+
+    def _sse_params(self) -> dict[str, str]:
+        """PutObject parameters of the configured server-side encryption (none without `sse_type`)."""
+        params: dict[str, str] = {}
+        if self.sse_type is not None:
+            params["ServerSideEncryption"] = self.sse_type
+            if self.sse_kms_key_id is not None:
+                params["SSEKMSKeyId"] = self.sse_kms_key_id
+        return params

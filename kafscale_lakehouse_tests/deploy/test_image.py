@@ -188,13 +188,16 @@ def test_image_runs_as_a_numeric_non_root_user(dockerfile):
 
 
 def test_image_installs_dagster_postgres_of_the_pinned_dagster_release(dockerfile, pyproject):
-    # Run pods load the chart's instance, which keeps runs and events in PostgreSQL.
+    # Run pods load the chart's instance, which keeps runs and events in PostgreSQL: the `k8s` extra brings it.
     installs = " ".join(instruction.arguments for instruction in dockerfile.instructions
                         if instruction.keyword == "RUN" and "pip install" in instruction.arguments)
-    postgres_pin = re.search(r"dagster-postgres==(\S+)", installs)
+    k8s_extra = pyproject["project"]["optional-dependencies"]["k8s"]
+    postgres_pin = next((spec for spec in k8s_extra if spec.startswith("dagster-postgres==")), None)
     k8s_pin = next(spec for spec in pyproject["project"]["dependencies"] if spec.startswith("dagster-k8s=="))
 
-    assert postgres_pin and postgres_pin.group(1) == k8s_pin.removeprefix("dagster-k8s==")
+    assert re.search(r"""pip install [^&]*["']?\.\[k8s\]["']?""", installs), installs
+    assert "dagster-postgres" not in installs, "pinned once, in pyproject.toml's k8s extra"
+    assert postgres_pin and postgres_pin.removeprefix("dagster-postgres==") == k8s_pin.removeprefix("dagster-k8s==")
 
 
 def test_build_context_holds_what_the_image_installs(dockerfile, pyproject, tmp_path):
