@@ -1,0 +1,364 @@
+"""Freshness benchmark: seconds from a segment landing to its rows being visible in the table, in the demo setup.
+
+Run from the repository root: `.venv/bin/python benchmarks/freshness.py [--duration 300] ...`.
+Sets up what `make demo` runs, in a temporary directory: the repository's `lakehouse.yaml` (local segment root,
+sqlite catalog, sqlite offsets; its relative paths resolve in the temporary directory) and a DAGSTER_HOME with
+the repository's `dagster.yaml`; one producer round first (the definitions check that the topic exists), then
+`dagster dev` (webserver + daemon: the mapping's sensor, the run queue, a run worker process per run). Once the
+webserver answers, the demo producer's code (`DemoProducer`, demo defaults: a segment of 40 orders per partition,
+3 partitions, every 3 s) writes segments for `--duration` seconds, recording the wall time each segment's `.index`
+(the object that completes it) landed; the table's committed offsets (`kafscale.offsets.<topic>` in the current
+snapshot's summary, read with pyiceberg every `--poll-seconds`) give the time each segment's last offset became
+visible. After the producer stops, it waits up to `--drain-seconds` for the last segments.
+
+Prints count, p50, p90 and max freshness for all measured segments and for those that landed after the first run
+finished (steady state, without the start of `dagster dev`), the sensor interval, and the runs launched with
+their launch overhead (queued → started: run queue, run worker process, code load) and duration (started → ended,
+including the Spark session each run worker starts). Every process it started is stopped on exit, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
+
+from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config  # noqa: E402
+from kafscale_lakehouse.demo_producer import (  # noqa: E402
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_PARTITIONS,
+    DEFAULT_RECORDS_PER_SEGMENT,
+    DemoProducer,
+    watermark_publisher,
+)
+from kafscale_lakehouse.engine.catalog import load_catalog  # noqa: E402
+from kafscale_lakehouse.engine.ingest import catalog_settings  # noqa: E402
+from kafscale_lakehouse.engine.table_offsets import read_topic_offsets  # noqa: E402
+from kafscale_lakehouse.orchestration.naming import ingest_job_name  # noqa: E402
+from kafscale_lakehouse.storage import segment_store_from_config  # noqa: E402
+from kafscale_lakehouse_tests.servers import free_ports  # noqa: E402
+
+log = logging.getLogger("benchmarks.freshness")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+WEBSERVER_TIMEOUT_SECONDS = 180
+STOP_GRACE_SECONDS = 30
+# Dagster's QueuedRunCoordinator default (the repository's dagster.yaml does not change it).
+RUN_QUEUE_DEQUEUE_SECONDS = 5
+
+RUNS_QUERY = """
+query Runs($job: String!) {
+  runsOrError(filter: {pipelineName: $job}) {
+    __typename
+    ... on Runs { results { runId status creationTime startTime endTime } }
+    ... on PythonError { message }
+  }
+}"""
+
+
+@dataclass
+class SegmentTimes:
+    """When each measured segment landed and became visible, by (partition, last offset)."""
+
+    landed: dict[tuple[int, int], float] = field(default_factory=dict)
+    visible: dict[tuple[int, int], float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    producer_error: BaseException | None = None
+
+    def pending(self) -> list[tuple[int, int]]:
+        with self.lock:
+            return [segment for segment in self.landed if segment not in self.visible]
+
+
+@dataclass(frozen=True)
+class RunTimes:
+    run_id: str
+    status: str
+    created: float
+    started: float | None
+    ended: float | None
+
+
+# ------------------------------------------------------------------------------------------------ processes
+
+
+def start_dagster_dev(workdir: Path, env: dict[str, str], port: int) -> subprocess.Popen:
+    # A session of its own, so stopping the process group also stops the daemon, code servers and run workers.
+    return subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
+                             "-m", "kafscale_lakehouse.definitions"],
+                            cwd=workdir, env=env, stdout=(workdir / "dagster.log").open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_process_group(process: subprocess.Popen) -> None:
+    """Ctrl-C for the whole process group, as in a terminal; SIGKILL for what is left after a grace period."""
+    for sig, wait in ((signal.SIGINT, STOP_GRACE_SECONDS), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            process.poll()
+            try:
+                os.killpg(process.pid, 0)  # anything of the group still alive (children included)?
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
+
+
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def graphql(url: str, query: str, **variables) -> dict:
+    body = json.dumps({"query": query, "variables": variables}).encode()
+    request = urllib.request.Request(f"{url}/graphql", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer = json.load(response)
+    if "errors" in answer:
+        raise RuntimeError(f"GraphQL errors from {url}: {answer['errors']}")
+    return answer["data"]
+
+
+def wait_for_webserver(url: str, job: str, dagster_dev: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + WEBSERVER_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if dagster_dev.poll() is not None:
+            raise SystemExit(f"dagster dev exited with {dagster_dev.returncode}; log:\n{_tail(log_path)}")
+        try:
+            graphql(url, RUNS_QUERY, job=job)
+            return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, RuntimeError):
+            time.sleep(1)
+    raise SystemExit(f"dagster dev webserver at {url} not answering after {WEBSERVER_TIMEOUT_SECONDS} s; log:\n"
+                     f"{_tail(log_path)}")
+
+
+def job_runs(url: str, job: str) -> list[RunTimes]:
+    answer = graphql(url, RUNS_QUERY, job=job)["runsOrError"]
+    if answer["__typename"] != "Runs":
+        raise RuntimeError(f"runs of {job}: {answer}")
+    return sorted((RunTimes(run["runId"], run["status"], run["creationTime"], run["startTime"], run["endTime"])
+                   for run in answer["results"]), key=lambda run: run.created)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# ------------------------------------------------------------------------------------------------ producing, polling
+
+
+def produce(producer: DemoProducer, interval_seconds: float, stop: threading.Event, times: SegmentTimes) -> None:
+    """A round every `interval_seconds` until `stop`, recording when each segment's `.index` landed."""
+    write_segment = producer.store.write_segment
+    landed_by_base_offset: dict[tuple[int, int], float] = {}
+
+    def timed_write_segment(topic, partition, base_offset, segment, index):
+        keys = write_segment(topic, partition, base_offset, segment, index)
+        landed_by_base_offset[(partition, base_offset)] = time.time()  # returns once the `.index` is in place
+        return keys
+
+    producer.store.write_segment = timed_write_segment  # type: ignore[method-assign]
+    interval_ms = int(interval_seconds * 1000)
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            for segment in producer.produce_round(time.time_ns() // 1_000_000, interval_ms):
+                # Keyed by the last offset, which is what the table's committed offsets are compared with.
+                landed_at = landed_by_base_offset.pop((segment.partition, segment.base_offset))
+                with times.lock:
+                    times.landed[(segment.partition, segment.last_offset)] = landed_at
+            stop.wait(max(0.0, interval_seconds - (time.monotonic() - started)))
+    except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which stops everything
+        times.producer_error = exc
+
+
+def poll_visibility(config: LakehouseConfig, times: SegmentTimes) -> None:
+    """Mark the segments whose last offset the table's committed offsets now cover."""
+    [mapping] = config.mappings[:1]
+    try:
+        table = load_catalog(catalog_settings(config)).load_table(mapping.table)
+    except NoSuchTableError:
+        return  # the first run has not created it yet
+    committed = read_topic_offsets(table, mapping.topic)  # {partition: next offset}
+    seen_at = time.time()
+    with times.lock:
+        for partition, last_offset in list(times.landed):
+            if (partition, last_offset) not in times.visible and committed.get(partition, 0) > last_offset:
+                times.visible[(partition, last_offset)] = seen_at
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile: the smallest value with at least `fraction` of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def print_freshness(label: str, freshness: list[float], not_visible: int) -> None:
+    if not freshness:
+        print(f"  {label:<38} no segments{f', {not_visible} never visible' if not_visible else ''}")
+        return
+    print(f"  {label:<38} {len(freshness):5d} {percentile(freshness, 0.5):7.1f} {percentile(freshness, 0.9):7.1f} "
+          f"{max(freshness):7.1f}   {not_visible}")
+
+
+def print_report(args: argparse.Namespace, config: LakehouseConfig, times: SegmentTimes, runs: list[RunTimes],
+                 dagster_started: float, measuring_from: float) -> None:
+    with times.lock:
+        landed, visible = dict(times.landed), dict(times.visible)
+    first_ended = next((run.ended for run in runs if run.status == "SUCCESS" and run.ended), None)
+    print(f"demo configuration: {args.partitions} partitions, a segment of {args.records_per_segment} orders per "
+          f"partition every {args.interval_seconds:g} s; sensor minimum interval "
+          f"{config.processor.poll_interval_seconds} s (processor.poll_interval_seconds); run queue dequeue interval "
+          f"{RUN_QUEUE_DEQUEUE_SECONDS} s (Dagster default); visibility polled every {args.poll_seconds:g} s")
+    print(f"dagster dev webserver up {measuring_from - dagster_started:.1f} s after start; first run finished "
+          + (f"{first_ended - dagster_started:.1f} s after start" if first_ended else "never"))
+    print(f"freshness (s, segment .index landed → last offset visible in {config.mappings[0].table}):")
+    print(f"  {'segments':<38} {'count':>5} {'p50':>7} {'p90':>7} {'max':>7}   never visible")
+    print_freshness("all measured", [visible[s] - landed[s] for s in landed if s in visible],
+                    sum(1 for s in landed if s not in visible))
+    if first_ended is not None:
+        steady = [s for s in landed if landed[s] >= first_ended]
+        print_freshness("landed after the first run finished", [visible[s] - landed[s] for s in steady if s in visible],
+                        sum(1 for s in steady if s not in visible))
+
+    finished = [run for run in runs if run.started is not None and run.ended is not None]
+    statuses = Counter(run.status for run in runs)
+    print(f"runs launched: {len(runs)} ("
+          + ", ".join(f"{count} {status.lower()}" for status, count in sorted(statuses.items())) + ")")
+    if statuses.get("FAILURE"):
+        print("  some runs failed: their errors are in dagster.log of the temporary directory (keep it with --keep)")
+    if finished:
+        launch = [run.started - run.created for run in finished]
+        duration = [run.ended - run.started for run in finished]
+        print(f"  launch overhead (queued → started): median {statistics.median(launch):.1f} s, "
+              f"max {max(launch):.1f} s")
+        print(f"  run duration (started → ended, Spark session start included): median "
+              f"{statistics.median(duration):.1f} s, max {max(duration):.1f} s")
+        gaps = [later.created - earlier.ended for earlier, later in zip(finished, finished[1:])
+                if later.created >= earlier.ended]
+        if gaps:
+            print(f"  gap between a run ending and the next run's request: median {statistics.median(gaps):.1f} s")
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=300, help="seconds of producing segments (default 300)")
+    parser.add_argument("--drain-seconds", type=float, default=180,
+                        help="after producing, how long to wait for the last segments to become visible")
+    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
+    parser.add_argument("--interval-seconds", type=float, default=DEFAULT_INTERVAL_SECONDS,
+                        help="seconds between two segments of a partition (demo default)")
+    parser.add_argument("--records-per-segment", type=int, default=DEFAULT_RECORDS_PER_SEGMENT)
+    parser.add_argument("--poll-seconds", type=float, default=0.5, help="how often the table's offsets are read")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data) and print it")
+    parser.add_argument("--verbose", action="store_true", help="log at INFO level")
+    args = parser.parse_args()
+    if min(args.duration, args.partitions, args.interval_seconds, args.records_per_segment, args.poll_seconds) <= 0:
+        parser.error("--duration, --partitions, --interval-seconds, --records-per-segment and --poll-seconds must "
+                     "be positive")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    workdir = Path(tempfile.mkdtemp(prefix="kafscale-freshness-bench-"))
+    try:
+        benchmark(args, workdir)
+    except KeyboardInterrupt:
+        print("interrupted; stopped every process started here", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        if args.keep:
+            print(f"kept {workdir} (dagster.log, lakehouse.yaml, var/, dagster_home/)")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def benchmark(args: argparse.Namespace, workdir: Path) -> None:
+    shutil.copy(REPO_ROOT / "lakehouse.yaml", workdir / "lakehouse.yaml")  # relative paths resolve in workdir
+    dagster_home = workdir / "dagster_home"
+    dagster_home.mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    config = load_config(workdir / "lakehouse.yaml")
+    mapping = config.mappings[0]
+    job = ingest_job_name(mapping.table)
+    config.segments.local_root.mkdir(parents=True, exist_ok=True)  # as run_demo_producer does
+    producer = DemoProducer(segment_store_from_config(config), watermark_publisher(config), topic=mapping.topic,
+                            partitions=args.partitions, records_per_segment=args.records_per_segment)
+    # As `make demo`: one round before `dagster dev`, so the topic exists when the definitions load (not measured).
+    producer.produce_round(time.time_ns() // 1_000_000, int(args.interval_seconds * 1000))
+
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), CONFIG_PATH_ENV_VAR: str(workdir / "lakehouse.yaml")}
+    [port] = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
+    times = SegmentTimes()
+    stop_producing = threading.Event()
+    producing = threading.Thread(target=produce, args=(producer, args.interval_seconds, stop_producing, times),
+                                 name="demo-producer", daemon=True)
+    dagster_started = time.time()
+    dagster_dev = start_dagster_dev(workdir, env, port)
+    try:
+        wait_for_webserver(url, job, dagster_dev, workdir / "dagster.log")
+        measuring_from = time.time()
+        print(f"dagster dev up at {url} (DAGSTER_HOME {dagster_home}); producing for {args.duration:g} s",
+              flush=True)
+        producing.start()
+        deadline = time.monotonic() + args.duration
+        while time.monotonic() < deadline:
+            if dagster_dev.poll() is not None:
+                raise SystemExit(f"dagster dev exited with {dagster_dev.returncode}; log:\n"
+                                 f"{_tail(workdir / 'dagster.log')}")
+            if times.producer_error is not None:
+                raise SystemExit(f"the demo producer failed: {times.producer_error!r}")
+            poll_visibility(config, times)
+            time.sleep(args.poll_seconds)
+        stop_producing.set()
+        producing.join()
+        drain_deadline = time.monotonic() + args.drain_seconds
+        while times.pending() and time.monotonic() < drain_deadline:
+            poll_visibility(config, times)
+            time.sleep(args.poll_seconds)
+        runs = job_runs(url, job)
+    finally:
+        stop_producing.set()
+        stop_process_group(dagster_dev)
+    print_report(args, config, times, runs, dagster_started, measuring_from)
+
+
+if __name__ == "__main__":
+    main()

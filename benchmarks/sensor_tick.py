@@ -1,0 +1,334 @@
+"""Sensor tick benchmark: what one tick of a mapping's sensor costs in S3 and etcd requests, by ingested backlog.
+
+Run from the repository root: `.venv/bin/python benchmarks/sensor_tick.py [--segments 10 1000 10000] ...`.
+Starts SeaweedFS (S3) and etcd (`kafscale_lakehouse_tests/servers.py`) under a temporary directory. For each N in
+`--segments`, a topic of `--partitions` partitions gets N tiny segments (one pizza order each, uploaded in
+parallel, `.kfs` before `.index`), its committed offsets in etcd are set to the end (so all N count as ingested),
+the broker watermarks and the broker's metadata snapshot are published in etcd as a KafScale broker does, and the
+topic's sensor (`orchestration/sensors.py`, built by `build_sensors` and evaluated with `build_sensor_context` on a
+real Dagster instance, as the daemon does) is ticked:
+- restart: an empty cursor (a new deployment or a reset cursor) over the ingested backlog;
+- steady, 0 new: the previous tick's cursor, nothing new;
+- steady, 3 new: the previous tick's cursor after 3 new segments per partition landed (not ingested yet);
+- cold (with `--cold`): an empty cursor and nothing committed (another offsets key prefix), i.e. a backlog that
+  was never ingested; this one grows with N by design, up to the per-tick footer-read bound.
+S3 requests are the segment store's request counters (`SegmentStore.request_counts`), etcd calls are counted at
+`EtcdClient._call` (one per logical call, retries not counted). Each scenario is ticked `--repeat` times; counts
+are the same every time, the tick time printed is the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import boto3  # noqa: E402
+import dagster as dg  # noqa: E402
+from botocore.config import Config  # noqa: E402
+
+from kafscale_lakehouse.config import LakehouseConfig, parse_config  # noqa: E402
+from kafscale_lakehouse.etcd_client import EtcdClient  # noqa: E402
+from kafscale_lakehouse.format import encode_segment  # noqa: E402
+from kafscale_lakehouse.offsets.factory import offset_store_from_config  # noqa: E402
+from kafscale_lakehouse.offsets.records import broker_next_offset_key  # noqa: E402
+from kafscale_lakehouse.orchestration.sensors import WatchSources, build_sensors, sensor_name  # noqa: E402
+from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key  # noqa: E402
+from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY  # noqa: E402
+from kafscale_lakehouse.storage.factory import segment_store_from_config  # noqa: E402
+from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_order  # noqa: E402
+from kafscale_lakehouse_tests.servers import (  # noqa: E402
+    ACCESS_KEY,
+    REGION,
+    S3_BUCKET,
+    SECRET_KEY,
+    TABLE_BUCKET,
+    Etcd,
+    SeaweedFS,
+)
+
+log = logging.getLogger("benchmarks.sensor_tick")
+
+UPLOAD_THREADS = 32
+NEW_SEGMENTS_PER_TICK = 3
+OWNER_ID = "sensor-tick-benchmark"
+
+
+class CountingEtcdClient(EtcdClient):
+    """An `EtcdClient` that counts its calls by kind (`get`, `get prefix`, `put`, `transaction`, ...)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: Counter[str] = Counter()
+
+    def _call(self, operation, fn):
+        # `operation` reads "<kind> <key or details>"; "get prefix" is the one two-word kind.
+        kind = "get prefix" if operation.startswith("get prefix") else operation.split(" ", 1)[0]
+        self.calls[kind] += 1
+        return super()._call(operation, fn)
+
+
+@dataclass(frozen=True)
+class TickCost:
+    scenario: str
+    segments: int  # already-ingested segments per partition
+    s3: Counter[str]
+    etcd: Counter[str]
+    milliseconds: float
+    run_requested: bool
+
+
+@dataclass
+class TopicUnderTest:
+    topic: str
+    partitions: int
+    next_offset: int  # per partition: every partition holds the same offsets
+
+
+# ------------------------------------------------------------------------------------------------ setup
+
+
+def benchmark_config(seaweedfs: SeaweedFS, etcd: Etcd, *, namespace: str, key_prefix: str, discovery: str,
+                     topics: list[str]) -> LakehouseConfig:
+    return parse_config({
+        "s3": {"bucket": S3_BUCKET, "namespace": namespace, "endpoint": seaweedfs.s3_endpoint, "region": REGION,
+               "path_style": True, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY},
+        "iceberg": {"catalog": {"type": "rest", "uri": seaweedfs.rest_uri, "credential": f"{ACCESS_KEY}:{SECRET_KEY}"},
+                    "warehouse": f"s3://{TABLE_BUCKET}"},
+        "offsets": {"backend": "etcd", "key_prefix": key_prefix},
+        "etcd": {"endpoints": [etcd.endpoint]},
+        "discovery": {"mode": discovery},
+        "mappings": [{"topic": topic, "table": f"bench.{topic.replace('-', '_')}", "create_table_if_missing": True,
+                      "schema": {"columns": [column.model_dump() for column in PIZZA_COLUMNS]}}
+                     for topic in topics],
+    }, source="benchmarks/sensor_tick.py")
+
+
+def watch_sources(config: LakehouseConfig) -> tuple[WatchSources, CountingEtcdClient]:
+    """The sensor's connections, built as `WatchSources.from_config` does but with a counting etcd client."""
+    etcd = CountingEtcdClient(config.etcd.endpoints)
+    sources = WatchSources(store=segment_store_from_config(config), offsets=offset_store_from_config(config, etcd),
+                           discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=etcd)
+    return sources, etcd
+
+
+def upload_client(seaweedfs: SeaweedFS):
+    """A boto3 S3 client with a connection per upload thread (boto3 keeps 10 by default)."""
+    return boto3.client("s3", endpoint_url=seaweedfs.s3_endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
+                        aws_secret_access_key=SECRET_KEY,
+                        config=Config(s3={"addressing_style": "path"}, max_pool_connections=UPLOAD_THREADS))
+
+
+def upload_segments(s3, namespace: str, topic: TopicUnderTest, count: int) -> None:
+    """`count` one-record segments per partition after `topic.next_offset`, uploaded in parallel; each segment's
+    `.kfs` goes up before its `.index`, as the broker uploads them."""
+    first = topic.next_offset
+
+    def upload(partition: int, offset: int) -> None:
+        segment = encode_segment([pizza_order(offset, partition=partition)], base_offset=offset, codec="none",
+                                 records_per_batch=1)
+        for kind, body in ((ObjectKind.SEGMENT, segment.kfs), (ObjectKind.INDEX, segment.index)):
+            s3.put_object(Bucket=S3_BUCKET, Key=segment_key(namespace, topic.topic, partition, offset, kind), Body=body)
+
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+        for future in [pool.submit(upload, partition, offset) for partition in range(topic.partitions)
+                       for offset in range(first, first + count)]:
+            future.result()
+    topic.next_offset = first + count
+
+
+def publish_broker_state(etcd: EtcdClient, topics: list[TopicUnderTest]) -> None:
+    """The broker's watermarks and metadata snapshot (what `discovery.mode` auto/etcd reads), as KafScale writes."""
+    for topic in topics:
+        for partition in range(topic.partitions):
+            etcd.put(broker_next_offset_key(topic.topic, partition), str(topic.next_offset))
+    snapshot = {"Topics": [{"Name": topic.topic, "ErrorCode": 0,
+                            "Partitions": [{"PartitionIndex": p, "ErrorCode": 0} for p in range(topic.partitions)]}
+                           for topic in topics]}
+    etcd.put(METADATA_SNAPSHOT_KEY, json.dumps(snapshot, separators=(",", ":")))
+
+
+def commit_to_end(sources: WatchSources, topic: TopicUnderTest) -> None:
+    """Mark everything so far as ingested: committed offsets at the last offset, as an ingest run commits them."""
+    partitions = range(topic.partitions)
+    with sources.offsets.acquire_leases(topic.topic, partitions, OWNER_ID) as leases:
+        sources.offsets.commit_offsets(leases, {p: (topic.next_offset - 1, 0) for p in partitions})
+
+
+# ------------------------------------------------------------------------------------------------ ticks
+
+
+class SensorTicker:
+    """Evaluates one mapping's sensor as the daemon does and measures each tick."""
+
+    def __init__(self, config: LakehouseConfig, topic: str, sources: WatchSources, etcd: CountingEtcdClient,
+                 instance: dg.DagsterInstance):
+        self.sources, self.etcd, self.instance = sources, etcd, instance
+        [mapping] = [m for m in config.mappings if m.topic == topic]
+        [self.sensor] = [s for s in build_sensors(config, sources=lambda: sources)
+                         if s.name == sensor_name(mapping.table)]
+
+    def tick(self, scenario: str, segments: int, cursor: str | None) -> tuple[TickCost, str | None]:
+        s3_before, etcd_before = self.sources.store.request_counts, Counter(self.etcd.calls)
+        started = time.perf_counter()
+        result = self.sensor.evaluate_tick(dg.build_sensor_context(instance=self.instance, cursor=cursor))
+        milliseconds = 1000 * (time.perf_counter() - started)
+        s3 = self.sources.store.request_counts - s3_before
+        etcd = self.etcd.calls - etcd_before
+        # The daemon applies the dynamic-partition requests after the tick (not part of the tick's reads).
+        for request in result.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        return TickCost(scenario, segments, s3, etcd, milliseconds, bool(result.run_requests)), result.cursor
+
+
+def median_cost(costs: list[TickCost]) -> TickCost:
+    """The first tick's counts (every repeat costs the same requests) with the median tick time."""
+    if any((c.s3, c.etcd) != (costs[0].s3, costs[0].etcd) for c in costs):
+        log.warning("%s with %d segments: request counts differ between repeats: %s", costs[0].scenario,
+                    costs[0].segments, [(dict(c.s3), dict(c.etcd)) for c in costs])
+    first = costs[0]
+    return TickCost(first.scenario, first.segments, first.s3, first.etcd,
+                    statistics.median(c.milliseconds for c in costs), first.run_requested)
+
+
+def measure_topic(args: argparse.Namespace, s3, ticker: SensorTicker, cold_ticker: SensorTicker | None,
+                  namespace: str, topic: TopicUnderTest, publish: Callable[[], None]) -> list[TickCost]:
+    segments = topic.next_offset
+    costs: list[TickCost] = []
+    # The first evaluation registers the topic's partitions in the instance; it is not one of the measured ticks.
+    _, cursor = ticker.tick("registration", segments, None)
+
+    restart = []
+    for _ in range(args.repeat):
+        cost, cursor = ticker.tick("restart (empty cursor)", segments, None)
+        restart.append(cost)
+    costs.append(median_cost(restart))
+
+    if cold_ticker is not None:
+        cold_ticker.tick("registration", segments, None)
+        costs.append(median_cost([cold_ticker.tick("cold (nothing committed)", segments, None)[0]
+                                  for _ in range(args.repeat)]))
+
+    idle = []
+    for _ in range(args.repeat):
+        cost, cursor = ticker.tick("steady, 0 new/partition", segments, cursor)
+        idle.append(cost)
+    costs.append(median_cost(idle))
+
+    new = []
+    for _ in range(args.repeat):
+        upload_segments(s3, namespace, topic, NEW_SEGMENTS_PER_TICK)
+        publish()
+        cost, cursor = ticker.tick(f"steady, {NEW_SEGMENTS_PER_TICK} new/partition", segments, cursor)
+        new.append(cost)
+    costs.append(median_cost(new))
+    return costs
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+
+def print_costs(costs: list[TickCost], partitions: int) -> None:
+    print(f"{'ingested segments':>17} {'tick':<26} {'S3 list':>7} {'S3 get':>6} {'S3 head':>7} {'etcd calls':>10} "
+          f"{'tick ms':>8}  run requested  etcd calls by kind")
+    for cost in costs:
+        kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(cost.etcd.items())) or "-"
+        print(f"{cost.segments * partitions:17,d} {cost.scenario:<26} {cost.s3['list']:7d} {cost.s3['get']:6d} "
+              f"{cost.s3['head']:7d} {sum(cost.etcd.values()):10d} {cost.milliseconds:8.1f}  "
+              f"{'yes' if cost.run_requested else 'no':<13}  {kinds}")
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--segments", type=int, nargs="+", default=[10, 1_000, 10_000],
+                        help="already-ingested segments per partition, one topic per value")
+    parser.add_argument("--partitions", type=int, default=1, help="Kafka partitions per topic")
+    parser.add_argument("--discovery", choices=("auto", "etcd", "s3"), default="auto",
+                        help="discovery.mode of the sensor (default: the config default, auto: the broker's "
+                             "metadata snapshot in etcd)")
+    parser.add_argument("--repeat", type=int, default=3, help="ticks per scenario (median time)")
+    parser.add_argument("--cold", action="store_true",
+                        help="also tick with an empty cursor and nothing committed (a never-ingested backlog)")
+    parser.add_argument("--verbose", action="store_true", help="log at INFO level")
+    args = parser.parse_args()
+    if min(*args.segments, args.partitions, args.repeat) < 1:
+        parser.error("--segments, --partitions and --repeat must be positive")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # The sensor's `context.log` is a console logger outside the logging hierarchy, at INFO: mute INFO globally.
+        logging.disable(logging.INFO)
+    run = uuid.uuid4().hex[:8]
+    with tempfile.TemporaryDirectory(prefix="kafscale-sensor-bench-") as workdir_name:
+        workdir = Path(workdir_name)
+        seaweedfs = SeaweedFS(workdir / "seaweedfs").start()
+        try:
+            etcd = Etcd(workdir / "etcd").start()
+            try:
+                benchmark(args, seaweedfs, etcd, workdir, run)
+            finally:
+                etcd.stop()
+        finally:
+            seaweedfs.stop()
+
+
+def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd, workdir: Path, run: str) -> None:
+    namespace = f"tick-{run}"
+    topics = [TopicUnderTest(f"ticks-{count}", args.partitions, 0) for count in args.segments]
+    config = benchmark_config(seaweedfs, etcd, namespace=namespace, key_prefix=f"bench-{run}",
+                              discovery=args.discovery, topics=[t.topic for t in topics])
+    cold_config = benchmark_config(seaweedfs, etcd, namespace=namespace, key_prefix=f"bench-cold-{run}",
+                                   discovery=args.discovery, topics=[t.topic for t in topics])
+    sources, counting_etcd = watch_sources(config)
+    cold_sources, cold_etcd = watch_sources(cold_config) if args.cold else (None, None)
+    s3 = upload_client(seaweedfs)
+    started = time.perf_counter()
+    for topic, count in zip(topics, args.segments):
+        upload_segments(s3, namespace, topic, count)
+        commit_to_end(sources, topic)
+    publish = lambda: publish_broker_state(counting_etcd, topics)  # noqa: E731
+    publish()
+    print(f"{sum(args.segments) * args.partitions:,} one-record segments in {len(topics)} topics of "
+          f"{args.partitions} partition(s) uploaded to SeaweedFS and committed in etcd in "
+          f"{time.perf_counter() - started:.1f} s; discovery.mode {args.discovery}, {args.repeat} ticks per "
+          f"scenario")
+
+    costs: list[TickCost] = []
+    (workdir / "dagster_home").mkdir()
+    instance = dg.DagsterInstance.local_temp(str(workdir / "dagster_home"))
+    try:
+        for topic in topics:
+            ticker = SensorTicker(config, topic.topic, sources, counting_etcd, instance)
+            cold_ticker = (SensorTicker(cold_config, topic.topic, cold_sources, cold_etcd, instance)
+                           if cold_sources is not None else None)
+            costs += measure_topic(args, s3, ticker, cold_ticker, namespace, topic, publish)
+    finally:
+        instance.dispose()
+        for client in (counting_etcd, cold_etcd):
+            if client is not None:
+                client.close()
+    print_costs(costs, args.partitions)
+
+
+if __name__ == "__main__":
+    main()
