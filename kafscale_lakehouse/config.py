@@ -78,8 +78,8 @@ class ConfigError(ValueError):
         super().__init__("\n".join(f"{source}: {problem}" for problem in self.problems))
 
 
-def _without_userinfo(url: str | None) -> str | None:
-    """`url` with its `user:password@` (if any) replaced by `***@`."""
+def redact_url(url: str | None) -> str | None:
+    """`url` with its user info (`user:password@`, `token@`), if any, replaced by `***@`: for messages and logs."""
     if url is None:
         return None
     scheme, separator, rest = url.partition("://")
@@ -244,11 +244,11 @@ class RegistryConfig(_ConfigModel):
 
     def __repr_args__(self):  # noqa: ANN204 - pydantic's signature
         for name, value in super().__repr_args__():
-            yield name, _without_userinfo(value) if name == "base_url" else value
+            yield name, redact_url(value) if name == "base_url" else value
 
     @field_serializer("base_url")
     def _base_url_for_display(self, base_url: str | None) -> str | None:
-        return _without_userinfo(base_url)
+        return redact_url(base_url)
 
 
 class SchemaValidationConfig(_ConfigModel):

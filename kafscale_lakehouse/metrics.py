@@ -59,8 +59,8 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ADDED_RECORDS, Snapshot, ancestors_of
 
-from kafscale_lakehouse.config import ConfigError, LakehouseConfig
-from kafscale_lakehouse.engine.catalog import CatalogError, catalog_endpoint, catalog_errors, load_catalog, redact_uri
+from kafscale_lakehouse.config import ConfigError, LakehouseConfig, redact_url
+from kafscale_lakehouse.engine.catalog import CatalogError, catalog_endpoint, catalog_errors, load_catalog
 from kafscale_lakehouse.engine.dead_letter import DEAD_LETTER_RECORDS_PROPERTY
 from kafscale_lakehouse.engine.ingest import WRITE_LATENCY_PROPERTY, catalog_settings
 from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX
@@ -266,7 +266,7 @@ class LakehouseStateCollector:
         self._catalog_settings = catalog_settings(config)
         self._catalog: Catalog | None = None
         settings = self._catalog_settings
-        catalog_where = redact_uri(settings.uri or settings.warehouse or settings.name)
+        catalog_where = redact_url(settings.uri or settings.warehouse or settings.name)
         # The names appear in timeout messages (logs, /readyz): where each source is, never a credential.
         self._offsets_caller = _BoundedCaller(self._offsets.location, source_timeout_seconds)
         self._catalog_caller = _BoundedCaller(f"Iceberg catalog at {catalog_where}", source_timeout_seconds)

@@ -16,6 +16,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pyetcd import client as raw_etcd_client
+from pyetcd import etcdrpc
+
 log = logging.getLogger(__name__)
 
 ACCESS_KEY = "lakehouse-test-ak"
@@ -214,6 +217,21 @@ class Etcd:
                 return json.loads(r.read()).get("health") == "true"
         except urllib.error.HTTPError:
             return False
+
+    def enable_auth(self, user: str, password: str) -> None:
+        """Turn on etcd authentication with `user`/`password` (root role) and a `root` user (password
+        `root-secret`)."""
+        admin = raw_etcd_client("127.0.0.1", self.client_port)
+        try:
+            auth = admin.authstub
+            auth.UserAdd(etcdrpc.AuthUserAddRequest(name="root", password="root-secret"))
+            auth.RoleAdd(etcdrpc.AuthRoleAddRequest(name="root"))
+            auth.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user="root", role="root"))
+            auth.UserAdd(etcdrpc.AuthUserAddRequest(name=user, password=password))
+            auth.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user=user, role="root"))
+            auth.AuthEnable(etcdrpc.AuthEnableRequest())
+        finally:
+            admin.close()
 
     def kill(self) -> None:
         """SIGKILL, keeping the data dir (crash)."""

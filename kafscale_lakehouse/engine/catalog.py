@@ -29,7 +29,7 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform, UnknownTransform, parse_transform
 from sqlalchemy.exc import SQLAlchemyError
 
-from kafscale_lakehouse.config import SSE_TYPES
+from kafscale_lakehouse.config import SSE_TYPES, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def load_catalog(settings: CatalogSettings) -> Catalog:
     if settings.type == "rest":
         if not settings.uri:
             raise ValueError("iceberg.catalog.uri is required for a rest catalog")
-        endpoint = redact_uri(settings.uri)
+        endpoint = redact_url(settings.uri)
         with catalog_errors(endpoint, _rest_auth_hint(settings)):
             catalog: Catalog = RestCatalog(settings.name, **props)
     else:
@@ -153,7 +153,7 @@ def load_catalog(settings: CatalogSettings) -> Catalog:
         props["warehouse"] = _warehouse_uri(settings.warehouse)
         if "uri" not in props:  # not setdefault: the default needs a local warehouse, a given uri does not
             props["uri"] = _default_sqlite_uri(props["warehouse"])
-        endpoint = redact_uri(props["uri"])
+        endpoint = redact_url(props["uri"])
         with catalog_errors(endpoint, "iceberg.catalog.uri"):
             catalog = SqlCatalog(settings.name, **props)
     log.info("Iceberg %s catalog %r at %s", settings.type, settings.name, endpoint)
@@ -226,16 +226,7 @@ def build_partition_spec(identifier: str, schema: Schema, fields: Sequence[Parti
 
 def catalog_endpoint(catalog: Catalog) -> str:
     """Where the catalog lives, for messages (password in a URI is masked)."""
-    return redact_uri(catalog.properties.get("uri", f"catalog {catalog.name}"))
-
-
-def redact_uri(uri: str) -> str:
-    """`uri` with any password in its user info replaced by `***`."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return redact_url(catalog.properties.get("uri", f"catalog {catalog.name}"))
 
 
 @contextmanager

@@ -28,7 +28,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kafscale_lakehouse.config import ColumnConfig, ConfigError, RegistryConfig
+from kafscale_lakehouse.config import ColumnConfig, ConfigError, RegistryConfig, redact_url
 from kafscale_lakehouse.schema.columns import columns_from_json_schema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, InvalidSchemaDocumentError, compile_json_schema
@@ -192,7 +192,7 @@ class SchemaRegistryClient:
                 if exc.code == 404:
                     raise SchemaNotFoundError(f"schema registry has no schema for topic {topic!r}: {url} answered 404", url=url) from None
                 if 300 <= exc.code < 400:
-                    location = _without_credentials(exc.headers.get("Location") or "nowhere")
+                    location = redact_url(exc.headers.get("Location") or "nowhere")
                     raise SchemaRegistryRequestError(
                         f"schema registry answered {exc.code} for {url}, redirecting to {location}: redirects are not followed, "
                         "set schema.registry.base_url to the final location", url=url) from None
@@ -228,10 +228,10 @@ def _split_credentials(base_url: str) -> tuple[str, str | None]:
         parts = urllib.parse.urlsplit(base_url.strip())
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError as exc:
-        raise ConfigError(_CONFIG_SOURCE, [f"schema.registry.base_url: {_without_credentials(base_url)!r} is not a URL: {exc}"]) from None
+        raise ConfigError(_CONFIG_SOURCE, [f"schema.registry.base_url: {redact_url(base_url)!r} is not a URL: {exc}"]) from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise ConfigError(_CONFIG_SOURCE, [
-            f"schema.registry.base_url: {_without_credentials(base_url)!r} must be an http(s) URL with a host and no query or fragment"
+            f"schema.registry.base_url: {redact_url(base_url)!r} must be an http(s) URL with a host and no query or fragment"
         ])
     authorization = None
     if parts.username is not None or parts.password is not None:
@@ -241,9 +241,3 @@ def _split_credentials(base_url: str) -> tuple[str, str | None]:
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", "")), authorization
 
 
-def _without_credentials(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    if not rest:
-        return url
-    netloc, slash, path = rest.partition("/")
-    return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{path}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 
+from kafscale_lakehouse.config import redact_url
 from kafscale_lakehouse.engine.catalog import (
     CatalogAuthenticationError,
     CatalogSettings,
@@ -15,7 +16,6 @@ from kafscale_lakehouse.engine.catalog import (
     catalog_endpoint,
     load_catalog,
     open_table,
-    redact_uri,
 )
 from kafscale_lakehouse_tests.engine_sink.helpers import BASE_COLUMNS, MAPPED_COLUMNS, lakehouse_schema, rest_settings
 from kafscale_lakehouse_tests.servers import free_ports
@@ -113,6 +113,7 @@ def test_settings_repr_and_uri_redaction_hide_secrets():
                                s3_secret_access_key="s3-secret")
     assert "secret" not in repr(settings)
     assert settings.catalog_properties()["credential"] == "u:pw-secret"
-    assert redact_uri("postgresql://user:pw-secret@db:5432/iceberg") == "postgresql://user:***@db:5432/iceberg"
+    assert redact_url("postgresql://user:pw-secret@db:5432/iceberg") == "postgresql://***@db:5432/iceberg"
+    assert redact_url("https://api-token@registry.example/schemas") == "https://***@registry.example/schemas"
     with pytest.raises(ValueError, match="iceberg.catalog.type"):
         load_catalog(CatalogSettings(type="hive", uri="thrift://h"))

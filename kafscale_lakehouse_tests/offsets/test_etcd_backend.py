@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from pyetcd import client as raw_etcd_client
-from pyetcd import etcdrpc
 
 from kafscale_lakehouse.etcd_client import EtcdAuthError, EtcdClient, EtcdUnavailableError
 from kafscale_lakehouse.offsets import EtcdOffsetStore
@@ -102,24 +100,10 @@ def test_etcd_killed_and_restarted_mid_use_recovers_with_data_intact(tmp_path, c
         server.stop()
 
 
-def _enable_auth(server: Etcd, user: str, password: str) -> None:
-    admin = raw_etcd_client("127.0.0.1", server.client_port)
-    try:
-        auth = admin.authstub
-        auth.UserAdd(etcdrpc.AuthUserAddRequest(name="root", password="root-secret"))
-        auth.RoleAdd(etcdrpc.AuthRoleAddRequest(name="root"))
-        auth.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user="root", role="root"))
-        auth.UserAdd(etcdrpc.AuthUserAddRequest(name=user, password=password))
-        auth.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user=user, role="root"))
-        auth.AuthEnable(etcdrpc.AuthEnableRequest())
-    finally:
-        admin.close()
-
-
 def test_authentication(tmp_path):
     server = Etcd(tmp_path).start()
     try:
-        _enable_auth(server, "lakehouse", "s3cret-pass")
+        server.enable_auth("lakehouse", "s3cret-pass")
         client = EtcdClient([server.endpoint], username="lakehouse", password="s3cret-pass")
         assert "s3cret-pass" not in repr(client)
         store = EtcdOffsetStore(client, key_prefix="processors")

@@ -32,7 +32,6 @@ from kafscale_lakehouse.storage import segment_store_from_config
 from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.dagster_core.conftest import run_ingest_job
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
-from kafscale_lakehouse_tests.offsets.test_etcd_backend import _enable_auth
 from kafscale_lakehouse_tests.schema_registry.conftest import RegistryServer
 from kafscale_lakehouse_tests.servers import REGION, Etcd, SeaweedFS
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_RECORDS, records_with_faults, serve_schema
@@ -188,7 +187,7 @@ def secured_seaweedfs(tmp_path_factory, credentials) -> Iterator[SeaweedFS]:
 def secured_etcd(tmp_path_factory, credentials) -> Iterator[Etcd]:
     server = Etcd(tmp_path_factory.mktemp("secured-etcd")).start()
     try:
-        _enable_auth(server, ETCD_USER, credentials.etcd_password)
+        server.enable_auth(ETCD_USER, credentials.etcd_password)
         yield server
     finally:
         server.stop()
