@@ -71,6 +71,7 @@ from kafscale_lakehouse.storage import (
     discover_partitions,
     find_gaps,
     segment_key,
+    segment_store_from_config,
 )
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,6 @@ class IngestContext:
     config: LakehouseConfig
     spark: SparkSession
     store: SegmentStore
-    store_options: StoreOptions
     offsets: OffsetStore
     catalog_settings: CatalogSettings
     etcd: EtcdClient | None = None
@@ -150,9 +150,8 @@ class IngestContext:
 
     @classmethod
     def from_config(cls, config: LakehouseConfig, spark: SparkSession) -> IngestContext:
-        store_options = StoreOptions.from_config(config)
         etcd = etcd_client_from_config(config) if config.etcd.endpoints else None
-        return cls(config=config, spark=spark, store=store_options.open(), store_options=store_options,
+        return cls(config=config, spark=spark, store=segment_store_from_config(config),
                    offsets=offset_store_from_config(config, etcd), catalog_settings=catalog_settings(config),
                    etcd=etcd, registry=schema_registry_client(config))
 
@@ -345,7 +344,7 @@ def _plan(prepared: PreparedIngest) -> None:
     if prepared.plans:
         config = context.config
         prepared.read_options = KafscaleReadOptions(
-            store=context.store_options, topic=topic,
+            store=StoreOptions.describing(context.store), topic=topic,
             starting_offsets={p: plan.read_start for p, plan in prepared.plans.items()},
             ending_offsets={p: plan.end for p, plan in prepared.plans.items()},
             columns=prepared.validation.columns,

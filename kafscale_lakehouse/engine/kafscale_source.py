@@ -74,7 +74,7 @@ from pyspark.sql.datasource import CaseInsensitiveDict, DataSource, DataSourceRe
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig
+from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.format import (
     BASE_SCHEMA,
     FOOTER_SIZE,
@@ -201,16 +201,16 @@ class StoreOptions:
             raise KafscaleOptionError(f"option store is {self.kind!r}; expected 's3' or 'local'")
 
     @classmethod
-    def from_config(cls, config: LakehouseConfig) -> StoreOptions:
-        """The segment store of a config: `segments.local_root` when set, else the `s3.*` bucket."""
-        s3 = config.s3
-        if config.segments.local_root is not None:
-            return cls(kind="local", namespace=s3.namespace, local_root=str(config.segments.local_root))
-        if not s3.bucket:
-            raise KafscaleOptionError("s3.bucket is required (or segments.local_root) to read segments")
-        secret = s3.secret_access_key.get_secret_value() if s3.secret_access_key is not None else None
-        return cls(kind="s3", namespace=s3.namespace, bucket=s3.bucket, endpoint=s3.endpoint, region=s3.region,
-                   path_style=s3.path_style, access_key_id=s3.access_key_id, secret_access_key=secret)
+    def describing(cls, store: SegmentStore) -> StoreOptions:
+        """The options that open a store like `store` (executors open their own; reads need no SSE settings)."""
+        if isinstance(store, LocalSegmentStore):
+            return cls(kind="local", namespace=store.namespace, local_root=str(store.root))
+        if isinstance(store, S3SegmentStore):
+            access_key_id, secret_access_key, session_token = store.static_credentials
+            return cls(kind="s3", namespace=store.namespace, bucket=store.bucket, endpoint=store.endpoint,
+                       region=store.region, path_style=store.path_style, access_key_id=access_key_id,
+                       secret_access_key=secret_access_key, session_token=session_token)
+        raise TypeError(f"no {KAFSCALE_FORMAT} source options for a {type(store).__name__}")
 
     def open(self) -> SegmentStore:
         if self.kind == "local":

@@ -268,8 +268,7 @@ def lakehouse_resources(config: LakehouseConfig) -> dict[str, dg.ConfigurableRes
 def ingest_context(config: LakehouseConfig, spark: SparkResource, segment_store: SegmentStoreResource,
                    offset_store: OffsetStoreResource, catalog: IcebergCatalogResource) -> IngestContext:
     """The engine's run context over the step's resources (the engine's own `from_config` is for the CLI)."""
-    store_options = segment_store.store_options()
-    return IngestContext(config=config, spark=spark.spark_session, store=store_options.open(),
-                         store_options=store_options, offsets=offset_store.offset_store(),
+    return IngestContext(config=config, spark=spark.spark_session, store=segment_store.open_store(),
+                         offsets=offset_store.offset_store(),
                          catalog_settings=catalog.settings(), etcd=offset_store.etcd_client(),
                          registry=schema_registry_client(config))

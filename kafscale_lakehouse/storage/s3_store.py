@@ -99,6 +99,11 @@ class S3SegmentStore(SegmentStore):
         self._session: boto3.session.Session | None = None
         self._s3: Any = None
 
+    @property
+    def static_credentials(self) -> tuple[str | None, str | None, str | None]:
+        """(access key id, secret access key, session token) as given; all None when the AWS chain is used."""
+        return self._access_key_id, self._secret_access_key, self._session_token
+
     def __repr__(self) -> str:  # never shows the secret
         return f"S3SegmentStore(bucket={self.bucket!r}, namespace={self.namespace!r}, endpoint={self.endpoint!r})"
 

@@ -34,7 +34,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
     source_arrow_schema,
 )
 from kafscale_lakehouse.format import CrcMismatchError, encode_segment, entry_for_offset, go_headers_json, parse_index
-from kafscale_lakehouse.storage import ObjectKind, ObjectNotFoundError, segment_key
+from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, ObjectNotFoundError, S3SegmentStore, segment_key
 from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.engine_source.conftest import (
     PIZZA_COLUMNS,
@@ -330,6 +330,18 @@ def test_options_round_trip_and_credentials_use_names_spark_redacts(tmp_path):
     assert "SECRET" not in repr(options) and "TOKEN" not in repr(options)
     local = StoreOptions(kind="local", local_root=str(tmp_path))
     assert StoreOptions.from_options({k.lower(): v for k, v in local.to_options().items()}) == local
+
+
+def test_store_options_describe_an_opened_store_so_executors_open_the_same(tmp_path):
+    s3 = S3SegmentStore("lake", namespace="ns", endpoint="http://127.0.0.1:1", region="eu-west-1", path_style=True,
+                        access_key_id="AKID", secret_access_key="SECRET", session_token="TOKEN")
+    described = StoreOptions.describing(s3)
+    assert described == StoreOptions(kind="s3", namespace="ns", bucket="lake", endpoint="http://127.0.0.1:1",
+                                     region="eu-west-1", path_style=True, access_key_id="AKID",
+                                     secret_access_key="SECRET", session_token="TOKEN")
+    assert described.open().static_credentials == ("AKID", "SECRET", "TOKEN")
+    local = LocalSegmentStore(tmp_path, namespace="ns")
+    assert StoreOptions.describing(local).open().root == local.root
 
 
 BASE_OPTIONS = {"store": "local", "localRoot": "/tmp/x", "topic": "orders", "endingOffsets": '{"orders": {"0": 5}}'}
