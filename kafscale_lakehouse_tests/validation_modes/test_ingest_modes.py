@@ -45,6 +45,13 @@ def validated_config(world: IngestWorld, base_url: str | None, mode: str, **mapp
     return world.config(document)
 
 
+def lenient_faulty_topic(world: IngestWorld, registry):
+    """The faulty topic, its schema in the registry, and a lenient config for it."""
+    serve_schema(registry, world.topic)
+    write_faulty_topic(world)
+    return validated_config(world, registry.base_url, "lenient")
+
+
 def run(world: IngestWorld, config, spark):
     return ingest_mapping(IngestContext.from_config(config, spark), config.mappings[0])
 
@@ -61,9 +68,7 @@ def dead_letter_offsets(table: Table) -> list[int]:
 @pytest.mark.parametrize("world_kind", ["embedded", "production"])
 def test_lenient_lands_valid_records_and_dead_letters_the_rest_exactly_once(request, world_kind, registry, spark):
     world: IngestWorld = request.getfixturevalue(f"{world_kind}_world")
-    serve_schema(registry, world.topic)
-    write_faulty_topic(world)
-    config = validated_config(world, registry.base_url, "lenient")
+    config = lenient_faulty_topic(world, registry)
 
     result = run(world, config, spark)
 
@@ -138,9 +143,7 @@ def test_mode_off_sends_coercion_failures_to_a_configured_dead_letter_table(embe
 def test_a_run_stopped_after_the_table_commit_has_its_dead_letters_published_by_the_next(embedded_world, registry,
                                                                                          spark, monkeypatch):
     world = embedded_world
-    serve_schema(registry, world.topic)
-    write_faulty_topic(world)
-    config = validated_config(world, registry.base_url, "lenient")
+    config = lenient_faulty_topic(world, registry)
 
     def stop(*args, **kwargs):
         raise StopRun("between the table commit and publishing the dead letters")
@@ -166,9 +169,7 @@ def test_a_run_stopped_after_the_table_commit_has_its_dead_letters_published_by_
 def test_a_run_stopped_before_the_table_commit_leaves_no_dead_letter_behind(embedded_world, registry, spark,
                                                                             monkeypatch):
     world = embedded_world
-    serve_schema(registry, world.topic)
-    write_faulty_topic(world)
-    config = validated_config(world, registry.base_url, "lenient")
+    config = lenient_faulty_topic(world, registry)
 
     def stop(*args, **kwargs):
         raise StopRun("after staging the dead letters, before the table commit")
@@ -191,9 +192,7 @@ def test_a_task_that_fails_fails_the_run_and_no_data_file_of_any_task_is_left(em
     """Partition 0's task fails writing its dead letters (their S3 endpoint refuses connections; the S3 client's
     retries take ~1.5 s) after partition 1's task wrote its data files: the job fails naming the table, and the files of both tasks are gone."""
     world = embedded_world
-    serve_schema(registry, world.topic)
-    write_faulty_topic(world)
-    config = validated_config(world, registry.base_url, "lenient")
+    config = lenient_faulty_topic(world, registry)
     real_target = ingest_module.dead_letter_target
 
     def unreachable_target(*args, **kwargs):
