@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install install-test demo test
+.PHONY: install install-test lint demo test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,5 +27,9 @@ demo: install
 	trap 'kill $$producer 2>/dev/null; wait $$producer' EXIT; trap 'exit 130' INT TERM; \
 	DAGSTER_HOME=$(DAGSTER_HOME) $(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
-test: install-test
+lint: install-test
+	$(BIN)/ruff check kafscale_lakehouse kafscale_lakehouse_tests benchmarks scripts
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

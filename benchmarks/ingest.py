@@ -55,11 +55,11 @@ from kafscale_lakehouse.engine.spark import get_spark_session  # noqa: E402
 from kafscale_lakehouse.format import decode_segment  # noqa: E402
 from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema  # noqa: E402
 from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_COLUMNS, PIZZA_TOPIC, write_partition_segments  # noqa: E402
-from kafscale_lakehouse_tests.format.kafka_python_reference import (  # noqa: E402
+from kafscale_lakehouse.testing.kafka_python_reference import (  # noqa: E402
     cramjam_codec_patches,
     read_segment_records,
 )
-from kafscale_lakehouse_tests.servers import (  # noqa: E402
+from kafscale_lakehouse.testing.servers import (  # noqa: E402
     ACCESS_KEY,
     REGION,
     S3_BUCKET,

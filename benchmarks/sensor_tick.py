@@ -49,7 +49,7 @@ from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key  #
 from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY  # noqa: E402
 from kafscale_lakehouse.storage.factory import segment_store_from_config  # noqa: E402
 from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_order  # noqa: E402
-from kafscale_lakehouse_tests.servers import (  # noqa: E402
+from kafscale_lakehouse.testing.servers import (  # noqa: E402
     ACCESS_KEY,
     REGION,
     S3_BUCKET,

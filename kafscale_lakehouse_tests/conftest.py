@@ -9,11 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from kafscale_lakehouse_tests.servers import Etcd, SeaweedFS
+from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("KAFSCALE_SHARED_DIR", REPO_ROOT.parent / "shared"))
 FIXTURE_SEGMENTS = SHARED / "fixtures" / "segments"
+
+# Fixtures that start a real server (or need one): a test that uses any of them, directly or through another
+# fixture, is an integration test. Modules that start servers of their own mark themselves.
+SERVER_FIXTURES = frozenset({"seaweedfs", "etcd_server", "spark", "private_etcd", "registry", "store"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -18,9 +18,9 @@ from kafscale_lakehouse.definitions import build_definitions, defs
 from kafscale_lakehouse.orchestration.checks import CHECK_NAMES
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, partitions_def_name, pool_name
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX
+from kafscale_lakehouse.testing.servers import SECRET_KEY
 from kafscale_lakehouse.workload import PIZZA_TOPIC, write_partition_segments
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
-from kafscale_lakehouse_tests.servers import SECRET_KEY
 
 DEMO_TABLE_KEY = dg.AssetKey(["rpc", "pizzas"])
 DEMO_TOPIC_KEY = dg.AssetKey(["kafscale", PIZZA_TOPIC])

@@ -17,7 +17,7 @@ from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.demo_producer import DemoProducer, watermark_publisher
 from kafscale_lakehouse.orchestration.naming import partitions_def_name
 from kafscale_lakehouse.orchestration.sensors import SensorCursor, WatchSources, build_sensors
-from kafscale_lakehouse_tests.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
+from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
 
 POLL_INTERVAL_SECONDS = 7
 

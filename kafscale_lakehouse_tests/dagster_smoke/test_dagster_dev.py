@@ -24,8 +24,8 @@ import pytest
 from kafscale_lakehouse.orchestration.checks import CHECK_NAMES
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
 from kafscale_lakehouse.orchestration.sensors import PARTITION_RANGE_END_TAG, PARTITION_RANGE_START_TAG, sensor_name
+from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse.workload import PIZZA_TOPIC
-from kafscale_lakehouse_tests.servers import free_ports
 
 pytestmark = pytest.mark.integration
 

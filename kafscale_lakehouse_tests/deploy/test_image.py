@@ -17,12 +17,14 @@ import pytest
 from dagster._grpc.client import DagsterGrpcClient
 from dagster._utils.error import SerializableErrorInfo
 
+from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse.workload import write_partition_segments
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.deploy.conftest import size_values
 from kafscale_lakehouse_tests.deploy.dockerfile import DockerIgnore
 from kafscale_lakehouse_tests.deploy.helm_chart import SUBCHART_KEY
-from kafscale_lakehouse_tests.servers import free_ports
+
+pytestmark = pytest.mark.integration  # starts the image's code servers
 
 # What the chart's user deployment runs (dagster-user-deployments/templates/deployment-user.yaml, `args`), before
 # the deployment's dagsterApiGrpcArgs; the container's ENTRYPOINT stays in front of it.

@@ -30,9 +30,9 @@ from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.storage import ObjectKind, segment_key
+from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET, SeaweedFS
 from kafscale_lakehouse.workload import ALL_CODECS, WrittenSegment, partition_dir, write_partition_segments
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
-from kafscale_lakehouse_tests.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET, SeaweedFS
 
 CLI = Path(sys.executable).parent / "kafscale-lakehouse"
 SUBPROCESS_TIMEOUT_SECONDS = 240

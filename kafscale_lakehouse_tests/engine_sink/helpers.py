@@ -9,7 +9,7 @@ from pyiceberg.types import BinaryType, DoubleType, IntegerType, LongType, Neste
 
 from kafscale_lakehouse.engine.catalog import CatalogSettings
 from kafscale_lakehouse.engine.iceberg_sink import write_data_files
-from kafscale_lakehouse_tests.servers import ACCESS_KEY, REGION, SECRET_KEY, TABLE_BUCKET
+from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, SECRET_KEY, TABLE_BUCKET
 
 BASE_COLUMNS = ["record_id", "topic", "partition", "offset", "timestamp_ms", "key", "value", "headers"]
 MAPPED_COLUMNS = ["amount", "customer"]

@@ -17,8 +17,8 @@ from kafscale_lakehouse.engine.catalog import (
     load_catalog,
     open_table,
 )
+from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.engine_sink.helpers import BASE_COLUMNS, MAPPED_COLUMNS, lakehouse_schema, rest_settings
-from kafscale_lakehouse_tests.servers import free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyarrow.fs import FileSelector
 import pytest
+from pyarrow.fs import FileSelector
 from pyiceberg.expressions import EqualTo
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.schema import Schema

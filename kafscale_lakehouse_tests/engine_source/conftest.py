@@ -11,8 +11,8 @@ from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.kafscale_source import KafscaleReadOptions, StoreOptions
 from kafscale_lakehouse.format import EncodedSegment, encode_segment
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, S3SegmentStore, SegmentStore, segment_key
+from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
 from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_TOPIC, pizza_orders
-from kafscale_lakehouse_tests.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
 
 TOPIC = PIZZA_TOPIC
 # Small batches and a short index interval give segments several index entries, so ranged reads have a choice.

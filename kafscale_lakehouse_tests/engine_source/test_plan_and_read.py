@@ -46,6 +46,7 @@ from kafscale_lakehouse_tests.engine_source.conftest import (
     write_pizza_segments,
 )
 
+
 def read_all(store, options: KafscaleReadOptions) -> pa.Table:
     plan = plan_read(store, options)
     batches = [batch for partition in plan.input_partitions

@@ -12,12 +12,12 @@ from kafscale_lakehouse.format import (
     BASE_SCHEMA,
     CODEC_IDS,
     Record,
+    check_index_matches_segment,
     decode_segment,
     encode_segment,
     parse_index,
-    check_index_matches_segment,
 )
-from kafscale_lakehouse_tests.format.kafka_python_reference import cramjam_codec_patches, read_segment_records
+from kafscale_lakehouse.testing.kafka_python_reference import cramjam_codec_patches, read_segment_records
 
 TOPIC = "round.trip-topic"
 PARTITION = 3

@@ -15,7 +15,7 @@ import pytest
 
 from kafscale_lakehouse.etcd_client import EtcdAuthError, EtcdClient, EtcdUnavailableError
 from kafscale_lakehouse.offsets import EtcdOffsetStore
-from kafscale_lakehouse_tests.servers import Etcd, free_ports
+from kafscale_lakehouse.testing.servers import Etcd, free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, ope
 from kafscale_lakehouse.engine.iceberg_sink import file_io_properties
 from kafscale_lakehouse.engine.ingest import catalog_settings
 from kafscale_lakehouse.storage import S3SegmentStore, segment_store_from_config
+from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, SeaweedFS
 from kafscale_lakehouse_tests.security.conftest import SecuredRun
-from kafscale_lakehouse_tests.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, SeaweedFS
 
 pytestmark = pytest.mark.integration
 

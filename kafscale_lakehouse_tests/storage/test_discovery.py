@@ -16,7 +16,7 @@ from kafscale_lakehouse.storage import (
     MetadataSnapshotError,
     discover_partitions,
 )
-from kafscale_lakehouse_tests.servers import free_ports
+from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.storage.conftest import write_segments
 
 # What a broker writes: Go field names, null slices, an unhealthy topic and an unhealthy partition.
