@@ -154,10 +154,23 @@ def commit_append(
     paths = [f.file_path for f in data_files]
 
     attempt = 0
+    before_first_attempt: int | None = None
     while True:
         attempt += 1
         with catalog_errors(catalog_endpoint(table.catalog)):
             table.refresh()
+        if attempt == 1:
+            before_first_attempt = table.metadata.current_snapshot_id
+        else:
+            # A refused answer does not prove a refused commit: a proxy that retried our POST, or a timeout after
+            # the catalog applied it. Our own commit would look like a conflict below and delete live files.
+            landed = _find_commit_since(table, commit_id, before_first_attempt)
+            if landed is not None:
+                log.warning("table %s: commit of run %s was answered with an error but landed as snapshot %d",
+                            table_name, run_id, landed.snapshot_id)
+                committed = _snapshot_offsets(table, landed)
+                snapshot_id = landed.snapshot_id
+                break
         committed = read_committed_offsets(table)
         conflict = _first_conflict(committed.get(topic, {}), start_offsets)
         if conflict is not None:
@@ -169,7 +182,9 @@ def commit_append(
             append_without_client_retries(table, data_files, properties)
             snapshot_id = table.metadata.current_snapshot_id
         except CommitFailedException as exc:
-            if attempt == max_attempts:
+            if attempt >= max_attempts:
+                if _find_commit(table, commit_id, before_first_attempt) is not None:
+                    continue  # it landed after all: the next pass finds and reports it
                 _delete_uncommitted(table, paths, table_name, run_id)
                 raise CommitRetriesExhaustedError(
                     f"table {table_name}: commit of run {run_id} lost to concurrent commits {attempt} times; "
@@ -182,7 +197,7 @@ def commit_append(
             time.sleep(retry_wait_seconds * attempt)
             continue
         except Exception as exc:
-            snapshot = _find_commit(table, commit_id)
+            snapshot = _find_commit(table, commit_id, before_first_attempt)
             if snapshot is None:
                 raise CommitOutcomeUnknownError(
                     f"table {table_name}: commit of run {run_id} failed with an unknown outcome "
@@ -191,18 +206,19 @@ def commit_append(
                 ) from exc
             log.warning("table %s: commit of run %s reported %r but landed", table_name, run_id, exc)
             snapshot_id = snapshot.snapshot_id
-        topic_offsets = {**committed.get(topic, {}), **end_offsets}
-        log.info(
-            "table %s: run %s committed snapshot %d with %d data files, %s offsets %s",
-            table_name, run_id, snapshot_id, len(data_files), topic, format_offsets_property(topic_offsets),
-        )
-        return CommitResult(
-            snapshot_id=snapshot_id,
-            topic_offsets=topic_offsets,
-            attempts=attempt,
-            data_file_count=len(data_files),
-            record_count=sum(f.record_count for f in data_files),
-        )
+        break
+    topic_offsets = {**committed.get(topic, {}), **end_offsets}
+    log.info(
+        "table %s: run %s committed snapshot %d with %d data files, %s offsets %s",
+        table_name, run_id, snapshot_id, len(data_files), topic, format_offsets_property(topic_offsets),
+    )
+    return CommitResult(
+        snapshot_id=snapshot_id,
+        topic_offsets=topic_offsets,
+        attempts=attempt,
+        data_file_count=len(data_files),
+        record_count=sum(f.record_count for f in data_files),
+    )
 
 
 def cleanup_uncommitted_files(
@@ -291,6 +307,10 @@ def append_without_client_retries(table: Table, data_files: Sequence[DataFile], 
     pyiceberg retries a conflicting commit by itself, re-applying the append on the new metadata with the old
     summary: that would skip our offset re-check. The append therefore runs on a view of the table whose
     `commit.retry.num-retries` is 0 (only the client reads it; the catalog commits against its own metadata).
+    With its retries off, pyiceberg also skips its check that a refused commit did not land after all (a proxy
+    that retried our POST answers 409 for a commit it applied) and deletes the manifests the landed snapshot
+    references. So the manifests are deleted here, and only once the refreshed table shows the snapshot absent;
+    a commit found landed returns normally.
     """
     no_retries = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
     view = Table(
@@ -300,23 +320,48 @@ def append_without_client_retries(table: Table, data_files: Sequence[DataFile], 
         io=table.io,
         catalog=table.catalog,
     )
-    with view.transaction() as transaction:
-        with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
-            for data_file in data_files:
-                append.append_data_file(data_file)
+    transaction = view.transaction()
+    with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        for data_file in data_files:
+            append.append_data_file(data_file)
+    producers = list(transaction._snapshot_producers)
+    for producer in producers:
+        producer._clean_all_uncommitted = _keep_until_outcome_known  # type: ignore[method-assign]
+    try:
+        transaction.commit_transaction()
+    except CommitFailedException:
+        view.refresh()
+        if not all(view.metadata.snapshot_by_id(producer._snapshot_id) for producer in producers):
+            for producer in producers:
+                type(producer)._clean_all_uncommitted(producer)
+            raise
+        log.warning("table %s: a commit answered as refused had landed (a retried request?)",
+                    ".".join(table.name()))
     # The view now holds the catalog's answer to the commit (not the retry override): adopt it, saving a reload.
     table.metadata = view.metadata
     table.metadata_location = view.metadata_location
 
 
-def _find_commit(table: Table, commit_id: str) -> Snapshot | None:
-    """Our snapshot in the current ancestry after a refresh, or None (also when the catalog cannot be read)."""
+def _keep_until_outcome_known() -> None:
+    """Stands in for pyiceberg's clean-up of a refused commit until the table shows it did not land."""
+
+
+def _find_commit(table: Table, commit_id: str, stop_at: int | None) -> Snapshot | None:
+    """Our snapshot after a refresh, or None (also when the catalog cannot be read); see `_find_commit_since`."""
     try:
         table.refresh()
     except Exception:  # noqa: BLE001 - the caller reports the original failure
         log.warning("table %s: cannot refresh to check the commit outcome", ".".join(table.name()), exc_info=True)
         return None
+    return _find_commit_since(table, commit_id, stop_at)
+
+
+def _find_commit_since(table: Table, commit_id: str, stop_at: int | None) -> Snapshot | None:
+    """Our snapshot among those committed since `stop_at`, the snapshot current before our first attempt: the walk
+    costs what was committed during our attempts, not the table's history."""
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        if snapshot.snapshot_id == stop_at:
+            return None
         if snapshot.summary is not None and snapshot.summary.get(COMMIT_ID_PROPERTY) == commit_id:
             return snapshot
     return None

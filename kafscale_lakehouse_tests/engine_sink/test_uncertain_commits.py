@@ -1,0 +1,34 @@
+"""A commit that lands but is answered with an error (a proxy that retries the POST, a 502 after the commit) is
+found in the table before anything is deleted: the run succeeds once, its files stay referenced."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafscale_lakehouse.engine.catalog import load_catalog, open_table
+from kafscale_lakehouse.engine.table_offsets import COMMIT_ID_PROPERTY, commit_append, read_topic_offsets
+from kafscale_lakehouse_tests.engine_sink.catalog_proxy import CommitProxy
+from kafscale_lakehouse_tests.engine_sink.helpers import lakehouse_schema, rest_settings, start_end, write_batch
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("mode", ["retry", "502"])
+def test_commit_answered_with_an_error_after_it_landed_is_kept(spark, seaweedfs, namespace, mode):
+    with CommitProxy(seaweedfs.rest_uri, mode) as proxy:
+        catalog = load_catalog(rest_settings(seaweedfs, uri=proxy.uri))
+        table = open_table(catalog, f"{namespace}.uncertain_{mode}", schema=lakehouse_schema(),
+                           create_if_missing=True)
+        ranges = {0: (0, 20), 1: (0, 10)}
+        files = write_batch(spark, table, "t", ranges, f"run-{mode}")
+
+        result = commit_append(table, files, "t", *start_end(ranges), f"run-{mode}")
+
+    assert proxy.commits_forwarded == (2 if mode == "retry" else 1)
+    fresh = load_catalog(rest_settings(seaweedfs)).load_table(table.name())
+    ours = [s for s in fresh.snapshots() if s.summary.get(COMMIT_ID_PROPERTY)]
+    assert [s.snapshot_id for s in ours] == [result.snapshot_id], "exactly one snapshot of ours"
+    assert read_topic_offsets(fresh, "t") == {0: 20, 1: 10}
+    assert all(fresh.io.new_input(f.file_path).exists() for f in files), "the landed commit's files are kept"
+    record_ids = fresh.scan(selected_fields=("record_id",)).to_arrow().column("record_id").to_pylist()
+    assert sorted(record_ids) == sorted(f"t:{p}:{o}" for p, (s, e) in ranges.items() for o in range(s, e))
