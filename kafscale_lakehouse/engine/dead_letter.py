@@ -20,8 +20,14 @@ Order of one run, and what a crash between the steps leaves:
   are not on the dead-letter table's branch and publishes them.
 - Publishing is idempotent per staged snapshot (one per run): it checks the branch first, and commits without
   pyiceberg's client retries so that a concurrent publisher's commit makes it check again instead of appending twice.
-A staged snapshot removed by `expire_snapshots` before it was published cannot be recovered; that is an error naming
-the run (it takes a crash and then no run of the mapping for longer than the snapshot retention).
+- Each table commit records `kafscale.dead-letter.published-through`: the table snapshot through which every staged
+  dead letter was published when the run started, so the next run's walk stops there (it costs one or two of our
+  snapshots, whatever the history or the dead-letter table's state).
+- A staged snapshot that is gone before it was published (the dead-letter table dropped and recreated, or its
+  snapshots expired, between a run's commit and its publish) cannot be recovered from the dead-letter table: that is
+  reported as an error naming the run, the record count and the offset ranges at stake, and recorded as an empty
+  snapshot of the dead-letter table (`kafscale.dead-letter.lost-records`), so it is reported once and never wedges
+  later runs.
 """
 
 from __future__ import annotations
@@ -43,7 +49,12 @@ from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, 
 from kafscale_lakehouse.engine.iceberg_sink import SinkJob
 from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
 from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
-from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, append_without_client_retries
+from kafscale_lakehouse.engine.table_offsets import (
+    RUN_ID_PROPERTY,
+    CommittedOffsets,
+    append_without_client_retries,
+    snapshot_offsets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +67,10 @@ DEAD_LETTER_RECORDS_PROPERTY = "kafscale.dead-letter.records"
 SOURCE_TABLE_PROPERTY = "kafscale.dead-letter.source-table"
 SOURCE_SNAPSHOT_PROPERTY = "kafscale.dead-letter.source-snapshot-id"
 OFFSET_RANGES_PROPERTY_PREFIX = "kafscale.dead-letter.offsets."  # + topic: {"<partition>": [start, end]}
+# On the table's snapshot: every staged dead letter up to this table snapshot was published when the run started.
+PUBLISHED_THROUGH_PROPERTY = "kafscale.dead-letter.published-through"
+# On an empty dead-letter snapshot: the staged snapshot it stands for was gone, its records are reported lost.
+LOST_RECORDS_PROPERTY = "kafscale.dead-letter.lost-records"
 DEFAULT_PUBLISH_ATTEMPTS = 5
 _RETRY_WAIT_SECONDS = 0.2
 
@@ -222,31 +237,87 @@ def publish_dead_letters(table: Table, staged: StagedDeadLetters, *, source_snap
         return snapshot_id
 
 
-def publish_pending_dead_letters(table: Table, catalog: Catalog) -> list[int]:
-    """Publish the staged dead letters of `table`'s snapshots that a stopped run did not publish (oldest first);
-    returns the dead-letter snapshot ids published now. Call it at the start of every run, before it commits.
+@dataclass(frozen=True)
+class PendingDeadLetters:
+    """What `publish_pending_dead_letters` did: dead-letter snapshots published now, staged dead letters found gone
+    (one message each, naming the run, the records and the offsets at stake), and the table snapshot through which
+    every staged dead letter is now settled (for the next commit's `published_through_properties`)."""
 
-    Walks back from the current snapshot to the first snapshot whose dead letters are published: every run publishes
-    its own (or an earlier run's pending ones) before it commits, so older ones are published too."""
+    published: list[int] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    through_snapshot_id: int | None = None
+
+    def published_through_properties(self) -> dict[str, str]:
+        if self.through_snapshot_id is None:
+            return {}
+        return {PUBLISHED_THROUGH_PROPERTY: str(self.through_snapshot_id)}
+
+
+def publish_pending_dead_letters(table: Table, catalog: Catalog) -> PendingDeadLetters:
+    """Publish the staged dead letters of `table`'s snapshots that a stopped run did not publish (oldest first).
+    Call it at the start of every run, before it commits.
+
+    Walks back from the current snapshot to the `published-through` snapshot the newest of our commits names (or,
+    on tables written before that marker, to the first snapshot whose dead letters are published)."""
     pending: list[tuple[Snapshot, StagedDeadLetters]] = []
     dead_letter_tables: dict[str, Table] = {}
+    stop_at: int | None = None
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        staged = StagedDeadLetters.from_summary(snapshot)
-        if staged is None:
-            continue
-        if staged.table_name not in dead_letter_tables:
-            dead_letter_tables[staged.table_name] = open_dead_letter_table(catalog, staged.table_name)
-        if _published_snapshot(dead_letter_tables[staged.table_name], staged.snapshot_id) is not None:
+        if snapshot.snapshot_id == stop_at:
             break
-        pending.append((snapshot, staged))
-    published = []
+        staged = StagedDeadLetters.from_summary(snapshot)
+        if staged is not None:
+            if staged.table_name not in dead_letter_tables:
+                dead_letter_tables[staged.table_name] = open_dead_letter_table(catalog, staged.table_name)
+            if _published_snapshot(dead_letter_tables[staged.table_name], staged.snapshot_id) is not None:
+                break
+            pending.append((snapshot, staged))
+        through = snapshot.summary.get(PUBLISHED_THROUGH_PROPERTY) if snapshot.summary else None
+        if through is not None and stop_at is None:
+            stop_at = int(through)
+    outcome = PendingDeadLetters(through_snapshot_id=table.metadata.current_snapshot_id)
     for snapshot, staged in reversed(pending):
+        run_id = snapshot.summary.get(RUN_ID_PROPERTY)
         log.warning("table %s snapshot %d (run %s): its %d invalid records were staged but not published to %s; "
-                    "publishing them now", ".".join(table.name()), snapshot.snapshot_id,
-                    snapshot.summary.get(RUN_ID_PROPERTY), staged.records, staged.table_name)
-        published.append(publish_dead_letters(dead_letter_tables[staged.table_name], staged,
-                                              source_snapshot_id=snapshot.snapshot_id))
-    return published
+                    "publishing them now", ".".join(table.name()), snapshot.snapshot_id, run_id, staged.records,
+                    staged.table_name)
+        dead_letter_table = dead_letter_tables[staged.table_name]
+        try:
+            outcome.published.append(publish_dead_letters(dead_letter_table, staged,
+                                                          source_snapshot_id=snapshot.snapshot_id))
+        except DeadLetterRecoveryError as exc:
+            outcome.lost.append(_record_lost(dead_letter_table, staged, table, snapshot, str(exc)))
+    return outcome
+
+
+def _record_lost(dead_letter_table: Table, staged: StagedDeadLetters, table: Table, snapshot: Snapshot,
+                 reason: str) -> str:
+    """Report staged dead letters that cannot be published, and mark them settled so later runs go on."""
+    ranges = _committed_ranges(table, snapshot)
+    message = (f"{reason}. Run {snapshot.summary.get(RUN_ID_PROPERTY)} committed table {'.'.join(table.name())} "
+               f"snapshot {snapshot.snapshot_id}; its invalid records lie in the offsets "
+               f"{ranges or 'of that snapshot'}: replay them to recover them")
+    log.error("%s", message)
+    properties = {STAGED_SNAPSHOT_PROPERTY: str(staged.snapshot_id), SOURCE_SNAPSHOT_PROPERTY: str(snapshot.snapshot_id),
+                  LOST_RECORDS_PROPERTY: str(staged.records), SOURCE_TABLE_PROPERTY: ".".join(table.name())}
+    with catalog_errors(catalog_endpoint(dead_letter_table.catalog)):
+        dead_letter_table.refresh()
+        append_without_client_retries(dead_letter_table, [], properties)
+    return message
+
+
+def _committed_ranges(table: Table, snapshot: Snapshot) -> dict[str, dict[int, list[int]]]:
+    """Per topic and partition, [start, end) of the offsets `snapshot` committed (start from the previous commit)."""
+    newer = snapshot_offsets(table, snapshot)
+    older: CommittedOffsets = {}
+    for ancestor in ancestors_of(table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+                                 if snapshot.parent_snapshot_id is not None else None, table.metadata):
+        older = snapshot_offsets(table, ancestor)
+        if older:
+            break
+    return {topic: {p: [older.get(topic, {}).get(p, 0), end] for p, end in offsets.items()
+                    if older.get(topic, {}).get(p, 0) != end}
+            for topic, offsets in newer.items()}
 
 
 def _published_snapshot(table: Table, staged_snapshot_id: int) -> Snapshot | None:

@@ -348,7 +348,7 @@ class RollingDataFiles:
     def _finish(self, key: str) -> None:
         data_file = self._open.pop(key)
         statistics = data_file.writer.close()
-        self._written.append(DataFile.from_args(
+        written = DataFile.from_args(
             content=DataFileContent.DATA,
             file_path=data_file.path,
             file_format=FileFormat.PARQUET,
@@ -359,7 +359,9 @@ class RollingDataFiles:
             equality_ids=None,
             key_metadata=None,
             **statistics.to_serialized_dict(),
-        ))
+        )
+        written.spec_id = self._metadata.default_spec_id  # from_args drops it: it is no field of the file entry
+        self._written.append(written)
 
 
 def _with_utc_timestamps(batch: pa.RecordBatch) -> pa.RecordBatch:

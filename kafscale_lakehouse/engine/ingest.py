@@ -124,6 +124,7 @@ class IngestResult:
     invalid_samples: list[InvalidRecord] = field(default_factory=list)
     dead_letter_table: str | None = None  # where invalid records go; None: they fail the run
     dead_letter_snapshot_id: int | None = None
+    dead_letters_lost: list[str] = field(default_factory=list)  # staged by an earlier run, gone before published
 
     @property
     def failed(self) -> bool:
@@ -256,6 +257,7 @@ class PreparedIngest:
     leases: dict[int, Lease]
     plans: dict[int, _PartitionPlan]
     read_options: KafscaleReadOptions | None
+    commit_properties: dict[str, str] = field(default_factory=dict)  # settled dead letters, for the commit
 
     def input_partitions(self) -> list[SegmentRunPartition]:
         """The planned segments in groups of at most `processor.target_file_size_bytes`: one Spark task each."""
@@ -278,7 +280,9 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
     validation = resolve_record_validation(context.config, mapping, context.registry)
     table = open_mapping_table(context, mapping, validation.columns)
     catalog = load_catalog(context.catalog_settings)
-    publish_pending_dead_letters(table, catalog)  # of a run that stopped between its commit and publishing
+    # Of a run that stopped between its commit and publishing; what can no longer be published is reported.
+    pending_dead_letters = publish_pending_dead_letters(table, catalog)
+    result.dead_letters_lost = pending_dead_letters.lost
     orphans_before = datetime.now(timezone.utc) - ORPHAN_FILE_MIN_AGE
     dead_letters = None
     if validation.dead_letter_table is not None:
@@ -288,7 +292,8 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
     cleanup_uncommitted_files(table, older_than=orphans_before)
     wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
     leases: dict[int, Lease] = {}
-    prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {}, None)
+    prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {}, None,
+                              pending_dead_letters.published_through_properties())
     try:
         for partition in wanted:
             try:
@@ -474,6 +479,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     properties = ({SKIPPED_PROPERTY_PREFIX + topic: json.dumps({str(p): list(r) for p, r in skipped.items()})}
                   if skipped else {})
     properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - write_started) * 1000))
+    properties.update(prepared.commit_properties)
     staged = None
     if dead_letters is not None:
         # Staged before the table commit, published right after it (dead_letter.py: why nothing is lost or doubled).

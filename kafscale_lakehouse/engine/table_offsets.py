@@ -62,6 +62,10 @@ class OffsetConflictError(TableOffsetsError):
         )
 
 
+class TableChangedDuringRunError(TableOffsetsError):
+    """The table's partition spec changed after the run wrote its files; our data files were deleted."""
+
+
 class CommitRetriesExhaustedError(TableOffsetsError):
     """Unrelated concurrent commits kept winning; our data files were deleted."""
 
@@ -104,7 +108,7 @@ def read_committed_offsets(table: Table) -> CommittedOffsets:
     Reads the table object as it is; refresh it first for the catalog's latest state.
     """
     for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        offsets = _snapshot_offsets(table, snapshot)
+        offsets = snapshot_offsets(table, snapshot)
         if offsets:
             return offsets
     return {}
@@ -168,9 +172,10 @@ def commit_append(
             if landed is not None:
                 log.warning("table %s: commit of run %s was answered with an error but landed as snapshot %d",
                             table_name, run_id, landed.snapshot_id)
-                committed = _snapshot_offsets(table, landed)
+                committed = snapshot_offsets(table, landed)
                 snapshot_id = landed.snapshot_id
                 break
+        _refuse_changed_spec(table, data_files, paths, run_id)
         committed = read_committed_offsets(table)
         conflict = _first_conflict(committed.get(topic, {}), start_offsets)
         if conflict is not None:
@@ -257,7 +262,7 @@ def cleanup_uncommitted_files(
     return deleted
 
 
-def _snapshot_offsets(table: Table, snapshot: Snapshot) -> CommittedOffsets:
+def snapshot_offsets(table: Table, snapshot: Snapshot) -> CommittedOffsets:
     summary = snapshot.summary.additional_properties if snapshot.summary else {}
     return {
         key[len(OFFSETS_PROPERTY_PREFIX):]: parse_offsets_property(
@@ -291,6 +296,27 @@ def _check_offset_ranges(
                 or k in (RUN_ID_PROPERTY, COMMIT_ID_PROPERTY)]
     if reserved:
         raise ValueError(f"snapshot_properties must not set the commit protocol's own keys {reserved}")
+
+
+def _refuse_changed_spec(table: Table, data_files: Sequence[DataFile], paths: list[str], run_id: str) -> None:
+    """Files carry the partition values of the spec they were written for: under another spec a filtered scan would
+    miss their rows. The run's offsets stay where they were, so the next run rewrites them under the new spec."""
+    current = table.metadata.default_spec_id
+    stale = sorted({spec for spec in map(_written_spec_id, data_files) if spec is not None and spec != current})
+    if stale:
+        table_name = ".".join(table.name())
+        _delete_uncommitted(table, paths, table_name, run_id)
+        raise TableChangedDuringRunError(
+            f"table {table_name}: its partition spec changed to spec {current} ({table.spec()}) while run {run_id} "
+            f"wrote its data files for spec {', '.join(map(str, stale))}; nothing committed, the files are deleted "
+            "and the next run writes the same offsets under the new spec")
+
+
+def _written_spec_id(data_file: DataFile) -> int | None:
+    try:
+        return data_file.spec_id
+    except AttributeError:  # a file written by a writer that did not record it
+        return None
 
 
 def _first_conflict(committed: Mapping[int, int], start_offsets: Mapping[int, int]) -> tuple[int, int] | None:

@@ -99,7 +99,10 @@ def run_metadata(result: IngestResult) -> dict[str, dg.MetadataValue]:
     }) for o in sorted(result.partitions.values(), key=lambda o: o.partition)]
     samples = [dg.TableRecord({"record_id": s.record_id, "reason": s.reason, "schema_path": s.schema_path})
                for s in result.invalid_samples]
+    lost = ({"dead_letters_lost": dg.MetadataValue.md("\n".join(f"- {m}" for m in result.dead_letters_lost))}
+            if result.dead_letters_lost else {})
     return {
+        **lost,
         SNAPSHOT_ID_KEY: dg.MetadataValue.int(result.snapshot_id) if result.snapshot_id is not None
         else dg.MetadataValue.null(),
         "kafka_partitions": dg.MetadataValue.table(rows, schema=_PARTITION_TABLE_SCHEMA),

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.table_offsets import COMMIT_ID_PROPERTY, commit_append, read_topic_offsets
+from kafscale_lakehouse.engine.table_offsets import (
+    COMMIT_ID_PROPERTY,
+    TableChangedDuringRunError,
+    commit_append,
+    read_topic_offsets,
+)
 from kafscale_lakehouse_tests.engine_sink.catalog_proxy import CommitProxy
 from kafscale_lakehouse_tests.engine_sink.helpers import lakehouse_schema, rest_settings, start_end, write_batch
 
@@ -32,3 +37,20 @@ def test_commit_answered_with_an_error_after_it_landed_is_kept(spark, seaweedfs,
     assert all(fresh.io.new_input(f.file_path).exists() for f in files), "the landed commit's files are kept"
     record_ids = fresh.scan(selected_fields=("record_id",)).to_arrow().column("record_id").to_pylist()
     assert sorted(record_ids) == sorted(f"t:{p}:{o}" for p, (s, e) in ranges.items() for o in range(s, e))
+
+
+def test_a_partition_spec_changed_during_the_run_is_refused_before_the_commit(spark, rest_catalog, namespace):
+    table = open_table(rest_catalog, f"{namespace}.spec_change", schema=lakehouse_schema(), create_if_missing=True)
+    commit_append(table, [], "t", {0: 0}, {0: 5}, "run-before")
+    files = write_batch(spark, table, "t", {0: (5, 25)}, "run-spec")
+    # An operator partitions the table while the run's Spark job writes.
+    operator = rest_catalog.load_table(table.name())
+    with operator.update_spec() as update:
+        update.add_identity("partition")
+
+    with pytest.raises(TableChangedDuringRunError, match="partition spec changed to spec 1"):
+        commit_append(table, files, "t", {0: 5}, {0: 25}, "run-spec")
+
+    table.refresh()
+    assert read_topic_offsets(table, "t") == {0: 5}, "the offsets did not move: the next run reads them again"
+    assert not any(table.io.new_input(f.file_path).exists() for f in files)

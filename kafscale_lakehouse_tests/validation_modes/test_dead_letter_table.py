@@ -10,7 +10,7 @@ from pyiceberg.types import NestedField, StringType
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.engine.dead_letter import (
-    DeadLetterRecoveryError,
+    LOST_RECORDS_PROPERTY,
     DeadLetterTableError,
     StagedDeadLetters,
     dead_letter_target,
@@ -132,25 +132,53 @@ def test_a_run_that_stopped_after_its_table_commit_gets_its_dead_letters_publish
     # The run commits the table (no valid data files needed for this) and stops before publishing.
     commit = commit_append(table, [], TOPIC, {0: 0}, {0: 20}, "run-c", snapshot_properties=staged.summary_properties())
 
-    published = publish_pending_dead_letters(table, catalog)
+    pending = publish_pending_dead_letters(table, catalog)
 
-    assert len(published) == 1
+    assert len(pending.published) == 1 and pending.lost == []
     assert [row["offset"] for row in dead_letter_rows(dead_letters)] == sorted(FAULTS)
     assert dead_letters.current_snapshot().summary["kafscale.dead-letter.source-snapshot-id"] == str(commit.snapshot_id)
     # A later run finds nothing pending; a later table commit without dead letters changes nothing either.
     commit_append(table, [], TOPIC, {0: 20}, {0: 25}, "run-d")
-    assert publish_pending_dead_letters(table, catalog) == []
+    assert publish_pending_dead_letters(table, catalog).published == []
     assert len(dead_letter_rows(dead_letters)) == len(FAULTS)
 
 
-def test_dead_letters_whose_staged_snapshot_is_gone_are_an_error_naming_it(catalog, namespace):
+def test_dead_letters_whose_staged_snapshot_is_gone_are_reported_once_and_never_wedge_later_runs(catalog, namespace):
     table = open_table(catalog, f"{namespace}.pizzas", schema=table_schema(COLUMNS), create_if_missing=True)
-    open_dead_letter_table(catalog, f"{namespace}.pizzas_dead_letters")
+    dead_letters = open_dead_letter_table(catalog, f"{namespace}.pizzas_dead_letters")
+    commit_append(table, [], TOPIC, {0: 0}, {0: 5}, "run-before")
     lost = StagedDeadLetters(f"{namespace}.pizzas_dead_letters", 123456789, 4)
-    commit_append(table, [], TOPIC, {0: 0}, {0: 20}, "run-e", snapshot_properties=lost.summary_properties())
+    commit_append(table, [], TOPIC, {0: 5}, {0: 20}, "run-e", snapshot_properties=lost.summary_properties())
 
-    with pytest.raises(DeadLetterRecoveryError, match="staged snapshot 123456789 holding 4 invalid records"):
-        publish_pending_dead_letters(table, catalog)
+    pending = publish_pending_dead_letters(table, catalog)
+
+    [message] = pending.lost
+    assert "staged snapshot 123456789 holding 4 invalid records" in message and "run-e" in message
+    assert "'dead-letter-pizzas': {0: [5, 20]}" in message, "names the offsets at stake"
+    dead_letters.refresh()
+    assert dead_letters.current_snapshot().summary[LOST_RECORDS_PROPERTY] == "4"
+    again = publish_pending_dead_letters(table, catalog)
+    assert again.lost == [] and again.published == [], "reported once; the next run goes on"
+
+
+def test_a_dropped_dead_letter_table_does_not_wedge_ingestion(catalog, namespace, source_batches):
+    table = open_table(catalog, f"{namespace}.pizzas", schema=table_schema(COLUMNS), create_if_missing=True)
+    dead_letter_name = f"{namespace}.pizzas_dead_letters"
+    dead_letters = open_dead_letter_table(catalog, dead_letter_name)
+    splitter, _ = split(source_batches, dead_letter_target(dead_letters, "run-f", target_file_size_bytes=1 << 20))
+    staged = stage_dead_letters(dead_letters, splitter.stats.dead_letter_files, run_id="run-f",
+                                source_table=f"{namespace}.pizzas", topic=TOPIC, offset_ranges={0: (0, 20)})
+    # The run commits and stops before publishing; then an operator drops the dead-letter table.
+    commit_append(table, [], TOPIC, {0: 0}, {0: 20}, "run-f", snapshot_properties=staged.summary_properties())
+    catalog.drop_table(dead_letter_name)
+
+    first = publish_pending_dead_letters(table, catalog)
+    commit_append(table, [], TOPIC, {0: 20}, {0: 30}, "run-g", snapshot_properties=first.published_through_properties())
+    second = publish_pending_dead_letters(table, catalog)
+
+    assert len(first.lost) == 1 and f"{len(FAULTS)} invalid records" in first.lost[0]
+    assert second.lost == [] and second.published == []
+    assert catalog.table_exists(dead_letter_name), "recreated for the next invalid records"
 
 
 def test_files_roll_over_at_the_target_size_and_a_failed_task_deletes_its_own(tmp_path, source_batches):
