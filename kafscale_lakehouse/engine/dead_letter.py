@@ -26,7 +26,6 @@ the run (it takes a crash and then no run of the mapping for longer than the sna
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -43,19 +42,22 @@ from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, 
 from kafscale_lakehouse.engine.iceberg_sink import SinkJob
 from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
 from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
-from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, append_without_client_retries
+from kafscale_lakehouse.engine.snapshot_summary import (
+    DEAD_LETTER_RECORDS_PROPERTY,
+    DEAD_LETTER_TABLE_PROPERTY,
+    KAFSCALE_PROPERTY_PREFIX,
+    OFFSET_RANGES_PROPERTY_PREFIX,
+    RUN_ID_PROPERTY,
+    SOURCE_SNAPSHOT_PROPERTY,
+    SOURCE_TABLE_PROPERTY,
+    STAGED_SNAPSHOT_PROPERTY,
+    format_ranges_property,
+)
+from kafscale_lakehouse.engine.table_offsets import append_without_client_retries
 
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_TABLE_SUFFIX = "_dead_letters"
-# On the table's snapshot: where its run's invalid records were staged.
-DEAD_LETTER_TABLE_PROPERTY = "kafscale.dead-letter.table"
-STAGED_SNAPSHOT_PROPERTY = "kafscale.dead-letter.staged-snapshot-id"
-DEAD_LETTER_RECORDS_PROPERTY = "kafscale.dead-letter.records"
-# On the dead-letter table's snapshots.
-SOURCE_TABLE_PROPERTY = "kafscale.dead-letter.source-table"
-SOURCE_SNAPSHOT_PROPERTY = "kafscale.dead-letter.source-snapshot-id"
-OFFSET_RANGES_PROPERTY_PREFIX = "kafscale.dead-letter.offsets."  # + topic: {"<partition>": [start, end]}
 DEFAULT_PUBLISH_ATTEMPTS = 5
 _RETRY_WAIT_SECONDS = 0.2
 
@@ -167,7 +169,7 @@ def stage_dead_letters(table: Table, files: list[DataFile], *, run_id: str, sour
         return None
     table_name = ".".join(table.name())
     properties = {RUN_ID_PROPERTY: run_id, SOURCE_TABLE_PROPERTY: source_table,
-                  OFFSET_RANGES_PROPERTY_PREFIX + topic: _format_ranges(offset_ranges)}
+                  OFFSET_RANGES_PROPERTY_PREFIX + topic: format_ranges_property(offset_ranges)}
     with catalog_errors(catalog_endpoint(table.catalog)):
         with table.transaction() as transaction:
             # branch=None: a snapshot no ref points at (Iceberg's "stage only"), invisible until published.
@@ -204,7 +206,7 @@ def publish_dead_letters(table: Table, staged: StagedDeadLetters, *, source_snap
                 f"invalid records (table snapshot {source_snapshot_id}) no longer exists (expired?); those records "
                 "are in neither table")
         summary = staged_snapshot.summary.additional_properties
-        properties = {**{k: v for k, v in summary.items() if k.startswith("kafscale.")},
+        properties = {**{k: v for k, v in summary.items() if k.startswith(KAFSCALE_PROPERTY_PREFIX)},
                       STAGED_SNAPSHOT_PROPERTY: str(staged.snapshot_id),
                       SOURCE_SNAPSHOT_PROPERTY: str(source_snapshot_id)}
         try:
@@ -260,7 +262,3 @@ def _added_files(table: Table, snapshot: Snapshot) -> list[DataFile]:
     return [entry.data_file for manifest in snapshot.manifests(table.io)
             for entry in manifest.fetch_manifest_entry(table.io)
             if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id]
-
-
-def _format_ranges(offset_ranges: Mapping[int, tuple[int, int]]) -> str:
-    return json.dumps({str(p): list(offset_ranges[p]) for p in sorted(offset_ranges)}, separators=(",", ":"))

@@ -9,15 +9,17 @@ from pyiceberg.exceptions import CommitStateUnknownException
 from kafscale_lakehouse.engine import table_offsets
 from kafscale_lakehouse.engine.iceberg_sink import data_file_prefix
 from kafscale_lakehouse.engine.table_offsets import (
-    COMMIT_ID_PROPERTY,
-    OFFSETS_PROPERTY_PREFIX,
-    RUN_ID_PROPERTY,
     CommitOutcomeUnknownError,
     CommitRetriesExhaustedError,
-    CorruptOffsetsPropertyError,
     OffsetConflictError,
     cleanup_uncommitted_files,
     commit_append,
+)
+from kafscale_lakehouse.engine.snapshot_summary import (
+    COMMIT_ID_PROPERTY,
+    OFFSETS_PROPERTY_PREFIX,
+    RUN_ID_PROPERTY,
+    CorruptOffsetsPropertyError,
     format_offsets_property,
     offsets_summary_properties,
     parse_offsets_property,

@@ -29,7 +29,8 @@ from kafscale_lakehouse.engine.kafscale_source import (
     read_input_partition,
 )
 from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
-from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, commit_append
+from kafscale_lakehouse.engine.table_offsets import commit_append
+from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.validation import compile_json_schema
