@@ -176,7 +176,7 @@ class TopicOffsets:
     """What etcd (or the local offsets store) holds for one topic."""
 
     committed: dict[int, CommittedOffset]
-    broker_next: dict[int, int]  # the broker's `next_offset` per partition
+    log_ends: dict[int, int]  # the broker's `next_offset` watermark per partition
 
 
 @dataclass
@@ -416,10 +416,10 @@ def _offset_families(offsets: dict[str, TopicOffsets]) -> Iterable[Metric]:
             last_offset.add_metric(partition_labels, committed.offset)
             watermark_offset.add_metric(partition_labels, committed.offset)
             watermark_timestamp.add_metric(partition_labels, committed.updated_at_ms)
-        for partition, broker_next in sorted(topic_offsets.broker_next.items()):
+        for partition, log_end in sorted(topic_offsets.log_ends.items()):
             committed = topic_offsets.committed.get(partition)
             next_offset = committed.next_offset if committed is not None else None
-            lag.add_metric([topic, str(partition)], partition_lag(broker_next, next_offset))
+            lag.add_metric([topic, str(partition)], partition_lag(log_end, next_offset))
     return last_offset, watermark_offset, watermark_timestamp, lag
 
 

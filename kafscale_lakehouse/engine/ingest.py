@@ -342,15 +342,15 @@ def commit_ingest(prepared: PreparedIngest) -> IngestResult:
 
 def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange]) -> None:
     context, mapping, topic = prepared.context, prepared.mapping, prepared.mapping.topic
-    table_next = read_topic_offsets(prepared.table, topic)
+    table_next_offsets = read_topic_offsets(prepared.table, topic)
     etcd_committed = context.offsets.committed_offsets(topic)
-    _repair_etcd(context, topic, table_next, etcd_committed, prepared.leases)
+    _repair_etcd(context, topic, table_next_offsets, etcd_committed, prepared.leases)
 
     allow_gaps = mapping.allow_gaps if mapping.allow_gaps is not None else context.config.processor.allow_gaps
     budget = max(1, context.config.processor.max_bytes_per_run // len(prepared.leases))
     for partition in sorted(prepared.leases):
-        if partition in table_next:
-            start = table_next[partition]
+        if partition in table_next_offsets:
+            start = table_next_offsets[partition]
         elif partition in etcd_committed:
             # The table has never been written by us: continue where the Go processor's etcd offsets stopped.
             start = etcd_committed[partition].next_offset
@@ -378,20 +378,20 @@ def _record_lag(prepared: PreparedIngest) -> None:
             outcome.lag = lag(watermarks.get(outcome.partition), outcome.end_offset)
 
 
-def _repair_etcd(context: IngestContext, topic: str, table_next: dict[int, int],
+def _repair_etcd(context: IngestContext, topic: str, table_next_offsets: dict[int, int],
                  etcd_committed: dict, leases: dict[int, Lease]) -> None:
     """etcd is a cache of the table's offsets: bring it in line (either direction) before anything else."""
     repairs = {}
     for partition, lease in leases.items():
-        if partition not in table_next:
+        if partition not in table_next_offsets:
             continue
         cached = etcd_committed.get(partition)
         cached_next = cached.next_offset if cached is not None else None
-        if cached_next != table_next[partition]:
-            if cached_next is not None and cached_next > table_next[partition]:
+        if cached_next != table_next_offsets[partition]:
+            if cached_next is not None and cached_next > table_next_offsets[partition]:
                 log.warning("topic %s partition %d: %s says next offset %d but table says %d; the table wins",
-                            topic, partition, context.offsets.location, cached_next, table_next[partition])
-            repairs[partition] = (table_next[partition], cached.last_timestamp_ms if cached else 0)
+                            topic, partition, context.offsets.location, cached_next, table_next_offsets[partition])
+            repairs[partition] = (table_next_offsets[partition], cached.last_timestamp_ms if cached else 0)
     if repairs:
         log.info("topic %s: repairing offsets in %s from the table: %s", topic, context.offsets.location,
                  {p: o for p, (o, _) in repairs.items()})

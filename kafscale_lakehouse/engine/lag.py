@@ -18,9 +18,9 @@ def lag(log_end: int | None, next_offset: int | None) -> int | None:
     return max(0, log_end - (next_offset or 0))
 
 
-def lag_and_reference(broker_next: int | None, completed_end: int | None, next_offset: int | None) -> tuple[int, str]:
-    """The lag against the broker watermark, else against the completed segments (0 when none were seen), and which
-    of the two it was measured against."""
-    if broker_next is not None:
-        return lag(broker_next, next_offset), BROKER_WATERMARK  # type: ignore[return-value]
-    return lag(completed_end, next_offset) or 0, COMPLETED_SEGMENTS
+def lag_and_reference(log_end: int | None, segments_end: int | None, next_offset: int | None) -> tuple[int, str]:
+    """The lag against the broker watermark (`log_end`), else against the end of the completed segments (0 when
+    none were seen), and which of the two it was measured against."""
+    if log_end is not None:
+        return lag(log_end, next_offset), BROKER_WATERMARK  # type: ignore[return-value]
+    return lag(segments_end, next_offset) or 0, COMPLETED_SEGMENTS
