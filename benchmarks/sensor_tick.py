@@ -40,11 +40,11 @@ import dagster as dg  # noqa: E402
 from botocore.config import Config  # noqa: E402
 
 from kafscale_lakehouse.config import LakehouseConfig, parse_config  # noqa: E402
+from kafscale_lakehouse.engine.topic_scan import WatchSources  # noqa: E402
 from kafscale_lakehouse.etcd_client import EtcdClient  # noqa: E402
 from kafscale_lakehouse.format import encode_segment  # noqa: E402
 from kafscale_lakehouse.offsets.factory import offset_store_from_config  # noqa: E402
 from kafscale_lakehouse.offsets.records import broker_next_offset_key  # noqa: E402
-from kafscale_lakehouse.engine.topic_scan import WatchSources  # noqa: E402
 from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name  # noqa: E402
 from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key  # noqa: E402
 from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY  # noqa: E402

@@ -41,7 +41,6 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, open_table
 from kafscale_lakehouse.engine.iceberg_sink import SinkJob
 from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
-from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.engine.snapshot_summary import (
     DEAD_LETTER_RECORDS_PROPERTY,
     DEAD_LETTER_TABLE_PROPERTY,
@@ -53,6 +52,7 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     STAGED_SNAPSHOT_PROPERTY,
     format_ranges_property,
 )
+from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.engine.table_offsets import append_without_client_retries
 
 log = logging.getLogger(__name__)

@@ -49,12 +49,13 @@ from kafscale_lakehouse.engine.kafscale_source import (
     StoreOptions,
     segment_run_partitions,
 )
-from kafscale_lakehouse.engine.source_rows import InvalidRecord
+from kafscale_lakehouse.engine.lag import lag
 from kafscale_lakehouse.engine.snapshot_summary import (
     WRITE_LATENCY_PROPERTY,
     read_topic_offsets,
     skipped_summary_properties,
 )
+from kafscale_lakehouse.engine.source_rows import InvalidRecord
 from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append
 from kafscale_lakehouse.engine.validation_stage import (
     RecordValidation,
@@ -62,7 +63,6 @@ from kafscale_lakehouse.engine.validation_stage import (
     schema_registry_client,
 )
 from kafscale_lakehouse.etcd_client import EtcdClient
-from kafscale_lakehouse.engine.lag import lag
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore
 from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.offsets.ranges import OffsetRange
@@ -249,8 +249,8 @@ class PreparedIngest:
     """Phase one of a run, done: leases held, offsets settled, segments planned into the Spark job's input
     partitions.
 
-    Hand it to `commit_ingest` (which always releases the leases) or call `release_leases()`. The Dagster asset returns it and
-    the IO manager commits it.
+    Hand it to `commit_ingest` (which always releases the leases) or call `release_leases()`. The Dagster asset
+    returns it and the IO manager commits it.
     """
 
     context: IngestContext
@@ -267,7 +267,8 @@ class PreparedIngest:
         max_bytes = self.context.config.processor.target_file_size_bytes
         return [run for partition, plan in sorted(self.plans.items())
                 for run in segment_run_partitions(self.mapping.topic, partition,
-                                                  TaskOffsets(plan.read.start, plan.read.end), plan.segments, max_bytes)]
+                                                  TaskOffsets(plan.read.start, plan.read.end), plan.segments,
+                                                  max_bytes)]
 
     def read_options(self) -> KafscaleReadOptions:
         """What every Spark task of the run needs besides its input partition (the ranges are in those)."""

@@ -81,7 +81,8 @@ def format_ranges_property(ranges: Mapping[int, tuple[int, int]]) -> str:
     return json.dumps({str(p): list(ranges[p]) for p in sorted(ranges)}, separators=(",", ":"))
 
 
-def offsets_summary_properties(committed: CommittedOffsets, topic: str, new_offsets: Mapping[int, int]) -> dict[str, str]:
+def offsets_summary_properties(committed: CommittedOffsets, topic: str,
+                               new_offsets: Mapping[int, int]) -> dict[str, str]:
     """Summary properties for a snapshot that advances `topic` to `new_offsets`, carrying every other map forward.
 
     For any writer of ours (append, replay) so the latest snapshot always has the full map.

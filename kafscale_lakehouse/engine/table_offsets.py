@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 DEFAULT_COMMIT_ATTEMPTS = 5
 DEFAULT_RETRY_WAIT_SECONDS = 0.2
 
+
 class TableOffsetsError(RuntimeError):
     """A problem with the offsets stored in, or committed to, an Iceberg table."""
 

@@ -25,10 +25,11 @@ class OffsetRange:
         for name in ("partition", "start", "end"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"offset range {self.partition}:[{self.start}, {self.end}): {name} {value!r} is not an "
-                                 "integer >= 0")
+                raise ValueError(f"offset range {self.partition}:[{self.start}, {self.end}): {name} {value!r} is "
+                                 "not an integer >= 0")
         if self.start > self.end:
-            raise ValueError(f"partition {self.partition}: offset range [{self.start}, {self.end}) ends before it starts")
+            raise ValueError(f"partition {self.partition}: offset range [{self.start}, {self.end}) ends before it "
+                             "starts")
 
     @property
     def count(self) -> int:

@@ -12,6 +12,7 @@ import dagster as dg
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.ingest import PreparedIngest, prepare_ingest
 from kafscale_lakehouse.engine.topic_scan import TopicScan, WatchSources, scan_topic
+from kafscale_lakehouse.offsets.ranges import parse_ranges
 from kafscale_lakehouse.orchestration.naming import (
     kafka_partition_id,
     pool_name,
@@ -26,7 +27,6 @@ from kafscale_lakehouse.orchestration.resources import (
     SparkResource,
     ingest_context,
 )
-from kafscale_lakehouse.offsets.ranges import parse_ranges
 from kafscale_lakehouse.orchestration.sensors import PLANNED_RANGES_TAG, topic_observation_metadata
 from kafscale_lakehouse.storage import DiscoveryMode
 

@@ -28,9 +28,9 @@ from kafscale_lakehouse.engine.kafscale_source import (
     SegmentRunPartition,
     read_input_partition,
 )
+from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY
 from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
 from kafscale_lakehouse.engine.table_offsets import commit_append
-from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.validation import compile_json_schema
