@@ -52,7 +52,7 @@ from kafscale_lakehouse.demo_producer import (  # noqa: E402
 )
 from kafscale_lakehouse.engine.catalog import load_catalog  # noqa: E402
 from kafscale_lakehouse.engine.ingest import catalog_settings  # noqa: E402
-from kafscale_lakehouse.engine.table_offsets import read_topic_offsets  # noqa: E402
+from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets  # noqa: E402
 from kafscale_lakehouse.orchestration.naming import ingest_job_name  # noqa: E402
 from kafscale_lakehouse.storage import segment_store_from_config  # noqa: E402
 from kafscale_lakehouse.testing.servers import free_ports  # noqa: E402

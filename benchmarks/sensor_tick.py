@@ -40,15 +40,17 @@ import dagster as dg  # noqa: E402
 from botocore.config import Config  # noqa: E402
 
 from kafscale_lakehouse.config import LakehouseConfig, parse_config  # noqa: E402
+from kafscale_lakehouse.engine.topic_scan import WatchSources  # noqa: E402
 from kafscale_lakehouse.etcd_client import EtcdClient  # noqa: E402
 from kafscale_lakehouse.format import encode_segment  # noqa: E402
 from kafscale_lakehouse.offsets.factory import offset_store_from_config  # noqa: E402
 from kafscale_lakehouse.offsets.records import broker_next_offset_key  # noqa: E402
-from kafscale_lakehouse.orchestration.sensors import WatchSources, build_sensors, sensor_name  # noqa: E402
+from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name  # noqa: E402
 from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key  # noqa: E402
 from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY  # noqa: E402
 from kafscale_lakehouse.storage.factory import segment_store_from_config  # noqa: E402
 from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_order  # noqa: E402
+from kafscale_lakehouse_tests.lease_helpers import held_leases  # noqa: E402
 from kafscale_lakehouse.testing.servers import (  # noqa: E402
     ACCESS_KEY,
     REGION,
@@ -163,8 +165,8 @@ def publish_broker_state(etcd: EtcdClient, topics: list[TopicUnderTest]) -> None
 def commit_to_end(sources: WatchSources, topic: TopicUnderTest) -> None:
     """Mark everything so far as ingested: committed offsets at the last offset, as an ingest run commits them."""
     partitions = range(topic.partitions)
-    with sources.offsets.acquire_leases(topic.topic, partitions, OWNER_ID) as leases:
-        sources.offsets.commit_offsets(leases, {p: (topic.next_offset - 1, 0) for p in partitions})
+    with held_leases(sources.offsets, topic.topic, partitions, OWNER_ID) as leases:
+        sources.offsets.commit_offsets(leases.values(), {p: (topic.next_offset, 0) for p in partitions})
 
 
 # ------------------------------------------------------------------------------------------------ ticks

@@ -57,13 +57,12 @@ from prometheus_client.exposition import choose_encoder
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import ADDED_RECORDS, Snapshot, ancestors_of
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, redact_url
 from kafscale_lakehouse.engine.catalog import CatalogError, catalog_endpoint, catalog_errors, load_catalog
-from kafscale_lakehouse.engine.dead_letter import DEAD_LETTER_RECORDS_PROPERTY
-from kafscale_lakehouse.engine.ingest import WRITE_LATENCY_PROPERTY, catalog_settings
-from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX
+from kafscale_lakehouse.engine.ingest import catalog_settings
+from kafscale_lakehouse.engine.lag import lag as partition_lag
+from kafscale_lakehouse.engine.snapshot_summary import ancestry, is_kafscale_commit, parse_commit
 from kafscale_lakehouse.etcd_client import EtcdClient, EtcdError, EtcdUnavailableError
 from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
 from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
@@ -177,7 +176,7 @@ class TopicOffsets:
     """What etcd (or the local offsets store) holds for one topic."""
 
     committed: dict[int, CommittedOffset]
-    broker_next: dict[int, int]  # the broker's `next_offset` per partition
+    log_ends: dict[int, int]  # the broker's `next_offset` watermark per partition
 
 
 @dataclass
@@ -207,21 +206,20 @@ class TopicTotals:
         not walked at all."""
         if table.metadata_location == self.metadata_location:
             return
-        marker = OFFSETS_PROPERTY_PREFIX + topic
         table_name = ".".join(table.name())
-        for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        for snapshot in ancestry(table):
             if snapshot.snapshot_id in self.seen_snapshot_ids:
                 break
+            # Parsed before it is marked seen: a corrupt summary fails this scrape (counted) and the next one again.
+            commit = parse_commit(snapshot, table_name=table_name) if is_kafscale_commit(snapshot, topic) else None
             self.seen_snapshot_ids.add(snapshot.snapshot_id)
-            summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
-            if marker not in summary:
+            if commit is None:
                 continue
             self.batches += 1
-            self.written += _int_property(table_name, snapshot, summary, ADDED_RECORDS) or 0
-            self.invalid += _int_property(table_name, snapshot, summary, DEAD_LETTER_RECORDS_PROPERTY) or 0
-            latency = _int_property(table_name, snapshot, summary, WRITE_LATENCY_PROPERTY)
-            if latency is not None:
-                self.observe_latency(latency)
+            self.written += commit.added_records or 0
+            self.invalid += commit.dead_letter_records or 0
+            if commit.write_latency_ms is not None:
+                self.observe_latency(commit.write_latency_ms)
         self.metadata_location = table.metadata_location
 
     def observe_latency(self, latency_ms: float) -> None:
@@ -233,18 +231,6 @@ class TopicTotals:
     def copy(self) -> TopicTotals:
         return TopicTotals(self.written, self.invalid, self.batches, list(self.latency_bucket_counts),
                            self.latency_sum_ms, metadata_location=self.metadata_location)
-
-
-def _int_property(table_name: str, snapshot: Snapshot, summary: dict[str, str], key: str) -> int | None:
-    value = summary.get(key)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        log.warning("table %s snapshot %d: summary property %s is %r, not an integer; not counted", table_name,
-                    snapshot.snapshot_id, key, value[:40])
-        return None
 
 
 class LakehouseStateCollector:
@@ -424,16 +410,16 @@ def _offset_families(offsets: dict[str, TopicOffsets]) -> Iterable[Metric]:
                             "offset (kafscale-lakehouse addition).", labels=labels)
     for topic, topic_offsets in sorted(offsets.items()):
         for partition, committed in sorted(topic_offsets.committed.items()):
-            if committed.offset < 0:
+            if committed.next_offset is None:
                 continue  # a record of "nothing committed"; Go never sets these gauges before a commit
             partition_labels = [topic, str(partition)]
             last_offset.add_metric(partition_labels, committed.offset)
             watermark_offset.add_metric(partition_labels, committed.offset)
             watermark_timestamp.add_metric(partition_labels, committed.updated_at_ms)
-        for partition, broker_next in sorted(topic_offsets.broker_next.items()):
+        for partition, log_end in sorted(topic_offsets.log_ends.items()):
             committed = topic_offsets.committed.get(partition)
-            committed_next = max(0, committed.next_offset) if committed is not None else 0
-            lag.add_metric([topic, str(partition)], max(0, broker_next - committed_next))
+            next_offset = committed.next_offset if committed is not None else None
+            lag.add_metric([topic, str(partition)], partition_lag(log_end, next_offset))
     return last_offset, watermark_offset, watermark_timestamp, lag
 
 

@@ -28,17 +28,15 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import In
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot, ancestors_of
+from pyiceberg.table.snapshots import ADDED_RECORDS
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.dead_letter import (
-    DEAD_LETTER_RECORDS_PROPERTY,
-    DEAD_LETTER_TABLE_PROPERTY,
-    default_dead_letter_table,
-)
+from kafscale_lakehouse.engine.dead_letter import default_dead_letter_table
 from kafscale_lakehouse.engine.ingest import catalog_settings
-from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY, parse_offsets_property
+from kafscale_lakehouse.engine.lag import lag
+from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY, ancestry, parse_commit, summary_properties
+from kafscale_lakehouse.engine.table_checks import CHECK_NAMES, table_asset_path
 from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 
 log = logging.getLogger(__name__)
@@ -72,14 +70,12 @@ class SnapshotPoint:
 @dataclass(frozen=True)
 class PartitionLag:
     partition: int
-    committed: int | None  # the table's next offset
+    committed: int | None  # the table's next offset (None: nothing committed)
     watermark: int | None  # the broker's next offset
 
     @property
     def lag(self) -> int | None:
-        if self.watermark is None:
-            return None
-        return max(0, self.watermark - (self.committed or 0))
+        return lag(self.watermark, self.committed)
 
 
 @dataclass(frozen=True)
@@ -159,24 +155,21 @@ def _read_snapshots(report: TableReport, table: Table) -> None:
     current = table.current_snapshot()
     if current is not None:
         report.total_records = int(current.summary.get("total-records", "0"))
-    ancestry: list[Snapshot] = []
-    for snapshot in ancestors_of(current, table.metadata):
-        ancestry.append(snapshot)
-        if len(ancestry) == MAX_SNAPSHOTS:
+    points: list[SnapshotPoint] = []
+    for snapshot in ancestry(table):
+        commit = parse_commit(snapshot, table_name=report.table)
+        committed_at = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, timezone.utc)
+        if commit is None:  # another engine's snapshot (compaction, deletes)
+            added = summary_properties(snapshot).get(ADDED_RECORDS, "0")
+            points.append(SnapshotPoint(snapshot.snapshot_id, committed_at, None, int(added), 0, None, {}))
+        else:
+            points.append(SnapshotPoint(
+                snapshot_id=snapshot.snapshot_id, committed_at=committed_at, run_id=commit.run_id,
+                added_records=commit.added_records or 0, dead_letters=commit.dead_letter_records or 0,
+                dead_letter_table=commit.dead_letter_table, offsets=commit.next_offsets(report.topic)))
+        if len(points) == MAX_SNAPSHOTS:
             break
-    offsets_key = OFFSETS_PROPERTY_PREFIX + report.topic
-    for snapshot in reversed(ancestry):
-        summary = snapshot.summary.additional_properties if snapshot.summary else {}
-        offsets = {}
-        if offsets_key in summary:
-            offsets = parse_offsets_property(summary[offsets_key],
-                                             where=f"table {report.table} snapshot {snapshot.snapshot_id}")
-        report.snapshots.append(SnapshotPoint(
-            snapshot_id=snapshot.snapshot_id,
-            committed_at=datetime.fromtimestamp(snapshot.timestamp_ms / 1000, timezone.utc),
-            run_id=summary.get(RUN_ID_PROPERTY), added_records=int(summary.get("added-records", "0")),
-            dead_letters=int(summary.get(DEAD_LETTER_RECORDS_PROPERTY, "0")),
-            dead_letter_table=summary.get(DEAD_LETTER_TABLE_PROPERTY), offsets=offsets))
+    report.snapshots.extend(reversed(points))
 
 
 def _read_lag(report: TableReport, config: LakehouseConfig) -> None:
@@ -218,8 +211,8 @@ def _read_dead_letters(report: TableReport, catalog: Catalog, mapping: MappingCo
     current = dead_letters.current_snapshot()
     report.dead_letter_total = int(current.summary.get("total-records", "0")) if current is not None else 0
     runs = []
-    for snapshot in ancestors_of(current, dead_letters.metadata):
-        run_id = snapshot.summary.get(RUN_ID_PROPERTY) if snapshot.summary else None
+    for snapshot in ancestry(dead_letters):
+        run_id = summary_properties(snapshot).get(RUN_ID_PROPERTY)
         if run_id and run_id not in runs:
             runs.append(run_id)
         if len(runs) == DEAD_LETTER_RUNS:
@@ -256,10 +249,7 @@ def _read_check_history(report: TableReport, dagster_home: str | None) -> None:
     # Dagster is only needed (and only imported) when there is an instance to read.
     import dagster as dg
 
-    from kafscale_lakehouse.orchestration.checks import CHECK_NAMES
-    from kafscale_lakehouse.orchestration.naming import table_asset_key
-
-    asset_key = table_asset_key(report.table)
+    asset_key = dg.AssetKey(table_asset_path(report.table))
     evaluations = []
     with dg.DagsterInstance.from_config(dagster_home) as instance:
         for name in CHECK_NAMES:

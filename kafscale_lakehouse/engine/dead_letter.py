@@ -32,7 +32,6 @@ Order of one run, and what a crash between the steps leaves:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -48,29 +47,27 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, open_table
 from kafscale_lakehouse.engine.iceberg_sink import SinkJob
 from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
-from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
-from kafscale_lakehouse.engine.table_offsets import (
+from kafscale_lakehouse.engine.snapshot_summary import (
+    DEAD_LETTER_RECORDS_PROPERTY,
+    DEAD_LETTER_TABLE_PROPERTY,
+    KAFSCALE_PROPERTY_PREFIX,
+    OFFSET_RANGES_PROPERTY_PREFIX,
     RUN_ID_PROPERTY,
+    SOURCE_SNAPSHOT_PROPERTY,
+    SOURCE_TABLE_PROPERTY,
+    LOST_RECORDS_PROPERTY,
+    PUBLISHED_THROUGH_PROPERTY,
+    STAGED_SNAPSHOT_PROPERTY,
     CommittedOffsets,
-    append_without_client_retries,
-    snapshot_offsets,
+    format_ranges_property,
+    parse_commit,
 )
+from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
+from kafscale_lakehouse.engine.table_offsets import append_without_client_retries
 
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_TABLE_SUFFIX = "_dead_letters"
-# On the table's snapshot: where its run's invalid records were staged.
-DEAD_LETTER_TABLE_PROPERTY = "kafscale.dead-letter.table"
-STAGED_SNAPSHOT_PROPERTY = "kafscale.dead-letter.staged-snapshot-id"
-DEAD_LETTER_RECORDS_PROPERTY = "kafscale.dead-letter.records"
-# On the dead-letter table's snapshots.
-SOURCE_TABLE_PROPERTY = "kafscale.dead-letter.source-table"
-SOURCE_SNAPSHOT_PROPERTY = "kafscale.dead-letter.source-snapshot-id"
-OFFSET_RANGES_PROPERTY_PREFIX = "kafscale.dead-letter.offsets."  # + topic: {"<partition>": [start, end]}
-# On the table's snapshot: every staged dead letter up to this table snapshot was published when the run started.
-PUBLISHED_THROUGH_PROPERTY = "kafscale.dead-letter.published-through"
-# On an empty dead-letter snapshot: the staged snapshot it stands for was gone, its records are reported lost.
-LOST_RECORDS_PROPERTY = "kafscale.dead-letter.lost-records"
 DEFAULT_PUBLISH_ATTEMPTS = 5
 _RETRY_WAIT_SECONDS = 0.2
 
@@ -182,7 +179,7 @@ def stage_dead_letters(table: Table, files: list[DataFile], *, run_id: str, sour
         return None
     table_name = ".".join(table.name())
     properties = {RUN_ID_PROPERTY: run_id, SOURCE_TABLE_PROPERTY: source_table,
-                  OFFSET_RANGES_PROPERTY_PREFIX + topic: _format_ranges(offset_ranges)}
+                  OFFSET_RANGES_PROPERTY_PREFIX + topic: format_ranges_property(offset_ranges)}
     with catalog_errors(catalog_endpoint(table.catalog)):
         with table.transaction() as transaction:
             # branch=None: a snapshot no ref points at (Iceberg's "stage only"), invisible until published.
@@ -219,7 +216,7 @@ def publish_dead_letters(table: Table, staged: StagedDeadLetters, *, source_snap
                 f"invalid records (table snapshot {source_snapshot_id}) no longer exists (expired?); those records "
                 "are in neither table")
         summary = staged_snapshot.summary.additional_properties
-        properties = {**{k: v for k, v in summary.items() if k.startswith("kafscale.")},
+        properties = {**{k: v for k, v in summary.items() if k.startswith(KAFSCALE_PROPERTY_PREFIX)},
                       STAGED_SNAPSHOT_PROPERTY: str(staged.snapshot_id),
                       SOURCE_SNAPSHOT_PROPERTY: str(source_snapshot_id)}
         try:
@@ -308,16 +305,19 @@ def _record_lost(dead_letter_table: Table, staged: StagedDeadLetters, table: Tab
 
 def _committed_ranges(table: Table, snapshot: Snapshot) -> dict[str, dict[int, list[int]]]:
     """Per topic and partition, [start, end) of the offsets `snapshot` committed (start from the previous commit)."""
-    newer = snapshot_offsets(table, snapshot)
+    table_name = ".".join(table.name())
+    newer = parse_commit(snapshot, table_name=table_name)
     older: CommittedOffsets = {}
-    for ancestor in ancestors_of(table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
-                                 if snapshot.parent_snapshot_id is not None else None, table.metadata):
-        older = snapshot_offsets(table, ancestor)
-        if older:
+    parent = (table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+              if snapshot.parent_snapshot_id is not None else None)
+    for ancestor in ancestors_of(parent, table.metadata):
+        commit = parse_commit(ancestor, table_name=table_name)
+        if commit is not None:
+            older = commit.offsets
             break
     return {topic: {p: [older.get(topic, {}).get(p, 0), end] for p, end in offsets.items()
                     if older.get(topic, {}).get(p, 0) != end}
-            for topic, offsets in newer.items()}
+            for topic, offsets in (newer.offsets if newer is not None else {}).items()}
 
 
 def _published_snapshot(table: Table, staged_snapshot_id: int) -> Snapshot | None:
@@ -331,7 +331,3 @@ def _added_files(table: Table, snapshot: Snapshot) -> list[DataFile]:
     return [entry.data_file for manifest in snapshot.manifests(table.io)
             for entry in manifest.fetch_manifest_entry(table.io)
             if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id]
-
-
-def _format_ranges(offset_ranges: Mapping[int, tuple[int, int]]) -> str:
-    return json.dumps({str(p): list(offset_ranges[p]) for p in sorted(offset_ranges)}, separators=(",", ":"))

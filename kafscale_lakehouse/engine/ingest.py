@@ -14,13 +14,12 @@ ends with `IngestFailedError` naming what is at fault, after committing what was
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
@@ -41,17 +40,23 @@ from kafscale_lakehouse.engine.dead_letter import (
 )
 from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
 from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput, run_ingest_job
+from kafscale_lakehouse.engine.kafscale_source import OffsetRange as TaskOffsets
 from kafscale_lakehouse.engine.kafscale_source import (
     KafscaleReadOptions,
-    OffsetRange,
     SegmentErrorMode,
     SegmentReadFailure,
     SegmentRunPartition,
     StoreOptions,
     segment_run_partitions,
 )
+from kafscale_lakehouse.engine.lag import lag
+from kafscale_lakehouse.engine.snapshot_summary import (
+    WRITE_LATENCY_PROPERTY,
+    read_topic_offsets,
+    skipped_summary_properties,
+)
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
-from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append, read_topic_offsets
+from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append
 from kafscale_lakehouse.engine.validation_stage import (
     RecordValidation,
     resolve_record_validation,
@@ -60,25 +65,22 @@ from kafscale_lakehouse.engine.validation_stage import (
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore
 from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
     Gap,
-    ObjectKind,
     SegmentRef,
     SegmentStore,
     discover_partitions,
     find_gaps,
-    segment_key,
     segment_store_from_config,
+    segments_from,
 )
 
 log = logging.getLogger(__name__)
 
-SKIPPED_PROPERTY_PREFIX = "kafscale.skipped."
-# Milliseconds from the start of the write to the commit, the Go processor's write latency, for `serve-metrics`.
-WRITE_LATENCY_PROPERTY = "kafscale.write-latency-ms"
 # Data files of a crashed run are removed once they are this old, so a live run's files are never touched.
 ORPHAN_FILE_MIN_AGE = timedelta(hours=1)
 
@@ -94,10 +96,6 @@ class IngestFailedError(RuntimeError):
         super().__init__(f"topic {result.topic} → table {result.table} (run {result.run_id}): {problems}")
 
 
-class InvalidRecordsError(RuntimeError):
-    pass
-
-
 @dataclass
 class PartitionOutcome:
     partition: int
@@ -108,9 +106,10 @@ class PartitionOutcome:
     data_files: int = 0
     segments: int = 0
     lag: int | None = None  # broker next_offset - end_offset
-    skipped: tuple[int, int] | None = None  # offsets [from, to) deleted before ingestion, skipped by config
+    skipped: OffsetRange | None = None  # offsets deleted before ingestion, skipped by config
     error: str | None = None
     dead_lettered: int = 0  # invalid records of the committed range, now in the dead-letter table
+    committed: OffsetRange | None = None  # what the run's commit covers (set once it is about to commit)
 
 
 @dataclass
@@ -134,6 +133,12 @@ class IngestResult:
     @property
     def records(self) -> int:
         return sum(p.records for p in self.partitions.values())
+
+    def committed_ranges(self) -> dict[int, OffsetRange]:
+        """The offset ranges the run committed, per partition (none when nothing was committed)."""
+        if self.snapshot_id is None:
+            return {}
+        return {p: o.committed for p, o in self.partitions.items() if o.committed is not None}
 
 
 @dataclass
@@ -232,10 +237,11 @@ def ingest_mapping(context: IngestContext, mapping: MappingConfig, *, partitions
 
 @dataclass
 class _PartitionPlan:
+    """The run's one copy of a partition's planned range."""
+
     outcome: PartitionOutcome
-    commit_start: int  # the table's next offset (what the commit re-checks)
-    read_start: int  # where reading starts (after a skipped gap)
-    end: int  # exclusive end of the planned segments
+    commit_start: int  # the table's next offset, what the commit re-checks (the oldest segment's: nothing committed)
+    read: OffsetRange  # what the Spark tasks read: from `commit_start`, or past a skipped gap, to the planned end
     segments: list[SegmentRef]
 
 
@@ -244,8 +250,8 @@ class PreparedIngest:
     """Phase one of a run, done: leases held, offsets settled, segments planned into the Spark job's input
     partitions.
 
-    Hand it to `commit_ingest` (which always releases the leases) or call `abort()`. The Dagster asset returns it and
-    the IO manager commits it.
+    Hand it to `commit_ingest` (which always releases the leases) or call `release_leases()`. The Dagster asset
+    returns it and the IO manager commits it.
     """
 
     context: IngestContext
@@ -256,23 +262,38 @@ class PreparedIngest:
     result: IngestResult
     leases: dict[int, Lease]
     plans: dict[int, _PartitionPlan]
-    read_options: KafscaleReadOptions | None
     commit_properties: dict[str, str] = field(default_factory=dict)  # settled dead letters, for the commit
 
     def input_partitions(self) -> list[SegmentRunPartition]:
         """The planned segments in groups of at most `processor.target_file_size_bytes`: one Spark task each."""
         max_bytes = self.context.config.processor.target_file_size_bytes
         return [run for partition, plan in sorted(self.plans.items())
-                for run in segment_run_partitions(self.mapping.topic, partition, OffsetRange(plan.read_start, plan.end),
-                                                  plan.segments, max_bytes)]
+                for run in segment_run_partitions(self.mapping.topic, partition,
+                                                  TaskOffsets(plan.read.start, plan.read.end), plan.segments,
+                                                  max_bytes)]
 
-    def abort(self) -> None:
+    def read_options(self) -> KafscaleReadOptions:
+        """What every Spark task of the run needs besides its input partition (the ranges are in those)."""
+        config = self.context.config
+        return KafscaleReadOptions(
+            store=StoreOptions.describing(self.context.store), topic=self.mapping.topic,
+            starting_offsets={p: plan.read.start for p, plan in self.plans.items()},
+            ending_offsets={p: plan.read.end for p, plan in self.plans.items()},
+            columns=self.validation.columns,
+            max_bytes_per_partition=config.processor.target_file_size_bytes,
+            on_segment_error=SegmentErrorMode.MARK,
+            json_schema=self.validation.json_schema,
+        )
+
+    def release_leases(self) -> None:
         for lease in self.leases.values():
             lease.release()
 
 
 def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions: Sequence[int] | None = None,
-                   run_id: str | None = None) -> PreparedIngest:
+                   run_id: str | None = None, planned: Mapping[int, OffsetRange] | None = None) -> PreparedIngest:
+    """Phase one. `planned` is what the sensor planned to ingest per partition: re-checked against the table's
+    committed offsets (the table wins; a difference is logged), not used in their place."""
     run_id = run_id or uuid.uuid4().hex
     topic = mapping.topic
     result = IngestResult(topic=topic, table=mapping.table, run_id=run_id)
@@ -292,7 +313,7 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
     cleanup_uncommitted_files(table, older_than=orphans_before)
     wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
     leases: dict[int, Lease] = {}
-    prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {}, None,
+    prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {},
                               pending_dead_letters.published_through_properties())
     try:
         for partition in wanted:
@@ -302,9 +323,9 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
             except LeaseHeldError as exc:
                 result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
         if leases:
-            _plan(prepared)
+            _plan(prepared, planned or {})
     except BaseException:
-        prepared.abort()
+        prepared.release_leases()
         raise
     return prepared
 
@@ -318,67 +339,65 @@ def commit_ingest(prepared: PreparedIngest) -> IngestResult:
             _write_and_commit(prepared)
         _record_lag(prepared)
     finally:
-        prepared.abort()
+        prepared.release_leases()
     _log_result(result)
     if result.failed:
         raise IngestFailedError(result)
     return result
 
 
-def _plan(prepared: PreparedIngest) -> None:
+def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange]) -> None:
     context, mapping, topic = prepared.context, prepared.mapping, prepared.mapping.topic
-    table_next = read_topic_offsets(prepared.table, topic)
+    table_next_offsets = read_topic_offsets(prepared.table, topic)
     etcd_committed = context.offsets.committed_offsets(topic)
-    _repair_etcd(context, topic, table_next, etcd_committed, prepared.leases)
+    _repair_etcd(context, topic, table_next_offsets, etcd_committed, prepared.leases)
 
     allow_gaps = mapping.allow_gaps if mapping.allow_gaps is not None else context.config.processor.allow_gaps
     budget = max(1, context.config.processor.max_bytes_per_run // len(prepared.leases))
     for partition in sorted(prepared.leases):
-        if partition in table_next:
-            start = table_next[partition]
+        if partition in table_next_offsets:
+            start = table_next_offsets[partition]
         elif partition in etcd_committed:
             # The table has never been written by us: continue where the Go processor's etcd offsets stopped.
             start = etcd_committed[partition].next_offset
         else:
             start = None
+        _recheck_planned(topic, partition, planned.get(partition), start)
         outcome = PartitionOutcome(partition, start, start)
         prepared.result.partitions[partition] = outcome
         plan = _plan_partition(context.store, topic, partition, start, budget, allow_gaps, outcome)
         if plan is not None:
             prepared.plans[partition] = plan
-    if prepared.plans:
-        config = context.config
-        prepared.read_options = KafscaleReadOptions(
-            store=StoreOptions.describing(context.store), topic=topic,
-            starting_offsets={p: plan.read_start for p, plan in prepared.plans.items()},
-            ending_offsets={p: plan.end for p, plan in prepared.plans.items()},
-            columns=prepared.validation.columns,
-            max_bytes_per_partition=config.processor.target_file_size_bytes,
-            on_segment_error=SegmentErrorMode.MARK,
-            json_schema=prepared.validation.json_schema,
-        )
+
+
+def _recheck_planned(topic: str, partition: int, planned: OffsetRange | None, start: int | None) -> None:
+    """The sensor planned from the offsets store; the table is the truth (a run or repair may have moved it since)."""
+    if planned is not None and planned.start != (start or 0):
+        log.warning("topic %s partition %d: planned from next offset %d, but the table says %s; the table wins",
+                    topic, partition, planned.start, "nothing committed" if start is None else start)
 
 
 def _record_lag(prepared: PreparedIngest) -> None:
     watermarks = prepared.context.offsets.broker_watermarks(prepared.mapping.topic)
     for outcome in prepared.result.partitions.values():
-        if outcome.partition in watermarks and outcome.end_offset is not None:
-            outcome.lag = max(0, watermarks[outcome.partition] - outcome.end_offset)
+        if outcome.end_offset is not None:
+            outcome.lag = lag(watermarks.get(outcome.partition), outcome.end_offset)
 
 
-def _repair_etcd(context: IngestContext, topic: str, table_next: dict[int, int],
+def _repair_etcd(context: IngestContext, topic: str, table_next_offsets: dict[int, int],
                  etcd_committed: dict, leases: dict[int, Lease]) -> None:
     """etcd is a cache of the table's offsets: bring it in line (either direction) before anything else."""
     repairs = {}
     for partition, lease in leases.items():
-        if partition not in table_next:
+        if partition not in table_next_offsets:
             continue
         cached = etcd_committed.get(partition)
-        if cached is None or cached.next_offset != table_next[partition]:
-            if cached is not None and cached.next_offset > table_next[partition]:
+        cached_next = cached.next_offset if cached is not None else None
+        if cached_next != table_next_offsets[partition]:
+            if cached_next is not None and cached_next > table_next_offsets[partition]:
                 log.warning("topic %s partition %d: %s says next offset %d but table says %d; the table wins",
-                            topic, partition, context.offsets.location, cached.next_offset, table_next[partition])
-            repairs[partition] = (table_next[partition] - 1, cached.last_timestamp_ms if cached else 0)
+                            topic, partition, context.offsets.location, cached_next, table_next_offsets[partition])
+            repairs[partition] = (table_next_offsets[partition], cached.last_timestamp_ms if cached else 0)
     if repairs:
         log.info("topic %s: repairing offsets in %s from the table: %s", topic, context.offsets.location,
                  {p: o for p, (o, _) in repairs.items()})
@@ -387,15 +406,15 @@ def _repair_etcd(context: IngestContext, topic: str, table_next: dict[int, int],
 
 def _plan_partition(store: SegmentStore, topic: str, partition: int, start: int | None, budget: int,
                     allow_gaps: bool, outcome: PartitionOutcome) -> _PartitionPlan | None:
-    segments = _pending_segments(store, topic, partition, start)
+    segments = segments_from(store, topic, partition, start).segments
     if not segments:
         return None
-    gaps = find_gaps(segments, committed_offset=-1 if start is None else start - 1)
+    gaps = find_gaps(segments, next_offset=start)
     read_start = segments[0].base_offset if start is None else start
     commit_start = read_start if start is None else start
     if gaps and gaps[0].expected_offset == read_start and allow_gaps:
         gap = gaps.pop(0)
-        outcome.skipped = (gap.expected_offset, gap.found_offset)
+        outcome.skipped = OffsetRange(partition, gap.expected_offset, gap.found_offset)
         log.warning("topic %s partition %d: offsets %d..%d were deleted before ingestion (%s); skipping them as "
                     "allow_gaps says", topic, partition, gap.expected_offset, gap.found_offset - 1, gap.kfs_key)
         read_start = gap.found_offset
@@ -414,20 +433,7 @@ def _plan_partition(store: SegmentStore, topic: str, partition: int, start: int 
             break
         chosen.append(segment)
         used += segment.kfs_size
-    return _PartitionPlan(outcome, commit_start, read_start, chosen[-1].last_offset + 1, chosen)
-
-
-def _pending_segments(store: SegmentStore, topic: str, partition: int, start: int | None) -> list[SegmentRef]:
-    """Completed segments holding offsets ≥ `start`, listing only what lies after the last committed segment."""
-    if start is None:
-        return store.list_segments(topic, partition).segments
-    # We commit whole segments, so the next segment normally starts exactly at `start`: resume the listing there.
-    after = segment_key(store.namespace, topic, partition, start - 1, ObjectKind.SEGMENT) if start > 0 else None
-    segments = store.list_segments(topic, partition, after=after).segments
-    if segments and segments[0].base_offset > start:
-        # `start` lies inside an earlier segment (offsets from the Go processor, or a gap): look from the beginning.
-        segments = store.list_segments(topic, partition).segments
-    return [s for s in segments if s.last_offset >= start]
+    return _PartitionPlan(outcome, commit_start, OffsetRange(partition, read_start, chosen[-1].last_offset + 1), chosen)
 
 
 def _write_and_commit(prepared: PreparedIngest) -> None:
@@ -435,12 +441,12 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     plans, leases = prepared.plans, prepared.leases
     topic, run_id, config = mapping.topic, result.run_id, context.config
     log.info("topic %s → %s run %s: reading %s", topic, mapping.table, run_id,
-             {p: f"{plan.read_start}..{plan.end} ({len(plan.segments)} segments)" for p, plan in plans.items()})
+             {p: f"{plan.read} ({len(plan.segments)} segments)" for p, plan in plans.items()})
     write_started = time.monotonic()
     dead_letters = prepared.dead_letters
     target = None if dead_letters is None else (dead_letters, dead_letter_target(
         dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes))
-    messages = run_ingest_job(context.spark, table, run_id, prepared.read_options, prepared.input_partitions(),
+    messages = run_ingest_job(context.spark, table, run_id, prepared.read_options(), prepared.input_partitions(),
                               target_file_size_bytes=config.processor.target_file_size_bytes, dead_letters=target)
     keep, drop, failures = _files_to_commit(messages, plans)
     for message in messages:
@@ -453,7 +459,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         return  # nothing is committed while invalid records have nowhere to go (IngestFailedError follows)
     delete_data_files(io, [f.file_path for f in drop])
 
-    ends = {p: plan.end for p, plan in plans.items()}
+    ends = {p: plan.read.end for p, plan in plans.items()}
     for partition, failure in failures.items():
         ends[partition] = min(ends[partition], failure.next_offset)
         plans[partition].outcome.error = f"segment {failure.key} could not be read: {failure.message}"
@@ -475,9 +481,9 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         return
     for p, plan in committing.items():
         _fill_outcome(plan, ends[p], messages)
-    skipped = {p: plan.outcome.skipped for p, plan in committing.items() if plan.outcome.skipped}
-    properties = ({SKIPPED_PROPERTY_PREFIX + topic: json.dumps({str(p): list(r) for p, r in skipped.items()})}
-                  if skipped else {})
+    skipped = {p: (plan.outcome.skipped.start, plan.outcome.skipped.end) for p, plan in committing.items()
+               if plan.outcome.skipped}
+    properties = skipped_summary_properties(topic, skipped)
     properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - write_started) * 1000))
     properties.update(prepared.commit_properties)
     staged = None
@@ -500,7 +506,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     try:
         context.offsets.commit_offsets(
             [leases[p] for p in committing],
-            {p: (ends[p] - 1, _max_timestamp(messages, p)) for p in committing})
+            {p: (ends[p], _max_timestamp(messages, p)) for p in committing})
     except LeaseLostError as exc:
         # The table has the data and the offsets; the next run repairs etcd from it.
         log.warning("topic %s: committed snapshot %d but could not update %s: %s", topic, commit.snapshot_id,
@@ -542,6 +548,7 @@ def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestTaskOutpu
             outcome.data_files += len(message.data_files)
     if outcome.start_offset is None:
         outcome.start_offset = plan.commit_start
+    outcome.committed = OffsetRange(p, plan.commit_start, end)
 
 
 def _max_timestamp(messages: list[IngestTaskOutput], partition: int) -> int:

@@ -1,14 +1,12 @@
-"""Committed offsets kept in the Iceberg table itself, the commit protocol, and crash-leftover cleanup.
+"""The commit protocol on the offsets kept in the Iceberg table itself, and crash-leftover cleanup.
 
-Each of our snapshots carries, per topic, the summary property `kafscale.offsets.<topic>` = compact JSON
-`{"<partition>": <next offset>}` for *every* topic and partition committed so far (carried forward). Snapshots
-written by other engines (compaction, deletes) do not carry it, so reading walks back the snapshot ancestry to the
-latest snapshot that does (DESIGN.md, "Exactly-once commit protocol").
+The offsets live in our snapshots' summaries (`engine/snapshot_summary.py`: `kafscale.offsets.<topic>`, the next
+offset of every partition committed so far); a commit re-reads them from the latest commit of ours
+(DESIGN.md, "Exactly-once commit protocol").
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -22,29 +20,27 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors
 from kafscale_lakehouse.engine.iceberg_sink import DATA_FILE_PREFIX, delete_data_files
+from kafscale_lakehouse.engine.snapshot_summary import (
+    COMMIT_ID_PROPERTY,
+    RUN_ID_PROPERTY,
+    find_commit,
+    format_offsets_property,
+    is_reserved_property,
+    offsets_summary_properties,
+    read_committed_offsets,
+)
 
 log = logging.getLogger(__name__)
 
-OFFSETS_PROPERTY_PREFIX = "kafscale.offsets."
-RUN_ID_PROPERTY = "kafscale.run-id"
-COMMIT_ID_PROPERTY = "kafscale.commit-id"
 DEFAULT_COMMIT_ATTEMPTS = 5
 DEFAULT_RETRY_WAIT_SECONDS = 0.2
-
-# {topic: {partition: next offset}}
-CommittedOffsets = dict[str, dict[int, int]]
 
 
 class TableOffsetsError(RuntimeError):
     """A problem with the offsets stored in, or committed to, an Iceberg table."""
-
-
-class CorruptOffsetsPropertyError(TableOffsetsError):
-    """A `kafscale.offsets.<topic>` summary property is not a JSON object of partition → offset."""
 
 
 class OffsetConflictError(TableOffsetsError):
@@ -81,51 +77,6 @@ class CommitResult:
     attempts: int
     data_file_count: int
     record_count: int
-
-
-def parse_offsets_property(value: str, *, where: str) -> dict[int, int]:
-    """`{"0": 1200}` → `{0: 1200}`; `where` names the snapshot and property for the error."""
-    try:
-        raw = json.loads(value)
-        if not isinstance(raw, dict):
-            raise ValueError("not a JSON object")
-        offsets = {int(p): o for p, o in raw.items()}
-        if not all(type(o) is int and o >= 0 and p >= 0 for p, o in offsets.items()):
-            raise ValueError("partitions and offsets must be non-negative integers")
-    except ValueError as exc:
-        raise CorruptOffsetsPropertyError(f"{where}: {value!r} is not a partition → offset map ({exc})") from exc
-    return offsets
-
-
-def format_offsets_property(offsets: Mapping[int, int]) -> str:
-    """Compact JSON with partitions in numeric order: `{"0":1200,"1":980}`."""
-    return json.dumps({str(p): offsets[p] for p in sorted(offsets)}, separators=(",", ":"))
-
-
-def read_committed_offsets(table: Table) -> CommittedOffsets:
-    """Next offsets per topic and partition, from the latest snapshot in the current ancestry that carries any.
-
-    Reads the table object as it is; refresh it first for the catalog's latest state.
-    """
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        offsets = snapshot_offsets(table, snapshot)
-        if offsets:
-            return offsets
-    return {}
-
-
-def read_topic_offsets(table: Table, topic: str) -> dict[int, int]:
-    return read_committed_offsets(table).get(topic, {})
-
-
-def offsets_summary_properties(committed: CommittedOffsets, topic: str, new_offsets: Mapping[int, int]) -> dict[str, str]:
-    """Summary properties for a snapshot that advances `topic` to `new_offsets`, carrying every other map forward.
-
-    For any writer of ours (append, replay) so the latest snapshot always has the full map.
-    """
-    merged = {t: dict(o) for t, o in committed.items()}
-    merged.setdefault(topic, {}).update(new_offsets)
-    return {OFFSETS_PROPERTY_PREFIX + t: format_offsets_property(o) for t, o in merged.items()}
 
 
 def commit_append(
@@ -168,12 +119,11 @@ def commit_append(
         else:
             # A refused answer does not prove a refused commit: a proxy that retried our POST, or a timeout after
             # the catalog applied it. Our own commit would look like a conflict below and delete live files.
-            landed = _find_commit_since(table, commit_id, before_first_attempt)
+            landed = find_commit(table, commit_id, since=before_first_attempt)
             if landed is not None:
                 log.warning("table %s: commit of run %s was answered with an error but landed as snapshot %d",
                             table_name, run_id, landed.snapshot_id)
-                committed = snapshot_offsets(table, landed)
-                snapshot_id = landed.snapshot_id
+                committed, snapshot_id = landed.offsets, landed.snapshot_id
                 break
         _refuse_changed_spec(table, data_files, paths, run_id)
         committed = read_committed_offsets(table)
@@ -202,15 +152,15 @@ def commit_append(
             time.sleep(retry_wait_seconds * attempt)
             continue
         except Exception as exc:
-            snapshot = _find_commit(table, commit_id, before_first_attempt)
-            if snapshot is None:
+            found = _find_commit(table, commit_id, before_first_attempt)
+            if found is None:
                 raise CommitOutcomeUnknownError(
                     f"table {table_name}: commit of run {run_id} failed with an unknown outcome "
                     f"({type(exc).__name__}); its {len(paths)} data files are kept until the table shows "
                     "whether they are referenced"
                 ) from exc
             log.warning("table %s: commit of run %s reported %r but landed", table_name, run_id, exc)
-            snapshot_id = snapshot.snapshot_id
+            snapshot_id = found
         break
     topic_offsets = {**committed.get(topic, {}), **end_offsets}
     log.info(
@@ -262,17 +212,6 @@ def cleanup_uncommitted_files(
     return deleted
 
 
-def snapshot_offsets(table: Table, snapshot: Snapshot) -> CommittedOffsets:
-    summary = snapshot.summary.additional_properties if snapshot.summary else {}
-    return {
-        key[len(OFFSETS_PROPERTY_PREFIX):]: parse_offsets_property(
-            value, where=f"table {'.'.join(table.name())} snapshot {snapshot.snapshot_id} property {key}"
-        )
-        for key, value in summary.items()
-        if key.startswith(OFFSETS_PROPERTY_PREFIX)
-    }
-
-
 def _check_offset_ranges(
     table_name: str,
     topic: str,
@@ -292,8 +231,7 @@ def _check_offset_ranges(
                 f"table {table_name} topic {topic} partition {partition}: offset range {start}..{end_offsets[partition]} "
                 "is not a valid range"
             )
-    reserved = [k for k in snapshot_properties if k.startswith(OFFSETS_PROPERTY_PREFIX)
-                or k in (RUN_ID_PROPERTY, COMMIT_ID_PROPERTY)]
+    reserved = [k for k in snapshot_properties if is_reserved_property(k)]
     if reserved:
         raise ValueError(f"snapshot_properties must not set the commit protocol's own keys {reserved}")
 
@@ -372,25 +310,16 @@ def _keep_until_outcome_known() -> None:
     """Stands in for pyiceberg's clean-up of a refused commit until the table shows it did not land."""
 
 
-def _find_commit(table: Table, commit_id: str, stop_at: int | None) -> Snapshot | None:
-    """Our snapshot after a refresh, or None (also when the catalog cannot be read); see `_find_commit_since`."""
+def _find_commit(table: Table, commit_id: str, since: int | None) -> int | None:
+    """The snapshot id of our commit after a refresh (see `snapshot_summary.find_commit`), or None, also when the
+    catalog cannot be read."""
     try:
         table.refresh()
     except Exception:  # noqa: BLE001 - the caller reports the original failure
         log.warning("table %s: cannot refresh to check the commit outcome", ".".join(table.name()), exc_info=True)
         return None
-    return _find_commit_since(table, commit_id, stop_at)
-
-
-def _find_commit_since(table: Table, commit_id: str, stop_at: int | None) -> Snapshot | None:
-    """Our snapshot among those committed since `stop_at`, the snapshot current before our first attempt: the walk
-    costs what was committed during our attempts, not the table's history."""
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        if snapshot.snapshot_id == stop_at:
-            return None
-        if snapshot.summary is not None and snapshot.summary.get(COMMIT_ID_PROPERTY) == commit_id:
-            return snapshot
-    return None
+    commit = find_commit(table, commit_id, since=since)
+    return commit.snapshot_id if commit is not None else None
 
 
 def _delete_uncommitted(table: Table, paths: Iterable[str], table_name: str, run_id: str) -> None:

@@ -17,7 +17,6 @@ from kafscale_lakehouse.offsets.store import (
     DEFAULT_KEY_PREFIX,
     DEFAULT_LEASE_TTL_SECONDS,
     Lease,
-    LeaseSet,
     OffsetStore,
 )
 
@@ -33,7 +32,6 @@ __all__ = [
     "Lease",
     "LeaseHeldError",
     "LeaseLostError",
-    "LeaseSet",
     "LocalOffsetStore",
     "OffsetRegressionError",
     "OffsetStore",

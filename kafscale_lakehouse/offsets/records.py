@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kafscale_lakehouse.format.headers_json import go_json_string
 from kafscale_lakehouse.offsets.errors import CorruptOffsetRecordError, OffsetRegressionError
 
+# KafScale's last-offset value for "nothing committed"; above this module that is a next offset of None.
 NOTHING_COMMITTED = -1
 # The Go processor writes generation 1 on every claim and renewal and never reads it back; we match its bytes and
 # fence on the lease key's identity (etcd create_revision / local claim token) instead.
@@ -33,8 +34,19 @@ class CommittedOffset:
     updated_at_ms: int
 
     @property
-    def next_offset(self) -> int:
-        return self.offset + 1
+    def next_offset(self) -> int | None:
+        """The next offset to read (None: nothing committed)."""
+        return next_offset_of(self.offset)
+
+
+def next_offset_of(last_offset: int) -> int | None:
+    """KafScale's last committed offset as a next offset: the one conversion from the stored form."""
+    return None if last_offset == NOTHING_COMMITTED else last_offset + 1
+
+
+def last_offset_of(next_offset: int) -> int:
+    """A next offset as KafScale's last committed offset: the one conversion to the stored form."""
+    return next_offset - 1
 
 
 NOT_COMMITTED = CommittedOffset(offset=NOTHING_COMMITTED, last_timestamp_ms=0, updated_at_ms=0)
@@ -177,14 +189,17 @@ def plan_offset_writes(
     """Every key a commit writes, with its bytes: per partition the offsets and watermarks keys (same value, as in
     Go), and the topic watermark = the partition watermark with the minimum offset over all partitions of the topic.
 
+    `new_offsets` is `{partition: (next offset, last_timestamp_ms)}`; the keys hold the last offset (next - 1).
+
     `committed` and `partition_watermarks` are the current values; a commit below `committed` is refused unless
     `allow_backwards` (repair from the table).
     """
     writes: dict[str, bytes] = {}
     watermarks = dict(partition_watermarks)
-    for partition, (offset, last_timestamp_ms) in sorted(new_offsets.items()):
-        if offset < NOTHING_COMMITTED:
-            raise ValueError(f"{topic}/{partition}: offset {offset} is below {NOTHING_COMMITTED}")
+    for partition, (next_offset, last_timestamp_ms) in sorted(new_offsets.items()):
+        if isinstance(next_offset, bool) or not isinstance(next_offset, int) or next_offset < 0:
+            raise ValueError(f"{topic}/{partition}: next offset {next_offset!r} is not an integer >= 0")
+        offset = last_offset_of(next_offset)
         current = committed.get(partition, NOT_COMMITTED).offset
         if offset < current and not allow_backwards:
             raise OffsetRegressionError(location, keys.offset(topic, partition), current, offset)

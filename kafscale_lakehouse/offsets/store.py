@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kafscale_lakehouse.offsets.errors import LeaseLostError
@@ -151,33 +151,6 @@ def leases_lost_error(lost: Sequence[tuple[Lease, str]]) -> LeaseLostError:
                           f"{reason}; nothing was written{others}")
 
 
-class LeaseSet:
-    """Leases on several partitions of one topic, acquired all-or-nothing and released together."""
-
-    def __init__(self, leases: Sequence[Lease]):
-        self.leases = {lease.partition: lease for lease in leases}
-
-    def __iter__(self) -> Iterator[Lease]:
-        return iter(self.leases.values())
-
-    def __len__(self) -> int:
-        return len(self.leases)
-
-    @property
-    def lost(self) -> bool:
-        return any(lease.lost for lease in self)
-
-    def release(self) -> None:
-        for lease in self:
-            lease.release()
-
-    def __enter__(self) -> "LeaseSet":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.release()
-
-
 class OffsetStore(ABC):
     """Committed offsets, watermarks and leases of the processor (kafscale-format.md §7)."""
 
@@ -224,18 +197,6 @@ class OffsetStore(ABC):
         log.info("acquired lease %s for %s on %s", lease.key, owner_id, self.location)
         return lease
 
-    def acquire_leases(self, topic: str, partitions: Iterable[int], owner_id: str) -> LeaseSet:
-        """Claim every partition or none: if one is taken, those already claimed are released again."""
-        acquired: list[Lease] = []
-        try:
-            for partition in sorted(set(partitions)):
-                acquired.append(self.acquire_lease(topic, partition, owner_id))
-        except BaseException:
-            for lease in acquired:
-                lease.release()
-            raise
-        return LeaseSet(acquired)
-
     # ---- fenced writes ----------------------------------------------------------------------------------------
 
     def confirm_lease(self, lease: Lease) -> None:
@@ -249,7 +210,7 @@ class OffsetStore(ABC):
             raise
 
     def commit_offsets(self, leases: Iterable[Lease], offsets: Mapping[int, tuple[int, int]]) -> None:
-        """Record `{partition: (last committed offset, last_timestamp_ms)}` under our leases, atomically.
+        """Record `{partition: (next offset, last_timestamp_ms)}` under our leases, atomically.
 
         Offsets only move forward here (`OffsetRegressionError` otherwise). Every lease must belong to this store
         and one topic and every partition needs a lease; if any lease is lost, nothing is written.
@@ -282,8 +243,8 @@ class OffsetStore(ABC):
         for lease in lease_list:
             lease.ensure_held()
         self._write_offsets(topic, lease_list, offsets, allow_backwards)
-        log.info("%s offsets of %s on %s: %s", "repaired" if allow_backwards else "committed", topic, self.location,
-                 {p: o for p, (o, _) in sorted(offsets.items())})
+        log.info("%s next offsets of %s on %s: %s", "repaired" if allow_backwards else "committed", topic,
+                 self.location, {p: o for p, (o, _) in sorted(offsets.items())})
 
     # ---- backend primitives -----------------------------------------------------------------------------------
 

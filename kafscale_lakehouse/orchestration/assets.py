@@ -11,6 +11,8 @@ import dagster as dg
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.ingest import PreparedIngest, prepare_ingest
+from kafscale_lakehouse.engine.topic_scan import TopicScan, WatchSources, scan_topic
+from kafscale_lakehouse.offsets.ranges import parse_ranges
 from kafscale_lakehouse.orchestration.naming import (
     kafka_partition_id,
     pool_name,
@@ -25,7 +27,7 @@ from kafscale_lakehouse.orchestration.resources import (
     SparkResource,
     ingest_context,
 )
-from kafscale_lakehouse.orchestration.sensors import SensorCursor, TopicScan, WatchSources, scan_topic, topic_observation_metadata
+from kafscale_lakehouse.orchestration.sensors import PLANNED_RANGES_TAG, topic_observation_metadata
 from kafscale_lakehouse.storage import DiscoveryMode
 
 ICEBERG_IO_MANAGER_KEY = "iceberg_io_manager"
@@ -34,11 +36,11 @@ ASSET_GROUP = "kafscale"
 
 def scan_topic_now(config: LakehouseConfig, topic: str, segment_store: SegmentStoreResource,
                    offset_store: OffsetStoreResource) -> TopicScan:
-    """The topic's partitions now: committed and broker offsets, completed segments. A fresh sensor cursor lists
-    each partition from its committed offset on, so the cost is that of the pending segments."""
+    """The topic's partitions now: committed and broker offsets, completed segments. Without cursors each partition
+    is listed from its committed next offset on, so the cost is that of the pending segments."""
     sources = WatchSources(store=segment_store.open_store(), offsets=offset_store.offset_store(),
                            discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=offset_store.etcd_client())
-    return scan_topic(sources, topic, SensorCursor())
+    return scan_topic(sources, topic)
 
 
 def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.SourceAsset:
@@ -53,7 +55,7 @@ def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) ->
     )
     def observe_topic(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource) -> dg.ObserveResult:
         scan = scan_topic_now(config, topic, segment_store, offset_store)
-        ends = ",".join(f"{p}:{s.broker_next}:{s.completed_end}" for p, s in sorted(scan.partitions.items()))
+        ends = ",".join(f"{p}:{s.log_end}:{s.segments_end}" for p, s in sorted(scan.partitions.items()))
         metadata = topic_observation_metadata(scan) if scan.partitions else {"partitions": 0}
         return dg.ObserveResult(metadata=metadata, data_version=dg.DataVersion(ends or "empty"))
 
@@ -80,7 +82,9 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
                      offset_store: OffsetStoreResource, iceberg_catalog: IcebergCatalogResource) -> PreparedIngest:
         partitions = sorted(kafka_partition_id(key) for key in context.partition_keys)
         context.log.info("topic %s → %s: preparing Kafka partitions %s", topic, table, partitions)
+        planned_tag = context.run.tags.get(PLANNED_RANGES_TAG)
+        planned = parse_ranges(planned_tag, where=f"run tag {PLANNED_RANGES_TAG}") if planned_tag else None
         engine = ingest_context(config, spark, segment_store, offset_store, iceberg_catalog)
-        return prepare_ingest(engine, mapping, partitions=partitions, run_id=context.run.run_id)
+        return prepare_ingest(engine, mapping, partitions=partitions, run_id=context.run.run_id, planned=planned)
 
     return ingest_table

@@ -1,8 +1,9 @@
 """Asset checks of a mapping's table, with metadata a data owner can act on (counts, sample record_ids, reasons).
 
 - `schema_valid`: the run's invalid records (JSON Schema / required columns), from its materialization metadata.
-- `record_id_unique`: no record_id twice, scanning only the offset ranges the run committed (a row filter on
-  topic + partition + offset, so pyiceberg skips data files by their `offset` min/max statistics).
+- `record_id_unique`: no record_id twice, scanning only the offset ranges the run committed, as its materialization
+  metadata records them (a row filter on topic + partition + offset, so pyiceberg skips data files by their
+  `offset` min/max statistics).
 - `offsets_contiguous`: the `kafscale.offsets.<topic>` history of the table's snapshots never moves back or drops a
   partition, no rows lie at or beyond the committed next offsets, and gaps skipped by `allow_gaps` are reported.
 - `freshness`: lag of the table behind the broker watermark (or the completed segments when there is none).
@@ -10,148 +11,62 @@ The checks run in the ingest run after the commit; run alone, they look at the t
 """
 
 # No `from __future__ import annotations`: Dagster reads the context and resource parameter annotations at runtime.
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import reduce
+from collections.abc import Mapping
 
 import dagster as dg
-import pyarrow.compute as pc
-from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, NotIn, Or
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.catalog import TableNotFoundError
-from kafscale_lakehouse.engine.ingest import SKIPPED_PROPERTY_PREFIX
-from kafscale_lakehouse.engine.table_offsets import (
-    OFFSETS_PROPERTY_PREFIX,
-    RUN_ID_PROPERTY,
-    CorruptOffsetsPropertyError,
-    parse_offsets_property,
+from kafscale_lakehouse.engine.lag import lag_and_reference
+from kafscale_lakehouse.engine.table_checks import (
+    FRESHNESS,
+    OFFSETS_CONTIGUOUS,
+    RECORD_ID_UNIQUE,
+    SAMPLE_SIZE,
+    SCHEMA_VALID,
+    check_offset_contiguity,
+    find_duplicate_record_ids,
+    latest_committed_ranges,
 )
+from kafscale_lakehouse.engine.topic_scan import PartitionState
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.orchestration.assets import scan_topic_now
 from kafscale_lakehouse.orchestration.io_manager import (
     DEAD_LETTER_TABLE_KEY,
     INVALID_RECORDS_KEY,
     INVALID_SAMPLES_SCHEMA,
+    SNAPSHOT_ID_KEY,
+    committed_ranges_from_metadata,
     invalid_samples_from_metadata,
 )
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, OffsetStoreResource, SegmentStoreResource
-from kafscale_lakehouse.orchestration.sensors import PartitionState
-
-SCHEMA_VALID = "schema_valid"
-RECORD_ID_UNIQUE = "record_id_unique"
-OFFSETS_CONTIGUOUS = "offsets_contiguous"
-FRESHNESS = "freshness"
-CHECK_NAMES = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS)
-SAMPLE_SIZE = 20
-
-
-# ------------------------------------------------------------------------------------------ table history
-
-
-@dataclass(frozen=True)
-class OffsetCommit:
-    """A snapshot of ours: the topic's next offset per partition after it, and the offsets it skipped."""
-
-    snapshot: Snapshot
-    next_offsets: dict[int, int]
-    skipped: dict[int, tuple[int, int]]  # partition -> [from, to) deleted before ingestion
-
-    @property
-    def run_id(self) -> str | None:
-        return self.snapshot.summary.get(RUN_ID_PROPERTY) if self.snapshot.summary is not None else None
-
-
-def offset_commits(table: Table, topic: str) -> list[OffsetCommit]:
-    """The snapshots in the table's current ancestry that carry `kafscale.offsets.<topic>`, oldest first."""
-    table_name = ".".join(table.name())
-    offsets_key, skipped_key = OFFSETS_PROPERTY_PREFIX + topic, SKIPPED_PROPERTY_PREFIX + topic
-    commits = []
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        properties = snapshot.summary.additional_properties if snapshot.summary is not None else {}
-        if offsets_key not in properties:
-            continue
-        where = f"table {table_name} snapshot {snapshot.snapshot_id} property {{}}"
-        next_offsets = parse_offsets_property(properties[offsets_key], where=where.format(offsets_key))
-        commits.append(OffsetCommit(snapshot, next_offsets,
-                                    _parse_skipped(properties.get(skipped_key), where.format(skipped_key))))
-    return commits[::-1]
-
-
-def _parse_skipped(value: str | None, where: str) -> dict[int, tuple[int, int]]:
-    """`{"0": [10, 40]}` -> `{0: (10, 40)}` (offsets [from, to) skipped); None -> `{}`."""
-    if value is None:
-        return {}
-    try:
-        return {int(p): (int(r[0]), int(r[1])) for p, r in json.loads(value).items()}
-    except (ValueError, TypeError, IndexError, AttributeError) as exc:
-        raise CorruptOffsetsPropertyError(f"{where}: {value!r} is not a partition → [from, to) map ({exc})") from exc
-
-
-def committed_ranges(commits: Sequence[OffsetCommit], run_id: str) -> tuple[OffsetCommit | None, dict[int, tuple[int, int]]]:
-    """The offset ranges `[start, end)` per partition committed by run `run_id`, or by the latest commit of ours when
-    that run committed nothing (a check run on its own)."""
-    if not commits:
-        return None, {}
-    index = next((i for i in range(len(commits) - 1, -1, -1) if commits[i].run_id == run_id), len(commits) - 1)
-    before = commits[index - 1].next_offsets if index > 0 else {}
-    after = commits[index].next_offsets
-    # A partition's first commit starts wherever its first segment did: every offset below its end is in range.
-    return commits[index], {p: (before.get(p, 0), end) for p, end in after.items() if before.get(p) != end}
-
-
-def _and_all(*clauses: BooleanExpression) -> BooleanExpression:
-    return reduce(And, clauses)
-
-
-def _or_all(clauses: Sequence[BooleanExpression]) -> BooleanExpression:
-    return reduce(Or, clauses)
-
 
 # ------------------------------------------------------------------------------------------ evaluations
 
 
-@dataclass(frozen=True)
-class DuplicateScan:
-    duplicates: dict[str, int]  # record_id -> occurrences (> 1)
-    rows_scanned: int
-    files_scanned: int
-    files_in_table: int | None
+def run_committed_ranges(table: Table, topic: str, metadata: Mapping[str, dg.MetadataValue] | None
+                         ) -> tuple[int | None, dict[int, OffsetRange]]:
+    """(snapshot id, ranges) the run recorded in its materialization metadata; a check run on its own, with no
+    materialization of ours recorded, looks at the table's latest commit instead."""
+    ranges = committed_ranges_from_metadata(metadata) if metadata is not None else None
+    if ranges is not None:
+        snapshot = metadata.get(SNAPSHOT_ID_KEY)
+        return (snapshot.value if isinstance(snapshot, dg.IntMetadataValue) else None), ranges
+    commit, ranges = latest_committed_ranges(table, topic)
+    return (commit.snapshot_id if commit is not None else None), ranges
 
 
-def find_duplicate_record_ids(table: Table, topic: str, ranges: Mapping[int, tuple[int, int]]) -> DuplicateScan:
-    """record_ids occurring more than once among the rows of `topic` in `ranges`. A record_id is
-    `<topic>:<partition>:<offset>`, so every copy of a record in a range lies in that range."""
-    if not ranges:
-        return DuplicateScan({}, 0, 0, _files_in_table(table))
-    row_filter = _or_all([_and_all(EqualTo("topic", topic), EqualTo("partition", p), GreaterThanOrEqual("offset", start),
-                                   LessThan("offset", end)) for p, (start, end) in sorted(ranges.items())])
-    scan = table.scan(row_filter=row_filter, selected_fields=("record_id",))
-    files_scanned = sum(1 for _ in scan.plan_files())
-    record_ids = scan.to_arrow()["record_id"]
-    counts = pc.value_counts(record_ids)
-    repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
-    duplicates = dict(zip(repeated.field("values").to_pylist(), repeated.field("counts").to_pylist()))
-    return DuplicateScan(duplicates, len(record_ids), files_scanned, _files_in_table(table))
-
-
-def _files_in_table(table: Table) -> int | None:
-    snapshot = table.current_snapshot()
-    total = snapshot.summary.get("total-data-files") if snapshot is not None and snapshot.summary else None
-    return int(total) if total is not None else None
-
-
-def evaluate_record_id_unique(table: Table, topic: str, run_id: str) -> dg.AssetCheckResult:
-    commit, ranges = committed_ranges(offset_commits(table, topic), run_id)
+def evaluate_record_id_unique(table: Table, topic: str,
+                              metadata: Mapping[str, dg.MetadataValue] | None) -> dg.AssetCheckResult:
+    snapshot_id, ranges = run_committed_ranges(table, topic, metadata)
     scan = find_duplicate_record_ids(table, topic, ranges)
     extra = sum(count - 1 for count in scan.duplicates.values())
     samples = sorted(scan.duplicates.items())[:SAMPLE_SIZE]
     metadata = {
-        "snapshot_id": dg.MetadataValue.int(commit.snapshot.snapshot_id) if commit else dg.MetadataValue.null(),
-        "offset_ranges_scanned": dg.MetadataValue.json({str(p): [s, e] for p, (s, e) in sorted(ranges.items())}),
+        "snapshot_id": dg.MetadataValue.int(snapshot_id) if snapshot_id is not None else dg.MetadataValue.null(),
+        "offset_ranges_scanned": dg.MetadataValue.json({str(p): [r.start, r.end] for p, r in sorted(ranges.items())}),
         "rows_scanned": scan.rows_scanned,
         "data_files_scanned": scan.files_scanned,
         "data_files_in_table": scan.files_in_table if scan.files_in_table is not None else dg.MetadataValue.null(),
@@ -174,70 +89,35 @@ def evaluate_record_id_unique(table: Table, topic: str, run_id: str) -> dg.Asset
 
 
 def evaluate_offsets_contiguous(table: Table, topic: str) -> dg.AssetCheckResult:
-    commits = offset_commits(table, topic)
-    problems: list[str] = []
-    previous: dict[int, int] = {}
-    for commit in commits:
-        snapshot_id = commit.snapshot.snapshot_id
-        for partition, before in sorted(previous.items()):
-            after = commit.next_offsets.get(partition)
-            if after is None:
-                problems.append(f"snapshot {snapshot_id} dropped partition {partition} (next offset {before}) from "
-                                f"{OFFSETS_PROPERTY_PREFIX}{topic}")
-            elif after < before:
-                problems.append(f"snapshot {snapshot_id} moved partition {partition} back from {before} to {after}: "
-                                f"offsets {after}..{before - 1} may be committed twice")
-        previous = {**previous, **commit.next_offsets}
-    beyond = _rows_beyond_committed(table, topic, previous)
-    if beyond:
-        problems.append(f"{len(beyond)} rows lie at or beyond the committed next offsets (the next run ingests those "
-                        f"offsets again), e.g. {', '.join(beyond[:5])}")
-    skipped = [(c.snapshot.snapshot_id, p, r) for c in commits for p, r in sorted(c.skipped.items())]
-    latest_skipped = [(p, r) for c in commits[-1:] for p, r in sorted(c.skipped.items())]
+    contiguity = check_offset_contiguity(table, topic)
+    problems = contiguity.problems
     metadata = {
-        "commits_checked": len(commits),
-        "next_offsets": dg.MetadataValue.json({str(p): o for p, o in sorted(previous.items())}),
+        "commits_checked": contiguity.commits_checked,
+        "next_offsets": dg.MetadataValue.json({str(p): o for p, o in sorted(contiguity.next_offsets.items())}),
         "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
-        "rows_beyond_committed_samples": dg.MetadataValue.json(beyond[:SAMPLE_SIZE]),
-        "skipped_gaps": dg.MetadataValue.json([{"snapshot_id": s, "partition": p, "offsets": [r[0], r[1] - 1]}
-                                               for s, p, r in skipped]),
+        "rows_beyond_committed_samples": dg.MetadataValue.json(contiguity.rows_beyond_committed[:SAMPLE_SIZE]),
+        "skipped_gaps": dg.MetadataValue.json([{"snapshot_id": g.snapshot_id, "partition": g.range.partition,
+                                                "offsets": [g.range.start, g.range.end - 1]}
+                                               for g in contiguity.skipped]),
     }
     if problems:
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata,
                                    description="; ".join(problems))
-    if latest_skipped:
-        gaps = ", ".join(f"partition {p} offsets {r[0]}..{r[1] - 1}" for p, r in latest_skipped)
+    if contiguity.latest_skipped:
+        gaps = ", ".join(f"partition {r.partition} offsets {r.start}..{r.end - 1}" for r in contiguity.latest_skipped)
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
                                    description=f"the latest commit skipped offsets deleted before ingestion "
                                                f"(allow_gaps): {gaps}; those records are not in the table")
     return dg.AssetCheckResult(passed=True, metadata=metadata,
-                               description=f"{len(commits)} commits, each partition's offsets only move forward")
-
-
-def _rows_beyond_committed(table: Table, topic: str, next_offsets: Mapping[int, int]) -> list[str]:
-    """record_ids of rows at or past a partition's next offset, or of partitions without one (pruned by stats)."""
-    if table.current_snapshot() is None:
-        return []
-    clauses: list[BooleanExpression] = [_and_all(EqualTo("partition", p), GreaterThanOrEqual("offset", o))
-                                        for p, o in sorted(next_offsets.items())]
-    clauses.append(NotIn("partition", sorted(next_offsets)) if next_offsets else EqualTo("topic", topic))
-    row_filter = And(EqualTo("topic", topic), _or_all(clauses))
-    rows = table.scan(row_filter=row_filter, selected_fields=("record_id",), limit=SAMPLE_SIZE).to_arrow()
-    return sorted(rows["record_id"].to_pylist())
-
-
-def partition_lag(state: PartitionState) -> tuple[int, str]:
-    """Records not yet in the table and what they are measured against."""
-    if state.lag is not None:
-        return state.lag, "broker watermark"
-    return max(0, (state.completed_end or state.committed_next) - state.committed_next), "completed segments"
+                               description=f"{contiguity.commits_checked} commits, each partition's offsets only "
+                                           "move forward")
 
 
 def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: int) -> dg.AssetCheckResult:
-    lags = {p: partition_lag(s) for p, s in sorted(states.items())}
+    lags = {p: lag_and_reference(s.log_end, s.segments_end, s.next_offset) for p, s in sorted(states.items())}
     behind = {p: lag for p, (lag, _) in lags.items() if lag > max_lag_records}
     rows = [dg.TableRecord({"partition": p, "lag": lag, "measured_against": against,
-                            "committed_next_offset": states[p].committed_next, "broker_next_offset": states[p].broker_next})
+                            "committed_next_offset": states[p].next_offset, "broker_next_offset": states[p].log_end})
             for p, (lag, against) in lags.items()]
     metadata = {
         "max_lag": max((lag for lag, _ in lags.values()), default=0),
@@ -325,7 +205,8 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
     def record_id_unique(context: dg.AssetCheckExecutionContext,
                          iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
         table = _table_or_none(iceberg_catalog, table_name)
-        return no_table if table is None else evaluate_record_id_unique(table, topic, context.run.run_id)
+        return no_table if table is None else evaluate_record_id_unique(
+            table, topic, _run_materialization_metadata(context, asset_key))
 
     @dg.asset_check(asset=asset_key, name=OFFSETS_CONTIGUOUS,
                     description="Committed offsets only move forward, no rows beyond them; skipped gaps reported.")

@@ -2,12 +2,13 @@
 
 `handle_output` runs `engine.ingest.commit_ingest`: one Spark job whose tasks decode the planned segments and write
 them as Parquet data files (`engine.ingest_job`), then one Iceberg commit re-checks the start offsets, then etcd offsets; the
-run's leases are released on every exit path (as `PreparedIngest.abort` does). Each Kafka partition's materialization
+run's leases are released on every exit path (as `PreparedIngest.release_leases` does). Each Kafka partition's materialization
 gets its own offset range, records, bytes, data files and lag; all of them carry the run's snapshot id, a
 per-partition table and the invalid records. A run that could commit only some partitions records materializations
 for those, then fails naming the rest.
 """
 
+import json
 from collections.abc import Mapping
 
 import dagster as dg
@@ -15,6 +16,7 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression, EqualTo, In
 from pyspark.sql import DataFrame
 
 from kafscale_lakehouse.engine.ingest import IngestFailedError, IngestResult, PartitionOutcome, PreparedIngest, commit_ingest
+from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges, parse_ranges
 from kafscale_lakehouse.orchestration.naming import kafka_partition_id, kafka_partition_key
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, SparkResource
 
@@ -23,6 +25,8 @@ INVALID_RECORDS_KEY = "invalid_records"
 INVALID_SAMPLES_KEY = "invalid_samples"
 DEAD_LETTER_TABLE_KEY = "dead_letter_table"
 SNAPSHOT_ID_KEY = "snapshot_id"
+# `{"<partition>": [start, end]}`: the offsets the run committed (record_id_unique scans them).
+COMMITTED_RANGES_KEY = "committed_offset_ranges"
 
 _PARTITION_TABLE_SCHEMA = dg.TableSchema(columns=[
     dg.TableColumn("partition", "int"),
@@ -107,6 +111,7 @@ def run_metadata(result: IngestResult) -> dict[str, dg.MetadataValue]:
         else dg.MetadataValue.null(),
         "kafka_partitions": dg.MetadataValue.table(rows, schema=_PARTITION_TABLE_SCHEMA),
         "records_in_run": dg.MetadataValue.int(result.records),
+        COMMITTED_RANGES_KEY: dg.MetadataValue.json(json.loads(format_ranges(result.committed_ranges()))),
         INVALID_RECORDS_KEY: dg.MetadataValue.int(result.invalid_count),
         INVALID_SAMPLES_KEY: dg.MetadataValue.table(samples, schema=INVALID_SAMPLES_SCHEMA),
         DEAD_LETTER_TABLE_KEY: dg.MetadataValue.text(result.dead_letter_table) if result.dead_letter_table
@@ -144,9 +149,17 @@ def invalid_samples_from_metadata(metadata: Mapping[str, dg.MetadataValue]) -> l
     return [dict(record.data) for record in value.records]
 
 
+def committed_ranges_from_metadata(metadata: Mapping[str, dg.MetadataValue]) -> dict[int, OffsetRange] | None:
+    """The ranges `run_metadata` stored; None when the metadata has none (not a materialization of ours)."""
+    value = metadata.get(COMMITTED_RANGES_KEY)
+    if not isinstance(value, dg.JsonMetadataValue):
+        return None
+    return parse_ranges(json.dumps(value.value), where=f"materialization metadata {COMMITTED_RANGES_KEY}")
+
+
 def _offset_text(offset: int | None) -> str:
     return "earliest" if offset is None else str(offset)
 
 
 def _skipped_text(outcome: PartitionOutcome) -> str | None:
-    return None if outcome.skipped is None else f"{outcome.skipped[0]}..{outcome.skipped[1] - 1}"
+    return None if outcome.skipped is None else f"{outcome.skipped.start}..{outcome.skipped.end - 1}"

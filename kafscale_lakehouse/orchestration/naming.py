@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dagster as dg
 
+from kafscale_lakehouse.engine.table_checks import table_asset_path
+
 # `_` is doubled so that the `_dot_`/`_dash_` escapes cannot be produced by a name that contained them literally.
 _ESCAPES = {"_": "__", ".": "_dot_", "-": "_dash_"}
 
@@ -28,7 +30,7 @@ def dagster_name_part(text: str) -> str:
 
 def table_asset_key(table: str) -> dg.AssetKey:
     """The asset of an Iceberg table: the identifier split on `.` (`rpc.pizzas` -> `["rpc", "pizzas"]`)."""
-    return dg.AssetKey(table.split("."))
+    return dg.AssetKey(table_asset_path(table))
 
 
 def topic_asset_key(topic: str) -> dg.AssetKey:
@@ -52,9 +54,9 @@ def ingest_job_name(table: str) -> str:
 
 
 def pool_name(table: str) -> str:
-    """The concurrency pool serializing commits to a table: `kafscale_<table with . -> _>` (the form the Helm values and
-    dagster.yaml document; table identifier parts are already `[A-Za-z0-9_]`)."""
-    return f"kafscale_{table.replace('.', '_')}"
+    """The concurrency pool serializing commits to a table: `kafscale_<table>` with the table escaped like every other
+    Dagster name (`rpc.pizzas` -> `kafscale_rpc_dot_pizzas`), so two tables never share a pool."""
+    return f"kafscale_{dagster_name_part(table)}"
 
 
 def kafka_partition_key(partition: int) -> str:

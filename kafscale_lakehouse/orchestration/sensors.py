@@ -5,7 +5,8 @@ A tick of the sensor of `topic → table`:
 1. discovers the topic's Kafka partitions (`discovery.mode`) and registers new ones as Dagster dynamic partitions;
 2. lists, per partition, only the segments after the cursor's last seen `.kfs` key (`SegmentStore.list_segments`),
    so a tick costs one listing request per partition plus one footer read per new segment; a partition seen for the
-   first time is listed from its committed offset on, so segments ingested long ago are never read;
+   first time is listed from its committed next offset on (`storage.segments_from`, engine/topic_scan.py), so
+   segments ingested long ago are never read;
 3. reads the committed offsets and the broker watermarks (one range read each; never the Iceberg table);
 4. reports an observation of the topic asset (`kafscale/<topic>`) when a watermark, a committed offset or the end of
    the completed segments moved: per partition broker next offset, committed next offset, completed end and lag;
@@ -13,7 +14,8 @@ A tick of the sensor of `topic → table`:
    last offset is at or after the committed next offset), as a Dagster partition key range (tags
    `dagster/asset_partition_range_start|end`, read by the single-run-backfill asset as `context.partition_keys`;
    dynamic partitions are ordered by insertion, so partitions inside the range without pending data are part of
-   the run and simply have nothing to ingest).
+   the run and simply have nothing to ingest), with the offset ranges it planned (tag `kafscale/planned_ranges`),
+   which the run re-checks against the table's committed offsets (the table wins).
 No run is requested while a run of the job is queued or in progress (runs would pile up behind the table's pool
 faster than they finish; the first tick after it requests whatever is still pending), nor again for exactly the
 state an earlier request covered, so a run that failed without progress is not retried in a loop: new segments,
@@ -29,9 +31,8 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.etcd_client import EtcdClient
-from kafscale_lakehouse.offsets import OffsetStore
-from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
+from kafscale_lakehouse.engine.topic_scan import PartitionCursor, PartitionState, TopicScan, WatchSources, scan_topic
+from kafscale_lakehouse.offsets.ranges import format_ranges
 from kafscale_lakehouse.orchestration.naming import (
     dagster_name_part,
     ingest_job_name,
@@ -40,15 +41,12 @@ from kafscale_lakehouse.orchestration.naming import (
     topic_asset_key,
     topic_partitions_def,
 )
-from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, SegmentStore, discover_partitions, segment_key
-from kafscale_lakehouse.storage.factory import segment_store_from_config
 
 CURSOR_VERSION = 1
-# Bounds the footer reads of one partition in one tick over a large backlog; the cursor catches up over later ticks.
-SEGMENTS_PER_PARTITION_PER_TICK = 1000
 PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
 PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
-PENDING_PARTITIONS_TAG = "kafscale/pending_partitions"
+# The offset ranges the sensor planned, `{"<partition>": [start, end]}`: the run re-checks them against the table.
+PLANNED_RANGES_TAG = "kafscale/planned_ranges"
 ACTIVE_RUN_STATUSES = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -70,29 +68,21 @@ def sensor_name(table: str) -> str:
 
 
 @dataclass
-class PartitionCursor:
-    """Where the listing of one partition resumes, and how far its completed segments reach."""
-
-    last_kfs_key: str | None  # the `.kfs` key the next listing starts after (None: from the partition's start)
-    completed_end: int | None  # last offset of the newest completed segment seen + 1 (None: none seen yet)
-
-
-@dataclass
 class SensorCursor:
     """The persisted state of one mapping's sensor (JSON in Dagster's cursor).
 
-    `observed` is the last reported `(broker next offset, committed next offset, completed end)` per partition;
-    `requested` is `(committed next offset, completed end)` per pending partition of the last requested run.
+    `observed` is the last reported `(log end, committed next offset, segments end)` per partition;
+    `requested` is the `(start, end)` planned per pending partition of the last requested run.
     """
 
     partitions: dict[int, PartitionCursor] = field(default_factory=dict)
-    observed: dict[int, tuple[int | None, int, int | None]] = field(default_factory=dict)
+    observed: dict[int, tuple[int | None, int | None, int | None]] = field(default_factory=dict)
     requested: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps({
             "version": CURSOR_VERSION,
-            "partitions": {str(p): [c.last_kfs_key, c.completed_end] for p, c in sorted(self.partitions.items())},
+            "partitions": {str(p): [c.last_kfs_key, c.segments_end] for p, c in sorted(self.partitions.items())},
             "observed": {str(p): list(state) for p, state in sorted(self.observed.items())},
             "requested": {str(p): list(state) for p, state in sorted(self.requested.items())},
         }, separators=(",", ":"))
@@ -116,84 +106,6 @@ class SensorCursor:
             raise SensorCursorError(
                 f"sensor {sensor}: cursor {text[:200]!r} is not readable ({exc}); reset the cursor in the Dagster UI "
                 f"(the next tick lists from the committed offsets)") from None
-
-
-# ---------------------------------------------------------------------------------------------- scanning
-
-
-@dataclass(frozen=True)
-class PartitionState:
-    """What one tick knows about a Kafka partition."""
-
-    partition: int
-    committed_next: int  # next offset to ingest (0 when nothing is committed)
-    completed_end: int | None  # end (exclusive) of the completed segments seen; None when none seen
-    broker_next: int | None  # the broker's watermark; None when it publishes none
-
-    @property
-    def pending(self) -> bool:
-        """A completed segment holds offsets at or after the committed next offset."""
-        return self.completed_end is not None and self.completed_end > self.committed_next
-
-    @property
-    def lag(self) -> int | None:
-        """Records the broker has that are not committed yet (kafscale-format.md §6)."""
-        return None if self.broker_next is None else max(0, self.broker_next - self.committed_next)
-
-
-@dataclass(frozen=True)
-class TopicScan:
-    partitions: dict[int, PartitionState]
-    cursor: SensorCursor  # the cursor to store after this tick (same `observed`/`requested` as the input)
-    new_segments: int  # completed segments listed for the first time in this tick
-
-
-@dataclass
-class WatchSources:
-    """The connections the sensors read (built once per process, on the first tick)."""
-
-    store: SegmentStore
-    offsets: OffsetStore
-    discovery_mode: DiscoveryMode
-    etcd: EtcdClient | None = None
-
-    @classmethod
-    def from_config(cls, config: LakehouseConfig) -> WatchSources:
-        etcd = etcd_client_from_config(config) if config.etcd.endpoints else None
-        return cls(store=segment_store_from_config(config), offsets=offset_store_from_config(config, etcd),
-                   discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=etcd)
-
-
-def scan_topic(sources: WatchSources, topic: str, cursor: SensorCursor) -> TopicScan:
-    """Discover the partitions of `topic`, list their new completed segments and read offsets and watermarks."""
-    discovered = discover_partitions(sources.discovery_mode, sources.store, sources.etcd, topics=[topic])
-    partition_ids = discovered.partitions.get(topic, [])
-    committed = sources.offsets.committed_offsets(topic)
-    watermarks = sources.offsets.broker_watermarks(topic)
-    # Partitions with a watermark but no segment directory yet (S3 discovery) still count for lag.
-    partition_ids = sorted(set(partition_ids) | set(watermarks))
-    store = sources.store
-    new_cursor = SensorCursor(partitions=dict(cursor.partitions), observed=cursor.observed,
-                              requested=cursor.requested)
-    states: dict[int, PartitionState] = {}
-    new_segments = 0
-    for partition in partition_ids:
-        committed_next = committed[partition].next_offset if partition in committed else 0
-        previous = cursor.partitions.get(partition)
-        if previous is None:
-            # First sight of this partition: segments wholly below the committed offset are done, skip their listing.
-            after = (segment_key(store.namespace, topic, partition, committed_next - 1, ObjectKind.SEGMENT)
-                     if committed_next > 0 else None)
-            previous = PartitionCursor(after, None)
-        listing = store.list_segments(topic, partition, after=previous.last_kfs_key,
-                                      limit=SEGMENTS_PER_PARTITION_PER_TICK)
-        completed_end = previous.completed_end
-        if listing.segments:
-            completed_end = max(completed_end or 0, listing.segments[-1].last_offset + 1)
-            new_segments += len(listing.segments)
-        new_cursor.partitions[partition] = PartitionCursor(listing.cursor, completed_end)
-        states[partition] = PartitionState(partition, committed_next, completed_end, watermarks.get(partition))
-    return TopicScan(states, new_cursor, new_segments)
 
 
 # ---------------------------------------------------------------------------------------------- sensors
@@ -237,9 +149,10 @@ def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig,
     )
     def watch_topic(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         cursor = SensorCursor.from_json(context.cursor, name)
-        scan = scan_topic(get_sources(), topic, cursor)
+        scan = scan_topic(get_sources(), topic, cursor.partitions)
+        new_cursor = SensorCursor(partitions=scan.cursors, observed=cursor.observed, requested=cursor.requested)
         if not scan.partitions:
-            return dg.SensorResult(cursor=scan.cursor.to_json(),
+            return dg.SensorResult(cursor=new_cursor.to_json(),
                                    skip_reason=f"no partitions of topic {topic!r} in {get_sources().store.location}")
 
         registered = list(context.instance.get_dynamic_partitions(partitions_def_name(topic)))
@@ -249,20 +162,19 @@ def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig,
 
         observation = _observation(topic, scan, cursor)
         if observation is not None:
-            scan.cursor.observed = {p: (s.broker_next, s.committed_next, s.completed_end)
-                                    for p, s in scan.partitions.items()}
+            new_cursor.observed = _observed_state(scan)
         asset_events = [observation] if observation is not None else []
 
         pending = {p: s for p, s in scan.partitions.items() if s.pending}
-        run_request, skip = _run_request(context, job_name, registered + new_keys, pending, scan.cursor)
+        run_request, skip = _run_request(context, job_name, registered + new_keys, pending, new_cursor)
         context.log.info("topic %s: %d partitions (%d new), %d new segments, pending %s%s", topic,
                          len(scan.partitions), len(new_keys), scan.new_segments,
-                         {p: f"{s.committed_next}..{s.completed_end}" for p, s in pending.items()} or "none",
+                         {p: str(s.pending_range) for p, s in pending.items()} or "none",
                          f"; {skip}" if skip else "")
         return dg.SensorResult(
             run_requests=[run_request] if run_request is not None else None,
             skip_reason=skip,
-            cursor=scan.cursor.to_json(),
+            cursor=new_cursor.to_json(),
             dynamic_partitions_requests=partition_requests,
             asset_events=asset_events,
         )
@@ -275,7 +187,8 @@ def _run_request(context: dg.SensorEvaluationContext, job_name: str, ordered_key
     """The run to request for `pending` partitions, or why none is requested; records the request in `cursor`."""
     if not pending:
         return None, "no completed segments beyond the committed offsets"
-    state = {p: (s.committed_next, s.completed_end) for p, s in pending.items()}
+    planned = {p: s.pending_range for p, s in pending.items()}
+    state = {p: (r.start, r.end) for p, r in planned.items()}
     if state == cursor.requested:
         return None, ("a run was already requested for exactly these pending segments; waiting for new segments, "
                       "progress or a manual materialization")
@@ -289,14 +202,17 @@ def _run_request(context: dg.SensorEvaluationContext, job_name: str, ordered_key
     return dg.RunRequest(
         job_name=job_name,
         tags={PARTITION_RANGE_START_TAG: pending_keys[0], PARTITION_RANGE_END_TAG: pending_keys[-1],
-              PENDING_PARTITIONS_TAG: ",".join(pending_keys)},
+              PLANNED_RANGES_TAG: format_ranges(planned)},
     ), None
 
 
+def _observed_state(scan: TopicScan) -> dict[int, tuple[int | None, int | None, int | None]]:
+    return {p: (s.log_end, s.next_offset, s.segments_end) for p, s in scan.partitions.items()}
+
+
 def _observation(topic: str, scan: TopicScan, cursor: SensorCursor) -> dg.AssetObservation | None:
-    """An observation of the topic asset when any partition's watermark, committed offset or completed end moved."""
-    current = {p: (s.broker_next, s.committed_next, s.completed_end) for p, s in scan.partitions.items()}
-    if current == cursor.observed:
+    """An observation of the topic asset when any partition's watermark, committed offset or segments end moved."""
+    if _observed_state(scan) == cursor.observed:
         return None
     return dg.AssetObservation(asset_key=topic_asset_key(topic), metadata=topic_observation_metadata(scan))
 
@@ -308,9 +224,9 @@ def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue
     lags = [s.lag for s in states if s.lag is not None]
     metadata: dict[str, dg.RawMetadataValue] = {
         "partitions": len(states),
-        "broker_next_offset": dg.MetadataValue.json({str(s.partition): s.broker_next for s in states}),
-        "committed_next_offset": dg.MetadataValue.json({str(s.partition): s.committed_next for s in states}),
-        "completed_segments_end": dg.MetadataValue.json({str(s.partition): s.completed_end for s in states}),
+        "broker_next_offset": dg.MetadataValue.json({str(s.partition): s.log_end for s in states}),
+        "committed_next_offset": dg.MetadataValue.json({str(s.partition): s.next_offset for s in states}),
+        "completed_segments_end": dg.MetadataValue.json({str(s.partition): s.segments_end for s in states}),
         "lag_by_partition": dg.MetadataValue.json({str(s.partition): s.lag for s in states}),
         "pending_partitions": dg.MetadataValue.json(sorted(s.partition for s in states if s.pending)),
     }

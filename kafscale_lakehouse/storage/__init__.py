@@ -19,7 +19,7 @@ from kafscale_lakehouse.storage.errors import (
     StorageUnreachableError,
 )
 from kafscale_lakehouse.storage.factory import segment_store_from_config
-from kafscale_lakehouse.storage.gaps import NOTHING_COMMITTED, Gap, find_gaps
+from kafscale_lakehouse.storage.gaps import Gap, find_gaps
 from kafscale_lakehouse.storage.keys import (
     DEFAULT_NAMESPACE,
     ObjectKind,
@@ -31,6 +31,7 @@ from kafscale_lakehouse.storage.keys import (
     topic_prefix,
 )
 from kafscale_lakehouse.storage.local_store import LocalSegmentStore
+from kafscale_lakehouse.storage.offset_listing import segments_from
 from kafscale_lakehouse.storage.s3_store import S3SegmentStore
 from kafscale_lakehouse.storage.store import (
     IncompleteSegment,
@@ -43,7 +44,6 @@ from kafscale_lakehouse.storage.store import (
 __all__ = [
     "DEFAULT_NAMESPACE",
     "METADATA_SNAPSHOT_KEY",
-    "NOTHING_COMMITTED",
     "BucketNotFoundError",
     "Discovery",
     "DiscoveryMode",
@@ -73,5 +73,6 @@ __all__ = [
     "partition_prefix",
     "segment_key",
     "segment_store_from_config",
+    "segments_from",
     "topic_prefix",
 ]

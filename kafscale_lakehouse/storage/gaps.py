@@ -12,9 +12,6 @@ from dataclasses import dataclass
 from kafscale_lakehouse.storage.errors import SegmentOverlapError
 from kafscale_lakehouse.storage.store import SegmentRef
 
-# The KafScale offsets key's "nothing committed" value (kafscale-format.md §7).
-NOTHING_COMMITTED = -1
-
 
 @dataclass(frozen=True)
 class Gap:
@@ -35,26 +32,26 @@ class Gap:
                 f"before {self.kfs_key}")
 
 
-def find_gaps(segments: Iterable[SegmentRef], committed_offset: int = NOTHING_COMMITTED) -> list[Gap]:
+def find_gaps(segments: Iterable[SegmentRef], next_offset: int | None = None) -> list[Gap]:
     """Gaps among the pending segments of one partition, in offset order.
 
-    `committed_offset` is the last committed offset; segments ending at or before it are already consumed and not
-    checked. With `NOTHING_COMMITTED` the partition starts wherever its oldest segment starts (like a Kafka consumer
-    with `auto.offset.reset=earliest`); otherwise the first pending segment must contain `committed_offset + 1`.
+    `next_offset` is the first offset not committed yet; segments ending before it are already consumed and not
+    checked. With None (nothing committed) the partition starts wherever its oldest segment starts (like a Kafka
+    consumer with `auto.offset.reset=earliest`); otherwise the first pending segment must contain `next_offset`.
     Raises `SegmentOverlapError` when a segment starts at or before the previous segment's last offset.
     """
     ordered = sorted(segments, key=lambda segment: segment.base_offset)
     if len({(segment.topic, segment.partition) for segment in ordered}) > 1:
         raise ValueError("find_gaps takes the segments of one partition; got "
                          f"{sorted({(s.topic, s.partition) for s in ordered})}")
-    if committed_offset < NOTHING_COMMITTED:
-        raise ValueError(f"committed offset {committed_offset} is below {NOTHING_COMMITTED} (nothing committed)")
-    pending = [segment for segment in ordered if segment.last_offset > committed_offset]
+    if next_offset is not None and next_offset < 0:
+        raise ValueError(f"next offset {next_offset} is below 0 (use None for nothing committed)")
+    pending = [segment for segment in ordered if next_offset is None or segment.last_offset >= next_offset]
     gaps: list[Gap] = []
     previous: SegmentRef | None = None
     for segment in pending:
         if previous is None:
-            expected = None if committed_offset == NOTHING_COMMITTED else committed_offset + 1
+            expected = next_offset
         else:
             expected = previous.last_offset + 1
             if segment.base_offset < expected:

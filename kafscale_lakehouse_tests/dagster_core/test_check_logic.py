@@ -10,19 +10,20 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from kafscale_lakehouse.config import MappingConfig
-from kafscale_lakehouse.engine.ingest import SKIPPED_PROPERTY_PREFIX, IngestResult, PartitionOutcome
+from kafscale_lakehouse.engine.ingest import IngestResult, PartitionOutcome
+from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY, SKIPPED_PROPERTY_PREFIX
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
-from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY
+from kafscale_lakehouse.engine.table_checks import latest_committed_ranges, offset_history
+from kafscale_lakehouse.engine.topic_scan import PartitionState
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.orchestration.checks import (
-    committed_ranges,
     evaluate_freshness,
     evaluate_offsets_contiguous,
     evaluate_record_id_unique,
     evaluate_schema_valid,
-    offset_commits,
+    run_committed_ranges,
 )
 from kafscale_lakehouse.orchestration.io_manager import run_metadata
-from kafscale_lakehouse.orchestration.sensors import PartitionState
 from kafscale_lakehouse.schema import table_schema
 
 TOPIC = "orders.v1"
@@ -52,27 +53,45 @@ def append(table, partition: int, offsets: range, *, next_offsets: dict[int, int
     table.append(rows, snapshot_properties=properties)
 
 
-def test_committed_ranges_are_those_of_the_run_else_of_the_latest_commit(table):
+def committed_run(table, run_id: str, ranges: list[OffsetRange]) -> dict:
+    """The materialization metadata of a run that committed `ranges` in the table's current snapshot."""
+    outcomes = {r.partition: PartitionOutcome(r.partition, r.start, r.end, committed=r) for r in ranges}
+    return run_metadata(IngestResult(topic=TOPIC, table="shop.orders", run_id=run_id, partitions=outcomes,
+                                     snapshot_id=table.current_snapshot().snapshot_id))
+
+
+def test_committed_ranges_are_those_the_run_recorded_else_of_the_latest_commit(table):
     append(table, 0, range(0, 10), next_offsets={0: 10}, run_id="first")
     append(table, 1, range(0, 5), next_offsets={0: 10, 1: 5}, run_id="second")
+    second = committed_run(table, "second", [OffsetRange(1, 0, 5)])
     append(table, 0, range(10, 30), next_offsets={0: 30, 1: 5}, run_id="third")
-    commits = offset_commits(table, TOPIC)
 
-    assert [c.run_id for c in commits] == ["first", "second", "third"]
-    assert committed_ranges(commits, "second")[1] == {1: (0, 5)}
-    assert committed_ranges(commits, "third")[1] == {0: (10, 30)}
-    assert committed_ranges(commits, "a check run alone")[1] == {0: (10, 30)}
-    assert committed_ranges([], "any") == (None, {})
+    assert [c.run_id for c in offset_history(table, TOPIC)] == ["first", "second", "third"]
+    snapshot_id, ranges = run_committed_ranges(table, TOPIC, second)
+    assert ranges == {1: OffsetRange(1, 0, 5)} and snapshot_id == second["snapshot_id"].value
+    # A check run on its own (no materialization of ours): the latest commit, from its predecessor's offsets.
+    latest = table.current_snapshot().snapshot_id
+    assert run_committed_ranges(table, TOPIC, None) == (latest, {0: OffsetRange(0, 10, 30)})
+    assert latest_committed_ranges(table, TOPIC)[1] == {0: OffsetRange(0, 10, 30)}
+
+
+def test_committed_ranges_of_an_empty_table(table):
+    assert latest_committed_ranges(table, TOPIC) == (None, {})
+    assert run_committed_ranges(table, TOPIC, {}) == (None, {})
 
 
 def test_record_id_unique_finds_a_duplicate_in_the_run_range_only(table):
     append(table, 0, range(0, 10), next_offsets={0: 10}, run_id="first")
+    first = committed_run(table, "first", [OffsetRange(0, 0, 10)])
     append(table, 0, range(3, 4))  # another writer duplicates offset 3, outside the next run's range
     append(table, 0, range(10, 20), next_offsets={0: 20}, run_id="second")
+    second = committed_run(table, "second", [OffsetRange(0, 10, 20)])
 
-    assert evaluate_record_id_unique(table, TOPIC, "second").passed
-    failed = evaluate_record_id_unique(table, TOPIC, "first")
+    assert evaluate_record_id_unique(table, TOPIC, second).passed
+    assert evaluate_record_id_unique(table, TOPIC, None).passed  # alone: the latest commit, 10..19
+    failed = evaluate_record_id_unique(table, TOPIC, first)
     assert not failed.passed and failed.severity == dg.AssetCheckSeverity.ERROR
+    assert failed.metadata["offset_ranges_scanned"].value == {"0": [0, 10]}
     assert [r.data for r in failed.metadata["duplicate_samples"].value.records] == [
         {"record_id": f"{TOPIC}:0:3", "occurrences": 2}]
 
@@ -126,8 +145,9 @@ def test_offsets_contiguous_warns_about_a_gap_the_latest_commit_skipped(table):
 
 def test_freshness_warns_above_the_threshold_naming_partitions_and_what_lag_is_measured_against():
     states = {
-        0: PartitionState(0, committed_next=100, completed_end=100, broker_next=5_100),
-        1: PartitionState(1, committed_next=50, completed_end=80, broker_next=None),
+        0: PartitionState(0, next_offset=100, segments_end=100, log_end=5_100),
+        1: PartitionState(1, next_offset=50, segments_end=80, log_end=None),
+        2: PartitionState(2, next_offset=None, segments_end=None, log_end=None),  # nothing seen yet
     }
 
     assert evaluate_freshness(states, max_lag_records=5_000).passed
@@ -138,6 +158,7 @@ def test_freshness_warns_above_the_threshold_naming_partitions_and_what_lag_is_m
     rows = {r.data["partition"]: r.data for r in result.metadata["lag_by_partition"].value.records}
     assert (rows[0]["lag"], rows[0]["measured_against"]) == (5_000, "broker watermark")
     assert (rows[1]["lag"], rows[1]["measured_against"]) == (30, "completed segments")
+    assert (rows[2]["lag"], rows[2]["measured_against"]) == (0, "completed segments")
 
 
 def test_schema_valid_reads_the_run_invalid_records_from_its_materialization_metadata():

@@ -30,7 +30,7 @@ def test_names_of_the_demo_mapping():
     assert topic_asset_key("completed-pizzas") == dg.AssetKey(["kafscale", "completed-pizzas"])
     assert partitions_def_name("completed-pizzas") == "kafscale_completed_dash_pizzas_partitions"
     assert ingest_job_name("rpc.pizzas") == "ingest_rpc_dot_pizzas"
-    assert pool_name("rpc.pizzas") == "kafscale_rpc_pizzas"  # the form dagster.yaml and the Helm values document
+    assert pool_name("rpc.pizzas") == "kafscale_rpc_dot_pizzas"
     assert topic_partitions_def("orders.v1").name == partitions_def_name("orders.v1")
 
 
@@ -42,6 +42,17 @@ def test_topic_names_are_valid_and_injective(first, second):
     if first != second:
         assert partitions_def_name(first) != partitions_def_name(second)
         assert ingest_job_name(first) != ingest_job_name(second)
+
+
+def test_pool_names_never_collide():
+    # `.` -> `_` (the old form) gave both tables the pool `kafscale_a_b_c`: their commits serialized each other.
+    assert pool_name("a.b_c") != pool_name("a_b.c")
+
+
+@given(topics, topics)
+def test_pool_names_are_injective(first, second):
+    if first != second:
+        assert pool_name(first) != pool_name(second)
 
 
 def test_topics_that_differ_only_in_separators_get_different_names():

@@ -15,8 +15,10 @@ import pytest
 
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.demo_producer import DemoProducer, watermark_publisher
+from kafscale_lakehouse.engine.topic_scan import WatchSources
 from kafscale_lakehouse.orchestration.naming import partitions_def_name
-from kafscale_lakehouse.orchestration.sensors import SensorCursor, WatchSources, build_sensors
+from kafscale_lakehouse.orchestration.sensors import SensorCursor, build_sensors
+from kafscale_lakehouse_tests.lease_helpers import held_leases
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
 
 POLL_INTERVAL_SECONDS = 7
@@ -57,8 +59,8 @@ class SensorWorld:
 
     def commit(self, offsets: dict[int, int]) -> None:
         """Commit `{partition: last offset}` the way an ingest run does (fenced by leases)."""
-        with self.sources.offsets.acquire_leases(self.topic, offsets, "sensor-test") as leases:
-            self.sources.offsets.commit_offsets(leases, {p: (o, 0) for p, o in offsets.items()})
+        with held_leases(self.sources.offsets, self.topic, offsets, "sensor-test") as leases:
+            self.sources.offsets.commit_offsets(leases.values(), {p: (o + 1, 0) for p, o in offsets.items()})
 
     @staticmethod
     def cursor_of(result) -> SensorCursor:

@@ -8,11 +8,12 @@ import dagster as dg
 import pytest
 
 from kafscale_lakehouse.format import encode_segment
+from kafscale_lakehouse.offsets.ranges import OffsetRange, parse_ranges
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, partitions_def_name, topic_asset_key
 from kafscale_lakehouse.orchestration.sensors import (
     PARTITION_RANGE_END_TAG,
     PARTITION_RANGE_START_TAG,
-    PENDING_PARTITIONS_TAG,
+    PLANNED_RANGES_TAG,
     SensorCursor,
     SensorCursorError,
     build_sensors,
@@ -24,9 +25,16 @@ from kafscale_lakehouse_tests.dagster_sensors.conftest import POLL_INTERVAL_SECO
 
 
 def requested_range(result) -> tuple[str, str, str]:
+    """(first, last partition key, the pending partitions the run's planned ranges cover)."""
     [request] = result.run_requests
+    planned = parse_ranges(request.tags[PLANNED_RANGES_TAG], where="test")
     return (request.tags[PARTITION_RANGE_START_TAG], request.tags[PARTITION_RANGE_END_TAG],
-            request.tags[PENDING_PARTITIONS_TAG])
+            ",".join(str(p) for p in sorted(planned)))
+
+
+def planned_ranges(result) -> dict[int, OffsetRange]:
+    [request] = result.run_requests
+    return parse_ranges(request.tags[PLANNED_RANGES_TAG], where="test")
 
 
 def test_sensors_are_one_per_mapping_on_by_default_at_the_poll_interval(embedded_world):
@@ -49,6 +57,7 @@ def test_first_tick_registers_partitions_requests_one_run_and_observes_the_topic
     [request] = result.run_requests
     assert request.job_name == ingest_job_name(world.mapping.table)
     assert requested_range(result) == ("0", "2", "0,1,2")
+    assert planned_ranges(result) == {p: OffsetRange(p, 0, 20) for p in range(3)}
     [observation] = result.asset_events
     assert observation.asset_key == topic_asset_key(world.topic)
     assert observation.metadata["lag"].value == 60
@@ -129,6 +138,7 @@ def test_new_partitions_are_added_and_the_run_spans_only_pending_partitions(embe
     assert world.registered_partitions() == ["0", "1", "2", "3"]
     # One run: the key range in insertion order from the first to the last pending partition.
     assert requested_range(grown) == ("0", "3", "0,2,3")
+    assert planned_ranges(grown) == {0: OffsetRange(0, 20, 40), 2: OffsetRange(2, 20, 40), 3: OffsetRange(3, 0, 20)}
     assert world.cursor_of(grown).requested == {0: (20, 40), 2: (20, 40), 3: (0, 20)}
 
 
@@ -162,8 +172,10 @@ def test_tick_cost_follows_new_segments_not_the_backlog(embedded_world):
 
     before = store.request_counts
     first = world.tick()
-    # One listing for discovery, one for the partition (after the committed offset), no footer read.
-    assert store.request_counts - before == {"list": 2}
+    # One listing for discovery, one for the partition (after the committed offset) that finds nothing new; on this
+    # first sight of the partition, its keys (no footers) and the footer of the newest segment show that no segment
+    # holds the committed offset mid-way.
+    assert store.request_counts - before == {"list": 4, "get": 1}
     assert first.run_requests == []
 
     for round_number in range(3):
@@ -171,11 +183,27 @@ def test_tick_cost_follows_new_segments_not_the_backlog(embedded_world):
     before = store.request_counts
     second = world.tick(first.cursor)
     assert store.request_counts - before == {"list": 2, "get": 3}  # a footer read per new segment
-    assert world.cursor_of(second).partitions[0].completed_end == 1015
+    assert world.cursor_of(second).partitions[0].segments_end == 1015
 
     before = store.request_counts
     world.tick(second.cursor)
     assert store.request_counts - before == {"list": 2}
+
+
+def test_a_committed_offset_inside_the_newest_segment_is_pending(embedded_world):
+    # Offsets committed mid-way into a segment (the Go processor commits per record batch): the rest of the segment
+    # is pending. The sensor used to list only after the committed offset's key and missed the segment holding it.
+    world = embedded_world
+    world.producer(partitions=1, records_per_segment=20).produce_round(now_ms=1_700_000_000_000, interval_ms=1000)
+    world.commit({0: 9})
+
+    result = world.tick()
+
+    assert requested_range(result) == ("0", "0", "0")
+    assert planned_ranges(result) == {0: OffsetRange(0, 10, 20)}
+    assert world.cursor_of(result).partitions[0].segments_end == 20
+    [observation] = result.asset_events
+    assert observation.metadata["committed_next_offset"].value == {"0": 10}
 
 
 def test_an_unreadable_cursor_names_the_sensor(embedded_world):

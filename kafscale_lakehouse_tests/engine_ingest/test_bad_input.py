@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.workload import pizza_orders
 
 
@@ -51,7 +52,7 @@ def test_gap_fails_loudly_unless_allowed_then_is_skipped_and_recorded(embedded_w
     world.assert_exactly_once(runs=1, expected={0: range(40), 1: range(80)})
 
     [result] = ingest(world.config(allow_gaps=True), spark)
-    assert result.partitions[0].skipped == (deleted.start, deleted.stop)
+    assert result.partitions[0].skipped == OffsetRange(0, deleted.start, deleted.stop)
     table = world.assert_exactly_once(runs=2)  # every offset that still exists; the next offset is past the gap
     assert world.skipped_ranges(table) == [{"0": [40, 80]}]
 

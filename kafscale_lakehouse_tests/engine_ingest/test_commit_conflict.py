@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from kafscale_lakehouse.engine import table_offsets
 from kafscale_lakehouse.engine.ingest import ingest
-from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY
+from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY
 
 FOREIGN_TOPIC = "written-by-another-engine"
 

@@ -11,7 +11,8 @@ import re
 import pytest
 
 from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
-from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, read_topic_offsets
+from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
+from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files
 from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS
 
 

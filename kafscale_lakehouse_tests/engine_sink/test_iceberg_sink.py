@@ -25,13 +25,9 @@ from pyspark import TaskContext
 from pyspark.sql import functions as F
 
 from kafscale_lakehouse.engine.catalog import PartitionFieldSpec, open_table
-from kafscale_lakehouse.engine.iceberg_sink import (
-    IcebergSinkError,
-    SinkSchemaError,
-    data_file_prefix,
-    write_data_files,
-)
-from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX, commit_append
+from kafscale_lakehouse.engine.iceberg_sink import IcebergSinkError, SinkSchemaError, data_file_prefix, write_data_files
+from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX
+from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse_tests.engine_sink.helpers import (
     BASE_COLUMNS,
     MAPPED_COLUMNS,

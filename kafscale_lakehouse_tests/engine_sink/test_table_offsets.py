@@ -8,21 +8,23 @@ from pyiceberg.exceptions import CommitStateUnknownException
 
 from kafscale_lakehouse.engine import table_offsets
 from kafscale_lakehouse.engine.iceberg_sink import data_file_prefix
-from kafscale_lakehouse.engine.table_offsets import (
+from kafscale_lakehouse.engine.snapshot_summary import (
     COMMIT_ID_PROPERTY,
     OFFSETS_PROPERTY_PREFIX,
     RUN_ID_PROPERTY,
-    CommitOutcomeUnknownError,
-    CommitRetriesExhaustedError,
     CorruptOffsetsPropertyError,
-    OffsetConflictError,
-    cleanup_uncommitted_files,
-    commit_append,
     format_offsets_property,
     offsets_summary_properties,
     parse_offsets_property,
     read_committed_offsets,
     read_topic_offsets,
+)
+from kafscale_lakehouse.engine.table_offsets import (
+    CommitOutcomeUnknownError,
+    CommitRetriesExhaustedError,
+    OffsetConflictError,
+    cleanup_uncommitted_files,
+    commit_append,
 )
 from kafscale_lakehouse_tests.engine_sink.helpers import start_end, write_batch
 

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from kafscale_lakehouse.engine.ingest import WRITE_LATENCY_PROPERTY, ingest
+from kafscale_lakehouse.engine.ingest import ingest
+from kafscale_lakehouse.engine.snapshot_summary import WRITE_LATENCY_PROPERTY
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.metrics import WRITE_LATENCY_BUCKETS_MS

@@ -11,12 +11,17 @@ from prometheus_client import CollectorRegistry
 
 from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.dead_letter import DEAD_LETTER_RECORDS_PROPERTY
-from kafscale_lakehouse.engine.ingest import WRITE_LATENCY_PROPERTY, catalog_settings
-from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY
+from kafscale_lakehouse.engine.ingest import catalog_settings
+from kafscale_lakehouse.engine.snapshot_summary import (
+    DEAD_LETTER_RECORDS_PROPERTY,
+    OFFSETS_PROPERTY_PREFIX,
+    RUN_ID_PROPERTY,
+    WRITE_LATENCY_PROPERTY,
+)
 from kafscale_lakehouse.metrics import LakehouseStateCollector
 from kafscale_lakehouse.offsets.factory import offset_store_from_config
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
+from kafscale_lakehouse_tests.lease_helpers import held_leases
 
 
 @pytest.fixture
@@ -108,8 +113,8 @@ def test_counters_do_not_go_down_when_snapshots_expire_and_count_each_new_commit
 
 def test_offset_gauges_come_from_the_local_offsets_store_too(world, config, table, registry):
     with offset_store_from_config(config) as store:
-        with store.acquire_leases(world.topic, [0, 3], "test-owner") as leases:
-            store.commit_offsets(leases, {0: (41, 1_700_000_000_000), 3: (9, 1_700_000_000_500)})
+        with held_leases(store, world.topic, [0, 3], "test-owner") as leases:
+            store.commit_offsets(leases.values(), {0: (42, 1_700_000_000_000), 3: (10, 1_700_000_000_500)})
         store.record_broker_watermark(world.topic, 0, 50)
         committed = store.committed_offsets(world.topic)
 

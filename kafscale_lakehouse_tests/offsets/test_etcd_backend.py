@@ -15,6 +15,7 @@ import pytest
 
 from kafscale_lakehouse.etcd_client import EtcdAuthError, EtcdClient, EtcdUnavailableError
 from kafscale_lakehouse.offsets import EtcdOffsetStore
+from kafscale_lakehouse_tests.lease_helpers import held_leases
 from kafscale_lakehouse.testing.servers import Etcd, free_ports
 
 pytestmark = pytest.mark.integration
@@ -67,8 +68,8 @@ def test_etcd_killed_and_restarted_mid_use_recovers_with_data_intact(tmp_path, c
     try:
         store = EtcdOffsetStore(EtcdClient([server.endpoint], timeout_seconds=2, retry_seconds=20),
                                 key_prefix="processors", lease_ttl_seconds=10)
-        with store.acquire_leases("orders", [0, 1], "worker-a") as leases:
-            store.commit_offsets(leases, {0: (100, 1000), 1: (200, 2000)})
+        with held_leases(store, "orders", [0, 1], "worker-a") as leases:
+            store.commit_offsets(leases.values(), {0: (101, 1000), 1: (201, 2000)})
             committed = store.committed_offsets("orders")
 
             server.kill()  # SIGKILL: no clean shutdown
@@ -76,7 +77,7 @@ def test_etcd_killed_and_restarted_mid_use_recovers_with_data_intact(tmp_path, c
 
             def commit_while_down() -> None:
                 try:
-                    store.commit_offsets(leases, {0: (150, 1500)})
+                    store.commit_offsets(leases.values(), {0: (151, 1500)})
                     outcome.append("ok")
                 except BaseException as exc:  # noqa: BLE001 - asserted below
                     outcome.append(exc)
@@ -94,7 +95,7 @@ def test_etcd_killed_and_restarted_mid_use_recovers_with_data_intact(tmp_path, c
             after = store.committed_offsets("orders")
             assert after[1] == committed[1]
             assert (after[0].offset, after[0].last_timestamp_ms) == (150, 1500)
-            assert not leases.lost
+            assert not any(lease.lost for lease in leases.values())
         assert EtcdClient([server.endpoint]).get("processors/leases/orders/0") is None  # released after restart
     finally:
         server.stop()
@@ -108,7 +109,7 @@ def test_authentication(tmp_path):
         assert "s3cret-pass" not in repr(client)
         store = EtcdOffsetStore(client, key_prefix="processors")
         with store.acquire_lease("orders", 0, "worker-a") as lease:
-            store.commit_offsets([lease], {0: (5, 50)})
+            store.commit_offsets([lease], {0: (6, 50)})
         assert store.committed_offset("orders", 0).offset == 5
 
         with pytest.raises(EtcdAuthError, match="authentication failed for user 'lakehouse'") as raised:
@@ -166,7 +167,7 @@ def test_tls_with_a_private_ca(tmp_path):
     try:
         store = EtcdOffsetStore(EtcdClient([url], ca_file=str(certs["ca.pem"])), key_prefix="processors")
         with store.acquire_lease("orders", 0, "worker-a") as lease:
-            store.commit_offsets([lease], {0: (9, 90)})
+            store.commit_offsets([lease], {0: (10, 90)})
         assert store.committed_offset("orders", 0).offset == 9
 
         with pytest.raises(EtcdUnavailableError, match=f"etcd unreachable at {url}"):

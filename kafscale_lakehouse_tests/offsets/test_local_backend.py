@@ -27,7 +27,8 @@ def _contend(path: str, owner: str, until: float, holders, overlaps, acquisition
                 if holders.value != 1:
                     overlaps.value += 1
             current = store.committed_offset("orders", 0).offset
-            store.commit_offsets([lease], {0: (current + 1, int(time.time() * 1000))})
+            # `current` is the last committed offset; committing one more offset makes the next offset current + 2.
+            store.commit_offsets([lease], {0: (current + 2, int(time.time() * 1000))})
             time.sleep(0.02)
             with holders.get_lock():
                 holders.value -= 1

@@ -18,6 +18,7 @@ from kafscale_lakehouse.offsets import (
     OffsetRegressionError,
 )
 from kafscale_lakehouse.offsets.store import now_ms
+from kafscale_lakehouse_tests.lease_helpers import held_leases
 from kafscale_lakehouse_tests.offsets.conftest import SHORT_TTL_SECONDS
 
 pytestmark = pytest.mark.integration
@@ -42,9 +43,9 @@ def test_every_key_is_written_with_the_go_processors_exact_bytes(backend, topic)
     store = backend.open()
     prefix = backend.prefix
     before = now_ms()
-    with store.acquire_leases(topic, [0, 1], "worker-a") as leases:
+    with held_leases(store, topic, [0, 1], "worker-a") as leases:
         lease_value = backend.raw(f"{prefix}/leases/{topic}/0")
-        store.commit_offsets(leases, {0: (41, 1700000000123), 1: (7, 1700000000456)})
+        store.commit_offsets(leases.values(), {0: (42, 1700000000123), 1: (8, 1700000000456)})
         after = now_ms()
 
         match = re.fullmatch(rb'\{"owner_id":"worker-a","lease_expires_at":(\d+),"generation":1\}', lease_value)
@@ -68,8 +69,8 @@ def test_reads_offsets_of_all_partitions_and_of_one(backend, topic):
     store = backend.open()
     assert store.committed_offsets(topic) == {}
     assert store.committed_offset(topic, 0).offset == NOTHING_COMMITTED
-    with store.acquire_leases(topic, [0, 2], "worker-a") as leases:
-        store.commit_offsets(leases, {0: (10, 100), 2: (20, 200)})
+    with held_leases(store, topic, [0, 2], "worker-a") as leases:
+        store.commit_offsets(leases.values(), {0: (11, 100), 2: (21, 200)})
     offsets = store.committed_offsets(topic)
     assert {p: (o.offset, o.last_timestamp_ms) for p, o in offsets.items()} == {0: (10, 100), 2: (20, 200)}
     assert store.committed_offset(topic, 2) == offsets[2]
@@ -93,10 +94,10 @@ def test_corrupt_offset_value_raises_naming_store_and_key(backend, topic):
 
 def test_topic_watermark_covers_partitions_outside_the_commit(backend, topic):
     store = backend.open()
-    with store.acquire_leases(topic, [0, 1], "worker-a") as leases:
-        store.commit_offsets(leases, {0: (5, 50), 1: (8, 80)})
+    with held_leases(store, topic, [0, 1], "worker-a") as leases:
+        store.commit_offsets(leases.values(), {0: (6, 50), 1: (9, 80)})
     with store.acquire_lease(topic, 1, "worker-b") as lease:
-        store.commit_offsets([lease], {1: (12, 120)})
+        store.commit_offsets([lease], {1: (13, 120)})
     topic_watermark = OFFSET_VALUE.fullmatch(backend.raw(f"{backend.prefix}/watermarks/{topic}"))
     assert (int(topic_watermark[1]), int(topic_watermark[2])) == (5, 50)
 
@@ -111,21 +112,12 @@ def test_second_owner_is_refused_naming_the_current_owner(backend, topic):
     store_b.acquire_lease(topic, 0, "worker-b").release()
 
 
-def test_acquire_leases_is_all_or_nothing(backend, topic):
-    store_a, store_b = backend.open(), backend.open()
-    with store_b.acquire_lease(topic, 1, "worker-b"):
-        with pytest.raises(LeaseHeldError):
-            store_a.acquire_leases(topic, [0, 1, 2], "worker-a")
-        # partition 0 was claimed before the conflict and given back
-        store_b.acquire_lease(topic, 0, "worker-b").release()
-
-
 def test_expired_lease_lets_another_owner_take_over_and_fences_the_old_one(backend, topic, monkeypatch):
     store_a = backend.open(lease_ttl_seconds=SHORT_TTL_SECONDS)
     store_b = backend.open(lease_ttl_seconds=SHORT_TTL_SECONDS)
     _pause_keeper(monkeypatch, store_a)
     lease_a = store_a.acquire_lease(topic, 0, "worker-a")
-    store_a.commit_offsets([lease_a], {0: (10, 100)})
+    store_a.commit_offsets([lease_a], {0: (11, 100)})
     committed_bytes = backend.raw(f"{backend.prefix}/offsets/{topic}/0")
 
     taken = []
@@ -140,11 +132,11 @@ def test_expired_lease_lets_another_owner_take_over_and_fences_the_old_one(backe
     _wait_until(take_over, SHORT_TTL_SECONDS + 4, "takeover after expiry")
     with taken[0] as lease_b:
         with pytest.raises(LeaseLostError) as raised:
-            store_a.commit_offsets([lease_a], {0: (20, 200)})
+            store_a.commit_offsets([lease_a], {0: (21, 200)})
         assert raised.value.partition == 0 and f"/leases/{topic}/0" in str(raised.value)
         assert lease_a.lost
         assert backend.raw(f"{backend.prefix}/offsets/{topic}/0") == committed_bytes
-        store_b.commit_offsets([lease_b], {0: (15, 150)})
+        store_b.commit_offsets([lease_b], {0: (16, 150)})
     lease_a.release()  # must not delete worker-b's key (already released here) nor raise
     assert store_a.committed_offset(topic, 0).offset == 15
 
@@ -159,37 +151,37 @@ def test_keepalive_holds_the_lease_over_several_ttls(backend, topic):
                 store_b.acquire_lease(topic, 0, "worker-b")
             time.sleep(0.5)
         assert not lease.lost
-        store_a.commit_offsets([lease], {0: (3, 30)})
+        store_a.commit_offsets([lease], {0: (4, 30)})
     assert store_b.committed_offset(topic, 0).offset == 3
 
 
 def test_keeper_notices_a_deleted_lease_key_and_commit_writes_nothing(backend, topic):
     store = backend.open(lease_ttl_seconds=SHORT_TTL_SECONDS)
-    with store.acquire_leases(topic, [0, 1], "worker-a") as leases:
-        store.commit_offsets(leases, {0: (1, 10), 1: (1, 10)})
+    with held_leases(store, topic, [0, 1], "worker-a") as leases:
+        store.commit_offsets(leases.values(), {0: (2, 10), 1: (2, 10)})
         before = {p: backend.raw(f"{backend.prefix}/offsets/{topic}/{p}") for p in (0, 1)}
         backend.delete_lease_key(f"{backend.prefix}/leases/{topic}/1")
-        assert leases.leases[1].lost_event.wait(SHORT_TTL_SECONDS * 2), "keeper did not notice the deleted key"
-        assert not leases.leases[0].lost
+        assert leases[1].lost_event.wait(SHORT_TTL_SECONDS * 2), "keeper did not notice the deleted key"
+        assert not leases[0].lost
         with pytest.raises(LeaseLostError) as raised:
-            store.commit_offsets(leases, {0: (2, 20), 1: (2, 20)})
+            store.commit_offsets(leases.values(), {0: (3, 20), 1: (3, 20)})
         assert raised.value.partition == 1
         assert {p: backend.raw(f"{backend.prefix}/offsets/{topic}/{p}") for p in (0, 1)} == before
 
 
 def test_lease_lost_while_keeper_is_paused_fences_the_whole_commit(backend, topic, monkeypatch):
     store = backend.open(lease_ttl_seconds=SHORT_TTL_SECONDS)
-    with store.acquire_leases(topic, [0, 1], "worker-a") as leases:
-        store.commit_offsets(leases, {0: (1, 10), 1: (1, 10)})
+    with held_leases(store, topic, [0, 1], "worker-a") as leases:
+        store.commit_offsets(leases.values(), {0: (2, 10), 1: (2, 10)})
         before = {key: backend.raw(key) for key in (f"{backend.prefix}/offsets/{topic}/0",
                                                     f"{backend.prefix}/offsets/{topic}/1",
                                                     f"{backend.prefix}/watermarks/{topic}")}
         _pause_keeper(monkeypatch, store)
         time.sleep(SHORT_TTL_SECONDS + 1.5)  # both leases expire in the store; the holder has not noticed
-        assert not leases.lost
+        assert not any(lease.lost for lease in leases.values())
         with pytest.raises(LeaseLostError, match="nothing was written"):
-            store.commit_offsets(leases, {0: (2, 20), 1: (2, 20)})
-        assert leases.lost
+            store.commit_offsets(leases.values(), {0: (3, 20), 1: (3, 20)})
+        assert any(lease.lost for lease in leases.values())
         assert {key: backend.raw(key) for key in before} == before
 
 
@@ -204,9 +196,9 @@ def test_lease_is_released_when_the_block_raises(backend, topic):
 def test_lease_is_released_on_keyboard_interrupt(backend, topic):
     store_a, store_b = backend.open(), backend.open()
     with pytest.raises(KeyboardInterrupt):
-        with store_a.acquire_leases(topic, [0, 1], "worker-a"):
+        with held_leases(store_a, topic, [0, 1], "worker-a"):
             signal.raise_signal(signal.SIGINT)  # a real Ctrl-C, delivered to the main thread
-    with store_b.acquire_leases(topic, [0, 1], "worker-b"):
+    with held_leases(store_b, topic, [0, 1], "worker-b"):
         pass
 
 
@@ -215,7 +207,7 @@ def test_released_lease_cannot_commit(backend, topic):
     lease = store.acquire_lease(topic, 0, "worker-a")
     lease.release()
     with pytest.raises(LeaseLostError, match="already released"):
-        store.commit_offsets([lease], {0: (1, 1)})
+        store.commit_offsets([lease], {0: (2, 1)})
     assert store.committed_offsets(topic) == {}
 
 
@@ -223,17 +215,17 @@ def test_commit_needs_a_lease_for_every_partition(backend, topic):
     store = backend.open()
     with store.acquire_lease(topic, 0, "worker-a") as lease:
         with pytest.raises(ValueError, match=r"no lease given for partitions \[1\]"):
-            store.commit_offsets([lease], {0: (1, 1), 1: (1, 1)})
+            store.commit_offsets([lease], {0: (2, 1), 1: (2, 1)})
     assert store.committed_offsets(topic) == {}
 
 
 def test_commit_refuses_to_go_backwards_but_repair_from_the_table_may(backend, topic):
     store = backend.open()
-    with store.acquire_leases(topic, [0, 1], "worker-a") as leases:
-        store.commit_offsets(leases, {0: (50, 500), 1: (60, 600)})
+    with held_leases(store, topic, [0, 1], "worker-a") as leases:
+        store.commit_offsets(leases.values(), {0: (51, 500), 1: (61, 600)})
         with pytest.raises(OffsetRegressionError, match=f"offsets/{topic}/0 holds offset 50"):
-            store.commit_offsets(leases, {0: (40, 400)})
-        store.repair_offsets(leases, {0: (40, 400)})
+            store.commit_offsets(leases.values(), {0: (41, 400)})
+        store.repair_offsets(leases.values(), {0: (41, 400)})
     assert store.committed_offset(topic, 0).offset == 40
     topic_watermark = OFFSET_VALUE.fullmatch(backend.raw(f"{backend.prefix}/watermarks/{topic}"))
     assert int(topic_watermark[1]) == 40
@@ -247,7 +239,7 @@ def test_concurrent_commits_on_one_topic_keep_the_topic_watermark_exact(backend,
         try:
             with store.acquire_lease(topic, partition, owner) as lease:
                 for offset in range(15):
-                    store.commit_offsets([lease], {partition: (offset * (partition + 1), offset)})
+                    store.commit_offsets([lease], {partition: (offset * (partition + 1) + 1, offset)})
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 

@@ -73,7 +73,7 @@ def test_broker_watermarks_read_next_offset_keys_only():
 def test_topic_watermark_is_the_first_minimum_in_etcd_key_order():
     # "10" sorts before "2" as etcd keys; on a tie Go keeps the first one it saw.
     existing = {2: CommittedOffset(5, 200, 1), 10: CommittedOffset(5, 100, 2), 3: CommittedOffset(9, 0, 3)}
-    writes = plan_offset_writes("loc", KEYS, "orders", {3: (6, 60)}, committed={}, partition_watermarks=existing,
+    writes = plan_offset_writes("loc", KEYS, "orders", {3: (7, 60)}, committed={}, partition_watermarks=existing,
                                 now_ms=99, allow_backwards=False)
     assert writes == {
         "processors/offsets/orders/3": b'{"offset":6,"last_timestamp_ms":60,"updated_at":99}',
@@ -85,8 +85,8 @@ def test_topic_watermark_is_the_first_minimum_in_etcd_key_order():
 def test_plan_refuses_to_move_offsets_backwards_unless_repairing():
     committed = {0: CommittedOffset(10, 0, 0)}
     with pytest.raises(OffsetRegressionError, match="processors/offsets/orders/0 holds offset 10"):
-        plan_offset_writes("loc", KEYS, "orders", {0: (4, 0)}, committed, {}, now_ms=1, allow_backwards=False)
-    writes = plan_offset_writes("loc", KEYS, "orders", {0: (4, 0)}, committed, {}, now_ms=1, allow_backwards=True)
+        plan_offset_writes("loc", KEYS, "orders", {0: (5, 0)}, committed, {}, now_ms=1, allow_backwards=False)
+    writes = plan_offset_writes("loc", KEYS, "orders", {0: (5, 0)}, committed, {}, now_ms=1, allow_backwards=True)
     assert writes["processors/offsets/orders/0"] == b'{"offset":4,"last_timestamp_ms":0,"updated_at":1}'
 
 

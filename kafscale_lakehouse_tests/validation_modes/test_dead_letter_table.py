@@ -10,7 +10,6 @@ from pyiceberg.types import NestedField, StringType
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.engine.dead_letter import (
-    LOST_RECORDS_PROPERTY,
     DeadLetterTableError,
     StagedDeadLetters,
     dead_letter_target,
@@ -28,8 +27,9 @@ from kafscale_lakehouse.engine.kafscale_source import (
     SegmentRunPartition,
     read_input_partition,
 )
+from kafscale_lakehouse.engine.snapshot_summary import LOST_RECORDS_PROPERTY, RUN_ID_PROPERTY
 from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
-from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, commit_append
+from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.validation import compile_json_schema

@@ -1,0 +1,229 @@
+"""Our Iceberg snapshot summaries (like pyiceberg's `table/snapshots.py`): every `kafscale.*` key, one parsed record
+of a commit of ours (`KafscaleCommit`), one "is this ours" test and one ancestry walk.
+
+A commit of ours carries, per topic, `kafscale.offsets.<topic>` = compact JSON `{"<partition>": <next offset>}` for
+every topic and partition committed so far (carried forward), so the newest commit of ours has the full map.
+Snapshots written by other engines (compaction, deletes) carry none of it. This is the only module that knows the
+keys' spelling and encoding; writers build their properties and readers parse snapshots through it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ADDED_RECORDS, Snapshot, ancestors_of
+
+log = logging.getLogger(__name__)
+
+# On the table's commits of ours.
+OFFSETS_PROPERTY_PREFIX = "kafscale.offsets."  # + topic: {"<partition>": <next offset>}
+SKIPPED_PROPERTY_PREFIX = "kafscale.skipped."  # + topic: {"<partition>": [from, to)} deleted before ingestion
+RUN_ID_PROPERTY = "kafscale.run-id"
+COMMIT_ID_PROPERTY = "kafscale.commit-id"
+# Milliseconds from the start of the write to the commit, the Go processor's write latency, for `serve-metrics`.
+WRITE_LATENCY_PROPERTY = "kafscale.write-latency-ms"
+# Where the commit's invalid records were staged (engine/dead_letter.py).
+DEAD_LETTER_TABLE_PROPERTY = "kafscale.dead-letter.table"
+STAGED_SNAPSHOT_PROPERTY = "kafscale.dead-letter.staged-snapshot-id"
+DEAD_LETTER_RECORDS_PROPERTY = "kafscale.dead-letter.records"
+# On the dead-letter table's snapshots.
+SOURCE_TABLE_PROPERTY = "kafscale.dead-letter.source-table"
+SOURCE_SNAPSHOT_PROPERTY = "kafscale.dead-letter.source-snapshot-id"
+OFFSET_RANGES_PROPERTY_PREFIX = "kafscale.dead-letter.offsets."  # + topic: {"<partition>": [start, end]}
+# On the table's snapshot: every staged dead letter up to this table snapshot was published when the run started.
+PUBLISHED_THROUGH_PROPERTY = "kafscale.dead-letter.published-through"
+# On an empty dead-letter snapshot: the staged snapshot it stands for was gone, its records are reported lost.
+LOST_RECORDS_PROPERTY = "kafscale.dead-letter.lost-records"
+KAFSCALE_PROPERTY_PREFIX = "kafscale."
+
+# {topic: {partition: next offset}}
+CommittedOffsets = dict[str, dict[int, int]]
+
+
+class CorruptOffsetsPropertyError(RuntimeError):
+    """A `kafscale.offsets.<topic>` (or `kafscale.skipped.<topic>`) summary property that cannot be parsed."""
+
+
+# ------------------------------------------------------------------------------------------ encoding
+
+
+def parse_offsets_property(value: str, *, where: str) -> dict[int, int]:
+    """`{"0": 1200}` → `{0: 1200}`; `where` names the snapshot and property for the error."""
+    try:
+        raw = json.loads(value)
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        offsets = {int(p): o for p, o in raw.items()}
+        if not all(type(o) is int and o >= 0 and p >= 0 for p, o in offsets.items()):
+            raise ValueError("partitions and offsets must be non-negative integers")
+    except ValueError as exc:
+        raise CorruptOffsetsPropertyError(f"{where}: {value!r} is not a partition → offset map ({exc})") from exc
+    return offsets
+
+
+def format_offsets_property(offsets: Mapping[int, int]) -> str:
+    """Compact JSON with partitions in numeric order: `{"0":1200,"1":980}`."""
+    return json.dumps({str(p): offsets[p] for p in sorted(offsets)}, separators=(",", ":"))
+
+
+def parse_skipped_property(value: str | None, *, where: str) -> dict[int, tuple[int, int]]:
+    """`{"0": [10, 40]}` -> `{0: (10, 40)}` (offsets [from, to) skipped); None -> `{}`."""
+    if value is None:
+        return {}
+    try:
+        return {int(p): (int(r[0]), int(r[1])) for p, r in json.loads(value).items()}
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise CorruptOffsetsPropertyError(f"{where}: {value!r} is not a partition → [from, to) map ({exc})") from exc
+
+
+def format_ranges_property(ranges: Mapping[int, tuple[int, int]]) -> str:
+    """`{0: (10, 40)}` -> `{"0":[10,40]}` (partitions in numeric order)."""
+    return json.dumps({str(p): list(ranges[p]) for p in sorted(ranges)}, separators=(",", ":"))
+
+
+def offsets_summary_properties(committed: CommittedOffsets, topic: str,
+                               new_offsets: Mapping[int, int]) -> dict[str, str]:
+    """Summary properties for a snapshot that advances `topic` to `new_offsets`, carrying every other map forward.
+
+    For any writer of ours (append, replay) so the latest snapshot always has the full map.
+    """
+    merged = {t: dict(o) for t, o in committed.items()}
+    merged.setdefault(topic, {}).update(new_offsets)
+    return {OFFSETS_PROPERTY_PREFIX + t: format_offsets_property(o) for t, o in merged.items()}
+
+
+def skipped_summary_properties(topic: str, skipped: Mapping[int, tuple[int, int]]) -> dict[str, str]:
+    """`kafscale.skipped.<topic>` for the gaps a commit skipped (nothing when it skipped none)."""
+    return {SKIPPED_PROPERTY_PREFIX + topic: format_ranges_property(skipped)} if skipped else {}
+
+
+def is_reserved_property(key: str) -> bool:
+    """Keys the commit protocol sets itself (callers may not pass them as extra snapshot properties)."""
+    return key.startswith(OFFSETS_PROPERTY_PREFIX) or key in (RUN_ID_PROPERTY, COMMIT_ID_PROPERTY)
+
+
+# ------------------------------------------------------------------------------------------ one commit
+
+
+@dataclass(frozen=True)
+class KafscaleCommit:
+    """One snapshot written by us, parsed."""
+
+    snapshot: Snapshot
+    offsets: CommittedOffsets  # every topic's next offset per partition after this commit
+    skipped: dict[str, dict[int, tuple[int, int]]]  # topic -> partition -> [from, to) deleted before ingestion
+    run_id: str | None
+    commit_id: str | None
+    added_records: int | None
+    write_latency_ms: int | None
+    dead_letter_records: int | None
+    dead_letter_table: str | None
+
+    @property
+    def snapshot_id(self) -> int:
+        return self.snapshot.snapshot_id
+
+    @property
+    def timestamp_ms(self) -> int:
+        return self.snapshot.timestamp_ms
+
+    def next_offsets(self, topic: str) -> dict[int, int]:
+        return self.offsets.get(topic, {})
+
+    def skipped_ranges(self, topic: str) -> dict[int, tuple[int, int]]:
+        return self.skipped.get(topic, {})
+
+
+def summary_properties(snapshot: Snapshot) -> dict[str, str]:
+    return snapshot.summary.additional_properties if snapshot.summary is not None else {}
+
+
+def is_kafscale_commit(snapshot: Snapshot, topic: str | None = None) -> bool:
+    """Whether `snapshot` is one of our commits (of `topic`, when given): it carries a `kafscale.offsets.` map."""
+    properties = summary_properties(snapshot)
+    if topic is not None:
+        return OFFSETS_PROPERTY_PREFIX + topic in properties
+    return any(key.startswith(OFFSETS_PROPERTY_PREFIX) for key in properties)
+
+
+def parse_commit(snapshot: Snapshot, *, table_name: str) -> KafscaleCommit | None:
+    """`snapshot` as a commit of ours, or None when it is not one. A corrupt offsets or skipped map raises
+    `CorruptOffsetsPropertyError`; an unreadable counter is logged and left out (None)."""
+    if not is_kafscale_commit(snapshot):
+        return None
+    properties = summary_properties(snapshot)
+    where = f"table {table_name} snapshot {snapshot.snapshot_id} property {{}}"
+    offsets = {key[len(OFFSETS_PROPERTY_PREFIX):]: parse_offsets_property(value, where=where.format(key))
+               for key, value in properties.items() if key.startswith(OFFSETS_PROPERTY_PREFIX)}
+    skipped = {key[len(SKIPPED_PROPERTY_PREFIX):]: parse_skipped_property(value, where=where.format(key))
+               for key, value in properties.items() if key.startswith(SKIPPED_PROPERTY_PREFIX)}
+    counter = lambda key: _int_property(table_name, snapshot, properties, key)  # noqa: E731
+    return KafscaleCommit(
+        snapshot=snapshot, offsets=offsets, skipped=skipped, run_id=properties.get(RUN_ID_PROPERTY),
+        commit_id=properties.get(COMMIT_ID_PROPERTY), added_records=counter(ADDED_RECORDS),
+        write_latency_ms=counter(WRITE_LATENCY_PROPERTY), dead_letter_records=counter(DEAD_LETTER_RECORDS_PROPERTY),
+        dead_letter_table=properties.get(DEAD_LETTER_TABLE_PROPERTY))
+
+
+def _int_property(table_name: str, snapshot: Snapshot, properties: Mapping[str, str], key: str) -> int | None:
+    value = properties.get(key)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        log.warning("table %s snapshot %d: summary property %s is %r, not an integer; left out", table_name,
+                    snapshot.snapshot_id, key, value[:40])
+        return None
+
+
+# ------------------------------------------------------------------------------------------ history
+
+
+def ancestry(table: Table) -> Iterator[Snapshot]:
+    """The table's current snapshot and its ancestors, newest first (lazily: stop early by breaking)."""
+    return ancestors_of(table.current_snapshot(), table.metadata)
+
+
+def kafscale_commits(table: Table, topic: str | None = None) -> Iterator[KafscaleCommit]:
+    """Our commits (of `topic`, when given) in the table's current ancestry, newest first."""
+    table_name = ".".join(table.name())
+    for snapshot in ancestry(table):
+        if is_kafscale_commit(snapshot, topic):
+            commit = parse_commit(snapshot, table_name=table_name)
+            if commit is not None:
+                yield commit
+
+
+def latest_commit(table: Table, topic: str | None = None) -> KafscaleCommit | None:
+    return next(kafscale_commits(table, topic), None)
+
+
+def read_committed_offsets(table: Table) -> CommittedOffsets:
+    """Next offsets per topic and partition, from the latest commit of ours in the current ancestry.
+
+    Reads the table object as it is; refresh it first for the catalog's latest state.
+    """
+    commit = latest_commit(table)
+    return commit.offsets if commit is not None else {}
+
+
+def read_topic_offsets(table: Table, topic: str) -> dict[int, int]:
+    return read_committed_offsets(table).get(topic, {})
+
+
+def find_commit(table: Table, commit_id: str, *, since: int | None = None) -> KafscaleCommit | None:
+    """Our commit with `commit_id` in the table's current ancestry (as the table object is), or None. With `since`
+    (the snapshot that was current before the commit was attempted) the walk stops there: it costs what was committed
+    meanwhile, not the table's history."""
+    table_name = ".".join(table.name())
+    for snapshot in ancestry(table):
+        if snapshot.snapshot_id == since:
+            return None
+        if summary_properties(snapshot).get(COMMIT_ID_PROPERTY) == commit_id:
+            return parse_commit(snapshot, table_name=table_name)
+    return None

@@ -1,0 +1,147 @@
+"""What the table's asset checks look at, without Dagster: the committed offset history, duplicate record_ids in
+offset ranges, and rows beyond the committed offsets. `orchestration/checks.py` turns these into check results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import reduce
+
+import pyarrow.compute as pc
+from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, NotIn, Or
+from pyiceberg.table import Table
+
+from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX, KafscaleCommit, kafscale_commits
+from kafscale_lakehouse.offsets.ranges import OffsetRange
+
+SAMPLE_SIZE = 20
+# The checks of a table asset (their evaluations are Dagster's; the report lists their history by these names).
+SCHEMA_VALID = "schema_valid"
+RECORD_ID_UNIQUE = "record_id_unique"
+OFFSETS_CONTIGUOUS = "offsets_contiguous"
+FRESHNESS = "freshness"
+CHECK_NAMES = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS)
+
+
+def table_asset_path(table: str) -> list[str]:
+    """The asset key path of a mapping's table: the identifier split on `.` (`rpc.pizzas` -> `["rpc", "pizzas"]`)."""
+    return table.split(".")
+
+
+def offset_history(table: Table, topic: str) -> list[KafscaleCommit]:
+    """Our commits of `topic` in the table's current ancestry, oldest first."""
+    return list(kafscale_commits(table, topic))[::-1]
+
+
+def latest_committed_ranges(table: Table, topic: str) -> tuple[KafscaleCommit | None, dict[int, OffsetRange]]:
+    """The offset ranges `[start, end)` per partition of the latest commit of `topic` (for a check run on its own,
+    when no run of ours recorded its ranges); a partition's first commit starts at 0."""
+    commits = kafscale_commits(table, topic)
+    latest = next(commits, None)
+    if latest is None:
+        return None, {}
+    before = next(commits, None)
+    before_offsets = before.next_offsets(topic) if before is not None else {}
+    return latest, {p: OffsetRange(p, before_offsets.get(p, 0), end)
+                    for p, end in latest.next_offsets(topic).items() if before_offsets.get(p) != end}
+
+
+# ------------------------------------------------------------------------------------------ duplicates
+
+
+@dataclass(frozen=True)
+class DuplicateScan:
+    duplicates: dict[str, int]  # record_id -> occurrences (> 1)
+    rows_scanned: int
+    files_scanned: int
+    files_in_table: int | None
+
+
+def find_duplicate_record_ids(table: Table, topic: str, ranges: Mapping[int, OffsetRange]) -> DuplicateScan:
+    """record_ids occurring more than once among the rows of `topic` in `ranges`. A record_id is
+    `<topic>:<partition>:<offset>`, so every copy of a record in a range lies in that range."""
+    if not ranges:
+        return DuplicateScan({}, 0, 0, _files_in_table(table))
+    row_filter = _or_all([_and_all(EqualTo("topic", topic), EqualTo("partition", r.partition),
+                                   GreaterThanOrEqual("offset", r.start), LessThan("offset", r.end))
+                          for _, r in sorted(ranges.items())])
+    scan = table.scan(row_filter=row_filter, selected_fields=("record_id",))
+    files_scanned = sum(1 for _ in scan.plan_files())
+    record_ids = scan.to_arrow()["record_id"]
+    counts = pc.value_counts(record_ids)
+    repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+    duplicates = dict(zip(repeated.field("values").to_pylist(), repeated.field("counts").to_pylist()))
+    return DuplicateScan(duplicates, len(record_ids), files_scanned, _files_in_table(table))
+
+
+def _files_in_table(table: Table) -> int | None:
+    snapshot = table.current_snapshot()
+    total = snapshot.summary.get("total-data-files") if snapshot is not None and snapshot.summary else None
+    return int(total) if total is not None else None
+
+
+# ------------------------------------------------------------------------------------------ contiguity
+
+
+@dataclass(frozen=True)
+class SkippedGap:
+    snapshot_id: int
+    range: OffsetRange  # offsets deleted before ingestion, skipped by allow_gaps
+
+
+@dataclass(frozen=True)
+class OffsetContiguity:
+    commits_checked: int
+    next_offsets: dict[int, int]  # the latest committed next offset per partition
+    problems: list[str]  # offsets moved back or dropped, rows beyond the committed offsets
+    rows_beyond_committed: list[str]  # sample record_ids
+    skipped: list[SkippedGap]  # every gap skipped, oldest first
+    latest_skipped: list[OffsetRange]  # the gaps the latest commit skipped
+
+
+def check_offset_contiguity(table: Table, topic: str) -> OffsetContiguity:
+    """The `kafscale.offsets.<topic>` history never moves back or drops a partition, and no rows lie at or beyond
+    the committed next offsets."""
+    commits = offset_history(table, topic)
+    problems: list[str] = []
+    previous: dict[int, int] = {}
+    for commit in commits:
+        next_offsets = commit.next_offsets(topic)
+        for partition, before in sorted(previous.items()):
+            after = next_offsets.get(partition)
+            if after is None:
+                problems.append(f"snapshot {commit.snapshot_id} dropped partition {partition} (next offset {before}) "
+                                f"from {OFFSETS_PROPERTY_PREFIX}{topic}")
+            elif after < before:
+                problems.append(f"snapshot {commit.snapshot_id} moved partition {partition} back from {before} to "
+                                f"{after}: offsets {after}..{before - 1} may be committed twice")
+        previous = {**previous, **next_offsets}
+    beyond = rows_beyond_committed(table, topic, previous)
+    if beyond:
+        problems.append(f"{len(beyond)} rows lie at or beyond the committed next offsets (the next run ingests those "
+                        f"offsets again), e.g. {', '.join(beyond[:5])}")
+    skipped = [SkippedGap(c.snapshot_id, OffsetRange(p, *r)) for c in commits
+               for p, r in sorted(c.skipped_ranges(topic).items())]
+    latest_skipped = [OffsetRange(p, *r) for c in commits[-1:] for p, r in sorted(c.skipped_ranges(topic).items())]
+    return OffsetContiguity(len(commits), previous, problems, beyond, skipped, latest_skipped)
+
+
+def rows_beyond_committed(table: Table, topic: str, next_offsets: Mapping[int, int]) -> list[str]:
+    """record_ids of rows at or past a partition's next offset, or of partitions without one (pruned by stats)."""
+    if table.current_snapshot() is None:
+        return []
+    clauses: list[BooleanExpression] = [_and_all(EqualTo("partition", p), GreaterThanOrEqual("offset", o))
+                                        for p, o in sorted(next_offsets.items())]
+    clauses.append(NotIn("partition", sorted(next_offsets)) if next_offsets else EqualTo("topic", topic))
+    row_filter = And(EqualTo("topic", topic), _or_all(clauses))
+    rows = table.scan(row_filter=row_filter, selected_fields=("record_id",), limit=SAMPLE_SIZE).to_arrow()
+    return sorted(rows["record_id"].to_pylist())
+
+
+def _and_all(*clauses: BooleanExpression) -> BooleanExpression:
+    return reduce(And, clauses)
+
+
+def _or_all(clauses: Sequence[BooleanExpression]) -> BooleanExpression:
+    return reduce(Or, clauses)

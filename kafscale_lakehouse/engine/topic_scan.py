@@ -1,0 +1,113 @@
+"""What a topic holds now, per Kafka partition: the committed next offset, the end of the completed segments and the
+broker's watermark. The sensor scans with its listing cursors (only new segments are listed); the observation and
+the freshness check scan afresh (each partition listed from its committed next offset). No Dagster here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kafscale_lakehouse.config import LakehouseConfig
+from kafscale_lakehouse.engine.lag import lag
+from kafscale_lakehouse.etcd_client import EtcdClient
+from kafscale_lakehouse.offsets import OffsetStore
+from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
+from kafscale_lakehouse.offsets.ranges import OffsetRange
+from kafscale_lakehouse.storage import DiscoveryMode, SegmentStore, discover_partitions, segments_from
+from kafscale_lakehouse.storage.factory import segment_store_from_config
+
+# Bounds the footer reads of one partition in one scan over a large backlog; the cursor catches up over later scans.
+SEGMENTS_PER_PARTITION_PER_SCAN = 1000
+
+
+@dataclass(frozen=True)
+class PartitionCursor:
+    """Where the listing of one partition resumes, and how far its completed segments reach."""
+
+    last_kfs_key: str | None  # the `.kfs` key the next listing starts after (None: from the committed next offset)
+    segments_end: int | None  # last offset of the newest completed segment seen + 1 (None: none seen yet)
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """What one scan knows about a Kafka partition."""
+
+    partition: int
+    next_offset: int | None  # the committed next offset to ingest; None: nothing committed
+    segments_end: int | None  # end (exclusive) of the completed segments seen; None when none seen
+    log_end: int | None  # the broker's watermark (its next offset); None when it publishes none
+
+    @property
+    def pending(self) -> bool:
+        """A completed segment holds offsets at or after the committed next offset."""
+        return self.segments_end is not None and self.segments_end > (self.next_offset or 0)
+
+    @property
+    def pending_range(self) -> OffsetRange | None:
+        """The offsets a run should ingest (start 0 when nothing is committed: from the oldest segment on)."""
+        if not self.pending:
+            return None
+        return OffsetRange(self.partition, self.next_offset or 0, self.segments_end)  # type: ignore[arg-type]
+
+    @property
+    def lag(self) -> int | None:
+        """Records the broker has that are not committed yet (engine/lag.py)."""
+        return lag(self.log_end, self.next_offset)
+
+
+@dataclass(frozen=True)
+class TopicScan:
+    partitions: dict[int, PartitionState]
+    cursors: dict[int, PartitionCursor]  # the listing cursors to resume from next time
+    new_segments: int  # completed segments listed for the first time in this scan
+
+
+@dataclass
+class WatchSources:
+    """The connections a scan reads (the sensors build them once per process, on the first tick)."""
+
+    store: SegmentStore
+    offsets: OffsetStore
+    discovery_mode: DiscoveryMode
+    etcd: EtcdClient | None = None
+
+    @classmethod
+    def from_config(cls, config: LakehouseConfig) -> WatchSources:
+        etcd = etcd_client_from_config(config) if config.etcd.endpoints else None
+        return cls(store=segment_store_from_config(config), offsets=offset_store_from_config(config, etcd),
+                   discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=etcd)
+
+
+def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, PartitionCursor] | None = None) -> TopicScan:
+    """Discover the partitions of `topic`, list their new completed segments and read offsets and watermarks.
+
+    `cursors` (from the previous scan) resume each partition's listing; a partition without one is listed from its
+    committed next offset (`storage.segments_from`, which finds a segment that holds it mid-way)."""
+    cursors = cursors or {}
+    discovered = discover_partitions(sources.discovery_mode, sources.store, sources.etcd, topics=[topic])
+    partition_ids = discovered.partitions.get(topic, [])
+    committed = sources.offsets.committed_offsets(topic)
+    watermarks = sources.offsets.broker_watermarks(topic)
+    # Partitions with a watermark but no segment directory yet (S3 discovery) still count for lag.
+    partition_ids = sorted(set(partition_ids) | set(watermarks))
+    store = sources.store
+    new_cursors: dict[int, PartitionCursor] = dict(cursors)
+    states: dict[int, PartitionState] = {}
+    new_segments = 0
+    for partition in partition_ids:
+        next_offset = committed[partition].next_offset if partition in committed else None
+        previous = cursors.get(partition)
+        if previous is None:
+            listing = segments_from(store, topic, partition, next_offset, limit=SEGMENTS_PER_PARTITION_PER_SCAN)
+            segments_end = None
+        else:
+            listing = store.list_segments(topic, partition, after=previous.last_kfs_key,
+                                          limit=SEGMENTS_PER_PARTITION_PER_SCAN)
+            segments_end = previous.segments_end
+        if listing.segments:
+            segments_end = max(segments_end or 0, listing.segments[-1].last_offset + 1)
+            new_segments += len(listing.segments)
+        new_cursors[partition] = PartitionCursor(listing.cursor, segments_end)
+        states[partition] = PartitionState(partition, next_offset, segments_end, watermarks.get(partition))
+    return TopicScan(states, new_cursors, new_segments)

@@ -1,0 +1,46 @@
+"""Listing a partition's completed segments from a next offset: the one implementation the sensor and the run use."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kafscale_lakehouse.storage.keys import ObjectKind, parse_segment_key, partition_prefix, segment_key
+from kafscale_lakehouse.storage.store import SegmentListing, SegmentStore
+
+
+def segments_from(store: SegmentStore, topic: str, partition: int, next_offset: int | None, *,
+                  limit: int | None = None) -> SegmentListing:
+    """The completed segments of one partition that hold offsets >= `next_offset` (every one when it is None:
+    nothing committed), in offset order; the listing's `cursor` resumes after the last segment listed.
+
+    Runs commit whole segments, so the next segment normally starts exactly at `next_offset` and the listing starts
+    at its key. Otherwise `next_offset` may lie inside an earlier segment (offsets committed by the Go processor, a
+    segment re-cut by the broker), also the newest one: then the partition's keys are listed (no footer reads) to
+    find the segment holding it, and the listing resumes there, so that segment is never skipped. `limit` caps
+    the segments (and footer reads) of one call.
+    """
+    if next_offset is None:
+        return store.list_segments(topic, partition, limit=limit)
+    if next_offset < 0:
+        raise ValueError(f"{topic}/{partition}: next offset {next_offset} is below 0")
+    listing = store.list_segments(topic, partition, after=_key_before(store, topic, partition, next_offset),
+                                  limit=limit)
+    if next_offset == 0 or (listing.segments and listing.segments[0].base_offset == next_offset):
+        return listing
+    holder = _newest_base_below(store, topic, partition, next_offset)
+    if holder is None:
+        return listing  # nothing below `next_offset`: what was listed is all there is (after a gap, if any)
+    listing = store.list_segments(topic, partition, after=_key_before(store, topic, partition, holder), limit=limit)
+    return replace(listing, segments=[s for s in listing.segments if s.last_offset >= next_offset])
+
+
+def _key_before(store: SegmentStore, topic: str, partition: int, offset: int) -> str | None:
+    """A listing cursor that resumes at the segment starting at `offset` (keys sort by their padded base offset)."""
+    return segment_key(store.namespace, topic, partition, offset - 1, ObjectKind.SEGMENT) if offset > 0 else None
+
+
+def _newest_base_below(store: SegmentStore, topic: str, partition: int, offset: int) -> int | None:
+    bases = (parsed.base_offset for info in store.list_objects(partition_prefix(store.namespace, topic, partition))
+             if (parsed := parse_segment_key(info.key, store.namespace)) is not None
+             and parsed.kind is ObjectKind.SEGMENT)
+    return max((base for base in bases if base < offset), default=None)
