@@ -51,10 +51,9 @@ from kafscale_lakehouse.demo_producer import (  # noqa: E402
     watermark_publisher,
 )
 from kafscale_lakehouse.engine.catalog import load_catalog  # noqa: E402
-from kafscale_lakehouse.engine.ingest import catalog_settings  # noqa: E402
+from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config  # noqa: E402
 from kafscale_lakehouse.engine.table_offsets import read_topic_offsets  # noqa: E402
 from kafscale_lakehouse.orchestration.naming import ingest_job_name  # noqa: E402
-from kafscale_lakehouse.storage import segment_store_from_config  # noqa: E402
 from kafscale_lakehouse_tests.servers import free_ports  # noqa: E402
 
 log = logging.getLogger("benchmarks.freshness")

@@ -186,17 +186,6 @@ class CatalogConfig(_ConfigModel):
     password: SecretStr | None = None
     credential: SecretStr | None = None  # extension: OAuth2 client credential `id:secret`
 
-    @property
-    def effective_credential(self) -> SecretStr | None:
-        """The OAuth2 client credential: `credential`, else Go's `username[:password]`."""
-        if self.credential is not None:
-            return self.credential
-        if self.username is None:
-            return None
-        if self.password is None:
-            return SecretStr(self.username)
-        return SecretStr(f"{self.username}:{self.password.get_secret_value()}")
-
 
 class IcebergConfig(_ConfigModel):
     catalog: CatalogConfig

@@ -91,25 +91,11 @@ class VersionIs:
 
 
 @dataclass(frozen=True)
-class CreateRevisionIs:
-    """True when the key was created at `revision` (0 = the key does not exist)."""
-
-    key: str
-    revision: int
-
-
-@dataclass(frozen=True)
 class ModRevisionIs:
     """True when the key was last modified at `revision` (0 = the key does not exist)."""
 
     key: str
     revision: int
-
-
-@dataclass(frozen=True)
-class ValueIs:
-    key: str
-    value: bytes
 
 
 @dataclass(frozen=True)
@@ -120,7 +106,7 @@ class LeaseIs:
     lease_id: int
 
 
-EtcdCompare = VersionIs | CreateRevisionIs | ModRevisionIs | ValueIs | LeaseIs
+EtcdCompare = VersionIs | ModRevisionIs | LeaseIs
 
 
 @dataclass(frozen=True)
@@ -130,12 +116,7 @@ class PutOp:
     lease_id: int = 0
 
 
-@dataclass(frozen=True)
-class DeleteOp:
-    key: str
-
-
-EtcdOp = PutOp | DeleteOp
+EtcdOp = PutOp
 
 
 @dataclass(frozen=True)
@@ -410,12 +391,8 @@ def _to_pyetcd_compare(compare: EtcdCompare):
     match compare:
         case VersionIs(key, version):
             return pyetcd_txn.Version(key) == version
-        case CreateRevisionIs(key, revision):
-            return pyetcd_txn.Create(key) == revision
         case ModRevisionIs(key, revision):
             return pyetcd_txn.Mod(key) == revision
-        case ValueIs(key, value):
-            return pyetcd_txn.Value(key) == value
         case LeaseIs(key, lease_id):
             return _LeaseCompare(key) == lease_id
     raise TypeError(f"unsupported etcd comparison {compare!r}")
@@ -425,6 +402,4 @@ def _to_pyetcd_op(op: EtcdOp):
     match op:
         case PutOp(key, value, lease_id):
             return pyetcd_txn.Put(key, value, lease=lease_id)
-        case DeleteOp(key):
-            return pyetcd_txn.Delete(key)
     raise TypeError(f"unsupported etcd operation {op!r}")

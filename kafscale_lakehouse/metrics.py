@@ -60,13 +60,13 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ADDED_RECORDS, Snapshot, ancestors_of
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, redact_url
+from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.engine.catalog import CatalogError, catalog_endpoint, catalog_errors, load_catalog
 from kafscale_lakehouse.engine.dead_letter import DEAD_LETTER_RECORDS_PROPERTY
-from kafscale_lakehouse.engine.ingest import WRITE_LATENCY_PROPERTY, catalog_settings
+from kafscale_lakehouse.engine.ingest import WRITE_LATENCY_PROPERTY
 from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX
 from kafscale_lakehouse.etcd_client import EtcdClient, EtcdError, EtcdUnavailableError
 from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
-from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 
 log = logging.getLogger(__name__)
 

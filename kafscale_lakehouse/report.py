@@ -31,15 +31,14 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
+from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.engine.catalog import load_catalog
 from kafscale_lakehouse.engine.dead_letter import (
     DEAD_LETTER_RECORDS_PROPERTY,
     DEAD_LETTER_TABLE_PROPERTY,
     default_dead_letter_table,
 )
-from kafscale_lakehouse.engine.ingest import catalog_settings
 from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY, parse_offsets_property
-from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
 
 A run: claim a lease per Kafka partition → start offsets from the table (etcd repaired from it) → plan whole
 completed segments up to the run's byte budget → one Spark job reads them and writes Parquet data files
-(`ingest_job.run_ingest_job`: each task decodes its segments and writes its files, no record goes through the JVM)
+(`spark_ingestion.run_ingestion_spark_job`: each task decodes its segments and writes its files, no record goes through the JVM)
 → keep, per partition, only the files below the first segment that could not be read → one
 Iceberg commit that re-checks the start offsets → etcd offsets, fenced by the leases → leases released.
 A partition that cannot advance (corrupt segment, gap, lease held elsewhere) does not stop the others; the run then
@@ -29,6 +29,13 @@ from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, MappingConfig
+from kafscale_lakehouse.connections import (
+    catalog_settings,
+    etcd_client_from_config,
+    offset_store_from_config,
+    schema_registry_client,
+    segment_store_from_config,
+)
 from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
 from kafscale_lakehouse.engine.dead_letter import (
     DeadLetterFiles,
@@ -40,26 +47,21 @@ from kafscale_lakehouse.engine.dead_letter import (
     stage_dead_letters,
 )
 from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
-from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput, run_ingest_job
+from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput, run_ingestion_spark_job
 from kafscale_lakehouse.engine.kafscale_source import (
-    KafscaleReadOptions,
     OffsetRange,
-    SegmentErrorMode,
     SegmentReadFailure,
     SegmentRunPartition,
-    StoreOptions,
     segment_run_partitions,
 )
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
 from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append, read_topic_offsets
-from kafscale_lakehouse.engine.validation_stage import (
+from kafscale_lakehouse.engine.record_validation import (
     RecordValidation,
     resolve_record_validation,
-    schema_registry_client,
 )
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore
-from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
@@ -71,7 +73,6 @@ from kafscale_lakehouse.storage import (
     discover_partitions,
     find_gaps,
     segment_key,
-    segment_store_from_config,
 )
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,6 @@ class IngestFailedError(RuntimeError):
         if result.invalid_count and result.dead_letter_table is None:
             problems = "; ".join(filter(None, [problems, _describe_invalid(result)]))
         super().__init__(f"topic {result.topic} → table {result.table} (run {result.run_id}): {problems}")
-
-
-class InvalidRecordsError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -165,22 +162,6 @@ class IngestContext:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
-    """`iceberg.*` (+ `s3.*` for the warehouse FileIO) as catalog settings; secrets unwrapped only here."""
-    catalog, s3 = config.iceberg.catalog, config.warehouse_s3
-    secret = lambda value: value.get_secret_value() if value is not None else None  # noqa: E731
-    username, password = catalog.username, secret(catalog.password)
-    if catalog.credential is not None:
-        username, _, password = secret(catalog.credential).partition(":")
-    return CatalogSettings(
-        type=catalog.type, uri=catalog.uri, warehouse=config.iceberg.warehouse, name=catalog.name,
-        token=secret(catalog.token), username=username, password=password or None,
-        s3_endpoint=s3.endpoint, s3_region=s3.region, s3_path_style=s3.path_style if s3.endpoint else None,
-        s3_access_key_id=s3.access_key_id, s3_secret_access_key=secret(s3.secret_access_key),
-        s3_sse_type=s3.sse.type if s3.sse else None, s3_sse_kms_key_id=s3.sse.kms_key_id if s3.sse else None,
-    )
 
 
 def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[ColumnConfig]) -> Table:
@@ -255,7 +236,6 @@ class PreparedIngest:
     result: IngestResult
     leases: dict[int, Lease]
     plans: dict[int, _PartitionPlan]
-    read_options: KafscaleReadOptions | None
 
     def input_partitions(self) -> list[SegmentRunPartition]:
         """The planned segments in groups of at most `processor.target_file_size_bytes`: one Spark task each."""
@@ -288,7 +268,7 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
     cleanup_uncommitted_files(table, older_than=orphans_before)
     wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
     leases: dict[int, Lease] = {}
-    prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {}, None)
+    prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {})
     try:
         for partition in wanted:
             try:
@@ -341,17 +321,6 @@ def _plan(prepared: PreparedIngest) -> None:
         plan = _plan_partition(context.store, topic, partition, start, budget, allow_gaps, outcome)
         if plan is not None:
             prepared.plans[partition] = plan
-    if prepared.plans:
-        config = context.config
-        prepared.read_options = KafscaleReadOptions(
-            store=StoreOptions.describing(context.store), topic=topic,
-            starting_offsets={p: plan.read_start for p, plan in prepared.plans.items()},
-            ending_offsets={p: plan.end for p, plan in prepared.plans.items()},
-            columns=prepared.validation.columns,
-            max_bytes_per_partition=config.processor.target_file_size_bytes,
-            on_segment_error=SegmentErrorMode.MARK,
-            json_schema=prepared.validation.json_schema,
-        )
 
 
 def _record_lag(prepared: PreparedIngest) -> None:
@@ -435,8 +404,10 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     dead_letters = prepared.dead_letters
     target = None if dead_letters is None else (dead_letters, dead_letter_target(
         dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes))
-    messages = run_ingest_job(context.spark, table, run_id, prepared.read_options, prepared.input_partitions(),
-                              target_file_size_bytes=config.processor.target_file_size_bytes, dead_letters=target)
+    messages = run_ingestion_spark_job(context.spark, table, run_id, context.store, topic, prepared.input_partitions(),
+                                       columns=prepared.validation.columns, json_schema=prepared.validation.json_schema,
+                                       target_file_size_bytes=config.processor.target_file_size_bytes,
+                                       dead_letters=target)
     keep, drop, failures = _files_to_commit(messages, plans)
     for message in messages:
         stats = message.source_stats
@@ -501,14 +472,15 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
                     context.offsets.location, exc)
 
 
-def _files_to_commit(messages: list[IngestTaskOutput], plans: dict[int, _PartitionPlan]):
+def _files_to_commit(messages: list[IngestionTaskOutput], plans: dict[int, _PartitionPlan]):
     """Split the written files into those below each partition's first failed segment (by Kafka partition) and
     the rest."""
     failures: dict[int, SegmentReadFailure] = {}
     for message in messages:
-        for failure in message.source_stats.failures:
-            if failure.partition not in failures or failure.next_offset < failures[failure.partition].next_offset:
-                failures[failure.partition] = failure
+        failure = message.failure
+        if failure is not None and (failure.partition not in failures
+                                    or failure.next_offset < failures[failure.partition].next_offset):
+            failures[failure.partition] = failure
     keep: dict[int, list[DataFile]] = {}
     drop: list[DataFile] = []
     for message in messages:
@@ -524,7 +496,7 @@ def _files_to_commit(messages: list[IngestTaskOutput], plans: dict[int, _Partiti
     return keep, drop, failures
 
 
-def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestTaskOutput]) -> None:
+def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestionTaskOutput]) -> None:
     outcome, p = plan.outcome, plan.outcome.partition
     outcome.end_offset = end
     outcome.segments = sum(1 for s in plan.segments if s.base_offset < end)
@@ -538,7 +510,7 @@ def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestTaskOutpu
         outcome.start_offset = plan.commit_start
 
 
-def _max_timestamp(messages: list[IngestTaskOutput], partition: int) -> int:
+def _max_timestamp(messages: list[IngestionTaskOutput], partition: int) -> int:
     return max((m.source_stats.max_timestamp_ms[partition] for m in messages
                 if partition in m.source_stats.max_timestamp_ms), default=0)
 

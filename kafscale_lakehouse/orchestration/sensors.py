@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
+from kafscale_lakehouse.connections import etcd_client_from_config, offset_store_from_config, segment_store_from_config
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets import OffsetStore
-from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.orchestration.naming import (
     dagster_name_part,
     ingest_job_name,
@@ -41,7 +41,6 @@ from kafscale_lakehouse.orchestration.naming import (
     topic_partitions_def,
 )
 from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, SegmentStore, discover_partitions, segment_key
-from kafscale_lakehouse.storage.factory import segment_store_from_config
 
 CURSOR_VERSION = 1
 # Bounds the footer reads of one partition in one tick over a large backlog; the cursor catches up over later ticks.

@@ -23,8 +23,9 @@ import yaml
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
+from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.ingest import SKIPPED_PROPERTY_PREFIX, catalog_settings
+from kafscale_lakehouse.engine.ingest import SKIPPED_PROPERTY_PREFIX
 from kafscale_lakehouse.engine.table_offsets import RUN_ID_PROPERTY, read_topic_offsets
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.format import Record, encode_segment

@@ -10,12 +10,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kafscale_lakehouse.config import LakehouseConfig
+from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
 from kafscale_lakehouse.engine.catalog import load_catalog
 from kafscale_lakehouse.engine.dead_letter import DEAD_LETTER_RECORDS_PROPERTY
-from kafscale_lakehouse.engine.ingest import WRITE_LATENCY_PROPERTY, catalog_settings
+from kafscale_lakehouse.engine.ingest import WRITE_LATENCY_PROPERTY
 from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY
 from kafscale_lakehouse.metrics import LakehouseStateCollector
-from kafscale_lakehouse.offsets.factory import offset_store_from_config
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
 
 

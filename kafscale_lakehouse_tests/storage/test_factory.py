@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kafscale_lakehouse.config import parse_config
-from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, segment_store_from_config
+from kafscale_lakehouse.connections import segment_store_from_config
+from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore
 from kafscale_lakehouse_tests.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
 from kafscale_lakehouse_tests.storage.conftest import write_segments
 
