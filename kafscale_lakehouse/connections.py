@@ -11,7 +11,7 @@ of here as a `ConfigError` naming the key path it came from (`at_key`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from pydantic import SecretStr
@@ -34,14 +34,23 @@ SECRET_KEYS = ("s3.secret_access_key", "iceberg.s3.secret_access_key", "iceberg.
 
 
 @contextmanager
-def at_key(key_path: str) -> Iterator[None]:
-    """Re-raise a `ValueError` of a lower layer as a `ConfigError` naming `key_path` (the original stays chained)."""
+def at_key(section: str, keys: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Re-raise a `ValueError` of a lower layer as a `ConfigError` naming the config key (the original stays chained).
+
+    Lower layers start such a message with the name of the argument at fault (`lease_ttl_seconds: ...`); it becomes
+    `keys[name]`, else `<section>.<name>`. A message without an argument name is put under `section`.
+    """
     try:
         yield
     except ConfigError:
         raise
     except ValueError as exc:
-        raise ConfigError(CONFIG_SOURCE, [f"{key_path}: {exc}"]) from exc
+        name, separator, rest = str(exc).partition(": ")
+        if separator and name.isidentifier():
+            problem = f"{(keys or {}).get(name, f'{section}.{name}')}: {rest}"
+        else:
+            problem = f"{section}: {exc}"
+        raise ConfigError(CONFIG_SOURCE, [problem]) from exc
 
 
 def _secret(value: SecretStr | None) -> str | None:
@@ -57,7 +66,7 @@ def segment_store_from_config(config: LakehouseConfig) -> SegmentStore:
             return LocalSegmentStore(config.segments.local_root, namespace=s3.namespace)
     if not s3.bucket:
         raise ConfigError(CONFIG_SOURCE, ["s3.bucket: is required (or segments.local_root) to read segments"])
-    with at_key("s3"):
+    with at_key("s3", {"sse_type": "s3.sse.type", "sse_kms_key_id": "s3.sse.kms_key_id"}):
         return S3SegmentStore(
             s3.bucket, namespace=s3.namespace, endpoint=s3.endpoint, region=s3.region, path_style=s3.path_style,
             access_key_id=s3.access_key_id, secret_access_key=_secret(s3.secret_access_key),
@@ -85,7 +94,8 @@ def etcd_client_from_config(config: LakehouseConfig, *, retry_seconds: float | N
                                           "etcd"])
     tls = etcd.tls
     extra = {} if retry_seconds is None else {"retry_seconds": retry_seconds}
-    with at_key("etcd.endpoints"):
+    with at_key("etcd", {"ca_file": "etcd.tls.ca_file", "cert_file": "etcd.tls.cert_file",
+                         "key_file": "etcd.tls.key_file"}):
         return EtcdClient(
             etcd.endpoints, username=etcd.username, password=_secret(etcd.password),
             ca_file=str(tls.ca_file) if tls and tls.ca_file else None,
@@ -116,7 +126,8 @@ def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
     username, password = catalog.username, _secret(catalog.password)
     if catalog.credential is not None:
         username, _, password = _secret(catalog.credential).partition(":")
-    with at_key("iceberg"):
+    s3_key = "iceberg.s3" if config.iceberg.s3 is not None else "s3"
+    with at_key("iceberg", {"s3_sse_type": f"{s3_key}.sse.type", "s3_sse_kms_key_id": f"{s3_key}.sse.kms_key_id"}):
         return CatalogSettings(
             type=catalog.type, uri=catalog.uri, warehouse=config.iceberg.warehouse, name=catalog.name,
             token=_secret(catalog.token), username=username, password=password or None,
