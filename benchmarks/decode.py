@@ -18,11 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kafscale_lakehouse.format import decode_segment  # noqa: E402
-from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_TOPIC, write_partition_segments  # noqa: E402
 from kafscale_lakehouse.testing.kafka_python_reference import (  # noqa: E402
     cramjam_codec_patches,
     read_segment_records,
 )
+from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_TOPIC, write_partition_segments  # noqa: E402
 
 
 def decode_with_ours(segments: list[tuple[str, bytes]]) -> int:

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config  # noqa: E402
+from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config  # noqa: E402
 from kafscale_lakehouse.demo_producer import (  # noqa: E402
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_PARTITIONS,
@@ -51,10 +52,8 @@ from kafscale_lakehouse.demo_producer import (  # noqa: E402
     watermark_publisher,
 )
 from kafscale_lakehouse.engine.catalog import load_catalog  # noqa: E402
-from kafscale_lakehouse.engine.ingest import catalog_settings  # noqa: E402
 from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets  # noqa: E402
 from kafscale_lakehouse.orchestration.naming import ingest_job_name  # noqa: E402
-from kafscale_lakehouse.storage import segment_store_from_config  # noqa: E402
 from kafscale_lakehouse.testing.servers import free_ports  # noqa: E402
 
 log = logging.getLogger("benchmarks.freshness")

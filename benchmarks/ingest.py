@@ -48,13 +48,13 @@ import pyarrow.parquet as pq  # noqa: E402
 from pyiceberg.table import Table  # noqa: E402
 
 from kafscale_lakehouse.config import LakehouseConfig, ProcessorConfig, parse_config  # noqa: E402
+from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine import ingest as ingest_module  # noqa: E402
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table  # noqa: E402
-from kafscale_lakehouse.engine.ingest import IngestContext, catalog_settings, ingest_mapping  # noqa: E402
+from kafscale_lakehouse.engine.ingest import IngestContext, ingest_mapping  # noqa: E402
 from kafscale_lakehouse.engine.spark import get_spark_session  # noqa: E402
 from kafscale_lakehouse.format import decode_segment  # noqa: E402
 from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema  # noqa: E402
-from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_COLUMNS, PIZZA_TOPIC, write_partition_segments  # noqa: E402
 from kafscale_lakehouse.testing.kafka_python_reference import (  # noqa: E402
     cramjam_codec_patches,
     read_segment_records,
@@ -68,6 +68,7 @@ from kafscale_lakehouse.testing.servers import (  # noqa: E402
     Etcd,
     SeaweedFS,
 )
+from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_COLUMNS, PIZZA_TOPIC, write_partition_segments  # noqa: E402
 
 log = logging.getLogger("benchmarks.ingest")
 
@@ -91,7 +92,7 @@ _INGEST_PHASES = {
     "discover_topic_partitions": "discover partitions",
     "read_topic_offsets": "read table offsets",
     "_plan_partition": "plan (list segments, footers)",
-    "run_ingest_job": "Spark job (read, decode, write Parquet)",
+    "run_ingestion_spark_job": "Spark job (read, decode, write Parquet)",
     "commit_append": "Iceberg commit",
 }
 _OFFSET_STORE_PHASES = {

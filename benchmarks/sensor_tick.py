@@ -40,17 +40,14 @@ import dagster as dg  # noqa: E402
 from botocore.config import Config  # noqa: E402
 
 from kafscale_lakehouse.config import LakehouseConfig, parse_config  # noqa: E402
+from kafscale_lakehouse.connections import offset_store_from_config, segment_store_from_config  # noqa: E402
 from kafscale_lakehouse.engine.topic_scan import WatchSources  # noqa: E402
 from kafscale_lakehouse.etcd_client import EtcdClient  # noqa: E402
 from kafscale_lakehouse.format import encode_segment  # noqa: E402
-from kafscale_lakehouse.offsets.factory import offset_store_from_config  # noqa: E402
 from kafscale_lakehouse.offsets.records import broker_next_offset_key  # noqa: E402
 from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name  # noqa: E402
 from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key  # noqa: E402
 from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY  # noqa: E402
-from kafscale_lakehouse.storage.factory import segment_store_from_config  # noqa: E402
-from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_order  # noqa: E402
-from kafscale_lakehouse_tests.lease_helpers import held_leases  # noqa: E402
 from kafscale_lakehouse.testing.servers import (  # noqa: E402
     ACCESS_KEY,
     REGION,
@@ -60,6 +57,8 @@ from kafscale_lakehouse.testing.servers import (  # noqa: E402
     Etcd,
     SeaweedFS,
 )
+from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_order  # noqa: E402
+from kafscale_lakehouse_tests.lease_helpers import held_leases  # noqa: E402
 
 log = logging.getLogger("benchmarks.sensor_tick")
 

@@ -46,16 +46,13 @@ def _read_object(location: str, kind: ObjectKind) -> tuple[str, bytes | None]:
     base = location[: -len(ObjectKind.SEGMENT.suffix)] if location.endswith(ObjectKind.SEGMENT.suffix) else location
     target = base + kind.suffix
     if target.startswith("s3://"):
-        from kafscale_lakehouse.storage import ObjectNotFoundError, S3SegmentStore
+        from kafscale_lakehouse.connections import s3_store_from_environment
+        from kafscale_lakehouse.storage import ObjectNotFoundError
 
         bucket, _, key = target[len("s3://"):].partition("/")
         if not bucket or not key:
             raise CommandError(f"{location}: an S3 URI must look like s3://bucket/<namespace>/<topic>/<p>/segment-N.kfs")
-        store = S3SegmentStore(
-            bucket, namespace="", endpoint=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
-            region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
-            path_style=os.environ.get("AWS_S3_PATH_STYLE", "true").lower() != "false",
-        )
+        store = s3_store_from_environment(bucket)
         try:
             return target, store.read(key)
         except ObjectNotFoundError:

@@ -186,17 +186,6 @@ class CatalogConfig(_ConfigModel):
     password: SecretStr | None = None
     credential: SecretStr | None = None  # extension: OAuth2 client credential `id:secret`
 
-    @property
-    def effective_credential(self) -> SecretStr | None:
-        """The OAuth2 client credential: `credential`, else Go's `username[:password]`."""
-        if self.credential is not None:
-            return self.credential
-        if self.username is None:
-            return None
-        if self.password is None:
-            return SecretStr(self.username)
-        return SecretStr(f"{self.username}:{self.password.get_secret_value()}")
-
 
 class IcebergConfig(_ConfigModel):
     catalog: CatalogConfig
@@ -426,7 +415,8 @@ def parse_config(mapping: Mapping[str, Any], source: str = "<config>", base_dir:
     except ValidationError as exc:
         problems.extend(_describe_validation_error(error) for error in exc.errors())
         raise ConfigError(source, problems) from None
-    problems.extend(_check_rules(config, Path(base_dir) if base_dir is not None else Path.cwd()))
+    problems.extend(_resolve_paths_and_defaults(config, Path(base_dir) if base_dir is not None else Path.cwd()))
+    problems.extend(_check_rules(config))
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -592,8 +582,45 @@ def _model_class_in(annotation: Any) -> type[BaseModel] | None:
 # ---------------------------------------------------------------------------------------- cross-key rules
 
 
-def _check_rules(config: LakehouseConfig, base_dir: Path) -> list[str]:
-    """Rules that span keys (most are the Go processor's), defaults that depend on other keys, and paths."""
+def _resolve_paths_and_defaults(config: LakehouseConfig, base_dir: Path) -> list[str]:
+    """Resolve relative paths against `base_dir` (local segments, offsets file, etcd TLS files, a `sql` catalog's
+    sqlite URI and warehouse) and fill in the defaults that depend on other keys (`mappings[].allow_gaps`,
+    `mappings[].schema.source`), in place; returns the problems of values that cannot be resolved."""
+    problems: list[str] = []
+    catalog = config.iceberg.catalog
+    if catalog.type == "sql":
+        catalog.uri = _resolve_sqlite_uri(catalog.uri, base_dir)
+        if config.iceberg.warehouse is not None:
+            warehouse = _resolve_warehouse(config.iceberg.warehouse, base_dir)
+            if warehouse is None:
+                problems.append(f"iceberg.warehouse: {config.iceberg.warehouse!r} is not an absolute file URI; write a path or file:///absolute/path")
+            else:
+                config.iceberg.warehouse = warehouse
+    if config.segments.local_root is not None:
+        config.segments.local_root = _resolve_path(config.segments.local_root, base_dir)
+    if config.offsets.local_path is not None:
+        config.offsets.local_path = _resolve_path(config.offsets.local_path, base_dir)
+    tls = config.etcd.tls
+    if tls is not None:
+        for key in ("ca_file", "cert_file", "key_file"):
+            if getattr(tls, key) is not None:
+                setattr(tls, key, _resolve_path(getattr(tls, key), base_dir))
+    for mapping in config.mappings:
+        if mapping.allow_gaps is None:
+            mapping.allow_gaps = config.processor.allow_gaps
+        schema = mapping.schema_config
+        if schema.source is None:
+            if schema.columns:
+                schema.source = "mapping"
+            elif config.schema_config.registry.base_url is not None:
+                schema.source = "registry"
+            else:
+                schema.source = "none"
+    return problems
+
+
+def _check_rules(config: LakehouseConfig) -> list[str]:
+    """Rules that span keys (most are the Go processor's); run after `_resolve_paths_and_defaults`."""
     problems: list[str] = []
 
     def problem(path: str, message: str) -> None:
@@ -618,16 +645,8 @@ def _check_rules(config: LakehouseConfig, base_dir: Path) -> list[str]:
         problem("iceberg.catalog.credential", "and iceberg.catalog.username/password are two ways to set the same credential; set only one")
     if catalog.password is not None and catalog.username is None:
         problem("iceberg.catalog.username", "is required when iceberg.catalog.password is set")
-    if catalog.type == "sql":
-        if config.iceberg.warehouse is None:
-            problem("iceberg.warehouse", "is required for iceberg.catalog.type sql (a local directory or an object-store URI)")
-        config.iceberg.catalog.uri = _resolve_sqlite_uri(catalog.uri, base_dir)
-    if config.iceberg.warehouse is not None and catalog.type == "sql":
-        warehouse = _resolve_warehouse(config.iceberg.warehouse, base_dir)
-        if warehouse is None:
-            problem("iceberg.warehouse", f"{config.iceberg.warehouse!r} is not an absolute file URI; write a path or file:///absolute/path")
-        else:
-            config.iceberg.warehouse = warehouse
+    if catalog.type == "sql" and config.iceberg.warehouse is None:
+        problem("iceberg.warehouse", "is required for iceberg.catalog.type sql (a local directory or an object-store URI)")
 
     if config.schema_config.mode != "off" and config.schema_config.registry.base_url is None:
         problem("schema.registry.base_url", f"is required when schema.mode is {config.schema_config.mode}")
@@ -645,15 +664,6 @@ def _check_rules(config: LakehouseConfig, base_dir: Path) -> list[str]:
     if tls is not None and (tls.cert_file is None) != (tls.key_file is None):
         problem("etcd.tls", "cert_file and key_file go together (a client certificate and its key)")
 
-    if config.segments.local_root is not None:
-        config.segments.local_root = _resolve_path(config.segments.local_root, base_dir)
-    if config.offsets.local_path is not None:
-        config.offsets.local_path = _resolve_path(config.offsets.local_path, base_dir)
-    if tls is not None:
-        for key in ("ca_file", "cert_file", "key_file"):
-            if getattr(tls, key) is not None:
-                setattr(tls, key, _resolve_path(getattr(tls, key), base_dir))
-
     for index, mapping in enumerate(config.mappings):
         _check_mapping(config, index, mapping, problem)
     _check_unique(config, problem)
@@ -670,17 +680,8 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
             problem(f"{at}.{key}", f"{identifier!r} is not a table identifier namespace.table (each part a letter or _ then letters, digits, _)")
     if mapping.dead_letter_table is not None and mapping.dead_letter_table == mapping.table:
         problem(f"{at}.dead_letter_table", "must differ from the mapping's table")
-    if mapping.allow_gaps is None:
-        mapping.allow_gaps = config.processor.allow_gaps
 
     schema = mapping.schema_config
-    if schema.source is None:
-        if schema.columns:
-            schema.source = "mapping"
-        elif config.schema_config.registry.base_url is not None:
-            schema.source = "registry"
-        else:
-            schema.source = "none"
     if schema.source == "mapping" and not schema.columns:
         problem(f"{at}.schema.columns", "is required for schema.source mapping")
     if schema.source != "mapping" and schema.columns:

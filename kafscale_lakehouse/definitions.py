@@ -13,15 +13,21 @@ import os
 
 import dagster as dg
 
-from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, DEFAULT_CONFIG_PATH, ConfigError, LakehouseConfig, load_config
-from kafscale_lakehouse.offsets.factory import etcd_client_from_config
+from kafscale_lakehouse.config import (
+    CONFIG_PATH_ENV_VAR,
+    DEFAULT_CONFIG_PATH,
+    ConfigError,
+    LakehouseConfig,
+    load_config,
+)
+from kafscale_lakehouse.connections import etcd_client_from_config, segment_store_from_config
 from kafscale_lakehouse.orchestration.assets import ICEBERG_IO_MANAGER_KEY, build_table_asset, build_topic_source_asset
 from kafscale_lakehouse.orchestration.checks import build_table_checks
 from kafscale_lakehouse.orchestration.io_manager import KafscaleIcebergIOManager
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, table_asset_key
 from kafscale_lakehouse.orchestration.resources import CATALOG_RESOURCE_KEY, SPARK_RESOURCE_KEY, lakehouse_resources
 from kafscale_lakehouse.orchestration.sensors import build_sensors
-from kafscale_lakehouse.storage import DiscoveryMode, discover_partitions, segment_store_from_config
+from kafscale_lakehouse.storage import DiscoveryMode, discover_partitions
 
 log = logging.getLogger(__name__)
 

@@ -91,25 +91,11 @@ class VersionIs:
 
 
 @dataclass(frozen=True)
-class CreateRevisionIs:
-    """True when the key was created at `revision` (0 = the key does not exist)."""
-
-    key: str
-    revision: int
-
-
-@dataclass(frozen=True)
 class ModRevisionIs:
     """True when the key was last modified at `revision` (0 = the key does not exist)."""
 
     key: str
     revision: int
-
-
-@dataclass(frozen=True)
-class ValueIs:
-    key: str
-    value: bytes
 
 
 @dataclass(frozen=True)
@@ -120,7 +106,7 @@ class LeaseIs:
     lease_id: int
 
 
-EtcdCompare = VersionIs | CreateRevisionIs | ModRevisionIs | ValueIs | LeaseIs
+EtcdCompare = VersionIs | ModRevisionIs | LeaseIs
 
 
 @dataclass(frozen=True)
@@ -130,12 +116,7 @@ class PutOp:
     lease_id: int = 0
 
 
-@dataclass(frozen=True)
-class DeleteOp:
-    key: str
-
-
-EtcdOp = PutOp | DeleteOp
+EtcdOp = PutOp
 
 
 @dataclass(frozen=True)
@@ -148,16 +129,16 @@ class _ParsedEndpoint:
 def _parse_endpoint(raw: str) -> _ParsedEndpoint:
     text = raw.strip()
     if not text:
-        raise ValueError("etcd.endpoints: empty endpoint")
+        raise ValueError("endpoints: empty endpoint")
     split = urlsplit(text if "://" in text else f"http://{text}")
     if split.scheme not in ("http", "https"):
-        raise ValueError(f"etcd.endpoints: {raw!r} has scheme {split.scheme!r}; expected http or https")
+        raise ValueError(f"endpoints: {raw!r} has scheme {split.scheme!r}; expected http or https")
     try:
         port = split.port
     except ValueError as exc:
-        raise ValueError(f"etcd.endpoints: {raw!r} has an invalid port") from exc
+        raise ValueError(f"endpoints: {raw!r} has an invalid port") from exc
     if not split.hostname or port is None or split.path not in ("", "/"):
-        raise ValueError(f"etcd.endpoints: {raw!r} is not host:port or http(s)://host:port")
+        raise ValueError(f"endpoints: {raw!r} is not host:port or http(s)://host:port")
     return _ParsedEndpoint(split.hostname, port, split.scheme == "https")
 
 
@@ -167,7 +148,7 @@ def _read_pem(path: str | Path | None, what: str) -> bytes | None:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise ValueError(f"etcd {what} {path}: cannot be read ({exc.strerror or exc})") from exc
+        raise ValueError(f"{what}: {path} cannot be read ({exc.strerror or exc})") from exc
 
 
 class EtcdClient:
@@ -190,18 +171,18 @@ class EtcdClient:
         retry_seconds: float = 15,
     ):
         if isinstance(endpoints, str) or not endpoints:
-            raise ValueError("etcd.endpoints: expected a non-empty list of host:port or http(s)://host:port")
+            raise ValueError("endpoints: expected a non-empty list of host:port or http(s)://host:port")
         parsed = [_parse_endpoint(e) for e in endpoints]
         secure = {p.secure for p in parsed}
         if len(secure) > 1:
-            raise ValueError(f"etcd.endpoints: mixes http and https endpoints ({', '.join(endpoints)})")
+            raise ValueError(f"endpoints: mixes http and https endpoints ({', '.join(endpoints)})")
         if (username is None) != (password is None):
-            raise ValueError("etcd.username and etcd.password must be set together")
+            raise ValueError("username: must be set together with password")
         if (cert_file is None) != (key_file is None):
-            raise ValueError("etcd TLS: cert_file and key_file must be set together")
+            raise ValueError("tls: cert_file and key_file must be set together")
         self._use_tls = secure.pop() or ca_file is not None
         if not self._use_tls and cert_file is not None:
-            raise ValueError("etcd TLS: cert_file/key_file given but endpoints are http:// and no ca_file is set")
+            raise ValueError("tls: cert_file/key_file given but endpoints are http:// and no ca_file is set")
         self._endpoints = parsed
         scheme = "https" if self._use_tls else "http"
         self.endpoints = [f"{scheme}://{p.host}:{p.port}" for p in parsed]
@@ -385,8 +366,8 @@ class EtcdClient:
         if "authentication failed" in details or code == grpc.StatusCode.UNAUTHENTICATED:
             return EtcdAuthError(f"etcd at {where}: authentication failed for user {user!r} ({details})")
         if "user name is empty" in details:
-            return EtcdAuthError(f"etcd at {where} requires authentication but etcd.username/etcd.password are "
-                                 f"not set ({details})")
+            return EtcdAuthError(f"etcd at {where} requires authentication but no username/password "
+                                 f"are set ({details})")
         if code == grpc.StatusCode.PERMISSION_DENIED:
             return EtcdAuthError(f"etcd at {where}: user {user!r} is not allowed to {operation}: {details}")
         return EtcdRequestError(f"etcd at {where}: {operation} rejected: {code.name}: {details}")
@@ -410,12 +391,8 @@ def _to_pyetcd_compare(compare: EtcdCompare):
     match compare:
         case VersionIs(key, version):
             return pyetcd_txn.Version(key) == version
-        case CreateRevisionIs(key, revision):
-            return pyetcd_txn.Create(key) == revision
         case ModRevisionIs(key, revision):
             return pyetcd_txn.Mod(key) == revision
-        case ValueIs(key, value):
-            return pyetcd_txn.Value(key) == value
         case LeaseIs(key, lease_id):
             return _LeaseCompare(key) == lease_id
     raise TypeError(f"unsupported etcd comparison {compare!r}")
@@ -425,6 +402,4 @@ def _to_pyetcd_op(op: EtcdOp):
     match op:
         case PutOp(key, value, lease_id):
             return pyetcd_txn.Put(key, value, lease=lease_id)
-        case DeleteOp(key):
-            return pyetcd_txn.Delete(key)
     raise TypeError(f"unsupported etcd operation {op!r}")

@@ -59,13 +59,12 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, redact_url
+from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.engine.catalog import CatalogError, catalog_endpoint, catalog_errors, load_catalog
-from kafscale_lakehouse.engine.ingest import catalog_settings
 from kafscale_lakehouse.engine.lag import lag as partition_lag
 from kafscale_lakehouse.engine.snapshot_summary import ancestry, is_kafscale_commit, parse_commit
 from kafscale_lakehouse.etcd_client import EtcdClient, EtcdError, EtcdUnavailableError
 from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
-from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kafscale_lakehouse.format import DEFAULT_INDEX_INTERVAL, Record, encode_segment
 from kafscale_lakehouse.config import ColumnConfig
+from kafscale_lakehouse.format import DEFAULT_INDEX_INTERVAL, Record, encode_segment
 
 PIZZA_TOPIC = "completed-pizzas"
 PIZZA_HEADERS = (("source", b"pizza-svc"),)

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import requests
 from pyiceberg.catalog import Catalog
@@ -86,10 +86,9 @@ class CatalogSettings:
 
     def __post_init__(self) -> None:
         if self.s3_sse_type is not None and self.s3_sse_type not in SSE_TYPES:
-            raise ValueError(f"sse.type (s3.sse or iceberg.s3.sse) must be one of {SSE_TYPES}, "
-                             f"got {self.s3_sse_type!r}")
+            raise ValueError(f"s3_sse_type: must be one of {SSE_TYPES}, got {self.s3_sse_type!r}")
         if self.s3_sse_kms_key_id is not None and self.s3_sse_type != "aws:kms":
-            raise ValueError("sse.kms_key_id (s3.sse or iceberg.s3.sse) is only used with sse.type aws:kms")
+            raise ValueError("s3_sse_kms_key_id: is only used with s3_sse_type aws:kms")
 
     def catalog_properties(self) -> dict[str, str]:
         """pyiceberg catalog properties (contain secrets: never log them)."""
@@ -139,22 +138,22 @@ class PartitionFieldSpec:
 def load_catalog(settings: CatalogSettings) -> Catalog:
     """Connect to the configured catalog; unreachable or refused → `CatalogError` naming the endpoint."""
     if settings.type not in CATALOG_TYPES:
-        raise ValueError(f"iceberg.catalog.type must be one of {CATALOG_TYPES}, got {settings.type!r}")
+        raise ValueError(f"type: must be one of {CATALOG_TYPES}, got {settings.type!r}")
     props = settings.catalog_properties()
     if settings.type == "rest":
         if not settings.uri:
-            raise ValueError("iceberg.catalog.uri is required for a rest catalog")
+            raise ValueError("uri: is required for a rest catalog")
         endpoint = redact_url(settings.uri)
         with catalog_errors(endpoint, _rest_auth_hint(settings)):
             catalog: Catalog = RestCatalog(settings.name, **props)
     else:
         if not settings.warehouse:
-            raise ValueError("iceberg.warehouse is required for a sql catalog")
+            raise ValueError("warehouse: is required for a sql catalog")
         props["warehouse"] = _warehouse_uri(settings.warehouse)
         if "uri" not in props:  # not setdefault: the default needs a local warehouse, a given uri does not
             props["uri"] = _default_sqlite_uri(props["warehouse"])
         endpoint = redact_url(props["uri"])
-        with catalog_errors(endpoint, "iceberg.catalog.uri"):
+        with catalog_errors(endpoint, "the access to its database"):
             catalog = SqlCatalog(settings.name, **props)
     log.info("Iceberg %s catalog %r at %s", settings.type, settings.name, endpoint)
     return catalog
@@ -251,10 +250,10 @@ def catalog_errors(endpoint: str, credential_keys: str = "the catalog credential
 
 def _rest_auth_hint(settings: CatalogSettings) -> str:
     if settings.username or settings.password:
-        return "the credential of iceberg.catalog.username/password"
+        return "the configured credential (username/password)"
     if settings.token:
-        return "the bearer token iceberg.catalog.token"
-    return "the request (no iceberg.catalog.token or username/password configured)"
+        return "the configured bearer token"
+    return "the request (no token or username/password configured)"
 
 
 def _creation_properties(identifier: str, properties: Mapping[str, str]) -> dict[str, str]:
@@ -278,7 +277,7 @@ def _default_sqlite_uri(warehouse_uri: str) -> str:
     parts = urlsplit(warehouse_uri)
     if parts.scheme != "file":
         raise ValueError(
-            f"iceberg.catalog.uri is required for a sql catalog whose warehouse {warehouse_uri} is not local"
+            f"uri: is required for a sql catalog whose warehouse {warehouse_uri} is not local"
         )
     directory = Path(parts.path)
     directory.mkdir(parents=True, exist_ok=True)

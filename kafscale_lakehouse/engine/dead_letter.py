@@ -46,23 +46,23 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, open_table
 from kafscale_lakehouse.engine.iceberg_sink import SinkJob
-from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
 from kafscale_lakehouse.engine.snapshot_summary import (
     DEAD_LETTER_RECORDS_PROPERTY,
     DEAD_LETTER_TABLE_PROPERTY,
     KAFSCALE_PROPERTY_PREFIX,
+    LOST_RECORDS_PROPERTY,
     OFFSET_RANGES_PROPERTY_PREFIX,
+    PUBLISHED_THROUGH_PROPERTY,
     RUN_ID_PROPERTY,
     SOURCE_SNAPSHOT_PROPERTY,
     SOURCE_TABLE_PROPERTY,
-    LOST_RECORDS_PROPERTY,
-    PUBLISHED_THROUGH_PROPERTY,
     STAGED_SNAPSHOT_PROPERTY,
     CommittedOffsets,
     format_ranges_property,
     parse_commit,
 )
 from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
+from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput
 from kafscale_lakehouse.engine.table_offsets import append_without_client_retries
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class DeadLetterFiles:
     records: dict[int, int] = field(default_factory=dict)  # per Kafka partition, in `keep`
 
 
-def split_dead_letter_files(messages: Iterable[IngestTaskOutput], ends: Mapping[int, int]) -> DeadLetterFiles:
+def split_dead_letter_files(messages: Iterable[IngestionTaskOutput], ends: Mapping[int, int]) -> DeadLetterFiles:
     """Keep a task's dead-letter files when its Kafka partition commits (`ends`: partition → next offset after the
     commit, committing partitions only) and its records lie below that end; drop the rest.
 

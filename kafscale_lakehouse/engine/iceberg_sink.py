@@ -1,17 +1,14 @@
-"""Iceberg append sink on the PySpark Python Data Source write API.
+"""Parquet data files of an Iceberg table, written on Spark executors and committed by the driver.
 
-Executors turn their Arrow batches into Parquet data files with pyiceberg's own file writer (Iceberg field ids,
-column statistics, partition values; `write_batches_as_data_files`, which the ingestion job's tasks use too) and
-return the `DataFile`s as commit messages. The Iceberg commit is *not*
-done by Spark's job commit: our commit has to re-check the table's offsets first (`table_offsets.commit_append`),
-so the job commit only hands the files to the driver and the caller commits them (or deletes them).
+Executors turn Arrow batches into Parquet data files with pyiceberg's own file writer (Iceberg field ids, column
+statistics, partition values): `RollingDataFiles` (one task's open files, rolled at the target size) and
+`write_batches_as_data_files` (a whole task's batches). A `SinkJob` carries what they need (table metadata without
+history, FileIO settings, run id) into the tasks, pickled. The ingestion Spark job (`engine/spark_ingestion.py`) uses
+them through `mapInArrow`; any job that writes Arrow batches of a table's columns can.
 
-Spark runs a data source's `commit`/`abort` in a Python worker process that the driver JVM starts, not in the
-driver's own interpreter, so `commit` stages the pickled `DataFile`s in a driver-local directory that
-`write_data_files` reads once `save()` returns. `abort` (a task or the job failed) deletes what the finished tasks
-wrote; a task that fails deletes its own files before it re-raises.
-
-Data file names start with `data_file_prefix(run_id)` so that files left by a crash can be found and removed
+Nothing is committed here: the caller commits the files with its own checks (`table_offsets.commit_append`) or deletes
+them (`delete_data_files`). A task that fails deletes its own files before it re-raises. Data file names start with
+`data_file_prefix(run_id)` so that files left by a crash can be found and removed
 (`table_offsets.cleanup_uncommitted_files`).
 
 Relies on pyiceberg's writer internals in `pyiceberg.io.pyarrow` (`ParquetFormatWriter` and its `_fos`,
@@ -23,18 +20,13 @@ rolling writer that closes a file at its on-disk target size is what `write_file
 from __future__ import annotations
 
 import logging
-import pickle
 import re
-import tempfile
 import uuid
-import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
-from pyiceberg.io import FileIO, load_file_io
-from pyiceberg.io import OutputFile
+from pyiceberg.io import FileIO, OutputFile, load_file_io
 from pyiceberg.io.pyarrow import (
     FileFormatFactory,
     ParquetFormatWriter,
@@ -52,25 +44,15 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
-from pyspark import TaskContext
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
-SINK_FORMAT = "kafscale_iceberg_append"
 DEFAULT_TARGET_FILE_SIZE_BYTES = 128 * 1024 * 1024
 DATA_FILE_PREFIX = "kafscale-"
-STAGED_MESSAGES = "commit-messages.pickle"
 
 # FileIO settings the executors need; catalog settings (uri, credential, token, warehouse) stay on the driver.
 _FILE_IO_PROPERTY_PREFIXES = ("s3.", "client.", "gcs.", "adls.", "hdfs.", "hf.", "py-io-impl")
-_OPTION_FILE_IO_PREFIX = "io."
 _RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-# Registering again works but makes Spark warn about replacing the source, so once per session.
-_sessions_with_sink: weakref.WeakSet[SparkSession] = weakref.WeakSet()
 
 
 class IcebergSinkError(RuntimeError):
@@ -78,7 +60,7 @@ class IcebergSinkError(RuntimeError):
 
 
 class SinkSchemaError(IcebergSinkError):
-    """The DataFrame does not fit the table schema (unknown column, missing required column, wrong type)."""
+    """The rows do not fit the table schema (unknown column, missing required column, wrong type)."""
 
 
 class RequiredColumnNullError(IcebergSinkError):
@@ -116,8 +98,7 @@ def delete_data_files(io: FileIO, paths: Iterable[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class SinkJob:
-    """Everything an executor needs to write data files for one table (carried in data source options, or pickled
-    into the ingestion job's tasks)."""
+    """Everything an executor needs to write data files for one table (pickled into a Spark job's tasks)."""
 
     table_name: str
     table_metadata_json: str
@@ -137,84 +118,6 @@ class SinkJob:
     def file_io(self) -> FileIO:
         location = TableMetadataUtil.parse_raw(self.table_metadata_json).location
         return load_file_io(dict(self.file_io_properties), location)
-
-    def to_options(self, staging_dir: str) -> dict[str, str]:
-        # FileIO secrets go in keys of their own (`io.s3.secret-access-key`) so that Spark's redaction of option
-        # keys matching spark.redaction.regex (secret|password|token by default) hides them in plans and logs.
-        options = {
-            "table": self.table_name,
-            "table_metadata": self.table_metadata_json,
-            "run_id": self.run_id,
-            "target_file_size_bytes": str(self.target_file_size_bytes),
-            "staging_dir": staging_dir,
-        }
-        options.update({_OPTION_FILE_IO_PREFIX + k: v for k, v in self.file_io_properties.items()})
-        return options
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> tuple[SinkJob, str]:
-        """The job and the staging directory."""
-        missing = {"table", "table_metadata", "run_id", "target_file_size_bytes", "staging_dir"} - set(options)
-        if missing:
-            raise IcebergSinkError(
-                f"{SINK_FORMAT} data source is missing options {sorted(missing)}; write through write_data_files()"
-            )
-        job = cls(
-            table_name=options["table"],
-            table_metadata_json=options["table_metadata"],
-            file_io_properties={
-                k[len(_OPTION_FILE_IO_PREFIX):]: v for k, v in options.items() if k.startswith(_OPTION_FILE_IO_PREFIX)
-            },
-            run_id=options["run_id"],
-            target_file_size_bytes=int(options["target_file_size_bytes"]),
-        )
-        return job, options["staging_dir"]
-
-
-@dataclass(frozen=True)
-class IcebergAppendCommitMessage(WriterCommitMessage):
-    """What one Spark task wrote."""
-
-    spark_partition_id: int
-    data_files: tuple[DataFile, ...]
-
-
-class IcebergAppendDataSource(DataSource):
-    """Append-only Iceberg sink; use `write_data_files`, which sets the options and collects the files."""
-
-    @classmethod
-    def name(cls) -> str:
-        return SINK_FORMAT
-
-    def writer(self, schema: StructType, overwrite: bool) -> IcebergAppendWriter:
-        job, staging_dir = SinkJob.from_options(self.options)
-        if overwrite:
-            raise IcebergSinkError(f"{SINK_FORMAT} for table {job.table_name} only appends; use mode('append')")
-        return IcebergAppendWriter(job, staging_dir)
-
-
-class IcebergAppendWriter(DataSourceArrowWriter):
-    def __init__(self, job: SinkJob, staging_dir: str):
-        self.job = job
-        self.staging_dir = staging_dir
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> IcebergAppendCommitMessage:
-        spark_partition_id = TaskContext.get().partitionId()
-        written = write_batches_as_data_files(self.job, iterator, spark_partition_id)
-        return IcebergAppendCommitMessage(spark_partition_id=spark_partition_id, data_files=tuple(written))
-
-    def commit(self, messages: list[IcebergAppendCommitMessage | None]) -> None:
-        staged = Path(self.staging_dir) / STAGED_MESSAGES
-        with staged.open("wb") as out:
-            pickle.dump([m for m in messages if m is not None], out, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def abort(self, messages: list[IcebergAppendCommitMessage | None]) -> None:
-        paths = [f.file_path for m in messages if m is not None for f in m.data_files]
-        failed = delete_data_files(self.job.file_io(), paths)
-        log.warning(
-            "table %s run %s: Spark write aborted, deleted %d of %d data files written by finished tasks",
-            self.job.table_name, self.job.run_id, len(paths) - len(failed), len(paths),
-        )
 
 
 def write_batches_as_data_files(job: SinkJob, batches: Iterable[pa.RecordBatch], task_id: int) -> list[DataFile]:
@@ -376,16 +279,10 @@ def _with_utc_timestamps(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch if utc.equals(batch.schema) else batch.cast(utc)
 
 
-def check_dataframe_schema(spark_schema: StructType, table: Table) -> None:
-    """Fail before any file is written if the DataFrame cannot be appended to the table."""
-    # Spark hands TimestampType to Python as UTC instants (timestamptz); the zone name only affects the type.
-    check_arrow_schema(to_arrow_schema(spark_schema, timezone="UTC"), table, what="DataFrame")
-
-
 def check_arrow_schema(arrow_schema: pa.Schema, table: Table, *, what: str = "Arrow schema") -> None:
     """Fail before any file is written if rows of `arrow_schema` cannot be appended to the table.
 
-    Columns are matched by name. Spark (and our source, for invalid records) marks columns nullable even when the
+    Columns are matched by name. Spark and our source (for invalid records) mark columns nullable even when the
     written rows never hold nulls, so a required table column only needs to be present here; nulls in it are caught
     per batch on the executors.
     """
@@ -399,41 +296,6 @@ def check_arrow_schema(arrow_schema: pa.Schema, table: Table, *, what: str = "Ar
         _check_pyarrow_schema_compatible(table_schema, arrow_schema, format_version=table.format_version)
     except ValueError as exc:
         raise SinkSchemaError(f"{what} does not fit table {_table_name(table)}: {exc}") from exc
-
-
-def write_data_files(
-    df: DataFrame,
-    table: Table,
-    run_id: str,
-    *,
-    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES,
-) -> list[DataFile]:
-    """Write `df` as data files of `table` (one Spark job) and return them, uncommitted.
-
-    Commit them with `table_offsets.commit_append`, which deletes them if the commit is refused. If the Spark job
-    fails, the files of finished tasks are deleted (`abort`) and `IcebergSinkError` is raised. A file rolls over once
-    it holds `target_file_size_bytes` on disk.
-    """
-    job = SinkJob.for_table(table, run_id, target_file_size_bytes)
-    check_dataframe_schema(df.schema, table)
-    if df.sparkSession not in _sessions_with_sink:
-        df.sparkSession.dataSource.register(IcebergAppendDataSource)
-        _sessions_with_sink.add(df.sparkSession)
-    with tempfile.TemporaryDirectory(prefix="kafscale-sink-") as staging_dir:
-        try:
-            df.write.format(SINK_FORMAT).mode("append").options(**job.to_options(staging_dir)).save()
-        except Exception as exc:
-            raise IcebergSinkError(f"writing data files for table {job.table_name} (run {run_id}) failed: "
-                                   f"{root_cause(exc)}") from exc
-        with (Path(staging_dir) / STAGED_MESSAGES).open("rb") as staged:
-            messages: list[IcebergAppendCommitMessage] = pickle.load(staged)
-    data_files = [f for m in messages for f in m.data_files]
-    log.info(
-        "table %s run %s: %d data files written (%d rows, %d bytes), not yet committed",
-        job.table_name, run_id, len(data_files), sum(f.record_count for f in data_files),
-        sum(f.file_size_in_bytes for f in data_files),
-    )
-    return data_files
 
 
 def root_cause(exc: BaseException) -> str:

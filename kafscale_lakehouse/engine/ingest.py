@@ -5,7 +5,7 @@
 
 A run: claim a lease per Kafka partition → start offsets from the table (etcd repaired from it) → plan whole
 completed segments up to the run's byte budget → one Spark job reads them and writes Parquet data files
-(`ingest_job.run_ingest_job`: each task decodes its segments and writes its files, no record goes through the JVM)
+(`spark_ingestion.run_ingestion_spark_job`: each task decodes its segments and writes its files, no record goes through the JVM)
 → keep, per partition, only the files below the first segment that could not be read → one
 Iceberg commit that re-checks the start offsets → etcd offsets, fenced by the leases → leases released.
 A partition that cannot advance (corrupt segment, gap, lease held elsewhere) does not stop the others; the run then
@@ -28,6 +28,13 @@ from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, MappingConfig
+from kafscale_lakehouse.connections import (
+    catalog_settings,
+    etcd_client_from_config,
+    offset_store_from_config,
+    schema_registry_client,
+    segment_store_from_config,
+)
 from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
 from kafscale_lakehouse.engine.dead_letter import (
     DeadLetterFiles,
@@ -39,32 +46,27 @@ from kafscale_lakehouse.engine.dead_letter import (
     stage_dead_letters,
 )
 from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
-from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput, run_ingest_job
 from kafscale_lakehouse.engine.kafscale_source import OffsetRange as TaskOffsets
 from kafscale_lakehouse.engine.kafscale_source import (
-    KafscaleReadOptions,
-    SegmentErrorMode,
     SegmentReadFailure,
     SegmentRunPartition,
-    StoreOptions,
     segment_run_partitions,
 )
 from kafscale_lakehouse.engine.lag import lag
+from kafscale_lakehouse.engine.record_validation import (
+    RecordValidation,
+    resolve_record_validation,
+)
 from kafscale_lakehouse.engine.snapshot_summary import (
     WRITE_LATENCY_PROPERTY,
     read_topic_offsets,
     skipped_summary_properties,
 )
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
+from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput, run_ingestion_spark_job
 from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append
-from kafscale_lakehouse.engine.validation_stage import (
-    RecordValidation,
-    resolve_record_validation,
-    schema_registry_client,
-)
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore
-from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
@@ -75,7 +77,6 @@ from kafscale_lakehouse.storage import (
     SegmentStore,
     discover_partitions,
     find_gaps,
-    segment_store_from_config,
     segments_from,
 )
 
@@ -173,22 +174,6 @@ class IngestContext:
         self.close()
 
 
-def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
-    """`iceberg.*` (+ `s3.*` for the warehouse FileIO) as catalog settings; secrets unwrapped only here."""
-    catalog, s3 = config.iceberg.catalog, config.warehouse_s3
-    secret = lambda value: value.get_secret_value() if value is not None else None  # noqa: E731
-    username, password = catalog.username, secret(catalog.password)
-    if catalog.credential is not None:
-        username, _, password = secret(catalog.credential).partition(":")
-    return CatalogSettings(
-        type=catalog.type, uri=catalog.uri, warehouse=config.iceberg.warehouse, name=catalog.name,
-        token=secret(catalog.token), username=username, password=password or None,
-        s3_endpoint=s3.endpoint, s3_region=s3.region, s3_path_style=s3.path_style if s3.endpoint else None,
-        s3_access_key_id=s3.access_key_id, s3_secret_access_key=secret(s3.secret_access_key),
-        s3_sse_type=s3.sse.type if s3.sse else None, s3_sse_kms_key_id=s3.sse.kms_key_id if s3.sse else None,
-    )
-
-
 def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[ColumnConfig]) -> Table:
     """The mapping's table, created when allowed, with its schema evolved to the mapped columns."""
     table = open_table(
@@ -271,19 +256,6 @@ class PreparedIngest:
                 for run in segment_run_partitions(self.mapping.topic, partition,
                                                   TaskOffsets(plan.read.start, plan.read.end), plan.segments,
                                                   max_bytes)]
-
-    def read_options(self) -> KafscaleReadOptions:
-        """What every Spark task of the run needs besides its input partition (the ranges are in those)."""
-        config = self.context.config
-        return KafscaleReadOptions(
-            store=StoreOptions.describing(self.context.store), topic=self.mapping.topic,
-            starting_offsets={p: plan.read.start for p, plan in self.plans.items()},
-            ending_offsets={p: plan.read.end for p, plan in self.plans.items()},
-            columns=self.validation.columns,
-            max_bytes_per_partition=config.processor.target_file_size_bytes,
-            on_segment_error=SegmentErrorMode.MARK,
-            json_schema=self.validation.json_schema,
-        )
 
     def release_leases(self) -> None:
         for lease in self.leases.values():
@@ -446,8 +418,10 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     dead_letters = prepared.dead_letters
     target = None if dead_letters is None else (dead_letters, dead_letter_target(
         dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes))
-    messages = run_ingest_job(context.spark, table, run_id, prepared.read_options(), prepared.input_partitions(),
-                              target_file_size_bytes=config.processor.target_file_size_bytes, dead_letters=target)
+    messages = run_ingestion_spark_job(context.spark, table, run_id, context.store, topic, prepared.input_partitions(),
+                                       columns=prepared.validation.columns, json_schema=prepared.validation.json_schema,
+                                       target_file_size_bytes=config.processor.target_file_size_bytes,
+                                       dead_letters=target)
     keep, drop, failures = _files_to_commit(messages, plans)
     for message in messages:
         stats = message.source_stats
@@ -513,14 +487,15 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
                     context.offsets.location, exc)
 
 
-def _files_to_commit(messages: list[IngestTaskOutput], plans: dict[int, _PartitionPlan]):
+def _files_to_commit(messages: list[IngestionTaskOutput], plans: dict[int, _PartitionPlan]):
     """Split the written files into those below each partition's first failed segment (by Kafka partition) and
     the rest."""
     failures: dict[int, SegmentReadFailure] = {}
     for message in messages:
-        for failure in message.source_stats.failures:
-            if failure.partition not in failures or failure.next_offset < failures[failure.partition].next_offset:
-                failures[failure.partition] = failure
+        failure = message.failure
+        if failure is not None and (failure.partition not in failures
+                                    or failure.next_offset < failures[failure.partition].next_offset):
+            failures[failure.partition] = failure
     keep: dict[int, list[DataFile]] = {}
     drop: list[DataFile] = []
     for message in messages:
@@ -536,7 +511,7 @@ def _files_to_commit(messages: list[IngestTaskOutput], plans: dict[int, _Partiti
     return keep, drop, failures
 
 
-def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestTaskOutput]) -> None:
+def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestionTaskOutput]) -> None:
     outcome, p = plan.outcome, plan.outcome.partition
     outcome.end_offset = end
     outcome.segments = sum(1 for s in plan.segments if s.base_offset < end)
@@ -551,7 +526,7 @@ def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestTaskOutpu
     outcome.committed = OffsetRange(p, plan.commit_start, end)
 
 
-def _max_timestamp(messages: list[IngestTaskOutput], partition: int) -> int:
+def _max_timestamp(messages: list[IngestionTaskOutput], partition: int) -> int:
     return max((m.source_stats.max_timestamp_ms[partition] for m in messages
                 if partition in m.source_stats.max_timestamp_ms), default=0)
 

@@ -1,78 +1,43 @@
-"""The `kafscale` PySpark data source: exact Kafka offset ranges of one topic, read straight from KafScale segments.
+"""Reading KafScale segments for an ingestion run: exact Kafka offset ranges of one topic, straight from segments.
 
-    register_kafscale_source(spark)
-    df = spark.read.format("kafscale").options(**read_options.to_options()).load()
-    # or: df = read_kafscale(spark, read_options)
+Planning (driver): the ingestion run plans whole segments per Kafka partition and groups them into input partitions
+with `segment_run_partitions`; `plan_read` resolves explicit offset ranges (EARLIEST/LATEST, gap and range checks)
+the same way. An input partition (`SegmentRunPartition`) is a run of consecutive segments of one Kafka partition,
+up to a byte budget of `.kfs` bytes (a larger segment is a run of its own), and carries its own offset sub-range.
+`plan_read` lists from the segment holding the start offset on only (up to the end offset), so segments below the
+range cost nothing but their share of the key listing. A gap inside the range, or between the start offset and the
+first segment, fails (`OffsetGapError`); an end beyond the last completed segment fails (`OffsetRangeError`).
 
-Options (case-insensitive, like every Spark source option; an unknown option is an error):
-- `store`: `s3` (default) or `local`. For `s3`: `bucket` (required), `endpoint`, `region`, `pathStyle`
-  (`true`/`false`), and `s3.accessKeyId` + `s3.secretAccessKey` (+ `s3.sessionToken`); without keys the executors
-  use the AWS credential chain. These names match Spark's default `spark.redaction.regex`, so plans and the UI
-  never show them. For `local`: `localRoot`. Both: `namespace` (default `default`, may be empty).
-- `topic`.
-- `startingOffsets` (inclusive) and `endingOffsets` (exclusive, required), JSON as in Spark's Kafka source:
-  `{"<topic>": {"0": 100, "1": 250}}`. Starting `-2` = earliest; ending `-1` = the end of the latest completed
-  segment. The partitions read are those of `endingOffsets`; one missing from `startingOffsets` starts at earliest.
-- `columns`: JSON list of mapped columns `[{"name": ..., "type": ..., "required": ...}]` (config `schema.columns`).
-- `maxBytesPerPartition`: segment bytes per input partition (default 128 MiB).
-- `onSegmentError`: `fail` (default) or `mark` (below).
-- `jsonSchema` (+ `jsonSchemaSource`, where it came from, for messages): a JSON Schema document every record value is
-  validated against on the executors (`schema.mode` lenient/strict). The driver fetches it from the registry, so an
-  unreachable registry fails the run before any task starts and executors never call it.
-
-Schema: the base columns (`BASE_SCHEMA`), then the mapped columns in option order (types from the schema layer,
-all nullable: a required column is null in an invalid record), then `_kafscale_invalid_reason` (string, nullable),
-then, only with `jsonSchema`, `_kafscale_invalid_schema_path` (string, nullable).
+Reading (one Spark task of `engine/spark_ingestion.py`, `read_input_partition`): each segment is fetched once and
+decoded with CRC checks, limited to the range. A segment in which the start offset falls mid-way is range-read: its
+`.index` (one GET), then one ranged GET from the index entry at or before the start offset to the end of the object,
+decoded with `decode_batches`. Arrow batches of at most `MAX_ROWS_PER_BATCH` rows are yielded in
+`source_arrow_schema`: the base columns (`BASE_SCHEMA`), the mapped columns (types from the schema layer, all
+nullable: a required column is null in an invalid record), then `_kafscale_invalid_reason` (string, nullable),
+then, only with a JSON Schema, `_kafscale_invalid_schema_path` (string, nullable).
 
 Invalid records (a required mapped column missing or not coercible, or a value that is no JSON object while a column
-is required, or with `jsonSchema` a value that violates it) are kept: `_kafscale_invalid_reason` says why
+is required, or with a JSON Schema a value that violates it) are kept: `_kafscale_invalid_reason` says why
 (`<column>: <reason>`; the reason alone when the whole value is at fault; `<value path>: <reason>` for a schema
 violation, which wins over a coercion failure of the same record) and is null for valid records.
 `_kafscale_invalid_schema_path` is the JSON Pointer of the violated schema keyword (`#/properties/store_id/type`),
-null unless the record violates the schema. The writer splits on them (table vs dead letters) and drops them.
+null unless the record violates the schema. The task splits on them (table vs dead letters) and drops them.
 
-Planning (driver, `plan_read`): per Kafka partition, one listing of the partition's keys finds the segment holding
-the start offset, then `SegmentStore.list_segments` reads footers from that segment on only (up to the end offset),
-so segments below the range cost nothing but their share of the key listing. A gap inside the range, or between
-the start offset and the first segment, fails (`OffsetGapError`); an end beyond the last completed segment fails
-(`OffsetRangeError`). An input partition (`SegmentRunPartition`) is a run of consecutive segments of one Kafka
-partition, up to `maxBytesPerPartition` of `.kfs` bytes (a larger segment is a run of its own), and carries its own
-offset sub-range.
-
-Reading (executors, `read_input_partition`): each segment is fetched once and decoded with CRC checks, limited to
-the range. A segment in which the start offset falls mid-way is range-read: its `.index` (one GET), then one ranged
-GET from the index entry at or before the start offset to the end of the object, decoded with `decode_batches`.
-Arrow batches of at most `MAX_ROWS_PER_BATCH` rows are yielded in the schema above.
-
-Segment errors: with `onSegmentError=fail` the `SegmentFormatError` / `StorageError` is raised (its message names
-the object and byte offset) and the Spark job fails. With `mark`, the input partition stops at the failing
-segment and yields one final error-marker row after the rows of the segments before it: `offset` =
-`ERROR_MARKER_OFFSET` (-1, never a real offset), `topic` and `partition` set, `record_id` = the failing `.kfs` key,
-`timestamp_ms` = 0, `value` = UTF-8 JSON `{"key", "position", "error_type", "message", "base_offset",
-"next_offset"}` (`key`: the object at fault, `.kfs` or `.index`; `position`: byte offset or null for a storage
-error; `next_offset`: the first offset of the partition not delivered), every other column null.
-`is_error_marker(batch)` finds marker rows and `error_markers(batch)` parses them. Other input partitions of the same
-Kafka partition (later segments) still run and yield rows at or beyond the marker's `next_offset`: the writer must
-not commit those (each Spark task's rows come from one `SegmentRunPartition`, so its data files can be discarded).
+Segment errors: a segment that cannot be read (`SegmentFormatError` / `StorageError`) ends the input partition with
+`SegmentReadError`, raised after the batches of the segments before it were yielded. Its `failure`
+(`SegmentReadFailure`) names the object at fault and the byte offset, and the first offset of the Kafka partition
+not delivered (`next_offset`); the ingestion task returns it beside the files it wrote, and the run commits that
+partition only below it. Other input partitions of the same Kafka partition (later segments) still run.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Literal
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import ValidationError
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import CaseInsensitiveDict, DataSource, DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructType
 
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.format import (
@@ -89,21 +54,12 @@ from kafscale_lakehouse.format import (
     parse_index,
 )
 from kafscale_lakehouse.format.segment_index import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE
-from kafscale_lakehouse.schema import JsonColumnCoercer, SchemaMappingError, record_arrow_schema
-from kafscale_lakehouse.schema.validation import (
-    CompiledJsonSchema,
-    InvalidSchemaDocumentError,
-    ValidationResult,
-    compile_json_schema,
-    validate_values,
-)
+from kafscale_lakehouse.schema import JsonColumnCoercer, record_arrow_schema
+from kafscale_lakehouse.schema.validation import CompiledJsonSchema, ValidationResult, validate_values
 from kafscale_lakehouse.storage import (
-    DEFAULT_NAMESPACE,
     Gap,
     IncompleteSegment,
-    LocalSegmentStore,
     ObjectKind,
-    S3SegmentStore,
     SegmentRef,
     SegmentStore,
     StorageError,
@@ -115,10 +71,8 @@ from kafscale_lakehouse.storage import (
 
 log = logging.getLogger(__name__)
 
-KAFSCALE_FORMAT = "kafscale"
 EARLIEST = -2
 LATEST = -1
-ERROR_MARKER_OFFSET = -1
 INVALID_REASON_COLUMN = "_kafscale_invalid_reason"
 INVALID_SCHEMA_PATH_COLUMN = "_kafscale_invalid_schema_path"
 # Columns that describe a record rather than belong to it: never written to the table.
@@ -126,24 +80,9 @@ SOURCE_STATUS_COLUMNS = (INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN)
 DEFAULT_MAX_BYTES_PER_PARTITION = 128 * 1024 * 1024
 MAX_ROWS_PER_BATCH = 65_536
 
-# Canonical option names; Spark hands them to the source lower-cased.
-_STORE_OPTIONS = ("store", "namespace", "bucket", "endpoint", "region", "pathStyle", "localRoot",
-                  "s3.accessKeyId", "s3.secretAccessKey", "s3.sessionToken")
-_S3_ONLY_OPTIONS = ("bucket", "endpoint", "region", "pathStyle", "s3.accessKeyId", "s3.secretAccessKey",
-                    "s3.sessionToken")
-_READ_OPTIONS = ("topic", "startingOffsets", "endingOffsets", "columns", "maxBytesPerPartition", "onSegmentError",
-                 "jsonSchema", "jsonSchemaSource")
-_OPTION_NAMES = {name.lower(): name for name in (*_STORE_OPTIONS, *_READ_OPTIONS)}
-# Registering again works but makes Spark warn about replacing the source, so once per session.
-_sessions_with_source: weakref.WeakSet[SparkSession] = weakref.WeakSet()
-
 
 class KafscaleSourceError(Exception):
-    """The kafscale source cannot read what it was asked for; the message names the option, topic or partition."""
-
-
-class KafscaleOptionError(KafscaleSourceError, ValueError):
-    """A source option is missing, unknown or invalid; the message names the option."""
+    """Segments cannot be read as asked; the message names the topic and partition."""
 
 
 class OffsetRangeError(KafscaleSourceError):
@@ -156,242 +95,6 @@ class OffsetGapError(KafscaleSourceError):
     def __init__(self, message: str, *, gaps: Sequence[Gap] = ()):
         super().__init__(message)
         self.gaps = tuple(gaps)
-
-
-class SegmentErrorMode(str, Enum):
-    FAIL = "fail"
-    MARK = "mark"
-
-
-# ---------------------------------------------------------------------------------------------------- options
-
-
-@dataclass(frozen=True)
-class StoreOptions:
-    """Where the segments are: an S3 bucket (`kind="s3"`) or a local directory (`kind="local"`)."""
-
-    kind: Literal["s3", "local"] = "s3"
-    namespace: str = DEFAULT_NAMESPACE
-    bucket: str | None = None
-    endpoint: str | None = None
-    region: str | None = None
-    path_style: bool = False
-    local_root: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.kind == "local":
-            if not self.local_root:
-                raise KafscaleOptionError("option localRoot is required with store=local")
-            if self.bucket or self.endpoint or self.region or self.path_style or self.access_key_id \
-                    or self.secret_access_key or self.session_token:
-                raise KafscaleOptionError(f"options {', '.join(_S3_ONLY_OPTIONS)} apply to store=s3 only, "
-                                          "not store=local")
-        elif self.kind == "s3":
-            if not self.bucket:
-                raise KafscaleOptionError("option bucket is required with store=s3")
-            if self.local_root:
-                raise KafscaleOptionError("option localRoot applies to store=local only, not store=s3")
-            if (self.access_key_id is None) != (self.secret_access_key is None):
-                raise KafscaleOptionError("options s3.accessKeyId and s3.secretAccessKey go together (or neither, "
-                                          "to use the AWS credential chain)")
-        else:
-            raise KafscaleOptionError(f"option store is {self.kind!r}; expected 's3' or 'local'")
-
-    @classmethod
-    def describing(cls, store: SegmentStore) -> StoreOptions:
-        """The options that open a store like `store` (executors open their own; reads need no SSE settings)."""
-        if isinstance(store, LocalSegmentStore):
-            return cls(kind="local", namespace=store.namespace, local_root=str(store.root))
-        if isinstance(store, S3SegmentStore):
-            access_key_id, secret_access_key, session_token = store.static_credentials
-            return cls(kind="s3", namespace=store.namespace, bucket=store.bucket, endpoint=store.endpoint,
-                       region=store.region, path_style=store.path_style, access_key_id=access_key_id,
-                       secret_access_key=secret_access_key, session_token=session_token)
-        raise TypeError(f"no {KAFSCALE_FORMAT} source options for a {type(store).__name__}")
-
-    def open(self) -> SegmentStore:
-        if self.kind == "local":
-            return LocalSegmentStore(self.local_root, namespace=self.namespace)
-        return S3SegmentStore(self.bucket, namespace=self.namespace, endpoint=self.endpoint, region=self.region,
-                              path_style=self.path_style, access_key_id=self.access_key_id,
-                              secret_access_key=self.secret_access_key, session_token=self.session_token)
-
-    def to_options(self) -> dict[str, str]:
-        options = {"store": self.kind, "namespace": self.namespace}
-        if self.kind == "local":
-            options["localRoot"] = self.local_root
-            return options
-        options.update({"bucket": self.bucket, "pathStyle": "true" if self.path_style else "false"})
-        for name, value in (("endpoint", self.endpoint), ("region", self.region),
-                            ("s3.accessKeyId", self.access_key_id), ("s3.secretAccessKey", self.secret_access_key),
-                            ("s3.sessionToken", self.session_token)):
-            if value is not None:
-                options[name] = value
-        return options
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> StoreOptions:
-        """From lower-cased option keys (as Spark passes them)."""
-        path_style = options.get("pathstyle", "false").strip().lower()
-        if path_style not in ("true", "false"):
-            raise KafscaleOptionError(f"option pathStyle is {options['pathstyle']!r}; expected true or false")
-        return cls(kind=options.get("store", "s3").strip().lower(),
-                   namespace=options.get("namespace", DEFAULT_NAMESPACE), bucket=options.get("bucket"),
-                   endpoint=options.get("endpoint"), region=options.get("region"), path_style=path_style == "true",
-                   local_root=options.get("localroot"), access_key_id=options.get("s3.accesskeyid"),
-                   secret_access_key=options.get("s3.secretaccesskey"),
-                   session_token=options.get("s3.sessiontoken"))
-
-
-@dataclass(frozen=True)
-class KafscaleReadOptions:
-    """Everything the source needs; `to_options()` gives the Spark options and `from_options()` parses them."""
-
-    store: StoreOptions
-    topic: str
-    ending_offsets: Mapping[int, int]  # partition → exclusive end offset, or LATEST
-    starting_offsets: Mapping[int, int] = field(default_factory=dict)  # partition → inclusive start, or EARLIEST
-    columns: tuple[ColumnConfig, ...] = ()
-    max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
-    on_segment_error: SegmentErrorMode = SegmentErrorMode.FAIL
-    json_schema: CompiledJsonSchema | None = None  # validate every value against it (schema.mode lenient/strict)
-
-    def __post_init__(self) -> None:
-        if not self.topic:
-            raise KafscaleOptionError("option topic is required")
-        if not self.ending_offsets:
-            raise KafscaleOptionError(f"option endingOffsets names no partition of topic {self.topic!r}")
-        if self.max_bytes_per_partition < 1:
-            raise KafscaleOptionError(f"option maxBytesPerPartition is {self.max_bytes_per_partition}; "
-                                      "it must be positive")
-        extra = sorted(set(self.starting_offsets) - set(self.ending_offsets))
-        if extra:
-            raise KafscaleOptionError(f"option startingOffsets names partitions {extra} of topic {self.topic!r} that "
-                                      "endingOffsets does not; endingOffsets lists the partitions to read")
-        for partition, end in self.ending_offsets.items():
-            start = self.starting_offsets.get(partition, EARLIEST)
-            if partition < 0 or start < EARLIEST or start == LATEST or end < LATEST:
-                raise KafscaleOptionError(
-                    f"topic {self.topic!r} partition {partition}: offsets {start}..{end} are invalid (start >= 0 or "
-                    f"{EARLIEST} = earliest, end >= 0 or {LATEST} = latest)")
-            if start >= 0 and end >= 0 and start > end:
-                raise KafscaleOptionError(f"topic {self.topic!r} partition {partition}: starting offset {start} is "
-                                          f"after ending offset {end}")
-        try:
-            record_arrow_schema(self.columns)
-        except SchemaMappingError as exc:
-            raise KafscaleOptionError(f"option columns: {exc}") from exc
-
-    def to_options(self) -> dict[str, str]:
-        return {
-            **self.store.to_options(),
-            "topic": self.topic,
-            "startingOffsets": _offsets_json(self.topic, self.starting_offsets),
-            "endingOffsets": _offsets_json(self.topic, self.ending_offsets),
-            "columns": json.dumps([column.model_dump() for column in self.columns]),
-            "maxBytesPerPartition": str(self.max_bytes_per_partition),
-            "onSegmentError": self.on_segment_error.value,
-            **({"jsonSchema": json.dumps(self.json_schema.document), "jsonSchemaSource": self.json_schema.source}
-               if self.json_schema is not None else {}),
-        }
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> KafscaleReadOptions:
-        lowered = CaseInsensitiveDict(options)
-        unknown = sorted(key for key in lowered if key not in _OPTION_NAMES)
-        if unknown:
-            raise KafscaleOptionError(f"unknown {KAFSCALE_FORMAT} source options {unknown}; known options: "
-                                      f"{', '.join(_OPTION_NAMES.values())}")
-        topic = lowered.get("topic", "")
-        if not topic:
-            raise KafscaleOptionError("option topic is required")
-        if "endingoffsets" not in lowered:
-            raise KafscaleOptionError("option endingOffsets is required (use -1 per partition for the latest "
-                                      "completed segment)")
-        mode = lowered.get("onsegmenterror", SegmentErrorMode.FAIL.value).strip().lower()
-        if mode not in {m.value for m in SegmentErrorMode}:
-            raise KafscaleOptionError(f"option onSegmentError is {mode!r}; expected 'fail' or 'mark'")
-        return cls(
-            store=StoreOptions.from_options(lowered),
-            topic=topic,
-            starting_offsets=_parse_offsets(lowered.get("startingoffsets", "{}"), "startingOffsets", topic),
-            ending_offsets=_parse_offsets(lowered["endingoffsets"], "endingOffsets", topic),
-            columns=_parse_columns(lowered.get("columns", "[]")),
-            max_bytes_per_partition=_parse_int(lowered.get("maxbytesperpartition",
-                                                           str(DEFAULT_MAX_BYTES_PER_PARTITION)),
-                                               "maxBytesPerPartition"),
-            on_segment_error=SegmentErrorMode(mode),
-            json_schema=_parse_json_schema(lowered.get("jsonschema"), lowered.get("jsonschemasource")),
-        )
-
-
-def _offsets_json(topic: str, offsets: Mapping[int, int]) -> str:
-    return json.dumps({topic: {str(partition): offset for partition, offset in sorted(offsets.items())}})
-
-
-def _parse_offsets(text: str, option: str, topic: str) -> dict[int, int]:
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KafscaleOptionError(f"option {option} is not JSON ({exc}); expected "
-                                  '{"<topic>": {"<partition>": <offset>}}') from exc
-    if not isinstance(document, dict) or not all(isinstance(v, dict) for v in document.values()):
-        raise KafscaleOptionError(f'option {option} must be a JSON object {{"<topic>": {{"<partition>": <offset>}}}}')
-    other_topics = sorted(set(document) - {topic})
-    if other_topics:
-        raise KafscaleOptionError(f"option {option} names topics {other_topics}; this source reads topic {topic!r} "
-                                  "only")
-    offsets = {}
-    for partition_text, offset in document.get(topic, {}).items():
-        if not partition_text.isdecimal() or type(offset) is not int:
-            raise KafscaleOptionError(f"option {option}: entry {partition_text!r}: {offset!r} of topic {topic!r} must "
-                                      "map a decimal partition id to an integer offset")
-        offsets[int(partition_text)] = offset
-    return offsets
-
-
-def _parse_columns(text: str) -> tuple[ColumnConfig, ...]:
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KafscaleOptionError(f"option columns is not JSON ({exc})") from exc
-    if not isinstance(document, list):
-        raise KafscaleOptionError('option columns must be a JSON list of {"name", "type", "required"} objects')
-    columns = []
-    for index, item in enumerate(document):
-        try:
-            columns.append(ColumnConfig.model_validate(item))
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, error['loc'])) or 'entry'}: {error['msg']}"
-                                 for error in exc.errors())
-            raise KafscaleOptionError(f"option columns[{index}]: {problems}") from None
-    return tuple(columns)
-
-
-def _parse_json_schema(text: str | None, source: str | None) -> CompiledJsonSchema | None:
-    if text is None:
-        if source is not None:
-            raise KafscaleOptionError("option jsonSchemaSource is given without jsonSchema")
-        return None
-    source = source or "option jsonSchema"
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KafscaleOptionError(f"option jsonSchema (from {source}) is not JSON ({exc})") from exc
-    try:
-        return compile_json_schema(document, source)
-    except InvalidSchemaDocumentError as exc:
-        raise KafscaleOptionError(f"option jsonSchema: {exc}") from exc
-
-
-def _parse_int(text: str, option: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise KafscaleOptionError(f"option {option} is {text!r}; expected an integer") from None
 
 
 # ----------------------------------------------------------------------------------------------------- schema
@@ -408,11 +111,6 @@ def source_arrow_schema(columns: Sequence[ColumnConfig], *, validated: bool = Fa
     return pa.schema([*BASE_SCHEMA, *mapped, *status])
 
 
-def source_spark_schema(columns: Sequence[ColumnConfig], *, validated: bool = False) -> StructType:
-    """The Spark schema of `source_arrow_schema` (Iceberg `timestamp` is Spark `timestamp_ntz`)."""
-    return from_arrow_schema(source_arrow_schema(columns, validated=validated), prefer_timestamp_ntz=True)
-
-
 # --------------------------------------------------------------------------------------------------- planning
 
 
@@ -426,8 +124,8 @@ class OffsetRange:
 
 
 @dataclass(frozen=True)
-class SegmentRunPartition(InputPartition):
-    """One Spark input partition: consecutive segments of one Kafka partition and the offsets to take from them."""
+class SegmentRunPartition:
+    """One ingestion task's input: consecutive segments of one Kafka partition and the offsets to take from them."""
 
     topic: str
     partition: int
@@ -444,26 +142,53 @@ class ReadPlan:
     input_partitions: list[SegmentRunPartition]
 
 
-def plan_read(store: SegmentStore, options: KafscaleReadOptions) -> ReadPlan:
-    """Resolve the offset ranges and group the segments to read into input partitions (see module docstring)."""
+def plan_read(store: SegmentStore, topic: str, ending_offsets: Mapping[int, int],
+              starting_offsets: Mapping[int, int] | None = None, *,
+              max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION) -> ReadPlan:
+    """Resolve the offset ranges and group the segments to read into input partitions (see module docstring).
+
+    `ending_offsets`: partition → exclusive end offset, or `LATEST` (the end of the latest completed segment); the
+    partitions read are these. `starting_offsets`: partition → inclusive start, or `EARLIEST` (the default).
+    """
+    starting_offsets = starting_offsets or {}
+    _check_ranges(topic, ending_offsets, starting_offsets, max_bytes_per_partition)
     ranges: dict[int, OffsetRange] = {}
     input_partitions: list[SegmentRunPartition] = []
-    for partition in sorted(options.ending_offsets):
-        start = options.starting_offsets.get(partition, EARLIEST)
-        resolved, segments = _plan_partition(store, options.topic, partition, start,
-                                             options.ending_offsets[partition])
+    for partition in sorted(ending_offsets):
+        start = starting_offsets.get(partition, EARLIEST)
+        resolved, segments = _plan_partition(store, topic, partition, start, ending_offsets[partition])
         if resolved is None:
-            log.info("topic %s partition %d: no completed segment in %s, nothing to read", options.topic, partition,
+            log.info("topic %s partition %d: no completed segment in %s, nothing to read", topic, partition,
                      store.location)
             continue
         ranges[partition] = resolved
-        input_partitions.extend(segment_run_partitions(options.topic, partition, resolved, segments,
-                                                       options.max_bytes_per_partition))
+        input_partitions.extend(segment_run_partitions(topic, partition, resolved, segments,
+                                                       max_bytes_per_partition))
     log.info("kafscale read of topic %s from %s: ranges %s in %d input partitions (%d segments, %d bytes)",
-             options.topic, store.location, {p: str(r) for p, r in ranges.items()}, len(input_partitions),
+             topic, store.location, {p: str(r) for p, r in ranges.items()}, len(input_partitions),
              sum(len(p.segments) for p in input_partitions),
              sum(s.kfs_size for p in input_partitions for s in p.segments))
     return ReadPlan(ranges, input_partitions)
+
+
+def _check_ranges(topic: str, ending_offsets: Mapping[int, int], starting_offsets: Mapping[int, int],
+                  max_bytes_per_partition: int) -> None:
+    if not ending_offsets:
+        raise ValueError(f"ending offsets name no partition of topic {topic!r}")
+    if max_bytes_per_partition < 1:
+        raise ValueError(f"max_bytes_per_partition is {max_bytes_per_partition}; it must be positive")
+    extra = sorted(set(starting_offsets) - set(ending_offsets))
+    if extra:
+        raise ValueError(f"starting offsets name partitions {extra} of topic {topic!r} that the ending offsets do "
+                         "not; the ending offsets list the partitions to read")
+    for partition, end in ending_offsets.items():
+        start = starting_offsets.get(partition, EARLIEST)
+        if partition < 0 or start < EARLIEST or start == LATEST or end < LATEST:
+            raise ValueError(f"topic {topic!r} partition {partition}: offsets {start}..{end} are invalid (start >= 0 "
+                             f"or {EARLIEST} = earliest, end >= 0 or {LATEST} = latest)")
+        if start >= 0 and end >= 0 and start > end:
+            raise ValueError(f"topic {topic!r} partition {partition}: starting offset {start} is after ending "
+                             f"offset {end}")
 
 
 def _plan_partition(store: SegmentStore, topic: str, partition: int, start: int,
@@ -551,24 +276,55 @@ def segment_run_partitions(topic: str, partition: int, offsets: OffsetRange, seg
 # ---------------------------------------------------------------------------------------------------- reading
 
 
+@dataclass(frozen=True)
+class SegmentReadFailure:
+    """Why `topic`/`partition` stopped at `next_offset`: the segment at `base_offset` could not be read."""
+
+    topic: str
+    partition: int
+    kfs_key: str
+    key: str  # the object at fault (`.kfs` or `.index`)
+    position: int | None  # byte offset in `key`; None for storage errors
+    error_type: str
+    message: str
+    base_offset: int  # of the failing segment
+    next_offset: int  # first offset of the partition not delivered
+
+
+class SegmentReadError(KafscaleSourceError):
+    """A segment of an input partition could not be read; `failure` says where its Kafka partition stops."""
+
+    def __init__(self, failure: SegmentReadFailure):
+        super().__init__(f"topic {failure.topic} partition {failure.partition} stops at offset {failure.next_offset}: "
+                         f"{failure.error_type}: {failure.message}")
+        self.failure = failure
+
+    def __reduce__(self):  # pickles (Spark ships executor errors) with its failure
+        return (type(self), (self.failure,))
+
+
 def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[ColumnConfig],
-                         on_segment_error: SegmentErrorMode = SegmentErrorMode.FAIL,
                          json_schema: CompiledJsonSchema | None = None) -> Iterator[pa.RecordBatch]:
     """Arrow batches (`source_arrow_schema(columns, validated=json_schema is not None)`) of the records of
-    `partition`, in offset order, each value validated against `json_schema` when given."""
+    `partition`, in offset order, each value validated against `json_schema` when given.
+
+    A segment that cannot be read raises `SegmentReadError` (from the `SegmentFormatError` / `StorageError`) once
+    the batches of the segments before it are yielded."""
     schema = source_arrow_schema(columns, validated=json_schema is not None)
     coercer = JsonColumnCoercer(columns)
     for segment in partition.segments:
         try:
             records = fetch_segment_records(store, segment, partition.offsets)
         except (SegmentFormatError, StorageError) as exc:
-            if on_segment_error is SegmentErrorMode.FAIL:
-                raise
             next_offset = max(segment.base_offset, partition.offsets.start)
             log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
                       next_offset, exc)
-            yield _error_marker_batch(schema, segment, next_offset, exc)
-            return
+            raise SegmentReadError(SegmentReadFailure(
+                topic=segment.topic, partition=segment.partition, kfs_key=segment.kfs_key,
+                key=exc.key or segment.kfs_key,
+                position=exc.position if isinstance(exc, SegmentFormatError) else None,
+                error_type=type(exc).__name__, message=str(exc), base_offset=segment.base_offset,
+                next_offset=next_offset)) from exc
         for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
             yield _with_mapped_columns(batch, coercer, schema, json_schema)
 
@@ -634,103 +390,3 @@ def _schema_paths(violations: ValidationResult) -> pa.StringArray:
     for record in violations.invalid_records:
         paths[record.row] = record.schema_path
     return pa.array(paths, type=pa.string())
-
-
-# ---------------------------------------------------------------------------------------------- error markers
-
-
-@dataclass(frozen=True)
-class SegmentReadFailure:
-    """A parsed error-marker row: why `topic`/`partition` stopped at `next_offset`."""
-
-    topic: str
-    partition: int
-    kfs_key: str
-    key: str  # the object at fault (`.kfs` or `.index`)
-    position: int | None  # byte offset in `key`; None for storage errors
-    error_type: str
-    message: str
-    base_offset: int  # of the failing segment
-    next_offset: int  # first offset of the partition not delivered
-
-
-def _error_marker_batch(schema: pa.Schema, segment: SegmentRef, next_offset: int,
-                        exc: SegmentFormatError | StorageError) -> pa.RecordBatch:
-    description = {
-        "key": exc.key or segment.kfs_key,
-        "position": exc.position if isinstance(exc, SegmentFormatError) else None,
-        "error_type": type(exc).__name__,
-        "message": str(exc),
-        "base_offset": segment.base_offset,
-        "next_offset": next_offset,
-    }
-    values = {"record_id": segment.kfs_key, "topic": segment.topic, "partition": segment.partition,
-              "offset": ERROR_MARKER_OFFSET, "timestamp_ms": 0,
-              "value": json.dumps(description, separators=(",", ":")).encode()}
-    return pa.RecordBatch.from_arrays([pa.array([values.get(f.name)], f.type) for f in schema], schema=schema)
-
-
-def is_error_marker(batch: pa.RecordBatch | pa.Table) -> pa.BooleanArray | pa.ChunkedArray:
-    """Per row: is it an error marker (`offset == ERROR_MARKER_OFFSET`)? Like `pc.is_null`, one boolean per row."""
-    return pc.equal(batch.column("offset"), ERROR_MARKER_OFFSET)
-
-
-def error_markers(batch: pa.RecordBatch | pa.Table) -> list[SegmentReadFailure]:
-    """The error markers among the rows of `batch`, parsed."""
-    markers = batch.select(["topic", "partition", "record_id", "value"]).filter(is_error_marker(batch))
-    failures = []
-    for row in markers.to_pylist():
-        description = json.loads(row["value"])
-        failures.append(SegmentReadFailure(topic=row["topic"], partition=row["partition"], kfs_key=row["record_id"],
-                                           **description))
-    return failures
-
-
-# ------------------------------------------------------------------------------------------------ Spark glue
-
-
-class KafscaleDataSource(DataSource):
-    """`spark.read.format("kafscale")`; options in the module docstring."""
-
-    @classmethod
-    def name(cls) -> str:
-        return KAFSCALE_FORMAT
-
-    def schema(self) -> StructType:
-        read_options = KafscaleReadOptions.from_options(self.options)
-        return source_spark_schema(read_options.columns, validated=read_options.json_schema is not None)
-
-    def reader(self, schema: StructType) -> KafscaleReader:
-        read_options = KafscaleReadOptions.from_options(self.options)
-        expected = source_spark_schema(read_options.columns, validated=read_options.json_schema is not None)
-        if schema != expected:
-            raise KafscaleOptionError(f"the {KAFSCALE_FORMAT} source's schema follows its columns and jsonSchema "
-                                      f"options ({expected.simpleString()}); a different schema was given "
-                                      f"({schema.simpleString()})")
-        return KafscaleReader(read_options)
-
-
-class KafscaleReader(DataSourceReader):
-    def __init__(self, read_options: KafscaleReadOptions):
-        self.read_options = read_options
-        self.store = read_options.store.open()
-
-    def partitions(self) -> list[SegmentRunPartition]:
-        return plan_read(self.store, self.read_options).input_partitions
-
-    def read(self, partition: SegmentRunPartition) -> Iterator[pa.RecordBatch]:
-        return read_input_partition(self.store, partition, self.read_options.columns,
-                                    self.read_options.on_segment_error, self.read_options.json_schema)
-
-
-def register_kafscale_source(spark: SparkSession) -> None:
-    """Make `spark.read.format("kafscale")` available in `spark` (once per session)."""
-    if spark not in _sessions_with_source:
-        spark.dataSource.register(KafscaleDataSource)
-        _sessions_with_source.add(spark)
-
-
-def read_kafscale(spark: SparkSession, read_options: KafscaleReadOptions) -> DataFrame:
-    """A DataFrame of the records `read_options` asks for (lazy: planning and reading happen on an action)."""
-    register_kafscale_source(spark)
-    return spark.read.format(KAFSCALE_FORMAT).options(**read_options.to_options()).load()

@@ -1,10 +1,10 @@
-"""What one ingestion task saw of the `kafscale` source: the rows to write, and what must not be written.
+"""What one ingestion task read from its segments: the rows to write, and what must not be written.
 
-An ingestion task (`engine/ingest_job.py`) writes the rows of one `SegmentRunPartition`, so one Kafka partition. Before
-the rows reach Parquet, error-marker rows (a segment that could not be read) and invalid records (a required mapped
-column missing or not coercible, or a value violating the topic's JSON Schema) are taken out and accounted for here,
-so the driver can decide what to commit: offsets up to the first failed segment, and nothing at all while invalid
-records have nowhere to go.
+An ingestion task (`engine/spark_ingestion.py`) writes the rows of one `SegmentRunPartition`, so one Kafka partition.
+Before the rows reach Parquet, invalid records (a required mapped column missing or not coercible, or a value
+violating the topic's JSON Schema) are taken out and accounted for here, so the driver can decide what to commit:
+nothing at all while invalid records have nowhere to go. (A segment that cannot be read ends the task's rows; the
+task reports it beside its stats, `spark_ingestion.IngestionTaskOutput.failure`.)
 
 With a dead-letter target, the held-back invalid records are written by the same task as Parquet data files of the
 dead-letter table (`DEAD_LETTER_SCHEMA`), returned uncommitted in the task's stats; `engine/dead_letter.py` builds
@@ -30,9 +30,6 @@ from kafscale_lakehouse.engine.kafscale_source import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
     SOURCE_STATUS_COLUMNS,
-    SegmentReadFailure,
-    error_markers,
-    is_error_marker,
 )
 
 log = logging.getLogger(__name__)
@@ -76,16 +73,11 @@ class SourceTaskStats:
     rows: dict[int, int] = field(default_factory=dict)
     value_bytes: dict[int, int] = field(default_factory=dict)
     max_timestamp_ms: dict[int, int] = field(default_factory=dict)
-    failures: list[SegmentReadFailure] = field(default_factory=list)
     invalid_count: int = 0
     invalid_samples: list[InvalidRecord] = field(default_factory=list)
     invalid_by_partition: dict[int, int] = field(default_factory=dict)
     invalid_first_offset: dict[int, int] = field(default_factory=dict)
     dead_letter_files: list[DataFile] = field(default_factory=list)  # uncommitted, in the dead-letter table
-
-    @property
-    def partitions(self) -> set[int]:
-        return set(self.rows) | set(self.invalid_by_partition) | {f.partition for f in self.failures}
 
 
 @dataclass(frozen=True)
@@ -146,10 +138,6 @@ class SourceRowSplitter:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            markers = is_error_marker(batch)
-            if pc.any(markers).as_py():
-                self.stats.failures.extend(error_markers(batch))
-                batch = batch.filter(pc.invert(markers))
             if INVALID_REASON_COLUMN in batch.schema.names:
                 reasons = batch.column(INVALID_REASON_COLUMN)
                 if reasons.null_count < batch.num_rows:

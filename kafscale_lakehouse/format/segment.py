@@ -9,7 +9,12 @@ from dataclasses import dataclass
 import crc32c
 import pyarrow as pa
 
-from kafscale_lakehouse.format.errors import BadIndexError, CrcMismatchError, SegmentMismatchError, TruncatedSegmentError
+from kafscale_lakehouse.format.errors import (
+    BadIndexError,
+    CrcMismatchError,
+    SegmentMismatchError,
+    TruncatedSegmentError,
+)
 from kafscale_lakehouse.format.record_batch import (
     BATCH_HEADER_SIZE,
     BatchInfo,

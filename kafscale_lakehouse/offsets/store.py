@@ -156,9 +156,9 @@ class OffsetStore(ABC):
 
     def __init__(self, location: str, key_prefix: str, lease_ttl_seconds: int):
         if not isinstance(lease_ttl_seconds, int) or lease_ttl_seconds < 1:
-            raise ValueError(f"offsets.lease_ttl_seconds: {lease_ttl_seconds!r}, expected an integer >= 1")
+            raise ValueError(f"lease_ttl_seconds: {lease_ttl_seconds!r}, expected an integer >= 1")
         if not key_prefix:
-            raise ValueError("offsets.key_prefix: must not be empty")
+            raise ValueError("key_prefix: must not be empty")
         self.location = location
         self.keys = OffsetKeys(key_prefix)
         self.lease_ttl_seconds = lease_ttl_seconds

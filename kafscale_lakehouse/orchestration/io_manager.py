@@ -1,7 +1,7 @@
 """The PySpark IO manager: commits a table asset's prepared batch to Iceberg and loads tables for downstream assets.
 
 `handle_output` runs `engine.ingest.commit_ingest`: one Spark job whose tasks decode the planned segments and write
-them as Parquet data files (`engine.ingest_job`), then one Iceberg commit re-checks the start offsets, then etcd offsets; the
+them as Parquet data files (`engine.spark_ingestion`), then one Iceberg commit re-checks the start offsets, then etcd offsets; the
 run's leases are released on every exit path (as `PreparedIngest.release_leases` does). Each Kafka partition's materialization
 gets its own offset range, records, bytes, data files and lag; all of them carry the run's snapshot id, a
 per-partition table and the invalid records. A run that could commit only some partitions records materializations
@@ -15,7 +15,13 @@ import dagster as dg
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression, EqualTo, In
 from pyspark.sql import DataFrame
 
-from kafscale_lakehouse.engine.ingest import IngestFailedError, IngestResult, PartitionOutcome, PreparedIngest, commit_ingest
+from kafscale_lakehouse.engine.ingest import (
+    IngestFailedError,
+    IngestResult,
+    PartitionOutcome,
+    PreparedIngest,
+    commit_ingest,
+)
 from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges, parse_ranges
 from kafscale_lakehouse.orchestration.naming import kafka_partition_id, kafka_partition_key
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, SparkResource

@@ -58,15 +58,9 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "timestamp": pa.timestamp("us"),
     "date": pa.date32(),
 }
-_COLUMN_TYPE_BY_ICEBERG_TYPE = {iceberg_type: name for name, iceberg_type in ICEBERG_TYPES.items()}
 
 # JSON Schema property types → column types, as the Go processor maps registry schemas.
 _JSON_SCHEMA_TYPES = {"integer": "long", "number": "double", "boolean": "boolean", "string": "string"}
-
-
-def column_type_of(iceberg_type: Any) -> str | None:
-    """The column type name (`long`, ...) of an Iceberg type, None for types mappings cannot declare."""
-    return _COLUMN_TYPE_BY_ICEBERG_TYPE.get(iceberg_type)
 
 
 def table_schema(columns: Sequence[ColumnConfig]) -> Schema:

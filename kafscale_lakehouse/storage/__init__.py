@@ -18,7 +18,6 @@ from kafscale_lakehouse.storage.errors import (
     StorageRequestError,
     StorageUnreachableError,
 )
-from kafscale_lakehouse.storage.factory import segment_store_from_config
 from kafscale_lakehouse.storage.gaps import Gap, find_gaps
 from kafscale_lakehouse.storage.keys import (
     DEFAULT_NAMESPACE,
@@ -72,7 +71,6 @@ __all__ = [
     "parse_segment_key",
     "partition_prefix",
     "segment_key",
-    "segment_store_from_config",
     "segments_from",
     "topic_prefix",
 ]

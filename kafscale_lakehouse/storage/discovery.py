@@ -42,7 +42,7 @@ class DiscoveryMode(str, Enum):
         try:
             return cls(text)
         except ValueError:
-            raise ValueError(f"discovery.mode {value!r} is not one of auto, etcd, s3") from None
+            raise ValueError(f"discovery mode {value!r} is not one of auto, etcd, s3") from None
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def discover_partitions(mode: DiscoveryMode, store: SegmentStore, etcd: EtcdClie
     if mode is DiscoveryMode.S3 or (mode is DiscoveryMode.AUTO and etcd is None):
         return Discovery(DiscoveryMode.S3, _from_store(store, wanted))
     if etcd is None:
-        raise ValueError("discovery.mode etcd needs etcd.endpoints")
+        raise ValueError("discovery mode etcd needs an etcd client")
     where = f"{METADATA_SNAPSHOT_KEY} in etcd at {', '.join(etcd.endpoints)}"
     try:
         raw = etcd.get(METADATA_SNAPSHOT_KEY)

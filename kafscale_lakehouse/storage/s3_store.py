@@ -73,16 +73,16 @@ class S3SegmentStore(SegmentStore):
     ):
         super().__init__(namespace=namespace, list_page_size=list_page_size)
         if not bucket:
-            raise ValueError("S3 bucket name is empty")
+            raise ValueError("bucket: the S3 bucket name is empty")
         if (access_key_id is None) != (secret_access_key is None):
             raise ValueError("S3 access key id and secret access key must be given together (or neither, to use "
                              "the AWS credential chain)")
         if max_attempts < 1:
             raise ValueError(f"S3 max_attempts {max_attempts} must be at least 1")
         if sse_type is not None and sse_type not in SSE_TYPES:
-            raise ValueError(f"s3.sse.type must be one of {SSE_TYPES}, got {sse_type!r}")
+            raise ValueError(f"sse_type: must be one of {SSE_TYPES}, got {sse_type!r}")
         if sse_kms_key_id is not None and sse_type != "aws:kms":
-            raise ValueError("s3.sse.kms_key_id is only used with s3.sse.type aws:kms")
+            raise ValueError("sse_kms_key_id: is only used with sse_type aws:kms")
         self.bucket = bucket
         self.endpoint = endpoint or None
         self.region = region or None

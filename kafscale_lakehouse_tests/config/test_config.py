@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, ConfigError, LakehouseConfig, load_config, parse_config
+from kafscale_lakehouse.connections import catalog_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
@@ -241,13 +242,13 @@ def test_secrets_never_show_in_repr_str_or_dump(tmp_path, monkeypatch):
         config.model_dump_json(),
         repr(config.iceberg.catalog),
         repr(config.warehouse_s3),
-        repr(config.iceberg.catalog.effective_credential),
+        repr(catalog_settings(config)),
     ]
     for secret in SECRETS.values():
         assert not any(secret in text for text in renderings), secret
     # ...but the values are there for the code that needs them.
     assert config.etcd.password.get_secret_value() == SECRETS["ETCD_PASSWORD"]
-    assert config.iceberg.catalog.effective_credential.get_secret_value() == f"lakehouse:{SECRETS['CATALOG_PASSWORD']}"
+    assert catalog_settings(config).catalog_properties()["credential"] == f"lakehouse:{SECRETS['CATALOG_PASSWORD']}"
     assert config.warehouse_s3.secret_access_key.get_secret_value() == SECRETS["WAREHOUSE_SECRET"]
 
 
@@ -302,7 +303,7 @@ def test_production_example_loads(monkeypatch):
     for name in ("LAKEHOUSE_KMS_KEY_ID", "ICEBERG_CLIENT_ID", "ICEBERG_CLIENT_SECRET", "ETCD_PASSWORD"):
         monkeypatch.setenv(name, f"value-of-{name}")
     config = load_config(EXAMPLES / "production.yaml")
-    assert config.iceberg.catalog.effective_credential.get_secret_value() == "value-of-ICEBERG_CLIENT_ID:value-of-ICEBERG_CLIENT_SECRET"
+    assert catalog_settings(config).catalog_properties()["credential"] == "value-of-ICEBERG_CLIENT_ID:value-of-ICEBERG_CLIENT_SECRET"
     assert config.s3.sse.type == "aws:kms" and config.s3.sse.kms_key_id == "value-of-LAKEHOUSE_KMS_KEY_ID"
     assert config.etcd.tls.ca_file == Path("/etc/kafscale/etcd/ca.crt")
     assert config.spark.conf["spark.executor.instances"] == "4"  # Spark settings are strings

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from kafscale_lakehouse.config import MappingConfig
 from kafscale_lakehouse.engine.ingest import IngestResult, PartitionOutcome
 from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY, SKIPPED_PROPERTY_PREFIX
 from kafscale_lakehouse.engine.source_rows import InvalidRecord

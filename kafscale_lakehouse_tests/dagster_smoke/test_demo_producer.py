@@ -11,10 +11,11 @@ import pytest
 
 from kafscale_lakehouse import cli
 from kafscale_lakehouse.config import load_config
+from kafscale_lakehouse.connections import segment_store_from_config
 from kafscale_lakehouse.demo_producer import DemoProducer, run_demo_producer, watermark_publisher
 from kafscale_lakehouse.format import decode_segment
 from kafscale_lakehouse.offsets import LocalOffsetStore
-from kafscale_lakehouse.storage import ObjectKind, segment_key, segment_store_from_config
+from kafscale_lakehouse.storage import ObjectKind, segment_key
 from kafscale_lakehouse.workload import PIZZA_TOPIC, pizza_order
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -17,6 +17,7 @@ from dagster._serdes import ConfigurableClassData
 from dagster_k8s import K8sRunLauncher
 
 from kafscale_lakehouse.config import load_config
+from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.spark import spark_settings_from_env
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.deploy.conftest import RELEASE, VALUES_DIR, size_values
@@ -258,7 +259,7 @@ def test_config_file_loads_with_only_the_secret_keys_as_environment(install_guid
     config = load_config(config_file)
 
     assert config.etcd.password.get_secret_value() == secret_keys["KAFSCALE_ETCD_PASSWORD"]
-    assert config.iceberg.catalog.effective_credential.get_secret_value() == secret_keys["KAFSCALE_CATALOG_CREDENTIAL"]
+    assert catalog_settings(config).catalog_properties()["credential"] == secret_keys["KAFSCALE_CATALOG_CREDENTIAL"]
     assert config.mappings
 
 

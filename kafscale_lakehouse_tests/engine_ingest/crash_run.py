@@ -54,7 +54,7 @@ def _install(point: str) -> None:
 
         EtcdOffsetStore._renew_lease = renew_then_die
         # Park the run while it holds its leases, so the keeper's first renewal is what happens next.
-        ingest.run_ingest_job = lambda *args, **kwargs: threading.Event().wait()
+        ingest.run_ingestion_spark_job = lambda *args, **kwargs: threading.Event().wait()
     else:
         raise SystemExit(f"unknown kill point {point!r}")
 

@@ -21,7 +21,7 @@ def test_second_ingester_on_the_same_partitions_aborts_cleanly(production_world,
     world.write_segments(1, 40, records_per_segment=40)
     config_path = world.write_config_file()
     second = {}
-    real_write = ingest_module.run_ingest_job
+    real_write = ingest_module.run_ingestion_spark_job
 
     def write_while_a_second_ingester_starts(*args, **kwargs):
         # Another ingester (own context, etcd client and owner id) starts while the first holds its leases.
@@ -32,7 +32,7 @@ def test_second_ingester_on_the_same_partitions_aborts_cleanly(production_world,
             second["exit"] = cli_main("ingest", "--config", str(config_path), "--once")
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(ingest_module, "run_ingest_job", write_while_a_second_ingester_starts)
+    monkeypatch.setattr(ingest_module, "run_ingestion_spark_job", write_while_a_second_ingester_starts)
     [first] = ingest(world.config(), spark)
 
     assert first.records == 120
@@ -56,7 +56,7 @@ def test_lease_lost_before_the_commit_commits_nothing_for_that_partition(product
     context = IngestContext.from_config(config, spark)
     leases = {}
     real_acquire = context.offsets.acquire_lease
-    real_write = ingest_module.run_ingest_job
+    real_write = ingest_module.run_ingestion_spark_job
 
     def acquire_and_remember(topic, partition, owner_id):
         leases[partition] = real_acquire(topic, partition, owner_id)
@@ -70,7 +70,7 @@ def test_lease_lost_before_the_commit_commits_nothing_for_that_partition(product
         return messages
 
     monkeypatch.setattr(context.offsets, "acquire_lease", acquire_and_remember)
-    monkeypatch.setattr(ingest_module, "run_ingest_job", write_then_lose_the_lease_of_partition_0)
+    monkeypatch.setattr(ingest_module, "run_ingestion_spark_job", write_then_lose_the_lease_of_partition_0)
     with pytest.raises(IngestFailedError) as failed:
         ingest_mapping(context, config.mappings[0])
 

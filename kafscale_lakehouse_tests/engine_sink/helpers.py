@@ -1,14 +1,21 @@
-"""Helpers for the engine_sink tests: the table schema, batches of Kafka-like rows, catalog settings."""
+"""Helpers for the engine_sink tests: the table schema, batches of Kafka-like rows, catalog settings, and writing
+data files as the Spark tasks do."""
 
 from __future__ import annotations
 
 import pyarrow as pa
+from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import BinaryType, DoubleType, IntegerType, LongType, NestedField, StringType
 
 from kafscale_lakehouse.engine.catalog import CatalogSettings
-from kafscale_lakehouse.engine.iceberg_sink import write_data_files
+from kafscale_lakehouse.engine.iceberg_sink import (
+    DEFAULT_TARGET_FILE_SIZE_BYTES,
+    SinkJob,
+    check_arrow_schema,
+    write_batches_as_data_files,
+)
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, SECRET_KEY, TABLE_BUCKET
 
 BASE_COLUMNS = ["record_id", "topic", "partition", "offset", "timestamp_ms", "key", "value", "headers"]
@@ -41,8 +48,8 @@ def rest_settings(seaweedfs, **overrides) -> CatalogSettings:
     return CatalogSettings(**values)
 
 
-def batch_dataframe(spark, topic: str, ranges: dict[int, tuple[int, int]], slices: int = 2):
-    """A DataFrame with the base and mapped columns for offsets [start, end) of each Kafka partition."""
+def batch_table(topic: str, ranges: dict[int, tuple[int, int]]) -> pa.Table:
+    """Rows with the base and mapped columns for offsets [start, end) of each Kafka partition."""
     rows = {name: [] for name in BASE_COLUMNS + MAPPED_COLUMNS}
     for partition, (start, end) in sorted(ranges.items()):
         for offset in range(start, end):
@@ -56,17 +63,28 @@ def batch_dataframe(spark, topic: str, ranges: dict[int, tuple[int, int]], slice
             rows["headers"].append("")
             rows["amount"].append(offset * 1.5)
             rows["customer"].append(None if offset % 3 == 0 else f"c{offset % 7}")
-    arrow = pa.table(rows, schema=pa.schema([
+    return pa.table(rows, schema=pa.schema([
         ("record_id", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
         ("timestamp_ms", pa.int64()), ("key", pa.binary()), ("value", pa.binary()), ("headers", pa.string()),
         ("amount", pa.float64()), ("customer", pa.string()),
     ]))
-    return spark.createDataFrame(arrow).repartition(slices)
 
 
-def write_batch(spark, table: Table, topic: str, ranges: dict[int, tuple[int, int]], run_id: str, slices: int = 2):
-    """Data files (uncommitted) for a batch, written through the Spark sink."""
-    return write_data_files(batch_dataframe(spark, topic, ranges, slices), table, run_id)
+def write_arrow(table: Table, rows: pa.Table, run_id: str, *, tasks: int = 1,
+                target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES) -> list[DataFile]:
+    """Data files (uncommitted) for `rows`, written as a Spark job's tasks write them: the schema checked once, then
+    `tasks` contiguous slices, each by `write_batches_as_data_files` under its own task id."""
+    check_arrow_schema(rows.schema, table)
+    job = SinkJob.for_table(table, run_id, target_file_size_bytes)
+    per_task = -(-rows.num_rows // tasks) if rows.num_rows else 0
+    return [data_file for task_id in range(tasks) if per_task
+            for data_file in write_batches_as_data_files(job, rows.slice(task_id * per_task, per_task).to_batches(),
+                                                         task_id)]
+
+
+def write_batch(table: Table, topic: str, ranges: dict[int, tuple[int, int]], run_id: str, tasks: int = 2):
+    """Data files (uncommitted) for a batch of Kafka-like rows, written by `tasks` tasks."""
+    return write_arrow(table, batch_table(topic, ranges), run_id, tasks=tasks)
 
 
 def start_end(ranges: dict[int, tuple[int, int]]) -> tuple[dict[int, int], dict[int, int]]:

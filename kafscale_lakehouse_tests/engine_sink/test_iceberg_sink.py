@@ -1,9 +1,9 @@
-"""The Spark Iceberg append sink: data files with field ids and statistics, roll-over, partitions, abort."""
+"""Data files as the Spark tasks write them (`write_batches_as_data_files`, `RollingDataFiles`): field ids and
+statistics, roll-over, partitions, schema checks, a failing task deleting its files."""
 
 from __future__ import annotations
 
 import datetime as dt
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,18 +21,23 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
-from pyspark import TaskContext
-from pyspark.sql import functions as F
 
 from kafscale_lakehouse.engine.catalog import PartitionFieldSpec, open_table
-from kafscale_lakehouse.engine.iceberg_sink import IcebergSinkError, SinkSchemaError, data_file_prefix, write_data_files
+from kafscale_lakehouse.engine.iceberg_sink import (
+    RequiredColumnNullError,
+    SinkJob,
+    SinkSchemaError,
+    data_file_prefix,
+    write_batches_as_data_files,
+)
 from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX
 from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse_tests.engine_sink.helpers import (
     BASE_COLUMNS,
     MAPPED_COLUMNS,
-    batch_dataframe,
+    batch_table,
     start_end,
+    write_arrow,
     write_batch,
 )
 
@@ -47,12 +52,12 @@ def _files_under(table, prefix: str) -> list[str]:
     return sorted(info.path for info in infos if info.is_file and info.base_name.startswith(prefix))
 
 
-def test_files_have_field_ids_and_stats_and_commit_as_one_snapshot(spark, make_table):
+def test_files_have_field_ids_and_stats_and_commit_as_one_snapshot(make_table):
     table = make_table()
     ranges = {0: (0, 40), 1: (100, 130), 2: (7, 27)}
-    data_files = write_batch(spark, table, "orders", ranges, run_id="run-a", slices=4)
+    data_files = write_batch(table, "orders", ranges, run_id="run-a", tasks=4)
 
-    assert len(data_files) == 4  # one file per non-empty Spark partition at the default target size
+    assert len(data_files) == 4  # one file per task at the default target size
     assert all(f.file_path.rsplit("/", 1)[1].startswith(data_file_prefix("run-a")) for f in data_files)
     assert sum(f.record_count for f in data_files) == 90
     assert table.current_snapshot() is None  # written, not committed
@@ -82,11 +87,10 @@ def test_files_have_field_ids_and_stats_and_commit_as_one_snapshot(spark, make_t
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
-def test_target_file_size_rolls_over_to_more_files(spark, make_table):
+def test_target_file_size_rolls_over_to_more_files(make_table):
     table = make_table()
-    df = batch_dataframe(spark, "t", {0: (0, 3000)}, slices=1)
     target = 16 * 1024
-    data_files = write_data_files(df, table, "run-roll", target_file_size_bytes=target)
+    data_files = write_arrow(table, batch_table("t", {0: (0, 3000)}), "run-roll", target_file_size_bytes=target)
 
     assert len(data_files) > 2
     assert sum(f.record_count for f in data_files) == 3000
@@ -98,10 +102,10 @@ def test_target_file_size_rolls_over_to_more_files(spark, make_table):
 
 
 @pytest.mark.parametrize("catalog", ["sql", "rest"], indirect=True)
-def test_partitioned_table_gets_one_file_per_partition_value(spark, make_table):
+def test_partitioned_table_gets_one_file_per_partition_value(make_table):
     table = make_table(partition_fields=(PartitionFieldSpec("partition"),))
     ranges = {0: (0, 10), 1: (0, 20), 5: (3, 6)}
-    data_files = write_batch(spark, table, "t", ranges, run_id="run-p", slices=1)
+    data_files = write_batch(table, "t", ranges, run_id="run-p", tasks=1)
 
     assert sorted((f.partition[0], f.record_count) for f in data_files) == [(0, 10), (1, 20), (5, 3)]
     assert all(f"/data/partition={f.partition[0]}/" in f.file_path for f in data_files)
@@ -110,37 +114,34 @@ def test_partitioned_table_gets_one_file_per_partition_value(spark, make_table):
     assert len(planned) == 1 and planned[0].file.record_count == 3
 
 
-def test_schema_mismatch_is_refused_before_any_file_is_written(spark, make_table):
+def test_schema_mismatch_is_refused_before_any_file_is_written(make_table):
     table = make_table()
-    df = batch_dataframe(spark, "t", {0: (0, 5)})
+    rows = batch_table("t", {0: (0, 5)})
     with pytest.raises(SinkSchemaError, match=r"has no columns \['surprise'\]"):
-        write_data_files(df.withColumn("surprise", df["offset"]), table, "run-s")
+        write_arrow(table, rows.append_column("surprise", rows["offset"]), "run-s")
     with pytest.raises(SinkSchemaError, match="offset"):
-        write_data_files(df.drop("offset"), table, "run-s")
+        write_arrow(table, rows.drop_columns(["offset"]), "run-s")
     with pytest.raises(SinkSchemaError, match="amount"):
-        write_data_files(df.withColumn("amount", df["customer"]), table, "run-s")
+        write_arrow(table, rows.set_column(rows.schema.get_field_index("amount"), "amount", rows["customer"]), "run-s")
     assert _files_under(table, data_file_prefix("run-s")) == []
 
 
 @pytest.mark.parametrize("catalog", ["sql", "rest"], indirect=True)
-def test_failed_spark_job_aborts_and_deletes_the_files_of_finished_tasks(spark, make_table):
+def test_a_failing_task_deletes_the_files_it_wrote(make_table):
     table = make_table()
-    df = batch_dataframe(spark, "t", {0: (0, 50), 1: (0, 50)}, slices=3)
-    schema = df.schema
-
-    def null_record_ids_late_in_last_partition(batches):
-        last = TaskContext.get().partitionId() == 2
+    rows = batch_table("t", {0: (0, 3000)})
+    job = SinkJob.for_table(table, "run-f", target_file_size_bytes=16 * 1024)  # several files before the failure
+    def null_record_ids_late(batches):
         for batch in batches:
-            if last:
-                time.sleep(3)  # let the other tasks finish and write their files first
+            if batch.column("offset")[0].as_py() >= 2500:
+                assert _files_under(table, data_file_prefix("run-f")), "files were written before the failure"
                 batch = batch.set_column(0, "record_id", pa.nulls(batch.num_rows, pa.string()))
             yield batch
 
-    failing = df.mapInArrow(null_record_ids_late_in_last_partition, schema)
-    with pytest.raises(IcebergSinkError, match="run-f") as raised:
-        write_data_files(failing, table, "run-f")
+    with pytest.raises(RequiredColumnNullError, match="required column 'record_id' has 500 null values") as raised:
+        write_batches_as_data_files(job, null_record_ids_late(rows.to_batches(max_chunksize=500)), 3)
 
-    assert "required column 'record_id'" in "".join(str(e) for e in _chain(raised.value))
+    assert "Spark partition 3 (run run-f)" in str(raised.value)
     assert _files_under(table, data_file_prefix("run-f")) == []
     assert table.current_snapshot() is None
 
@@ -151,14 +152,8 @@ def test_run_id_must_be_file_name_safe():
     assert data_file_prefix("0c5e-run_1.x") == "kafscale-0c5e-run_1.x-"
 
 
-def _chain(exc: BaseException):
-    while exc is not None:
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
-def test_mapped_column_types_round_trip(spark, catalog, namespace):
+def test_mapped_column_types_round_trip(catalog, namespace):
     schema = Schema(
         NestedField(1, "id", LongType(), required=True), NestedField(2, "at", TimestamptzType()),
         NestedField(3, "local_at", TimestampType()), NestedField(4, "day", DateType()),
@@ -171,32 +166,31 @@ def test_mapped_column_types_round_trip(spark, catalog, namespace):
         "local_at": pa.array([at.replace(tzinfo=None), None], pa.timestamp("us")),
         "day": pa.array([dt.date(2024, 2, 29), None]), "flag": [True, None], "ratio": pa.array([0.5, None], pa.float32()),
     })
-    df = spark.createDataFrame(arrow).withColumn("local_at", F.col("local_at").cast("timestamp_ntz"))
 
-    commit_append(table, write_data_files(df, table, "run-t"), "t", {0: 0}, {0: 2}, "run-t")
+    commit_append(table, write_arrow(table, arrow, "run-t"), "t", {0: 0}, {0: 2}, "run-t")
 
     rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
     assert rows[0] == {"id": 1, "at": at, "local_at": at.replace(tzinfo=None), "day": dt.date(2024, 2, 29),
                        "flag": True, "ratio": 0.5}
     assert rows[1] == {"id": 2, "at": None, "local_at": None, "day": None, "flag": None, "ratio": None}
-    # An empty DataFrame (even one without Spark partitions) writes no files.
-    empty = spark.createDataFrame(spark.sparkContext.emptyRDD(), df.schema)
-    assert empty.rdd.getNumPartitions() == 0
-    assert write_data_files(empty, table, "run-e") == []
+    # A task without rows writes no files.
+    job = SinkJob.for_table(table, "run-e", target_file_size_bytes=1 << 20)
+    assert write_batches_as_data_files(job, [pa.RecordBatch.from_pylist([], schema=arrow.schema)], 0) == []
+    assert write_batches_as_data_files(job, [], 1) == []
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
-def test_timestamps_survive_a_non_utc_spark_session_time_zone(spark, catalog, namespace):
+def test_timestamps_labelled_with_another_time_zone_are_stored_as_the_same_instant(catalog, namespace):
     schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "at", TimestamptzType()))
     table = open_table(catalog, f"{namespace}.zoned", schema=schema, create_if_missing=True)
     at = dt.datetime(2024, 7, 1, 6, 30, tzinfo=dt.timezone.utc)
-    df = spark.createDataFrame(pa.table({"id": [1], "at": pa.array([at], pa.timestamp("us", "UTC"))}))
-    previous = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "America/New_York")  # Spark then labels batches with this zone
-    try:
-        data_files = write_data_files(df, table, "run-z")
-    finally:
-        spark.conf.set("spark.sql.session.timeZone", previous)
+    # A zone label other than UTC (Spark's `mapInArrow` labels batches with its session time zone) names the same
+    # instant; the writer relabels it (the schema check of the driver sees Spark's schema as UTC).
+    rows = pa.table({"id": [1], "at": pa.array([at], pa.timestamp("us", "UTC")).cast(
+        pa.timestamp("us", "America/New_York"))})
+    job = SinkJob.for_table(table, "run-z", target_file_size_bytes=1 << 20)
+
+    data_files = write_batches_as_data_files(job, rows.to_batches(), 0)
 
     commit_append(table, data_files, "t", {0: 0}, {0: 1}, "run-z")
     assert table.scan().to_arrow()["at"].to_pylist() == [at]

@@ -50,7 +50,7 @@ def _exists(table, data_files) -> list[bool]:
     return [table.io.new_input(f.file_path).exists() for f in data_files]
 
 
-def test_offsets_carry_forward_across_topics_and_partitions(spark, make_table):
+def test_offsets_carry_forward_across_topics_and_partitions(make_table):
     table = make_table()
     steps = [
         ("orders", {0: (0, 10), 1: (0, 5)}),
@@ -59,7 +59,7 @@ def test_offsets_carry_forward_across_topics_and_partitions(spark, make_table):
         ("orders", {2: (40, 41)}),
     ]
     for step, (topic, ranges) in enumerate(steps):
-        files = write_batch(spark, table, topic, ranges, run_id=f"run-{step}", slices=1)
+        files = write_batch(table, topic, ranges, run_id=f"run-{step}", tasks=1)
         result = commit_append(table, files, topic, *start_end(ranges), f"run-{step}")
         assert result.attempts == 1
 
@@ -73,11 +73,11 @@ def test_offsets_carry_forward_across_topics_and_partitions(spark, make_table):
     assert table.scan().to_arrow().num_rows == 10 + 5 + 3 + 3 + 1
 
 
-def test_reading_walks_back_past_snapshots_of_other_engines(spark, catalog, make_table):
+def test_reading_walks_back_past_snapshots_of_other_engines(catalog, make_table):
     table = make_table()
     assert read_committed_offsets(table) == {}
     ranges = {0: (0, 4)}
-    commit_append(table, write_batch(spark, table, "t", ranges, "run-1", slices=1), "t", *start_end(ranges), "run-1")
+    commit_append(table, write_batch(table, "t", ranges, "run-1", tasks=1), "t", *start_end(ranges), "run-1")
     _plain_append(catalog, table)
     _plain_append(catalog, table)
     table.refresh()
@@ -86,16 +86,16 @@ def test_reading_walks_back_past_snapshots_of_other_engines(spark, catalog, make
     assert read_topic_offsets(table, "t") == {0: 4}
     # The next batch starts where the walk says; its snapshot carries the map forward again.
     ranges = {0: (4, 9), 3: (0, 2)}
-    commit_append(table, write_batch(spark, table, "t", ranges, "run-2", slices=1), "t", *start_end(ranges), "run-2")
+    commit_append(table, write_batch(table, "t", ranges, "run-2", tasks=1), "t", *start_end(ranges), "run-2")
     assert table.current_snapshot().summary[OFFSETS_PROPERTY_PREFIX + "t"] == '{"0":9,"3":2}'
 
 
-def test_offset_conflict_aborts_and_deletes_our_files(spark, make_table):
+def test_offset_conflict_aborts_and_deletes_our_files(make_table):
     table = make_table()
     ranges_a = {0: (0, 10), 1: (0, 10)}
     ranges_b = {1: (0, 6)}  # written concurrently, starting where A starts
-    files_a = write_batch(spark, table, "t", ranges_a, "run-a")
-    files_b = write_batch(spark, table, "t", ranges_b, "run-b")
+    files_a = write_batch(table, "t", ranges_a, "run-a")
+    files_b = write_batch(table, "t", ranges_b, "run-b")
     commit_append(table, files_a, "t", *start_end(ranges_a), "run-a")
 
     with pytest.raises(OffsetConflictError) as raised:
@@ -109,10 +109,10 @@ def test_offset_conflict_aborts_and_deletes_our_files(spark, make_table):
     assert table.scan().to_arrow().num_rows == 20
 
 
-def test_unrelated_concurrent_commit_is_retried_without_rewriting(spark, catalog, make_table, monkeypatch):
+def test_unrelated_concurrent_commit_is_retried_without_rewriting(catalog, make_table, monkeypatch):
     table = make_table()
     ranges = {0: (0, 10)}
-    files = write_batch(spark, table, "t", ranges, "run-r")
+    files = write_batch(table, "t", ranges, "run-r")
     _interleave_before_commit(monkeypatch, times=1, commit=lambda: _plain_append(catalog, table, rows=2))
 
     result = commit_append(table, files, "t", *start_end(ranges), "run-r")
@@ -127,12 +127,12 @@ def test_unrelated_concurrent_commit_is_retried_without_rewriting(spark, catalog
     assert table.scan().to_arrow().num_rows == 12
 
 
-def test_concurrent_kafscale_commit_is_detected_on_retry(spark, catalog, make_table, monkeypatch):
+def test_concurrent_kafscale_commit_is_detected_on_retry(catalog, make_table, monkeypatch):
     """pyiceberg's own commit retry would re-apply our append on top of the other run's: we must re-check."""
     table = make_table()
     ranges = {0: (0, 10)}
-    ours = write_batch(spark, table, "t", ranges, "run-ours")
-    theirs = write_batch(spark, table, "t", ranges, "run-theirs")
+    ours = write_batch(table, "t", ranges, "run-ours")
+    theirs = write_batch(table, "t", ranges, "run-theirs")
     theirs_handle = catalog.load_table(table.name())
     _interleave_before_commit(
         monkeypatch, times=1,
@@ -148,10 +148,10 @@ def test_concurrent_kafscale_commit_is_detected_on_retry(spark, catalog, make_ta
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
-def test_retries_are_bounded_and_then_delete_our_files(spark, catalog, make_table, monkeypatch):
+def test_retries_are_bounded_and_then_delete_our_files(catalog, make_table, monkeypatch):
     table = make_table()
     ranges = {0: (0, 5)}
-    files = write_batch(spark, table, "t", ranges, "run-x")
+    files = write_batch(table, "t", ranges, "run-x")
     _interleave_before_commit(monkeypatch, times=3, commit=lambda: _plain_append(catalog, table))
 
     with pytest.raises(CommitRetriesExhaustedError, match="3 times"):
@@ -161,12 +161,12 @@ def test_retries_are_bounded_and_then_delete_our_files(spark, catalog, make_tabl
     assert read_committed_offsets(table) == {}
 
 
-def test_cleanup_deletes_only_unreferenced_prefixed_files(spark, catalog, make_table):
+def test_cleanup_deletes_only_unreferenced_prefixed_files(catalog, make_table):
     table = make_table()
     committed_ranges = {0: (0, 10)}
-    committed = write_batch(spark, table, "t", committed_ranges, "run-1")
+    committed = write_batch(table, "t", committed_ranges, "run-1")
     commit_append(table, committed, "t", *start_end(committed_ranges), "run-1")
-    crashed = write_batch(spark, table, "t", {0: (10, 20)}, "run-2")  # written, never committed
+    crashed = write_batch(table, "t", {0: (10, 20)}, "run-2")  # written, never committed
     foreign = f"{table.location()}/data/00000-0-foreign.parquet"
     with table.io.new_output(foreign).create() as out:
         out.write(b"not ours")
@@ -185,10 +185,10 @@ def test_cleanup_deletes_only_unreferenced_prefixed_files(spark, catalog, make_t
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
-def test_commit_whose_response_is_lost_is_found_in_the_table(spark, catalog, make_table, monkeypatch):
+def test_commit_whose_response_is_lost_is_found_in_the_table(catalog, make_table, monkeypatch):
     table = make_table()
     ranges = {0: (0, 5)}
-    files = write_batch(spark, table, "t", ranges, "run-lost")
+    files = write_batch(table, "t", ranges, "run-lost")
     real_commit = catalog.commit_table
 
     def commit_then_lose_the_response(*args, **kwargs):
@@ -204,10 +204,10 @@ def test_commit_whose_response_is_lost_is_found_in_the_table(spark, catalog, mak
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
-def test_unknown_outcome_keeps_files_until_cleanup_proves_them_unreferenced(spark, catalog, make_table, monkeypatch):
+def test_unknown_outcome_keeps_files_until_cleanup_proves_them_unreferenced(catalog, make_table, monkeypatch):
     table = make_table()
     ranges = {0: (0, 5)}
-    files = write_batch(spark, table, "t", ranges, "run-unknown")
+    files = write_batch(table, "t", ranges, "run-unknown")
 
     def fail_without_committing(*args, **kwargs):
         raise CommitStateUnknownException("connection reset")

@@ -1,15 +1,25 @@
-"""Fixtures for the `kafscale` source: segment stores we can observe, pizza segments, store options."""
+"""Fixtures for reading segments: segment stores we can observe, pizza segments, read requests."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import pyarrow as pa
 import pytest
 
 from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.engine.kafscale_source import KafscaleReadOptions, StoreOptions
+from kafscale_lakehouse.engine.kafscale_source import (
+    DEFAULT_MAX_BYTES_PER_PARTITION,
+    ReadPlan,
+    SegmentReadError,
+    SegmentReadFailure,
+    plan_read,
+    read_input_partition,
+    source_arrow_schema,
+)
 from kafscale_lakehouse.format import EncodedSegment, encode_segment
+from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, S3SegmentStore, SegmentStore, segment_key
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
 from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_TOPIC, pizza_orders
@@ -71,19 +81,43 @@ def corrupt_segment(store: LocalSegmentStore, partition: int, base_offset: int) 
     return key
 
 
-def local_store_options(store: LocalSegmentStore) -> StoreOptions:
-    return StoreOptions(kind="local", namespace=store.namespace, local_root=str(store.root))
+def s3_store_at(seaweedfs, namespace: str) -> S3SegmentStore:
+    return S3SegmentStore(S3_BUCKET, namespace=namespace, endpoint=seaweedfs.s3_endpoint, region=REGION,
+                          path_style=True, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
 
 
-def s3_store_options(seaweedfs, namespace: str) -> StoreOptions:
-    return StoreOptions(kind="s3", namespace=namespace, bucket=S3_BUCKET, endpoint=seaweedfs.s3_endpoint,
-                        region=REGION, path_style=True, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
+@dataclass(frozen=True)
+class ReadRequest:
+    """What a test reads: `plan_read`'s arguments, and the columns (and JSON Schema) each input partition is read
+    with, as the ingestion task reads them."""
 
+    ending: dict[int, int]
+    starting: dict[int, int] = field(default_factory=dict)
+    topic: str = TOPIC
+    columns: tuple[ColumnConfig, ...] = ()
+    max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
+    json_schema: CompiledJsonSchema | None = None
 
-def read_options(store_options: StoreOptions, ending: dict[int, int], starting: dict[int, int] | None = None,
-                 **overrides) -> KafscaleReadOptions:
-    return KafscaleReadOptions(store=store_options, topic=overrides.pop("topic", TOPIC), ending_offsets=ending,
-                               starting_offsets=starting or {}, **overrides)
+    def plan(self, store: SegmentStore) -> ReadPlan:
+        return plan_read(store, self.topic, self.ending, self.starting,
+                         max_bytes_per_partition=self.max_bytes_per_partition)
+
+    def read(self, store: SegmentStore) -> tuple[pa.Table, list[SegmentReadFailure]]:
+        """The rows of every input partition (each up to a segment it cannot read), and those failures."""
+        batches, failures = [], []
+        for partition in self.plan(store).input_partitions:
+            try:
+                batches.extend(read_input_partition(store, partition, self.columns, self.json_schema))
+            except SegmentReadError as exc:
+                failures.append(exc.failure)
+        schema = source_arrow_schema(self.columns, validated=self.json_schema is not None)
+        return pa.Table.from_batches(batches, schema=schema), failures
+
+    def read_all(self, store: SegmentStore) -> pa.Table:
+        """The rows, when every segment can be read."""
+        table, failures = self.read(store)
+        assert failures == []
+        return table
 
 
 @pytest.fixture
@@ -93,4 +127,4 @@ def local_store(tmp_path, unique_prefix) -> RecordingLocalStore:
 
 @pytest.fixture
 def s3_store(seaweedfs, unique_prefix) -> S3SegmentStore:
-    return s3_store_options(seaweedfs, unique_prefix).open()
+    return s3_store_at(seaweedfs, unique_prefix)

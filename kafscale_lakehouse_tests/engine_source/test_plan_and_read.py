@@ -1,13 +1,13 @@
-"""Planning and reading of the `kafscale` source in-process, where every request of the store can be observed.
+"""Planning and reading of segments in-process, where every request of the store can be observed.
 
-Spark runs the same `plan_read` / `read_input_partition` in its Python workers (see test_spark_source.py).
+The ingestion Spark job's tasks run the same `read_input_partition` in their Python workers (see
+test_spark_ingestion.py).
 """
 
 from __future__ import annotations
 
 import json
 import pickle
-import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,22 +16,15 @@ import pytest
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.kafscale_source import (
     EARLIEST,
-    ERROR_MARKER_OFFSET,
     INVALID_REASON_COLUMN,
     LATEST,
     MAX_ROWS_PER_BATCH,
-    KafscaleOptionError,
-    KafscaleReadOptions,
     OffsetGapError,
     OffsetRange,
     OffsetRangeError,
-    SegmentErrorMode,
-    StoreOptions,
-    error_markers,
-    is_error_marker,
+    SegmentReadError,
     plan_read,
     read_input_partition,
-    source_arrow_schema,
 )
 from kafscale_lakehouse.format import CrcMismatchError, encode_segment, entry_for_offset, go_headers_json, parse_index
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, ObjectNotFoundError, S3SegmentStore, segment_key
@@ -39,19 +32,10 @@ from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.engine_source.conftest import (
     PIZZA_COLUMNS,
     TOPIC,
+    ReadRequest,
     corrupt_segment,
-    local_store_options,
-    read_options,
-    s3_store_options,
     write_pizza_segments,
 )
-
-
-def read_all(store, options: KafscaleReadOptions) -> pa.Table:
-    plan = plan_read(store, options)
-    batches = [batch for partition in plan.input_partitions
-               for batch in read_input_partition(store, partition, options.columns, options.on_segment_error)]
-    return pa.Table.from_batches(batches, schema=source_arrow_schema(options.columns))
 
 
 def assert_pizza_rows(table: pa.Table, partition: int, first: int, end: int) -> None:
@@ -73,11 +57,11 @@ def test_exact_ranges_of_several_partitions_with_mixed_codecs_come_out_exactly(l
     write_pizza_segments(local_store, 0, [100] * 5)  # none, gzip, snappy, lz4, zstd
     write_pizza_segments(local_store, 1, [60, 60, 60], first_offset=1000, codecs=["zstd", "lz4", "gzip"])
     write_pizza_segments(local_store, 2, [50, 50], codecs=["snappy"])
-    options = read_options(local_store_options(local_store), starting={0: 135, 1: 1000, 2: EARLIEST},
-                           ending={0: 367, 1: 1130, 2: LATEST})
+    options = ReadRequest(starting={0: 135, 1: 1000, 2: EARLIEST},
+                          ending={0: 367, 1: 1130, 2: LATEST})
 
-    plan = plan_read(local_store, options)
-    table = read_all(local_store, options)
+    plan = options.plan(local_store)
+    table = options.read_all(local_store)
 
     assert plan.ranges == {0: OffsetRange(135, 367), 1: OffsetRange(1000, 1130), 2: OffsetRange(0, 100)}
     assert table.num_rows == (367 - 135) + 130 + 100
@@ -91,12 +75,10 @@ def test_exact_ranges_of_several_partitions_with_mixed_codecs_come_out_exactly(l
 def test_segments_below_the_range_are_not_fetched(request, store_kind):
     store = request.getfixturevalue(f"{store_kind}_store")
     write_pizza_segments(store, 0, [40] * 10)  # segments at 0, 40, ..., 360
-    store_options = local_store_options(store) if store_kind == "local" else s3_store_options(
-        request.getfixturevalue("seaweedfs"), store.namespace)
-    options = read_options(store_options, starting={0: 265}, ending={0: 330})
+    options = ReadRequest(starting={0: 265}, ending={0: 330})
     before = store.request_counts
 
-    table = read_all(store, options)
+    table = options.read_all(store)
 
     assert_pizza_rows(table, 0, 265, 330)
     used = store.request_counts - before
@@ -114,7 +96,7 @@ def test_start_mid_segment_range_reads_from_the_index_entry_at_or_before_it(loca
     entry = entry_for_offset(parse_index(segment.index, key="index"), 47)
     assert entry.position > 32 and entry.offset <= 47  # a later entry than the first batch
 
-    table = read_all(local_store, read_options(local_store_options(local_store), starting={0: 47}, ending={0: 90}))
+    table = ReadRequest(starting={0: 47}, ending={0: 90}).read_all(local_store)
 
     assert_pizza_rows(table, 0, 47, 90)
     kfs_key = segment_key(local_store.namespace, TOPIC, 0, 0, ObjectKind.SEGMENT)
@@ -126,7 +108,7 @@ def test_start_mid_segment_range_reads_from_the_index_entry_at_or_before_it(loca
 def test_start_within_the_first_index_interval_reads_the_whole_segment(local_store):
     [segment] = write_pizza_segments(local_store, 0, [100])
 
-    table = read_all(local_store, read_options(local_store_options(local_store), starting={0: 5}, ending={0: 100}))
+    table = ReadRequest(starting={0: 5}, ending={0: 100}).read_all(local_store)
 
     assert_pizza_rows(table, 0, 5, 100)
     kfs_key = segment_key(local_store.namespace, TOPIC, 0, 0, ObjectKind.SEGMENT)
@@ -146,7 +128,7 @@ def test_a_gap_in_the_range_fails_naming_the_missing_offsets(local_store, start,
         segment_path(local_store, 0, 200, kind).unlink()
 
     with pytest.raises(OffsetGapError) as raised:
-        plan_read(local_store, read_options(local_store_options(local_store), starting={0: start}, ending={0: end}))
+        ReadRequest(starting={0: start}, ending={0: end}).plan(local_store)
 
     assert missing in str(raised.value)
     assert f"topic {TOPIC} partition 0" in str(raised.value)
@@ -164,20 +146,18 @@ def test_a_gap_outside_the_range_does_not_matter(local_store, start, end, expect
     write_pizza_segments(local_store, 0, [100, 100, 100], first_offset=100)
     for kind in ObjectKind:
         segment_path(local_store, 0, 200, kind).unlink()
-    options = read_options(local_store_options(local_store), starting={0: start}, ending={0: end})
+    options = ReadRequest(starting={0: start}, ending={0: end})
 
-    assert plan_read(local_store, options).ranges == {0: expected}
-    assert_pizza_rows(read_all(local_store, options), 0, expected.start, expected.end)
+    assert options.plan(local_store).ranges == {0: expected}
+    assert_pizza_rows(options.read_all(local_store), 0, expected.start, expected.end)
 
 
 def test_offsets_resolve_against_completed_segments_only(local_store):
     [_, last] = write_pizza_segments(local_store, 0, [50, 50])
     orphan = encode_segment(pizza_orders(100, 30), base_offset=100)  # its .index never arrives
     local_store.put(segment_key(local_store.namespace, TOPIC, 0, 100, ObjectKind.SEGMENT), orphan.kfs)
-    store_options = local_store_options(local_store)
-
     def plan(starting, ending):
-        return plan_read(local_store, read_options(store_options, starting=starting, ending=ending))
+        return ReadRequest(starting=starting, ending=ending).plan(local_store)
 
     assert plan({}, {0: LATEST}).ranges == {0: OffsetRange(0, last.last_offset + 1)}
     assert plan({0: 100}, {0: LATEST}).ranges == {0: OffsetRange(100, 100)}  # nothing pending yet
@@ -199,68 +179,62 @@ def test_input_partitions_are_runs_of_one_kafka_partition_up_to_max_bytes(local_
     segments = write_pizza_segments(local_store, 0, [40] * 6, codecs=["none"])
     write_pizza_segments(local_store, 1, [40])
     size = len(segments[0].kfs)
-    options = read_options(local_store_options(local_store), starting={0: 10}, ending={0: 230, 1: LATEST},
-                           max_bytes_per_partition=int(size * 2.5))
+    options = ReadRequest(starting={0: 10}, ending={0: 230, 1: LATEST},
+                          max_bytes_per_partition=int(size * 2.5))
 
-    plan = plan_read(local_store, options)
+    plan = options.plan(local_store)
 
     assert [(p.partition, p.offsets, [s.base_offset for s in p.segments]) for p in plan.input_partitions] == [
         (0, OffsetRange(10, 80), [0, 40]), (0, OffsetRange(80, 160), [80, 120]), (0, OffsetRange(160, 230), [160, 200]),
         (1, OffsetRange(0, 40), [0]),
     ]
     assert all(len(pickle.dumps(partition)) < 2048 for partition in plan.input_partitions)
-    one_each = plan_read(local_store, read_options(local_store_options(local_store), ending={0: LATEST},
-                                                   max_bytes_per_partition=1))
+    one_each = ReadRequest(ending={0: LATEST}, max_bytes_per_partition=1).plan(local_store)
     assert [len(p.segments) for p in one_each.input_partitions] == [1] * 6
 
 
-def test_a_corrupt_segment_fails_the_read_naming_the_object(local_store):
+def test_a_corrupt_segment_ends_the_read_with_an_error_naming_the_object_and_byte(local_store):
     write_pizza_segments(local_store, 0, [30] * 4)
     bad_key = corrupt_segment(local_store, 0, 60)
-    options = read_options(local_store_options(local_store), ending={0: LATEST})
-    [partition] = plan_read(local_store, options).input_partitions
+    [partition] = ReadRequest(ending={0: LATEST}).plan(local_store).input_partitions
+    delivered = []
 
-    with pytest.raises(CrcMismatchError) as raised:
-        list(read_input_partition(local_store, partition, (), SegmentErrorMode.FAIL))
+    with pytest.raises(SegmentReadError) as raised:
+        delivered.extend(read_input_partition(local_store, partition, ()))
 
-    assert raised.value.key == bad_key
-    assert str(raised.value).startswith(f"{bad_key} at byte ")
-
-
-def test_mark_mode_yields_the_rows_before_a_corrupt_segment_then_one_marker(local_store):
-    write_pizza_segments(local_store, 0, [30] * 4)
-    write_pizza_segments(local_store, 1, [30] * 2)
-    bad_key = corrupt_segment(local_store, 0, 60)
-    options = read_options(local_store_options(local_store), ending={0: LATEST, 1: LATEST}, columns=PIZZA_COLUMNS,
-                           on_segment_error=SegmentErrorMode.MARK)
-
-    table = read_all(local_store, options)
-
-    markers = table.filter(is_error_marker(table))
-    data = table.filter(pc.invert(is_error_marker(table)))
-    assert_pizza_rows(data, 0, 0, 60)  # the segment after the corrupt one is not read either
-    assert_pizza_rows(data, 1, 0, 60)
-    [marker] = markers.to_pylist()
-    assert (marker["record_id"], marker["topic"], marker["partition"], marker["offset"]) == (
-        bad_key, TOPIC, 0, ERROR_MARKER_OFFSET)
-    assert marker["key"] is None and marker["order_id"] is None and marker[INVALID_REASON_COLUMN] is None
-    [failure] = error_markers(table)
+    assert sum(batch.num_rows for batch in delivered) == 60  # the segments before the corrupt one
+    failure = raised.value.failure
+    assert isinstance(raised.value.__cause__, CrcMismatchError) and raised.value.__cause__.key == bad_key
     assert (failure.kfs_key, failure.key, failure.error_type, failure.base_offset, failure.next_offset) == (
         bad_key, bad_key, "CrcMismatchError", 60, 60)
     assert failure.message.startswith(f"{bad_key} at byte {failure.position}:")
-    assert table["offset"][60].as_py() == ERROR_MARKER_OFFSET  # right after the rows of partition 0
+    assert f"CrcMismatchError: {bad_key} at byte " in str(raised.value)
+    assert pickle.loads(pickle.dumps(raised.value)).failure == failure  # Spark ships executor errors pickled
 
 
-def test_mark_mode_reports_a_storage_error_at_the_first_offset_not_delivered(local_store):
+def test_a_failing_segment_stops_its_kafka_partition_and_other_partitions_read_on(local_store):
+    write_pizza_segments(local_store, 0, [30] * 4)
+    write_pizza_segments(local_store, 1, [30] * 2)
+    bad_key = corrupt_segment(local_store, 0, 60)
+    options = ReadRequest(ending={0: LATEST, 1: LATEST}, columns=PIZZA_COLUMNS)
+
+    table, [failure] = options.read(local_store)
+
+    assert_pizza_rows(table, 0, 0, 60)  # the segment after the corrupt one is not read either
+    assert_pizza_rows(table, 1, 0, 60)
+    assert table.num_rows == 120 and table[INVALID_REASON_COLUMN].null_count == 120
+    assert (failure.topic, failure.partition, failure.kfs_key, failure.next_offset) == (TOPIC, 0, bad_key, 60)
+
+
+def test_a_storage_error_reports_the_first_offset_not_delivered(local_store):
     write_pizza_segments(local_store, 0, [100])
-    options = read_options(local_store_options(local_store), starting={0: 47}, ending={0: 100},
-                           on_segment_error=SegmentErrorMode.MARK)
-    [partition] = plan_read(local_store, options).input_partitions
+    [partition] = ReadRequest(starting={0: 47}, ending={0: 100}).plan(local_store).input_partitions
     segment_path(local_store, 0, 0, ObjectKind.INDEX).unlink()  # gone between planning and reading
 
-    [batch] = list(read_input_partition(local_store, partition, (), SegmentErrorMode.MARK))
+    with pytest.raises(SegmentReadError) as raised:
+        list(read_input_partition(local_store, partition, ()))
 
-    [failure] = error_markers(batch)
+    failure = raised.value.failure
     index_key = segment_key(local_store.namespace, TOPIC, 0, 0, ObjectKind.INDEX)
     assert (failure.key, failure.position, failure.error_type, failure.next_offset) == (
         index_key, None, ObjectNotFoundError.__name__, 47)
@@ -276,10 +250,10 @@ def test_mapped_columns_come_out_typed_and_invalid_records_are_kept_with_a_reaso
     local_store.put(kfs_key.removesuffix(".kfs") + ".index",
                     (fixture / kfs_key.rsplit("/", 1)[1]).with_suffix(".index").read_bytes())
     columns = (ColumnConfig(name="name", type="string", required=True), ColumnConfig(name="n", type="int"))
-    options = read_options(local_store_options(local_store), topic=meta["topic"], ending={meta["partition"]: LATEST},
-                           columns=columns)
+    options = ReadRequest(topic=meta["topic"], ending={meta["partition"]: LATEST},
+                          columns=columns)
 
-    table = read_all(local_store, options)
+    table = options.read_all(local_store)
 
     assert table.schema.field("name").type == pa.string() and table.schema.field("n").type == pa.int32()
     rows = table.select(["offset", "name", "n", INVALID_REASON_COLUMN]).to_pylist()
@@ -295,8 +269,8 @@ def test_mapped_columns_come_out_typed_and_invalid_records_are_kept_with_a_reaso
 def test_pizza_columns_are_coerced_in_batches_of_bounded_size(local_store, monkeypatch):
     write_pizza_segments(local_store, 0, [250])
     monkeypatch.setattr("kafscale_lakehouse.engine.kafscale_source.MAX_ROWS_PER_BATCH", 100)
-    options = read_options(local_store_options(local_store), ending={0: LATEST}, columns=PIZZA_COLUMNS)
-    [partition] = plan_read(local_store, options).input_partitions
+    options = ReadRequest(ending={0: LATEST}, columns=PIZZA_COLUMNS)
+    [partition] = options.plan(local_store).input_partitions
 
     batches = list(read_input_partition(local_store, partition, PIZZA_COLUMNS))
 
@@ -312,64 +286,31 @@ def test_pizza_columns_are_coerced_in_batches_of_bounded_size(local_store, monke
     assert MAX_ROWS_PER_BATCH == 65_536
 
 
-# ------------------------------------------------------------------------------------------------------ options
+# ------------------------------------------------------------------------------------------- task inputs
 
 
-def test_options_round_trip_and_credentials_use_names_spark_redacts(tmp_path):
-    options = KafscaleReadOptions(
-        store=StoreOptions(kind="s3", namespace="", bucket="lake", endpoint="http://127.0.0.1:1", region="eu-west-1",
-                           path_style=True, access_key_id="AKID", secret_access_key="SECRET", session_token="TOKEN"),
-        topic="orders", starting_offsets={0: 5}, ending_offsets={0: 10, 3: LATEST}, columns=PIZZA_COLUMNS,
-        max_bytes_per_partition=1000, on_segment_error=SegmentErrorMode.MARK)
-
-    spark_options = options.to_options()
-
-    assert KafscaleReadOptions.from_options({k.lower(): v for k, v in spark_options.items()}) == options
-    # Spark's default spark.redaction.regex.
-    redacted = {key for key in spark_options if re.search(r"(?i)secret|password|token|access[.]?key", key)}
-    assert redacted == {key for key, value in spark_options.items() if value in ("AKID", "SECRET", "TOKEN")}
-    assert "SECRET" not in repr(options) and "TOKEN" not in repr(options)
-    local = StoreOptions(kind="local", local_root=str(tmp_path))
-    assert StoreOptions.from_options({k.lower(): v for k, v in local.to_options().items()}) == local
-
-
-def test_store_options_describe_an_opened_store_so_executors_open_the_same(tmp_path):
+def test_an_opened_store_pickles_so_each_task_opens_the_same(tmp_path):
     s3 = S3SegmentStore("lake", namespace="ns", endpoint="http://127.0.0.1:1", region="eu-west-1", path_style=True,
                         access_key_id="AKID", secret_access_key="SECRET", session_token="TOKEN")
-    described = StoreOptions.describing(s3)
-    assert described == StoreOptions(kind="s3", namespace="ns", bucket="lake", endpoint="http://127.0.0.1:1",
-                                     region="eu-west-1", path_style=True, access_key_id="AKID",
-                                     secret_access_key="SECRET", session_token="TOKEN")
-    assert described.open().static_credentials == ("AKID", "SECRET", "TOKEN")
+    copy = pickle.loads(pickle.dumps(s3))
+    assert (copy.bucket, copy.namespace, copy.endpoint, copy.region, copy.path_style) == (
+        "lake", "ns", "http://127.0.0.1:1", "eu-west-1", True)
+    assert copy.static_credentials == ("AKID", "SECRET", "TOKEN")
+    assert "SECRET" not in repr(copy) and "TOKEN" not in repr(copy)
     local = LocalSegmentStore(tmp_path, namespace="ns")
-    assert StoreOptions.describing(local).open().root == local.root
+    assert pickle.loads(pickle.dumps(local)).root == local.root
 
 
-BASE_OPTIONS = {"store": "local", "localRoot": "/tmp/x", "topic": "orders", "endingOffsets": '{"orders": {"0": 5}}'}
-
-
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"startingoffset": "{}"}, r"unknown kafscale source options \['startingoffset'\]"),
-    ({"endingOffsets": None}, "option endingOffsets is required"),
-    ({"endingOffsets": "{"}, "option endingOffsets is not JSON"),
-    ({"endingOffsets": '{"other": {"0": 5}}'}, r"option endingOffsets names topics \['other'\]"),
-    ({"endingOffsets": '{"orders": {"zero": 5}}'}, "option endingOffsets: entry 'zero'"),
-    ({"startingOffsets": '{"orders": {"1": 0}}'}, r"startingOffsets names partitions \[1\]"),
-    ({"startingOffsets": '{"orders": {"0": 9}}'}, "starting offset 9 is after ending offset 5"),
-    ({"startingOffsets": '{"orders": {"0": -1}}'}, "partition 0: offsets -1..5 are invalid"),
-    ({"columns": '[{"name": "a", "type": "decimal"}]'}, r"option columns\[0\]: type: Input should be"),
-    ({"columns": '[{"name": "offset", "type": "long"}]'}, "option columns: column 'offset' is a base column"),
-    ({"localRoot": None}, "option localRoot is required with store=local"),
-    ({"bucket": "lake"}, "apply to store=s3 only"),
-    ({"store": "s3", "localRoot": None}, "option bucket is required with store=s3"),
-    ({"store": "s3", "localRoot": None, "bucket": "b", "s3.accessKeyId": "a"}, "s3.accessKeyId and s3.secretAccessKey"),
-    ({"store": "gcs"}, "option store is 'gcs'"),
-    ({"maxBytesPerPartition": "0"}, "maxBytesPerPartition is 0"),
-    ({"maxBytesPerPartition": "lots"}, "maxBytesPerPartition is 'lots'"),
-    ({"onSegmentError": "skip"}, "option onSegmentError is 'skip'"),
-    ({"topic": None, "endingOffsets": '{"": {"0": 5}}'}, "option topic is required"),
+@pytest.mark.parametrize(("starting", "ending", "extra", "message"), [
+    ({}, {}, {}, "ending offsets name no partition"),
+    ({1: 0}, {0: 5}, {}, r"starting offsets name partitions \[1\]"),
+    ({0: 9}, {0: 5}, {}, "starting offset 9 is after ending offset 5"),
+    ({0: -1}, {0: 5}, {}, "partition 0: offsets -1..5 are invalid"),
+    ({}, {0: -3}, {}, "partition 0: offsets -2..-3 are invalid"),
+    ({}, {0: 5}, {"max_bytes_per_partition": 0}, "max_bytes_per_partition is 0"),
 ])
-def test_invalid_options_are_rejected_naming_the_option(changes, message):
-    options = {**BASE_OPTIONS, **changes}
-    with pytest.raises(KafscaleOptionError, match=message):
-        KafscaleReadOptions.from_options({key: value for key, value in options.items() if value is not None})
+def test_invalid_offset_requests_are_refused_naming_the_partition(tmp_path, starting, ending, extra, message):
+    store = LocalSegmentStore(tmp_path, namespace="ns")
+    with pytest.raises(ValueError, match=message):
+        plan_read(store, "orders", ending, starting, **extra)
+    assert store.request_counts == {}  # refused before any request

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kafscale_lakehouse.config import LakehouseConfig
+from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
 from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.ingest import catalog_settings
 from kafscale_lakehouse.engine.snapshot_summary import (
     DEAD_LETTER_RECORDS_PROPERTY,
     OFFSETS_PROPERTY_PREFIX,
@@ -19,7 +19,6 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     WRITE_LATENCY_PROPERTY,
 )
 from kafscale_lakehouse.metrics import LakehouseStateCollector
-from kafscale_lakehouse.offsets.factory import offset_store_from_config
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
 from kafscale_lakehouse_tests.lease_helpers import held_leases
 

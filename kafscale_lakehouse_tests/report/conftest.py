@@ -11,6 +11,7 @@ import yaml
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
 from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, load_config
+from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table
 from kafscale_lakehouse.engine.dead_letter import (
     dead_letter_target,
@@ -18,7 +19,6 @@ from kafscale_lakehouse.engine.dead_letter import (
     publish_dead_letters,
     stage_dead_letters,
 )
-from kafscale_lakehouse.engine.ingest import catalog_settings
 from kafscale_lakehouse.engine.kafscale_source import INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN
 from kafscale_lakehouse.engine.source_rows import DeadLetterFileWriter
 from kafscale_lakehouse.engine.table_offsets import commit_append

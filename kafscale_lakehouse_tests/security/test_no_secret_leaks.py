@@ -21,16 +21,20 @@ import yaml
 
 from kafscale_lakehouse import cli
 from kafscale_lakehouse.config import ConfigError, load_config, parse_config
+from kafscale_lakehouse.connections import (
+    catalog_settings,
+    etcd_client_from_config,
+    offset_store_from_config,
+    segment_store_from_config,
+)
 from kafscale_lakehouse.definitions import build_definitions
 from kafscale_lakehouse.engine.catalog import CatalogError, load_catalog, open_table
-from kafscale_lakehouse.engine.ingest import catalog_settings
 from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
 from kafscale_lakehouse.engine.table_checks import CHECK_NAMES
 from kafscale_lakehouse.etcd_client import EtcdAuthError, EtcdClient
-from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX, lakehouse_resources
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient, SchemaRegistryError
-from kafscale_lakehouse.storage import StorageAuthError, segment_store_from_config
+from kafscale_lakehouse.storage import StorageAuthError
 from kafscale_lakehouse_tests.dagster_core.conftest import run_ingest_job
 from kafscale_lakehouse_tests.schema_registry.conftest import REGISTRY_PATH, Answer
 from kafscale_lakehouse_tests.security.conftest import (

@@ -110,7 +110,7 @@ def test_s3_mode_lists_only_the_mapped_topics(etcd, s3_with_segments):
 
 def test_auto_without_etcd_is_s3_and_etcd_mode_needs_endpoints(s3_with_segments):
     assert discover_partitions(DiscoveryMode.AUTO, s3_with_segments).source is DiscoveryMode.S3
-    with pytest.raises(ValueError, match="discovery.mode etcd needs etcd.endpoints"):
+    with pytest.raises(ValueError, match="discovery mode etcd needs an etcd client"):
         discover_partitions(DiscoveryMode.ETCD, s3_with_segments)
 
 

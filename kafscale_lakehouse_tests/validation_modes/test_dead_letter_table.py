@@ -19,7 +19,6 @@ from kafscale_lakehouse.engine.dead_letter import (
     split_dead_letter_files,
     stage_dead_letters,
 )
-from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput
 from kafscale_lakehouse.engine.kafscale_source import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
@@ -29,6 +28,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
 )
 from kafscale_lakehouse.engine.snapshot_summary import LOST_RECORDS_PROPERTY, RUN_ID_PROPERTY
 from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
+from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput
 from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.schema import table_schema
@@ -207,10 +207,10 @@ def test_a_dead_letter_table_with_other_columns_is_refused_naming_it(tmp_path):
         open_dead_letter_table(catalog, "ns.taken")
 
 
-def _message(partition: int, first_invalid: int, files: list) -> IngestTaskOutput:
+def _message(partition: int, first_invalid: int, files: list) -> IngestionTaskOutput:
     stats = SourceTaskStats(invalid_count=2, invalid_by_partition={partition: 2},
                             invalid_first_offset={partition: first_invalid}, dead_letter_files=files)
-    return IngestTaskOutput(task_id=0, data_files=(), source_stats=stats)
+    return IngestionTaskOutput(task_id=0, data_files=(), source_stats=stats)
 
 
 def test_dead_letter_files_are_kept_only_for_offsets_the_run_commits():

@@ -1,25 +1,25 @@
-"""JSON Schema validation inside the `kafscale` source's read: on the executors, per record, with the schema path."""
+"""JSON Schema validation inside the read of segments: on the executors, per record, with the schema path."""
 
 from __future__ import annotations
 
-import json
+import pickle
 
 import pyarrow as pa
 import pytest
 
 from kafscale_lakehouse.config import ColumnConfig
+from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
+from kafscale_lakehouse.engine.iceberg_sink import SinkJob
 from kafscale_lakehouse.engine.kafscale_source import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
-    KafscaleOptionError,
-    KafscaleReadOptions,
-    StoreOptions,
     plan_read,
     read_input_partition,
-    read_kafscale,
-    source_spark_schema,
 )
+from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
+from kafscale_lakehouse.engine.spark_ingestion import run_ingestion_spark_job
 from kafscale_lakehouse.format import encode_segment
+from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.validation import compile_json_schema
 from kafscale_lakehouse.storage import LocalSegmentStore
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, PIZZA_SCHEMA, SEGMENT_RECORDS, records_with_faults
@@ -39,17 +39,10 @@ def store(tmp_path) -> LocalSegmentStore:
     return store
 
 
-def read_options(store: LocalSegmentStore, *, validated: bool) -> KafscaleReadOptions:
-    return KafscaleReadOptions(
-        store=StoreOptions(kind="local", namespace=store.namespace, local_root=str(store.root)), topic=TOPIC,
-        starting_offsets={0: 0}, ending_offsets={0: 2 * SEGMENT_RECORDS}, columns=COLUMNS,
-        json_schema=compile_json_schema(PIZZA_SCHEMA, SCHEMA_SOURCE) if validated else None)
-
-
-def read_all(store: LocalSegmentStore, options: KafscaleReadOptions) -> pa.Table:
-    batches = [batch for part in plan_read(store, options).input_partitions
-               for batch in read_input_partition(store, part, options.columns, options.on_segment_error,
-                                                 options.json_schema)]
+def read_all(store: LocalSegmentStore, *, validated: bool) -> pa.Table:
+    json_schema = compile_json_schema(PIZZA_SCHEMA, SCHEMA_SOURCE) if validated else None
+    batches = [batch for part in plan_read(store, TOPIC, {0: 2 * SEGMENT_RECORDS}, {0: 0}).input_partitions
+               for batch in read_input_partition(store, part, COLUMNS, json_schema)]
     return pa.Table.from_batches(batches)
 
 
@@ -59,7 +52,7 @@ def expected_schema_status(offset: int) -> tuple[str | None, str | None]:
 
 
 def test_each_violation_gets_its_reason_and_schema_path_and_valid_records_none(store):
-    table = read_all(store, read_options(store, validated=True))
+    table = read_all(store, validated=True)
 
     assert table.num_rows == 2 * SEGMENT_RECORDS
     rows = table.select(["offset", INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN]).to_pylist()
@@ -73,7 +66,7 @@ def test_each_violation_gets_its_reason_and_schema_path_and_valid_records_none(s
 
 
 def test_a_schema_violation_wins_over_a_coercion_failure_of_the_same_record(store):
-    [row] = [r for r in read_all(store, read_options(store, validated=True)).to_pylist() if r["offset"] == 5]
+    [row] = [r for r in read_all(store, validated=True).to_pylist() if r["offset"] == 5]
 
     # order_id is missing: a required column that cannot be coerced, and a `required` keyword of the schema.
     assert row[INVALID_REASON_COLUMN] == "$: 'order_id' is a required property"
@@ -81,7 +74,7 @@ def test_a_schema_violation_wins_over_a_coercion_failure_of_the_same_record(stor
 
 
 def test_without_a_schema_only_coercion_failures_are_invalid_and_there_is_no_schema_path_column(store):
-    table = read_all(store, read_options(store, validated=False))
+    table = read_all(store, validated=False)
 
     assert INVALID_SCHEMA_PATH_COLUMN not in table.schema.names
     reasons = {row["offset"]: row[INVALID_REASON_COLUMN] for row in table.to_pylist()}
@@ -91,36 +84,34 @@ def test_without_a_schema_only_coercion_failures_are_invalid_and_there_is_no_sch
         assert FAULTS[offset % SEGMENT_RECORDS].coercion_reason in reasons[offset]
 
 
-def test_the_schema_travels_in_the_options_and_comes_back_compiled(store):
-    options = read_options(store, validated=True)
-    spark_options = {k.lower(): v for k, v in options.to_options().items()}
+def test_the_compiled_schema_travels_to_the_tasks_as_its_document():
+    compiled = compile_json_schema(PIZZA_SCHEMA, SCHEMA_SOURCE)
 
-    parsed = KafscaleReadOptions.from_options(spark_options)
+    copy = pickle.loads(pickle.dumps(compiled))
 
-    assert parsed.json_schema.document == PIZZA_SCHEMA and parsed.json_schema.source == SCHEMA_SOURCE
-    assert parsed.json_schema.validator.is_valid({"order_id": "x", "store_id": 1})
-    assert INVALID_SCHEMA_PATH_COLUMN in source_spark_schema(parsed.columns, validated=True).fieldNames()
-
-
-@pytest.mark.parametrize("change, message", [
-    ({"jsonschema": "{not json"}, "option jsonSchema (from http://registry.test/schemas/validated-pizzas.json) is not JSON"),
-    ({"jsonschema": json.dumps({"type": 5})}, "option jsonSchema: JSON Schema http://registry.test"),
-    ({"jsonschema": None}, "option jsonSchemaSource is given without jsonSchema"),
-])
-def test_a_bad_schema_option_is_an_error_naming_the_option(store, change, message):
-    spark_options = {k.lower(): v for k, v in read_options(store, validated=True).to_options().items()}
-    spark_options.update(change)
-
-    with pytest.raises(KafscaleOptionError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        KafscaleReadOptions.from_options({k: v for k, v in spark_options.items() if v is not None})
+    assert copy.document == PIZZA_SCHEMA and copy.source == SCHEMA_SOURCE
+    assert copy.validator.is_valid({"order_id": "x", "store_id": 1})
+    assert not copy.validator.is_valid({"store_id": 1})
 
 
-def test_spark_executors_validate_with_the_schema_from_the_options(store, spark):
-    options = read_options(store, validated=True)
+def test_spark_tasks_validate_with_the_schema_of_the_task_spec(store, spark, tmp_path):
+    catalog = load_catalog(CatalogSettings(type="sql", warehouse=str(tmp_path / "warehouse")))
+    table = open_table(catalog, "validation.pizzas", schema=table_schema(COLUMNS), create_if_missing=True)
+    dead_letters = open_table(catalog, "validation.pizzas_dead_letters", schema=DEAD_LETTER_SCHEMA,
+                              create_if_missing=True)
+    target = DeadLetterTarget(SinkJob.for_table(dead_letters, "run-v", 1 << 20), ingested_at_us=0)
+    partitions = plan_read(store, TOPIC, {0: 2 * SEGMENT_RECORDS}, {0: 0}, max_bytes_per_partition=1).input_partitions
 
-    rows = read_kafscale(spark, options).select("offset", INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN).collect()
+    outputs = run_ingestion_spark_job(spark, table, "run-v", store, TOPIC, partitions, columns=COLUMNS,
+                                      json_schema=compile_json_schema(PIZZA_SCHEMA, SCHEMA_SOURCE),
+                                      target_file_size_bytes=1 << 20, dead_letters=(dead_letters, target))
 
-    assert len(rows) == 2 * SEGMENT_RECORDS
-    invalid = {row["offset"]: row[INVALID_SCHEMA_PATH_COLUMN] for row in rows if row[INVALID_REASON_COLUMN]}
-    assert invalid == {offset: expected_schema_status(offset)[1] for offset in range(2 * SEGMENT_RECORDS)
-                       if offset % SEGMENT_RECORDS in FAULTS}
+    assert len(outputs) == 2 and all(o.failure is None for o in outputs)
+    invalid = {offset for offset in range(2 * SEGMENT_RECORDS) if offset % SEGMENT_RECORDS in FAULTS}
+    assert sum(o.source_stats.invalid_count for o in outputs) == len(invalid)
+    assert sum(sum(o.source_stats.rows.values()) for o in outputs) == 2 * SEGMENT_RECORDS - len(invalid)
+    samples = [sample for o in outputs for sample in o.source_stats.invalid_samples]
+    assert {int(sample.record_id.rsplit(":", 1)[1]) for sample in samples} == invalid  # fewer than 20 per task
+    for sample in samples:
+        assert sample.schema_path == expected_schema_status(int(sample.record_id.rsplit(":", 1)[1]))[1], sample
+    assert sum(len(o.source_stats.dead_letter_files) for o in outputs) == 2

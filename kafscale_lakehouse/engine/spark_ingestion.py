@@ -1,12 +1,16 @@
-"""The Spark job of an ingestion run: each task reads one segment run and writes it as Parquet data files.
+"""The Spark job of an ingestion run (`run_ingestion_spark_job`; the Dagster job that runs a whole ingestion is
+another thing): each task reads one segment run and writes it as Parquet data files.
 
 A run's records never cross into the JVM. The job is `mapInArrow` over one row per planned `SegmentRunPartition`;
-its task fetches and decodes the segments, coerces and validates the values (`kafscale_source.read_input_partition`),
-holds back error markers and invalid records (`SourceRowSplitter`, which writes the dead letters), writes the rest
-with the sink's file writer (`iceberg_sink.write_batches_as_data_files`) and returns only the `DataFile`s and its
-stats, pickled. Going through the `kafscale` source and the Iceberg sink as two Spark data sources costs an Arrow →
-row → Arrow conversion of every record in the JVM: about 3 CPU s per 200k records, as much as all our Python work
-(benchmarks/README.md).
+the tasks share one pickled `IngestionTaskSpec` (the opened segment store, which pickles as its settings, the input
+partitions, columns, JSON Schema, sink and dead-letter target). A task fetches and decodes its segments, coerces and
+validates the values (`kafscale_source.read_input_partition`), holds back invalid records (`SourceRowSplitter`,
+which writes the dead letters), writes the rest with the sink's file writer
+(`iceberg_sink.write_batches_as_data_files`) and returns only an `IngestionTaskOutput`, pickled: the `DataFile`s,
+its stats, and the `SegmentReadFailure` when a segment could not be read (the rows before it are written; the
+driver commits that Kafka partition only below it). Reading through a Spark data source instead would cost an
+Arrow → row → Arrow conversion of every record in the JVM: about 3 CPU s per 200k records, as much as all our
+Python work (benchmarks/README.md).
 
 Like the sink, nothing is committed here: the caller commits the files (`table_offsets.commit_append`) or deletes
 them. A task that fails deletes what it wrote; when the job fails, the files of tasks that had finished are found
@@ -25,6 +29,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
+from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.iceberg_sink import (
     IcebergSinkError,
     SinkJob,
@@ -35,13 +40,16 @@ from kafscale_lakehouse.engine.iceberg_sink import (
 )
 from kafscale_lakehouse.engine.kafscale_source import (
     SOURCE_STATUS_COLUMNS,
-    KafscaleReadOptions,
+    SegmentReadError,
+    SegmentReadFailure,
     SegmentRunPartition,
     read_input_partition,
     source_arrow_schema,
 )
 from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
 from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files
+from kafscale_lakehouse.schema.validation import CompiledJsonSchema
+from kafscale_lakehouse.storage import SegmentStore
 
 log = logging.getLogger(__name__)
 
@@ -49,60 +57,72 @@ _OUTPUT_SCHEMA = "task_output binary"
 
 
 @dataclass(frozen=True)
-class IngestTaskOutput:
-    """What one task wrote: data files of the table (uncommitted) and what it saw of its Kafka partition."""
+class IngestionTaskOutput:
+    """What one task wrote: data files of the table (uncommitted) and what it saw of its Kafka partition; `failure`
+    when a segment could not be read (its files hold only the rows before that segment)."""
 
     task_id: int
     data_files: tuple[DataFile, ...]
     source_stats: SourceTaskStats
+    failure: SegmentReadFailure | None = None
 
 
 @dataclass(frozen=True)
-class _IngestTasks:
-    """Everything a task needs, pickled once into the job's closure (read options travel as their string form)."""
+class IngestionTaskSpec:
+    """Everything the tasks of one ingestion Spark job need, pickled once into the job's closure."""
 
-    read_options: dict[str, str]
+    store: SegmentStore  # pickles as its settings; each task opens its own client
     input_partitions: tuple[SegmentRunPartition, ...]
+    columns: tuple[ColumnConfig, ...]
+    json_schema: CompiledJsonSchema | None  # validate every value against it (pickles as its document)
     sink: SinkJob
     dead_letters: DeadLetterTarget | None
 
     def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        read_options = KafscaleReadOptions.from_options(self.read_options)
-        store = read_options.store.open()
         for batch in task_ids:
             for task_id in batch.column(0).to_pylist():
-                output = self._run(store, read_options, task_id)
+                output = self.run_task(task_id)
                 yield pa.RecordBatch.from_pydict({"task_output": [pickle.dumps(output, pickle.HIGHEST_PROTOCOL)]})
 
-    def _run(self, store, read_options: KafscaleReadOptions, task_id: int) -> IngestTaskOutput:
-        partition = self.input_partitions[task_id]
-        records = read_input_partition(store, partition, read_options.columns, read_options.on_segment_error,
-                                       read_options.json_schema)
+    def run_task(self, task_id: int) -> IngestionTaskOutput:
+        """Read input partition `task_id` and write its valid rows (and its dead letters) as data files."""
+        failures: list[SegmentReadFailure] = []
+        records = _until_failure(read_input_partition(self.store, self.input_partitions[task_id], self.columns,
+                                                      self.json_schema), failures)
         splitter = SourceRowSplitter(self.dead_letters, task_id)
         try:
             data_files = write_batches_as_data_files(self.sink, splitter.rows_to_write(records), task_id)
         except BaseException:
             splitter.discard_dead_letters()
             raise
-        return IngestTaskOutput(task_id, tuple(data_files), splitter.stats)
+        return IngestionTaskOutput(task_id, tuple(data_files), splitter.stats, failures[0] if failures else None)
 
 
-def run_ingest_job(spark: SparkSession, table: Table, run_id: str, read_options: KafscaleReadOptions,
-                   input_partitions: Sequence[SegmentRunPartition], *, target_file_size_bytes: int,
-                   dead_letters: tuple[Table, DeadLetterTarget] | None = None) -> list[IngestTaskOutput]:
+def _until_failure(batches: Iterator[pa.RecordBatch], failures: list[SegmentReadFailure]) -> Iterator[pa.RecordBatch]:
+    """`batches` up to a segment that cannot be read, whose failure is appended to `failures` instead of raised."""
+    try:
+        yield from batches
+    except SegmentReadError as exc:
+        failures.append(exc.failure)
+
+
+def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, store: SegmentStore, topic: str,
+                            input_partitions: Sequence[SegmentRunPartition], *, columns: Sequence[ColumnConfig],
+                            json_schema: CompiledJsonSchema | None, target_file_size_bytes: int,
+                            dead_letters: tuple[Table, DeadLetterTarget] | None = None) -> list[IngestionTaskOutput]:
     """Read `input_partitions` and write them as data files of `table` (and invalid records as data files of the
     dead-letter table), one Spark task per input partition; returns each task's output, nothing committed.
 
     Raises `IcebergSinkError` naming the table when the job fails, after deleting what its tasks wrote.
     """
     sink = SinkJob.for_table(table, run_id, target_file_size_bytes)
-    written = source_arrow_schema(read_options.columns, validated=read_options.json_schema is not None)
+    written = source_arrow_schema(columns, validated=json_schema is not None)
     check_arrow_schema(pa.schema([f for f in written if f.name not in SOURCE_STATUS_COLUMNS]), table,
-                       what=f"records of topic {read_options.topic}")
+                       what=f"records of topic {topic}")
     if not input_partitions:
         return []
-    tasks = _IngestTasks(read_options.to_options(), tuple(input_partitions), sink,
-                         dead_letters[1] if dead_letters else None)
+    tasks = IngestionTaskSpec(store, tuple(input_partitions), tuple(columns), json_schema, sink,
+                              dead_letters[1] if dead_letters else None)
     count = len(input_partitions)
     log.info("table %s run %s: one Spark job of %d tasks over %d segments (%d bytes)", sink.table_name, run_id, count,
              sum(len(p.segments) for p in input_partitions),

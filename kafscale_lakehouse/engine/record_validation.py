@@ -34,12 +34,6 @@ class RecordValidation:
     dead_letter_table: str | None  # where invalid records go; None: invalid records fail the run
 
 
-def schema_registry_client(config: LakehouseConfig) -> SchemaRegistryClient | None:
-    """The process's registry client (its cache is per client: build one and share it), None without a base_url."""
-    registry = config.schema_config.registry
-    return SchemaRegistryClient.from_config(registry) if registry.base_url is not None else None
-
-
 def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
                               registry: SchemaRegistryClient | None) -> RecordValidation:
     """See the module docstring; raises the registry's errors for `mapping.topic` as they are."""
