@@ -30,6 +30,13 @@ from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
+from kafscale_lakehouse.engine.cutover import (
+    HandoverConflictError,
+    acquire_handover_lease,
+    continued_elsewhere,
+    handover_partitions,
+    handover_start,
+)
 from kafscale_lakehouse.engine.dead_letter import (
     DeadLetterFiles,
     dead_letter_target,
@@ -79,6 +86,9 @@ log = logging.getLogger(__name__)
 SKIPPED_PROPERTY_PREFIX = "kafscale.skipped."
 # Milliseconds from the start of the write to the commit, the Go processor's write latency, for `serve-metrics`.
 WRITE_LATENCY_PROPERTY = "kafscale.write-latency-ms"
+# `{"<partition>": ms}`: the Kafka timestamp of the last record committed per partition, the Go processor's
+# `watermark_timestamp_ms`, for `serve-metrics` (etcd's `last_timestamp_ms` is the commit time, as Go writes it).
+WATERMARK_TIMESTAMP_PROPERTY = "kafscale.watermark-timestamp-ms"
 # Data files of a crashed run are removed once they are this old, so a live run's files are never touched.
 ORPHAN_FILE_MIN_AGE = timedelta(hours=1)
 
@@ -290,10 +300,13 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
     leases: dict[int, Lease] = {}
     prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {}, None)
     try:
+        # Partitions the Go processor wrote: its lease may still be on its way out (cutover.py).
+        handover = handover_partitions(read_topic_offsets(table, topic), context.offsets.committed_offsets(topic))
         for partition in wanted:
+            owner = f"{context.owner_id}-{run_id[:8]}"
             try:
-                leases[partition] = context.offsets.acquire_lease(topic, partition,
-                                                                  f"{context.owner_id}-{run_id[:8]}")
+                leases[partition] = (acquire_handover_lease(context.offsets, topic, partition, owner)
+                                     if partition in handover else context.offsets.acquire_lease(topic, partition, owner))
             except LeaseHeldError as exc:
                 result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
         if leases:
@@ -324,16 +337,26 @@ def _plan(prepared: PreparedIngest) -> None:
     context, mapping, topic = prepared.context, prepared.mapping, prepared.mapping.topic
     table_next = read_topic_offsets(prepared.table, topic)
     etcd_committed = context.offsets.committed_offsets(topic)
-    _repair_etcd(context, topic, table_next, etcd_committed, prepared.leases)
+    continued = continued_elsewhere(prepared.table, topic, table_next, etcd_committed, context.offsets.location)
+    for partition, error in continued.items():
+        if partition in prepared.leases:
+            prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=error)
+    leases = {p: lease for p, lease in prepared.leases.items() if p not in continued}
+    _repair_etcd(context, topic, table_next, etcd_committed, leases)
 
     allow_gaps = mapping.allow_gaps if mapping.allow_gaps is not None else context.config.processor.allow_gaps
     budget = max(1, context.config.processor.max_bytes_per_run // len(prepared.leases))
-    for partition in sorted(prepared.leases):
+    for partition in sorted(leases):
         if partition in table_next:
             start = table_next[partition]
         elif partition in etcd_committed:
             # The table has never been written by us: continue where the Go processor's etcd offsets stopped.
-            start = etcd_committed[partition].next_offset
+            try:
+                start = handover_start(prepared.table, topic, partition, etcd_committed[partition],
+                                       context.offsets.location)
+            except HandoverConflictError as exc:
+                prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
+                continue
         else:
             start = None
         outcome = PartitionOutcome(partition, start, start)
@@ -474,6 +497,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     properties = ({SKIPPED_PROPERTY_PREFIX + topic: json.dumps({str(p): list(r) for p, r in skipped.items()})}
                   if skipped else {})
     properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - write_started) * 1000))
+    properties[WATERMARK_TIMESTAMP_PROPERTY] = json.dumps(_last_record_timestamps(messages, committing, ends))
     staged = None
     if dead_letters is not None:
         # Staged before the table commit, published right after it (dead_letter.py: why nothing is lost or doubled).
@@ -492,9 +516,10 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         result.dead_letter_snapshot_id = publish_dead_letters(dead_letters, staged,
                                                               source_snapshot_id=commit.snapshot_id)
     try:
-        context.offsets.commit_offsets(
-            [leases[p] for p in committing],
-            {p: (ends[p] - 1, _max_timestamp(messages, p)) for p in committing})
+        # Go's `last_timestamp_ms` is the wall-clock time of the commit (checkpoint.OffsetState.Timestamp).
+        committed_at_ms = time.time_ns() // 1_000_000
+        context.offsets.commit_offsets([leases[p] for p in committing],
+                                       {p: (ends[p] - 1, committed_at_ms) for p in committing})
     except LeaseLostError as exc:
         # The table has the data and the offsets; the next run repairs etcd from it.
         log.warning("topic %s: committed snapshot %d but could not update %s: %s", topic, commit.snapshot_id,
@@ -538,9 +563,17 @@ def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestTaskOutpu
         outcome.start_offset = plan.commit_start
 
 
-def _max_timestamp(messages: list[IngestTaskOutput], partition: int) -> int:
-    return max((m.source_stats.max_timestamp_ms[partition] for m in messages
-                if partition in m.source_stats.max_timestamp_ms), default=0)
+def _last_record_timestamps(messages: list[IngestTaskOutput], committing: Iterable[int],
+                            ends: dict[int, int]) -> dict[str, int]:
+    """`{"<partition>": timestamp}` of the last valid record committed per partition (partitions with one)."""
+    last: dict[int, tuple[int, int]] = {}
+    for message in messages:
+        stats = message.source_stats
+        for p in committing:
+            if p in stats.last_timestamp_ms and stats.first_offset[p] < ends[p]:
+                candidate = (stats.last_offset[p], stats.last_timestamp_ms[p])
+                last[p] = max(last.get(p, candidate), candidate)
+    return {str(p): timestamp for p, (_, timestamp) in sorted(last.items())}
 
 
 def _describe_invalid(result: IngestResult) -> str:
