@@ -133,7 +133,7 @@ class YamlScalar:
 
     __slots__ = ("text", "value")
 
-    def __init__(self, value: Any, text: str):
+    def __init__(self, value: Any, text: str) -> None:
         self.value = value
         self.text = text
 
@@ -497,7 +497,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> LakehouseConfig:
 def parse_config(mapping: Mapping[str, Any], source: str = "<config>", base_dir: str | os.PathLike[str] | None = None) -> LakehouseConfig:
     """Validate an already-parsed config document. Relative paths resolve against `base_dir` (default: cwd)."""
     if not isinstance(mapping, Mapping):
-        raise ConfigError(source, [f"the config must be a mapping of keys to values, not {_json_kind(_plain(mapping))}"])
+        kind = _json_kind(_plain(mapping))
+        raise ConfigError(source, [f"the config must be a mapping of keys to values, not {kind}"])
     problems: list[str] = []
     expanded = _expand_env(_without_helm_chart_keys(mapping, source), (), problems)
     try:

@@ -13,7 +13,7 @@ Prometheus scrapes it, under the Go processor's names and labels, and dashboards
 | `kafscale_processor_write_latency_ms{topic}` | histogram of `kafscale.write-latency-ms` of our snapshots |
 | `kafscale_processor_last_offset{topic,partition}` | last committed offset in etcd / the offsets store |
 | `kafscale_processor_watermark_offset{topic,partition}` | the same (Go sets both to the last committed offset) |
-| `kafscale_processor_watermark_timestamp_ms{topic,partition}` | Kafka timestamp of the last record committed (`kafscale.watermark-timestamp-ms` of our newest snapshot that has the partition) |
+| `kafscale_processor_watermark_timestamp_ms{topic,partition}` | timestamp of the last record committed (below) |
 | `kafscale_processor_lag{topic,partition}` | our addition: broker `next_offset` - committed next offset |
 | `kafscale_processor_errors_total{stage}` | this process's failures to read state (`checkpoint`, `sink`, `discover`) |
 
@@ -33,8 +33,8 @@ that property (or was made by the Go processor) has no `watermark_timestamp_ms` 
 `errors_total` counts what this process failed to read (etcd or the offsets store: `checkpoint`; the catalog or a
 table: `sink`; with `discovery.mode` etcd or auto, the broker's metadata snapshot: `discover`, when it is missing in
 etcd mode or unreadable in either, where Go counts `discover` only in etcd mode and falls back to S3 in auto mode),
-across scrapes. Go's `decode`, `lfs` and `schema` stages are failures of ingest runs, which happen in run pods. Failed ingest runs are not counted here: they are in Dagster (run status, asset
-checks) or the exit code of `kafscale-lakehouse ingest`. When etcd or the catalog is down, `/metrics` still answers:
+across scrapes. Go's `decode`, `lfs` and `schema` stages are failures of ingest runs, which are not counted here:
+they are in Dagster (run status, asset checks) or the exit code of `kafscale-lakehouse ingest`. When etcd or the catalog is down, `/metrics` still answers:
 the series of the failing source are left out of that scrape and `errors_total` goes up.
 
 Endpoints: `/metrics`, `/healthz` (200 `ok` while the process runs: liveness) and `/readyz` (200 when etcd and the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import And, EqualTo, GreaterThan
 from pyiceberg.table import Table
@@ -32,7 +33,7 @@ LEASE_POLL_SECONDS = 0.5
 class LeaseNotReleasedError(LeaseHeldError):
     """A lease on a hand-over partition was still held after the bounded wait."""
 
-    def __init__(self, held: LeaseHeldError, waited_seconds: float):
+    def __init__(self, held: LeaseHeldError, waited_seconds: float) -> None:
         self.key, self.topic, self.partition = held.key, held.topic, held.partition
         self.current_owner = held.current_owner
         OffsetStoreError.__init__(self, f"{held} after waiting {waited_seconds:g}s for its release: the table was "
@@ -68,7 +69,7 @@ def acquire_handover_lease(offsets: OffsetStore, topic: str, partition: int, own
         time.sleep(LEASE_POLL_SECONDS)
 
 
-def _offsets_beyond(table: Table, topic: str, partition: int, offset: int):
+def _offsets_beyond(table: Table, topic: str, partition: int, offset: int) -> pa.Array:
     """The distinct offsets of `topic`/`partition` in the table above `offset` (file statistics prune the scan)."""
     found = table.scan(row_filter=And(EqualTo("topic", topic), EqualTo("partition", partition),
                                       GreaterThan("offset", offset)), selected_fields=("offset",)).to_arrow()
@@ -102,8 +103,8 @@ def handover_start(table: Table, topic: str, partition: int, committed: Committe
     if len(offsets):
         last = pc.max(offsets).as_py()
         if pc.min(offsets).as_py() != start or len(offsets) != last - committed.offset:
-            raise HandoverConflictError(f"topic {topic} partition {partition}: {location} says offset {committed.offset} was "
-                             f"the last committed, but the table {'.'.join(table.name())} holds {len(offsets)} "
+            raise HandoverConflictError(f"topic {topic} partition {partition}: {location} says offset "
+                             f"{committed.offset} was the last committed, but the table {'.'.join(table.name())} holds {len(offsets)} "
                              f"offsets in {pc.min(offsets).as_py()}..{last} beyond it, not one run after it; the "
                              f"table and etcd disagree, resolve by hand before ingesting")
         log.warning("topic %s partition %d: the table already holds offsets %d..%d beyond %s's offset %d (the Go "

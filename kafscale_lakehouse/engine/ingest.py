@@ -305,8 +305,10 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
         for partition in wanted:
             owner = f"{context.owner_id}-{run_id[:8]}"
             try:
-                leases[partition] = (acquire_handover_lease(context.offsets, topic, partition, owner)
-                                     if partition in handover else context.offsets.acquire_lease(topic, partition, owner))
+                if partition in handover:
+                    leases[partition] = acquire_handover_lease(context.offsets, topic, partition, owner)
+                else:
+                    leases[partition] = context.offsets.acquire_lease(topic, partition, owner)
             except LeaseHeldError as exc:
                 result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
         if leases:

@@ -99,7 +99,8 @@ def test_the_go_processors_config_yaml_means_the_same_apart_from_lfs(tmp_path):
 
 
 def test_the_config_the_go_processors_helm_chart_renders(tmp_path, caplog):
-    rendered = render_chart_config(CHART / "go-processor-chart-values.yaml", CHART / "go-processor-chart-configmap.yaml")
+    rendered = render_chart_config(CHART / "go-processor-chart-values.yaml",
+                                   CHART / "go-processor-chart-configmap.yaml")
     # What the chart adds at the top and what YAML 1.1 made of `mode: off` are really in the rendered file.
     assert "existingConfigMap: ''\n" in rendered and "path: /config/config.yaml\n" in rendered
     assert "password: null" in rendered and "endpoint: ''" in rendered
@@ -119,15 +120,16 @@ def test_the_config_the_go_processors_helm_chart_renders(tmp_path, caplog):
 
 def test_the_helm_rendered_config_verbatim(tmp_path):
     # Needs `mappings[].lfs` with `mode: false` (Helm's YAML 1.1 reading of `off`).
-    rendered = render_chart_config(CHART / "go-processor-chart-values.yaml", CHART / "go-processor-chart-configmap.yaml")
+    rendered = render_chart_config(CHART / "go-processor-chart-values.yaml",
+                                   CHART / "go-processor-chart-configmap.yaml")
     assert "    mode: false\n" in rendered
     assert_means_what_go_reads(load_config(write(tmp_path, rendered)))
 
 
 # yaml.v3 decodes these into a Go bool field (decode.go), quoted or not; `true`/`false` as usual.
 def test_yaml_1_1_booleans_exactly_as_go_yaml_v3_accepts_them():
-    assert YAML11_TRUE == {"y", "Y", "yes", "Yes", "YES", "on", "On", "ON"}
-    assert YAML11_FALSE == {"n", "N", "no", "No", "NO", "off", "Off", "OFF"}
+    assert {"y", "Y", "yes", "Yes", "YES", "on", "On", "ON"} == YAML11_TRUE
+    assert {"n", "N", "no", "No", "NO", "off", "Off", "OFF"} == YAML11_FALSE
 
 
 @pytest.mark.parametrize("word, expected", [*((w, True) for w in sorted(YAML11_TRUE)),

@@ -84,7 +84,7 @@ def test_cut_over_from_the_go_processor_and_back(production_world, spark, caplog
     world.write_segments(0, 100, records_per_segment=50)  # offsets 0..99
     world.write_segments(1, 90, records_per_segment=30)  # offsets 0..89
     # Go wrote p0 0..49 and p1 0..59, but crashed after writing p1 30..59 and before committing that offset.
-    create_go_table(world, {0: range(0, 50), 1: range(0, 60)})
+    create_go_table(world, {0: range(50), 1: range(60)})
     go_committed_at = int(time.time() * 1000) - 60_000
     with EtcdClient([world.etcd_endpoint]) as client:
         put_go_offsets(client, world, {0: 49, 1: 29}, go_committed_at)
@@ -156,7 +156,7 @@ def test_cut_over_from_the_go_processor_and_back(production_world, spark, caplog
 def test_a_go_lease_that_stays_is_waited_for_then_named_not_broken(production_world, spark):
     world = production_world
     world.write_segments(0, 40, records_per_segment=40)
-    create_go_table(world, {0: range(0, 20)})
+    create_go_table(world, {0: range(20)})
     with EtcdClient([world.etcd_endpoint]) as client:
         put_go_offsets(client, world, {0: 19}, int(time.time() * 1000))
         go_lease = client.grant_lease(60)  # a Go processor still running keeps renewing it
