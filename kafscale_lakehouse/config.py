@@ -7,7 +7,14 @@ and, as in Go, an empty string, a null or (for the Go integer settings) a 0 mean
 Differences from Go, all deliberate:
 - validation is strict: an unknown key, a wrong type, a missing key, a bad enum value or identifier is an
   error naming the key path (Go silently ignores unknown keys); all problems are reported at once;
-- YAML booleans are only `true`/`false` (as in Go's yaml.v3), so `mode: off` is the string "off";
+- YAML scalars are read as Go's yaml.v3 reads them into the Go processor's typed fields: a key Go types as a string
+  takes the scalar's text as written (`topic: 2024` is "2024", `table: 0x1F.t` stays as written); a key Go types as
+  a boolean also takes the YAML 1.1 words yaml.v3 accepts there (`y Y yes Yes YES on On ON` true, `n N no No NO off
+  Off OFF` false, quoted or not) besides `true`/`false`; a key Go types as an integer also takes an integral number
+  like `30.0` (Go would truncate `30.5`; we refuse it). Anywhere else `off`/`yes` stay strings, so `mode: off` is
+  the string "off", and only `true`/`false` are booleans;
+- the keys KafScale's Helm chart adds at the top of the config it renders (`existingConfigMap`, `path`) are
+  accepted and ignored with a log line (they tell the chart where the config lives, nothing the processor uses);
 - `s3.namespace` defaults to `default`, the broker's default namespace (Go lists from the bucket root);
   write `namespace: ""` for a broker without namespace;
 - a topic may feed only one table and a table may be fed by only one mapping (Go keeps the last mapping
@@ -27,7 +34,8 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -112,6 +120,76 @@ StringMap = Annotated[dict[str, str], BeforeValidator(_scalars_as_strings)]
 LocalPath = Annotated[Path, Field(strict=False)]
 
 
+# ------------------------------------------------------------------------------ Go yaml.v3 scalar decoding
+
+# What yaml.v3 accepts for a Go `bool` field besides true/false (decode.go: "compatibility with the 1.1 spec").
+YAML11_TRUE = frozenset({"y", "Y", "yes", "Yes", "YES", "on", "On", "ON"})
+YAML11_FALSE = frozenset({"n", "N", "no", "No", "NO", "off", "Off", "OFF"})
+
+
+class YamlScalar:
+    """A plain (unquoted) YAML number or boolean from the config file: its value and its text as written, so that a
+    key Go types as a string gets the text (`topic: 0x10` is "0x10", not "16") and any other key the value."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, value: Any, text: str) -> None:
+        self.value = value
+        self.text = text
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _plain(value: Any) -> Any:
+    """`value` with every `YamlScalar` replaced by its value (where no field type says otherwise)."""
+    if isinstance(value, YamlScalar):
+        return value.value
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def _annotation_types(annotation: Any) -> tuple[Any, ...]:
+    """The alternatives of a field type: `str | None` -> (str, NoneType); `Annotated[X, ...]` -> X's."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _annotation_types(get_args(annotation)[0])
+    if origin in (Union, UnionType):
+        return tuple(t for argument in get_args(annotation) for t in _annotation_types(argument))
+    return (annotation,)
+
+
+def _takes_text(types: tuple[Any, ...]) -> bool:
+    return any(t is str or t is SecretStr or (get_origin(t) is Literal and all(isinstance(a, str) for a in get_args(t)))
+               for t in types)
+
+
+def _as_go_decodes(value: Any, annotation: Any) -> Any:
+    """`value` as yaml.v3 would decode it into a Go field of this key's type (see the module docstring)."""
+    types = _annotation_types(annotation)
+    if isinstance(value, YamlScalar):
+        if _takes_text(types):
+            return value.text
+        value = value.value
+    if isinstance(value, str) and bool in types and not _takes_text(types):
+        if value in YAML11_TRUE:
+            return True
+        if value in YAML11_FALSE:
+            return False
+    if isinstance(value, float) and int in types and float not in types and value.is_integer():
+        return int(value)
+    for t in types:
+        if isinstance(value, dict) and isinstance(t, type) and issubclass(t, BaseModel):
+            return value  # the nested model's own validator decodes its keys
+        if isinstance(value, list) and get_origin(t) is list:
+            [item_type] = get_args(t) or (Any,)
+            return [_as_go_decodes(item, item_type) for item in value]
+    return _plain(value)
+
+
 class _ConfigModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -124,11 +202,12 @@ class _ConfigModel(BaseModel):
     @classmethod
     def _unset_go_zero_values(cls, data: Any) -> Any:
         if not isinstance(data, dict):
-            return data
+            return _plain(data)
         fields = {info.alias or name: info for name, info in cls.model_fields.items()}
         kept = {}
         for key, value in data.items():
             info = fields.get(key)
+            value = _as_go_decodes(value, info.annotation) if info is not None else _plain(value)
             if info is not None and not info.is_required():
                 if value is None or (value == "" and key not in cls._EMPTY_IS_A_VALUE):
                     continue
@@ -407,9 +486,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> LakehouseConfig:
 def parse_config(mapping: Mapping[str, Any], source: str = "<config>", base_dir: str | os.PathLike[str] | None = None) -> LakehouseConfig:
     """Validate an already-parsed config document. Relative paths resolve against `base_dir` (default: cwd)."""
     if not isinstance(mapping, Mapping):
-        raise ConfigError(source, [f"the config must be a mapping of keys to values, not {_json_kind(mapping)}"])
+        kind = _json_kind(_plain(mapping))
+        raise ConfigError(source, [f"the config must be a mapping of keys to values, not {kind}"])
     problems: list[str] = []
-    expanded = _expand_env(dict(mapping), (), problems)
+    expanded = _expand_env(_without_helm_chart_keys(mapping, source), (), problems)
     try:
         config = LakehouseConfig.model_validate(expanded)
     except ValidationError as exc:
@@ -422,20 +502,50 @@ def parse_config(mapping: Mapping[str, Any], source: str = "<config>", base_dir:
     return config
 
 
+# Top-level keys KafScale's Helm chart for the Go processor renders into the config (its `config:` values go through
+# `toYaml` whole): where the chart mounts the file and which ConfigMap to use instead. Nothing for the processor.
+HELM_CHART_KEYS = {
+    "existingConfigMap": "the Helm chart's choice of an existing ConfigMap",
+    "path": "the Helm chart's mount path of this file",
+}
+
+
+def _without_helm_chart_keys(mapping: Mapping[str, Any], source: str) -> dict[str, Any]:
+    document = dict(mapping)
+    for key, meaning in HELM_CHART_KEYS.items():
+        if key in document:
+            value = _plain(document.pop(key))
+            log.info("%s: ignoring top-level key %r = %r (%s; it carries nothing for kafscale-lakehouse)", source, key,
+                     value, meaning)
+    return document
+
+
 class _ConfigYamlLoader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 booleans (only true/false, so `off`/`yes` stay strings) that rejects duplicate keys."""
+    """SafeLoader with YAML 1.2 booleans (only true/false, so `off`/`yes` stay strings) that rejects duplicate keys and
+    keeps the text of plain numbers, booleans and dates (`YamlScalar`) for the keys Go reads as strings."""
 
     def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML signature
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+            key = _plain(self.construct_object(key_node, deep=deep))
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
                 )
             seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+        return {_plain(key): value for key, value in super().construct_mapping(node, deep=deep).items()}
 
+
+def _construct_go_scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode, construct) -> YamlScalar:  # noqa: ANN001
+    return YamlScalar(construct(loader, node), node.value)
+
+
+for _tag, _construct in (("int", yaml.SafeLoader.construct_yaml_int), ("float", yaml.SafeLoader.construct_yaml_float),
+                         ("bool", yaml.SafeLoader.construct_yaml_bool),
+                         ("timestamp", yaml.SafeLoader.construct_yaml_timestamp)):
+    _ConfigYamlLoader.add_constructor(f"tag:yaml.org,2002:{_tag}",
+                                      lambda loader, node, construct=_construct: _construct_go_scalar(loader, node,
+                                                                                                     construct))
 
 _ConfigYamlLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]

@@ -13,9 +13,9 @@ Prometheus scrapes it, under the Go processor's names and labels, and dashboards
 | `kafscale_processor_write_latency_ms{topic}` | histogram of `kafscale.write-latency-ms` of our snapshots |
 | `kafscale_processor_last_offset{topic,partition}` | last committed offset in etcd / the offsets store |
 | `kafscale_processor_watermark_offset{topic,partition}` | the same (Go sets both to the last committed offset) |
-| `kafscale_processor_watermark_timestamp_ms{topic,partition}` | commit time of that offset (`updated_at`) |
+| `kafscale_processor_watermark_timestamp_ms{topic,partition}` | timestamp of the last record committed (below) |
 | `kafscale_processor_lag{topic,partition}` | our addition: broker `next_offset` - committed next offset |
-| `kafscale_processor_errors_total{stage}` | this process's failures to read state (`checkpoint`, `sink`) |
+| `kafscale_processor_errors_total{stage}` | this process's failures to read state (`checkpoint`, `sink`, `discover`) |
 
 "Our snapshots" are those of the mapping's table (current snapshot and its ancestors) whose summary carries
 `kafscale.offsets.<topic>`; compaction and other engines' snapshots do not. Snapshot summaries are in the table
@@ -25,12 +25,16 @@ the snapshots still in the table's history (older snapshots written by the Go pr
 not observed). `dropped` (Go: records at or below the committed offset, read again and filtered) stays 0: a run
 here starts reading at the committed offset and records nothing of the kind.
 
-Go sets `watermark_timestamp_ms` to the wall-clock time of the commit. The etcd offset record holds that time as
-`updated_at` (our `last_timestamp_ms` is the newest record timestamp, Go's the commit time), so `updated_at` is used.
+Go sets `watermark_timestamp_ms` to the Kafka timestamp of the last record of its last write (`last.Timestamp` in
+processor.go), and writes the wall-clock time of the commit as `last_timestamp_ms` in etcd; we do both the same way.
+The record timestamp is not in etcd, so it comes from the snapshot summary; a partition whose newest commit predates
+that property (or was made by the Go processor) has no `watermark_timestamp_ms` until our next commit of it.
 
 `errors_total` counts what this process failed to read (etcd or the offsets store: `checkpoint`; the catalog or a
-table: `sink`), across scrapes. Failed ingest runs are not counted here: they are in Dagster (run status, asset
-checks) or the exit code of `kafscale-lakehouse ingest`. When etcd or the catalog is down, `/metrics` still answers:
+table: `sink`; with `discovery.mode` etcd or auto, the broker's metadata snapshot: `discover`, when it is missing in
+etcd mode or unreadable in either, where Go counts `discover` only in etcd mode and falls back to S3 in auto mode),
+across scrapes. Go's `decode`, `lfs` and `schema` stages are failures of ingest runs, which are not counted here:
+they are in Dagster (run status, asset checks) or the exit code of `kafscale-lakehouse ingest`. When etcd or the catalog is down, `/metrics` still answers:
 the series of the failing source are left out of that scrape and `errors_total` goes up.
 
 Endpoints: `/metrics`, `/healthz` (200 `ok` while the process runs: liveness) and `/readyz` (200 when etcd and the
@@ -65,6 +69,12 @@ from kafscale_lakehouse.engine.lag import lag as partition_lag
 from kafscale_lakehouse.engine.snapshot_summary import ancestry, is_kafscale_commit, parse_commit
 from kafscale_lakehouse.etcd_client import EtcdClient, EtcdError, EtcdUnavailableError
 from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
+from kafscale_lakehouse.storage import (
+    METADATA_SNAPSHOT_KEY,
+    DiscoveryMode,
+    MetadataSnapshotError,
+    parse_metadata_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +87,8 @@ METRICS_PATH, HEALTH_PATH, READY_PATH = "/metrics", "/healthz", "/readyz"
 # Milliseconds (the Go processor's name says ms but it kept Prometheus' second-sized default buckets).
 WRITE_LATENCY_BUCKETS_MS = (50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000, 300000)
 RESULT_WRITTEN, RESULT_INVALID, RESULT_DROPPED = "written", "invalid", "dropped"
-STAGE_CHECKPOINT, STAGE_SINK = "checkpoint", "sink"  # the Go processor's stages this process can fail in
+# The Go processor's stages this process can fail in (Go also has decode, lfs and schema: ingest runs' failures).
+STAGE_CHECKPOINT, STAGE_SINK, STAGE_DISCOVER = "checkpoint", "sink", "discover"
 # How long one source (offsets, catalog) may take per scrape or readiness check: both together stay under
 # Prometheus' default 10 s scrape timeout.
 SOURCE_TIMEOUT_SECONDS = 4.0
@@ -162,7 +173,7 @@ class _BoundedCaller:
 def describe_failure(exc: BaseException) -> str:
     """One line for logs and `/readyz`: our typed errors name the endpoint and never a secret; anything else is
     shown by its type only (a library message might carry a URL with credentials)."""
-    if isinstance(exc, (EtcdError, OffsetStoreError, CatalogError, SourceTimeoutError)):
+    if isinstance(exc, (EtcdError, OffsetStoreError, CatalogError, SourceTimeoutError, MetadataSnapshotError)):
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     return type(exc).__name__
 
@@ -187,6 +198,7 @@ class TopicTotals:
     batches: int = 0
     latency_bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(WRITE_LATENCY_BUCKETS_MS) + 1))
     latency_sum_ms: float = 0.0
+    watermark_timestamps: dict[int, int] = field(default_factory=dict)  # partition -> ms, from the newest commit
     seen_snapshot_ids: set[int] = field(default_factory=set, repr=False)
     metadata_location: str | None = None
 
@@ -206,6 +218,7 @@ class TopicTotals:
         if table.metadata_location == self.metadata_location:
             return
         table_name = ".".join(table.name())
+        newer_timestamps: dict[int, int] = {}  # the walk goes newest first: the first value of a partition wins
         for snapshot in ancestry(table):
             if snapshot.snapshot_id in self.seen_snapshot_ids:
                 break
@@ -219,6 +232,9 @@ class TopicTotals:
             self.invalid += commit.dead_letter_records or 0
             if commit.write_latency_ms is not None:
                 self.observe_latency(commit.write_latency_ms)
+            for partition, timestamp in commit.watermark_timestamps.items():
+                newer_timestamps.setdefault(partition, timestamp)
+        self.watermark_timestamps.update(newer_timestamps)
         self.metadata_location = table.metadata_location
 
     def observe_latency(self, latency_ms: float) -> None:
@@ -229,7 +245,8 @@ class TopicTotals:
 
     def copy(self) -> TopicTotals:
         return TopicTotals(self.written, self.invalid, self.batches, list(self.latency_bucket_counts),
-                           self.latency_sum_ms, metadata_location=self.metadata_location)
+                           self.latency_sum_ms, dict(self.watermark_timestamps),
+                           metadata_location=self.metadata_location)
 
 
 class LakehouseStateCollector:
@@ -257,6 +274,9 @@ class LakehouseStateCollector:
         self._catalog_caller = _BoundedCaller(f"Iceberg catalog at {catalog_where}", source_timeout_seconds)
         self._totals: dict[str, TopicTotals] = {}
         self._errors = {STAGE_CHECKPOINT: 0, STAGE_SINK: 0}
+        self._discovery_mode = DiscoveryMode.parse(config.discovery.mode)
+        if self._etcd is not None and self._discovery_mode is not DiscoveryMode.S3:
+            self._errors[STAGE_DISCOVER] = 0
         self._errors_lock = threading.Lock()
 
     # ---- reading ----------------------------------------------------------------------------------------
@@ -282,7 +302,26 @@ class LakehouseStateCollector:
                 self._count_error(STAGE_CHECKPOINT)
                 log.warning("cannot read the offsets of topic %s from %s: %s", topic, self._offsets.location,
                             describe_failure(exc))
+        if STAGE_DISCOVER in self._errors:
+            self._check_metadata_snapshot()
         return found
+
+    def _check_metadata_snapshot(self) -> None:
+        """Count (`discover`) a broker metadata snapshot that ingest runs could not use: missing in etcd mode,
+        unreadable in etcd or auto mode (runs in auto mode then list S3 instead, with a warning)."""
+        where = f"{METADATA_SNAPSHOT_KEY} in etcd at {', '.join(self._etcd.endpoints)}"
+        try:
+            raw = self._etcd.get(METADATA_SNAPSHOT_KEY)
+            if raw is None:
+                if self._discovery_mode is DiscoveryMode.ETCD:
+                    raise MetadataSnapshotError(f"{where} does not exist", key=METADATA_SNAPSHOT_KEY)
+                return
+            parse_metadata_snapshot(raw, where)
+        except (EtcdUnavailableError, OffsetStoreUnavailableError):
+            raise
+        except (EtcdError, MetadataSnapshotError) as exc:
+            self._count_error(STAGE_DISCOVER)
+            log.warning("discovery.mode %s: %s", self._discovery_mode.value, describe_failure(exc))
 
     def _connected_catalog(self) -> Catalog:
         if self._catalog is None:
@@ -331,10 +370,11 @@ class LakehouseStateCollector:
         totals = self._read_source(self._catalog_caller, self._read_tables, STAGE_SINK,
                                    f"tables from the {self._catalog_settings.type} catalog")
         yield from _table_families(totals)
-        yield from _offset_families(offsets)
+        yield from _offset_families(offsets, totals)
         errors = CounterMetricFamily(f"{NAMESPACE}_errors_total",
-                                     "Failures of serve-metrics to read etcd/offsets (checkpoint) or the catalog "
-                                     "(sink); failed ingest runs are in Dagster.", labels=["stage"])
+                                     "Failures of serve-metrics to read etcd/offsets (checkpoint), the catalog "
+                                     "(sink) or the broker's metadata snapshot (discover); failed ingest runs are in "
+                                     "Dagster.", labels=["stage"])
         for stage, count in sorted(self.errors().items()):
             errors.add_metric([stage], count)
         yield errors
@@ -395,26 +435,29 @@ def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
     return records, batches, latency
 
 
-def _offset_families(offsets: dict[str, TopicOffsets]) -> Iterable[Metric]:
+def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTotals]) -> Iterable[Metric]:
     labels = ["topic", "partition"]
     last_offset = GaugeMetricFamily(f"{NAMESPACE}_last_offset", "Last committed offset per topic/partition.",
                                     labels=labels)
     watermark_offset = GaugeMetricFamily(f"{NAMESPACE}_watermark_offset", "Watermark offset per topic/partition.",
                                          labels=labels)
     watermark_timestamp = GaugeMetricFamily(f"{NAMESPACE}_watermark_timestamp_ms",
-                                            "Commit time (unix ms) of the watermark offset per topic/partition.",
+                                            "Kafka timestamp (unix ms) of the last committed record per "
+                                            "topic/partition.",
                                             labels=labels)
     lag = GaugeMetricFamily(f"{NAMESPACE}_lag",
                             "Records the broker has that are not committed: broker next offset - committed next "
                             "offset (kafscale-lakehouse addition).", labels=labels)
     for topic, topic_offsets in sorted(offsets.items()):
+        timestamps = totals[topic].watermark_timestamps if topic in totals else {}
         for partition, committed in sorted(topic_offsets.committed.items()):
             if committed.next_offset is None:
                 continue  # a record of "nothing committed"; Go never sets these gauges before a commit
             partition_labels = [topic, str(partition)]
             last_offset.add_metric(partition_labels, committed.offset)
             watermark_offset.add_metric(partition_labels, committed.offset)
-            watermark_timestamp.add_metric(partition_labels, committed.updated_at_ms)
+            if partition in timestamps:
+                watermark_timestamp.add_metric(partition_labels, timestamps[partition])
         for partition, log_end in sorted(topic_offsets.log_ends.items()):
             committed = topic_offsets.committed.get(partition)
             next_offset = committed.next_offset if committed is not None else None

@@ -14,6 +14,7 @@ ends with `IngestFailedError` naming what is at fault, after committing what was
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -36,6 +37,13 @@ from kafscale_lakehouse.connections import (
     segment_store_from_config,
 )
 from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
+from kafscale_lakehouse.engine.cutover import (
+    HandoverConflictError,
+    acquire_handover_lease,
+    continued_elsewhere,
+    handover_partitions,
+    handover_start,
+)
 from kafscale_lakehouse.engine.dead_letter import (
     DeadLetterFiles,
     dead_letter_target,
@@ -58,6 +66,7 @@ from kafscale_lakehouse.engine.record_validation import (
     resolve_record_validation,
 )
 from kafscale_lakehouse.engine.snapshot_summary import (
+    WATERMARK_TIMESTAMP_PROPERTY,
     WRITE_LATENCY_PROPERTY,
     read_topic_offsets,
     skipped_summary_properties,
@@ -288,10 +297,15 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
     prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {},
                               pending_dead_letters.published_through_properties())
     try:
+        # Partitions the Go processor wrote: its lease may still be on its way out (cutover.py).
+        handover = handover_partitions(read_topic_offsets(table, topic), context.offsets.committed_offsets(topic))
         for partition in wanted:
+            owner = f"{context.owner_id}-{run_id[:8]}"
             try:
-                leases[partition] = context.offsets.acquire_lease(topic, partition,
-                                                                  f"{context.owner_id}-{run_id[:8]}")
+                if partition in handover:
+                    leases[partition] = acquire_handover_lease(context.offsets, topic, partition, owner)
+                else:
+                    leases[partition] = context.offsets.acquire_lease(topic, partition, owner)
             except LeaseHeldError as exc:
                 result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
         if leases:
@@ -322,16 +336,26 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange]) -> None:
     context, mapping, topic = prepared.context, prepared.mapping, prepared.mapping.topic
     table_next_offsets = read_topic_offsets(prepared.table, topic)
     etcd_committed = context.offsets.committed_offsets(topic)
-    _repair_etcd(context, topic, table_next_offsets, etcd_committed, prepared.leases)
+    continued = continued_elsewhere(prepared.table, topic, table_next_offsets, etcd_committed, context.offsets.location)
+    for partition, error in continued.items():
+        if partition in prepared.leases:
+            prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=error)
+    leases = {p: lease for p, lease in prepared.leases.items() if p not in continued}
+    _repair_etcd(context, topic, table_next_offsets, etcd_committed, leases)
 
     allow_gaps = mapping.allow_gaps if mapping.allow_gaps is not None else context.config.processor.allow_gaps
     budget = max(1, context.config.processor.max_bytes_per_run // len(prepared.leases))
-    for partition in sorted(prepared.leases):
+    for partition in sorted(leases):
         if partition in table_next_offsets:
             start = table_next_offsets[partition]
         elif partition in etcd_committed:
             # The table has never been written by us: continue where the Go processor's etcd offsets stopped.
-            start = etcd_committed[partition].next_offset
+            try:
+                start = handover_start(prepared.table, topic, partition, etcd_committed[partition],
+                                       context.offsets.location)
+            except HandoverConflictError as exc:
+                prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
+                continue
         else:
             start = None
         _recheck_planned(topic, partition, planned.get(partition), start)
@@ -460,6 +484,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     properties = skipped_summary_properties(topic, skipped)
     properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - write_started) * 1000))
     properties.update(prepared.commit_properties)
+    properties[WATERMARK_TIMESTAMP_PROPERTY] = json.dumps(_last_record_timestamps(messages, committing, ends))
     staged = None
     if dead_letters is not None:
         # Staged before the table commit, published right after it (dead_letter.py: why nothing is lost or doubled).
@@ -478,9 +503,9 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         result.dead_letter_snapshot_id = publish_dead_letters(dead_letters, staged,
                                                               source_snapshot_id=commit.snapshot_id)
     try:
-        context.offsets.commit_offsets(
-            [leases[p] for p in committing],
-            {p: (ends[p], _max_timestamp(messages, p)) for p in committing})
+        # Go's `last_timestamp_ms` is the wall-clock time of the commit (checkpoint.OffsetState.Timestamp).
+        committed_at_ms = time.time_ns() // 1_000_000
+        context.offsets.commit_offsets([leases[p] for p in committing], {p: (ends[p], committed_at_ms) for p in committing})
     except LeaseLostError as exc:
         # The table has the data and the offsets; the next run repairs etcd from it.
         log.warning("topic %s: committed snapshot %d but could not update %s: %s", topic, commit.snapshot_id,
@@ -526,9 +551,17 @@ def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestionTaskOu
     outcome.committed = OffsetRange(p, plan.commit_start, end)
 
 
-def _max_timestamp(messages: list[IngestionTaskOutput], partition: int) -> int:
-    return max((m.source_stats.max_timestamp_ms[partition] for m in messages
-                if partition in m.source_stats.max_timestamp_ms), default=0)
+def _last_record_timestamps(messages: list[IngestionTaskOutput], committing: Iterable[int],
+                            ends: dict[int, int]) -> dict[str, int]:
+    """`{"<partition>": timestamp}` of the last valid record committed per partition (partitions with one)."""
+    last: dict[int, tuple[int, int]] = {}
+    for message in messages:
+        stats = message.source_stats
+        for p in committing:
+            if p in stats.last_timestamp_ms and stats.first_offset[p] < ends[p]:
+                candidate = (stats.last_offset[p], stats.last_timestamp_ms[p])
+                last[p] = max(last.get(p, candidate), candidate)
+    return {str(p): timestamp for p, (_, timestamp) in sorted(last.items())}
 
 
 def _describe_invalid(result: IngestResult) -> str:

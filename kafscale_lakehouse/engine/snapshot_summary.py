@@ -26,6 +26,9 @@ RUN_ID_PROPERTY = "kafscale.run-id"
 COMMIT_ID_PROPERTY = "kafscale.commit-id"
 # Milliseconds from the start of the write to the commit, the Go processor's write latency, for `serve-metrics`.
 WRITE_LATENCY_PROPERTY = "kafscale.write-latency-ms"
+# `{"<partition>": ms}`: the Kafka timestamp of the last record committed per partition, the Go processor's
+# `watermark_timestamp_ms`, for `serve-metrics` (etcd's `last_timestamp_ms` is the commit time, as Go writes it).
+WATERMARK_TIMESTAMP_PROPERTY = "kafscale.watermark-timestamp-ms"
 # Where the commit's invalid records were staged (engine/dead_letter.py).
 DEAD_LETTER_TABLE_PROPERTY = "kafscale.dead-letter.table"
 STAGED_SNAPSHOT_PROPERTY = "kafscale.dead-letter.staged-snapshot-id"
@@ -122,6 +125,7 @@ class KafscaleCommit:
     write_latency_ms: int | None
     dead_letter_records: int | None
     dead_letter_table: str | None
+    watermark_timestamps: dict[int, int]  # partition -> Kafka timestamp of the last record committed
 
     @property
     def snapshot_id(self) -> int:
@@ -166,7 +170,23 @@ def parse_commit(snapshot: Snapshot, *, table_name: str) -> KafscaleCommit | Non
         snapshot=snapshot, offsets=offsets, skipped=skipped, run_id=properties.get(RUN_ID_PROPERTY),
         commit_id=properties.get(COMMIT_ID_PROPERTY), added_records=counter(ADDED_RECORDS),
         write_latency_ms=counter(WRITE_LATENCY_PROPERTY), dead_letter_records=counter(DEAD_LETTER_RECORDS_PROPERTY),
-        dead_letter_table=properties.get(DEAD_LETTER_TABLE_PROPERTY))
+        dead_letter_table=properties.get(DEAD_LETTER_TABLE_PROPERTY),
+        watermark_timestamps=_watermark_timestamps(table_name, snapshot, properties))
+
+
+def _watermark_timestamps(table_name: str, snapshot: Snapshot, properties: Mapping[str, str]) -> dict[int, int]:
+    """A summary written before the property existed, or unreadable (logged), has none: the metric is left out."""
+    value = properties.get(WATERMARK_TIMESTAMP_PROPERTY)
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+        return {int(partition): int(timestamp) for partition, timestamp in parsed.items()
+                if not isinstance(timestamp, bool)}
+    except (ValueError, TypeError, AttributeError):
+        log.warning("table %s snapshot %d: summary property %s is %r, not {partition: ms}; not used", table_name,
+                    snapshot.snapshot_id, WATERMARK_TIMESTAMP_PROPERTY, value[:80])
+        return {}
 
 
 def _int_property(table_name: str, snapshot: Snapshot, properties: Mapping[str, str], key: str) -> int | None:

@@ -72,7 +72,8 @@ class SourceTaskStats:
     last_offset: dict[int, int] = field(default_factory=dict)
     rows: dict[int, int] = field(default_factory=dict)
     value_bytes: dict[int, int] = field(default_factory=dict)
-    max_timestamp_ms: dict[int, int] = field(default_factory=dict)
+    # The timestamp of the record at `last_offset`: the Go processor's watermark timestamp (its last written record).
+    last_timestamp_ms: dict[int, int] = field(default_factory=dict)
     invalid_count: int = 0
     invalid_samples: list[InvalidRecord] = field(default_factory=list)
     invalid_by_partition: dict[int, int] = field(default_factory=dict)
@@ -182,10 +183,11 @@ class SourceRowSplitter:
             rows = batch if len(partitions) == 1 else batch.filter(pc.equal(batch.column("partition"), partition))
             offsets = pc.min_max(rows.column("offset"))
             first, last = offsets["min"].as_py(), offsets["max"].as_py()
+            if last >= s.last_offset.get(partition, last):
+                at_last = pc.index(rows.column("offset"), last).as_py()
+                s.last_timestamp_ms[partition] = rows.column("timestamp_ms")[at_last].as_py()
             s.first_offset[partition] = min(first, s.first_offset.get(partition, first))
             s.last_offset[partition] = max(last, s.last_offset.get(partition, last))
             s.rows[partition] = s.rows.get(partition, 0) + rows.num_rows
             value_bytes = pc.sum(pc.binary_length(rows.column("value"))).as_py() or 0
             s.value_bytes[partition] = s.value_bytes.get(partition, 0) + value_bytes
-            max_ts = pc.max(rows.column("timestamp_ms")).as_py()
-            s.max_timestamp_ms[partition] = max(max_ts, s.max_timestamp_ms.get(partition, max_ts))

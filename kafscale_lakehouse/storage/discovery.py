@@ -7,7 +7,11 @@ Compatible with the Go iceberg-processor (`internal/discovery/discovery.go`):
 - `auto`: `s3` when no etcd client is configured; else like `etcd`, falling back to `s3` when the snapshot is
   absent, unreadable or etcd fails. The Go processor falls back silently; we log a warning with the reason.
 The snapshot is Go's `json.Marshal` of structs without tags, so field names are matched case-insensitively (as Go's
-decoder does, the last matching key wins) and `null` slices are empty.
+decoder does, the last matching key wins) and `null` slices are empty. Two shapes exist and both are read: KafScale
+v1.5.0 (topic `Name`, partition `PartitionIndex`) and main's franz-go `kmsg` types (topic `Topic`, a string or null;
+partition `Partition`). Where a topic or partition carries both names, the franz-go one wins (main's Go processor
+reads only that one). A snapshot that yields no topic while the segment store has some is logged as a warning that
+names the keys found (a third shape would otherwise look like an idle cluster).
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ def discover_partitions(mode: DiscoveryMode, store: SegmentStore, etcd: EtcdClie
             raise MetadataSnapshotError(f"{where} does not exist (no KafScale broker has written metadata yet)",
                                         key=METADATA_SNAPSHOT_KEY)
         snapshot = parse_metadata_snapshot(raw, where)
+        if not snapshot:
+            _warn_if_store_has_topics(raw, where, store)
     except (EtcdError, MetadataSnapshotError) as exc:
         if mode is DiscoveryMode.ETCD:
             raise
@@ -100,19 +106,63 @@ def parse_metadata_snapshot(raw: bytes, where: str = METADATA_SNAPSHOT_KEY) -> d
         topic = _expect(topic, dict, where, path) or {}
         if _int(_field(topic, "ErrorCode"), _INT16, where, f"{path}.ErrorCode") != 0:
             continue
-        name = _expect(_field(topic, "Name"), str, where, f"{path}.Name") or ""
+        name = _first_present(topic, where, path, str, ("Topic", "Name")) or ""
         partitions: set[int] = set()
         for p, partition in enumerate(_expect(_field(topic, "Partitions"), list, where, f"{path}.Partitions") or []):
             partition_path = f"{path}.Partitions[{p}]"
             partition = _expect(partition, dict, where, partition_path) or {}
             if _int(_field(partition, "ErrorCode"), _INT16, where, f"{partition_path}.ErrorCode") != 0:
                 continue
-            index = _int(_field(partition, "PartitionIndex"), _INT32, where, f"{partition_path}.PartitionIndex")
+            index = _partition_index(partition, where, partition_path)
             if index >= 0:  # no object key can carry a negative partition
                 partitions.add(index)
         if name and partitions:
             healthy[name] = sorted(partitions)
     return healthy
+
+
+def _has_field(obj: dict[str, Any], name: str) -> bool:
+    folded = name.casefold()
+    return any(key.casefold() == folded for key in obj)
+
+
+def _first_present(obj: dict[str, Any], where: str, path: str, kind: type, names: tuple[str, ...]) -> Any:
+    """The value of the first of `names` (franz-go's, then v1.5.0's) that is present and not null."""
+    for name in names:
+        value = _expect(_field(obj, name), kind, where, f"{path}.{name}")
+        if value is not None:
+            return value
+    return None
+
+
+def _partition_index(partition: dict[str, Any], where: str, path: str) -> int:
+    # `Partition` (franz-go) when the key is there, even as 0; else `PartitionIndex` (v1.5.0); neither means 0.
+    name = "Partition" if _has_field(partition, "Partition") else "PartitionIndex"
+    return _int(_field(partition, name), _INT32, where, f"{path}.{name}")
+
+
+def _warn_if_store_has_topics(raw: bytes, where: str, store: SegmentStore) -> None:
+    topics = store.list_topics()
+    if topics:
+        log.warning("%s lists no healthy topic but %s holds %d (%s); keys found in the snapshot: %s. If the broker "
+                    "is healthy, its snapshot has a shape this version does not read", where, store.location,
+                    len(topics), ", ".join(topics[:5]) + (", ..." if len(topics) > 5 else ""), snapshot_keys(raw))
+
+
+def snapshot_keys(raw: bytes) -> str:
+    """The keys found at the top level, in the topics and in their partitions, for the warning above."""
+    document = json.loads(raw)
+    if not isinstance(document, dict):
+        return f"none (the snapshot is a JSON {type(document).__name__})"
+
+    def objects(value: Any) -> list[dict]:
+        return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+    topics = objects(_field(document, "Topics"))
+    partitions = [p for t in topics for p in objects(_field(t, "Partitions"))]
+    topic_keys = sorted({k for t in topics for k in t})
+    partition_keys = sorted({k for p in partitions for k in p})
+    return f"top level {sorted(document)}, topics {topic_keys}, partitions {partition_keys}"
 
 
 def _field(obj: dict[str, Any], name: str) -> Any:

@@ -142,7 +142,15 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
         (lambda t: t + "schema:\n  mode: strict\n", "schema.registry.base_url: is required when schema.mode is strict"),
         (lambda t: t + "    schema:\n      source: registry\n", "schema.registry.base_url: is required for mappings[0].schema.source registry"),
         (lambda t: t + "    schema:\n      source: mapping\n", "mappings[0].schema.columns: is required for schema.source mapping"),
-        (lambda t: t + "    create_table_if_missing: yes\n", "mappings[0].create_table_if_missing: expected true or false, got a string 'yes'"),
+        # yaml.v3 takes `yes`/`on` for a bool, but a quoted "true" is a string it refuses, and so do we.
+        (lambda t: t + "    create_table_if_missing: 'true'\n",
+         "mappings[0].create_table_if_missing: expected true or false, got a string 'true'"),
+        (lambda t: t + "    create_table_if_missing: yess\n",
+         "mappings[0].create_table_if_missing: expected true or false, got a string 'yess'"),
+        (lambda t: t + "offsets:\n  lease_ttl_seconds: 30.5\n",
+         "offsets.lease_ttl_seconds: expected an integer, got a number 30.5"),
+        (lambda t: t + "    lfs_x: 1\n", "mappings[0].lfs_x: unknown key"),
+        (lambda t: t + "pathx: /config/config.yaml\n", "pathx: unknown key"),
         (lambda t: t + "    schema:\n      columns: [{name: offset, type: long}]\n", "mappings[0].schema.columns[0].name: 'offset' is a base column"),
         (lambda t: t + "    schema:\n      columns: [{name: a, type: long}, {name: a, type: int}]\n", "mappings[0].schema.columns[1].name: 'a' is declared twice"),
         (lambda t: t + "    schema:\n      columns: [{type: long}]\n", "mappings[0].schema.columns[0].name: is required"),
@@ -255,8 +263,12 @@ def test_secrets_never_show_in_repr_str_or_dump(tmp_path, monkeypatch):
 def test_secret_with_wrong_type_is_not_echoed(tmp_path):
     (problem,) = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: root\n  password: [hunter2-secret]"))
     assert problem == "etcd.password: expected a string, got a list"
-    (problem,) = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: root\n  password: 987654321"))
-    assert "987654321" not in problem and problem.startswith("etcd.password: expected a string, got a number")
+    etcd = "[http://etcd:2379]\n  username: root\n  password: "
+    (problem,) = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", etcd + "{p: 987654321}"))
+    assert "987654321" not in problem and problem.startswith("etcd.password: expected a string, got a mapping")
+    # A number is a password as written, as Go's yaml.v3 reads it into its string field (`0x1F` stays `0x1F`).
+    path = write_config(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", etcd + "0x1F"))
+    assert load_config(path).etcd.password.get_secret_value() == "0x1F"
 
 
 def test_environment_expansion(tmp_path, monkeypatch):

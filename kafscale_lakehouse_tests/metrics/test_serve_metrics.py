@@ -3,6 +3,7 @@ health/readiness when etcd is down."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -53,9 +54,13 @@ def test_metrics_carry_the_go_processor_series_with_the_values_of_an_ingest_run(
     world.write_segments(0, PARTITION_0_RECORDS, records_per_segment=50)
     records = pizza_orders(0, PARTITION_1_RECORDS, partition=1)
     records[INVALID_POSITION] = Record(key=None, value=b'{"store_id": 5}', timestamp_ms=records[0].timestamp_ms)
+    # The last record is older than the others: Go's watermark timestamp is the last record's, not the newest one.
+    records[-1] = dataclasses.replace(records[-1], timestamp_ms=records[0].timestamp_ms - 60_000)
     world.write_records(1, 0, records)
     config = world.config(config_document(world))
+    before_ms = time.time_ns() // 1_000_000
     [result] = ingest(config, spark)
+    after_ms = time.time_ns() // 1_000_000
     assert result.invalid_count == 1 and result.snapshot_id is not None
     with EtcdClient([world.etcd_endpoint]) as client:
         for partition, next_offset in BROKER_NEXT.items():
@@ -74,14 +79,20 @@ def test_metrics_carry_the_go_processor_series_with_the_values_of_an_ingest_run(
     assert value(samples, records_total, topic=topic, result="invalid") == 1
     assert value(samples, records_total, topic=topic, result="dropped") == 0
     assert value(samples, "kafscale_processor_batches_total", topic=topic) == 1
-    # The gauges hold what etcd holds, as the Go processor sets them after its commit.
+    rows = world.table().scan(selected_fields=("partition", "offset", "timestamp_ms")).to_arrow().to_pylist()
+    last_timestamps = {p: max((r["offset"], r["timestamp_ms"]) for r in rows if r["partition"] == p)[1] for p in (0, 1)}
+    assert last_timestamps[1] == records[-1].timestamp_ms
+    assert last_timestamps[1] < max(r["timestamp_ms"] for r in rows if r["partition"] == 1)
+    # The gauges hold what the Go processor sets after its commit; etcd what it writes (kafscale-format.md §7).
     for partition, end in ((0, PARTITION_0_RECORDS), (1, PARTITION_1_RECORDS)):
         labels = {"topic": topic, "partition": str(partition)}
         stored = etcd_offset_record(world, partition)
         assert stored["offset"] == end - 1
         assert value(samples, "kafscale_processor_last_offset", **labels) == end - 1
         assert value(samples, "kafscale_processor_watermark_offset", **labels) == end - 1
-        assert value(samples, "kafscale_processor_watermark_timestamp_ms", **labels) == stored["updated_at"]
+        assert value(samples, "kafscale_processor_watermark_timestamp_ms", **labels) == last_timestamps[partition]
+        # Go's `last_timestamp_ms` is the wall-clock time of the commit, written with `updated_at`.
+        assert before_ms <= stored["last_timestamp_ms"] <= stored["updated_at"] <= after_ms
     assert value(samples, "kafscale_processor_last_offset", topic=topic, partition="2") is None
     assert {labels: lag for labels, lag in samples["kafscale_processor_lag"].items()} == {
         (("partition", "0"), ("topic", topic)): BROKER_NEXT[0] - PARTITION_0_RECORDS,

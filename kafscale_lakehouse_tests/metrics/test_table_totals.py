@@ -16,6 +16,7 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     DEAD_LETTER_RECORDS_PROPERTY,
     OFFSETS_PROPERTY_PREFIX,
     RUN_ID_PROPERTY,
+    WATERMARK_TIMESTAMP_PROPERTY,
     WRITE_LATENCY_PROPERTY,
 )
 from kafscale_lakehouse.metrics import LakehouseStateCollector
@@ -122,5 +123,15 @@ def test_offset_gauges_come_from_the_local_offsets_store_too(world, config, tabl
                                                                         "partition": str(partition)})
 
     assert (gauge("last_offset", 0), gauge("watermark_offset", 0), gauge("last_offset", 3)) == (41, 41, 9)
-    assert gauge("watermark_timestamp_ms", 3) == committed[3].updated_at_ms
+    # The record timestamp is in our snapshots, not in etcd: no commit of ours yet, no watermark timestamp.
+    assert (gauge("watermark_timestamp_ms", 0), gauge("watermark_timestamp_ms", 3)) == (None, None)
+    append(table, 2, **ours(world.topic, 42, **{WATERMARK_TIMESTAMP_PROPERTY: '{"0": 1600000000000, "3": 1}'}))
+    assert (gauge("watermark_timestamp_ms", 0), gauge("watermark_timestamp_ms", 3)) == (1_600_000_000_000, 1)
+    append(table, 2, **ours(world.topic, 44))  # a snapshot without it leaves the values as they are
+    append(table, 2, **ours(world.topic, 46, **{WATERMARK_TIMESTAMP_PROPERTY: '{"3": 1699999999000}'}))
+    append(table, 1, **{WATERMARK_TIMESTAMP_PROPERTY: '{"3": 5}'})  # not ours (no offsets property): ignored
+    # The newest commit that has a partition gives its value; the others keep theirs.
+    assert (gauge("watermark_timestamp_ms", 0), gauge("watermark_timestamp_ms", 3)) == (1_600_000_000_000,
+                                                                                        1_699_999_999_000)
+    assert committed[3].last_timestamp_ms == 1_700_000_000_500  # what the caller gave, stored as is
     assert (gauge("lag", 0), gauge("lag", 3)) == (50 - 42, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,43 @@ def test_unreachable_etcd(s3_with_segments, caplog):
         assert f"etcd unreachable at http://127.0.0.1:{port}" in caplog.text
     finally:
         client.close()
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("mode", [DiscoveryMode.ETCD, DiscoveryMode.AUTO])
+@pytest.mark.parametrize("fixture", ["metadata_snapshot_v1.5.0.json", "metadata_snapshot_main.json"])
+def test_both_broker_snapshot_shapes(etcd, s3_with_segments, caplog, fixture, mode):
+    """A v1.5.0 broker and a broker built from KafScale main: the same healthy topics and partitions, no warning."""
+    etcd.put(METADATA_SNAPSHOT_KEY, (FIXTURES / fixture).read_bytes())
+    with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.storage.discovery"):
+        result = discover_partitions(mode, s3_with_segments, etcd)
+        mapped = discover_partitions(mode, s3_with_segments, etcd, topics=["orders", "deleted-topic"])
+    assert result == Discovery(DiscoveryMode.ETCD, {"orders": [0, 2], "payments": [4]})
+    assert mapped == Discovery(DiscoveryMode.ETCD, {"orders": [0, 2]})
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("mode", [DiscoveryMode.ETCD, DiscoveryMode.AUTO])
+def test_a_snapshot_without_topics_while_s3_has_some_is_a_warning_naming_its_keys(etcd, s3_with_segments, caplog,
+                                                                                   mode):
+    # A shape we do not know: the Go processor (and we, before) found nothing and said nothing.
+    unknown = {"Brokers": [], "Topics": [{"TopicName": "orders", "Parts": [{"Id": 0}]}], "ClusterID": "c"}
+    etcd.put(METADATA_SNAPSHOT_KEY, json.dumps(unknown).encode())
+    with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.storage.discovery"):
+        result = discover_partitions(mode, s3_with_segments, etcd, topics=["orders"])
+    assert result == Discovery(DiscoveryMode.ETCD, {})  # as Go: the snapshot is the truth, no fallback to S3
+    [warning] = caplog.records
+    assert warning.levelno == logging.WARNING
+    message = warning.getMessage()
+    assert f"{METADATA_SNAPSHOT_KEY} in etcd at {etcd.endpoints[0]} lists no healthy topic" in message
+    assert "holds 3 (deleted-topic, orders, s3-only)" in message
+    assert "top level ['Brokers', 'ClusterID', 'Topics'], topics ['Parts', 'TopicName'], partitions []" in message
+
+
+def test_an_empty_snapshot_with_an_empty_store_is_quiet(etcd, s3_store, caplog):
+    etcd.put(METADATA_SNAPSHOT_KEY, b'{"Brokers": null, "Topics": null}')
+    with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.storage.discovery"):
+        assert discover_partitions(DiscoveryMode.ETCD, s3_store, etcd).partitions == {}
+    assert caplog.records == []

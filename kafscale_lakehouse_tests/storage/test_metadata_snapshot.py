@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from kafscale_lakehouse.storage import DiscoveryMode, MetadataSnapshotError, parse_metadata_snapshot
+from kafscale_lakehouse.storage.discovery import snapshot_keys
 
 
 def snapshot(*topics: dict, **extra) -> bytes:
@@ -89,3 +92,47 @@ def test_discovery_mode_parses_like_the_go_processor():
     assert DiscoveryMode.parse(" s3 ") is DiscoveryMode.S3
     with pytest.raises(ValueError, match="discovery.mode 'kafka'"):
         DiscoveryMode.parse("kafka")
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# Both broker shapes (kafscale-format.md §6) hold the same cluster: an unhealthy topic, an unhealthy partition, a
+# topic without partitions and (main only) a topic whose name is null.
+SNAPSHOT_FIXTURES = ["metadata_snapshot_v1.5.0.json", "metadata_snapshot_main.json"]
+
+
+@pytest.mark.parametrize("fixture", SNAPSHOT_FIXTURES)
+def test_both_broker_shapes_give_the_healthy_topics(fixture):
+    assert parse_metadata_snapshot((FIXTURES / fixture).read_bytes()) == {"orders": [0, 2], "payments": [4]}
+
+
+def test_franz_go_names_in_any_case_and_partition_zero():
+    raw = b'{"topics": [{"TOPIC": "orders", "partitions": [{"partition": 0}, {"Partition": 7, "errorCode": 1}]}]}'
+    assert parse_metadata_snapshot(raw) == {"orders": [0]}
+
+
+def test_franz_go_name_wins_over_the_v1_5_name_when_both_are_there():
+    raw = b'{"Topics": [{"Name": "old", "Topic": "new", "Partitions": [{"PartitionIndex": 5, "Partition": 0}]}]}'
+    assert parse_metadata_snapshot(raw) == {"new": [0]}
+    # A null franz-go name falls back to the v1.5.0 one; neither (or both null) is a topic Go skips.
+    assert parse_metadata_snapshot(b'{"Topics": [{"Topic": null, "Name": "t", "Partitions": [{}]}]}') == {"t": [0]}
+    assert parse_metadata_snapshot(b'{"Topics": [{"Topic": null, "Partitions": [{"Partition": 1}]}]}') == {}
+
+
+@pytest.mark.parametrize("raw, path", [
+    (b'{"Topics": [{"Topic": 5}]}', "Topics[0].Topic"),
+    (b'{"Topics": [{"Topic": "t", "Partitions": [{"Partition": "0"}]}]}', "Topics[0].Partitions[0].Partition"),
+    (b'{"Topics": [{"Topic": "t", "Partitions": [{"Partition": 2147483648}]}]}',
+     "Topics[0].Partitions[0].Partition"),
+])
+def test_malformed_franz_go_fields_are_named(raw, path):
+    with pytest.raises(MetadataSnapshotError, match=re.escape(path)):
+        parse_metadata_snapshot(raw)
+
+
+def test_snapshot_keys_names_what_was_found():
+    raw = b'{"Cluster": 1, "Topics": [{"TopicName": "x", "Parts": [{"Id": 0}]}]}'
+    assert parse_metadata_snapshot(raw) == {}
+    assert snapshot_keys(raw) == "top level ['Cluster', 'Topics'], topics ['Parts', 'TopicName'], partitions []"
+    keys = snapshot_keys((FIXTURES / "metadata_snapshot_main.json").read_bytes())
+    assert "topics ['AuthorizedOperations', 'ErrorCode', 'IsInternal', 'Partitions', 'Topic'" in keys
+    assert "'Leader'" in keys and "'Partition'" in keys
