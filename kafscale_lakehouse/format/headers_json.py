@@ -66,11 +66,12 @@ def go_headers_json(headers: Sequence[tuple[bytes, bytes | None]]) -> str:
     ) + "]"
 
 
-# Bytes after which a string may need more than its raw bytes between quotes: control characters, `"`, `\\`,
-# `<`, `>`, `&`, and any non-ASCII byte (invalid UTF-8, U+2028 and U+2029 are only found among those).
+# Bytes other than these may need more than themselves between quotes: control characters and non-ASCII bytes
+# (invalid UTF-8, U+2028 and U+2029 are found among those), and these ASCII characters.
+_ESCAPED_ASCII = b'"\\<>&'
 _MAY_NEED_ESCAPE = np.zeros(256, dtype=bool)
 _MAY_NEED_ESCAPE[:0x20] = True
-_MAY_NEED_ESCAPE[[ord('"'), ord("\\"), ord("<"), ord(">"), ord("&")]] = True
+_MAY_NEED_ESCAPE[list(_ESCAPED_ASCII)] = True
 _MAY_NEED_ESCAPE[0x80:] = True
 # Replacements in the order they are applied: the backslash first, as later ones insert backslashes.
 _REPLACEMENTS = (
@@ -84,14 +85,19 @@ _REPLACEMENTS = (
 def go_json_string_contents(strings: pa.Array) -> pa.Array:
     """Every binary string of `strings` (no nulls) as the text Go's json.Marshal writes between the quotes."""
     data, offsets = _data_and_offsets(strings)
-    special = _MAY_NEED_ESCAPE[data]
-    flagged = _count_per_string(special, offsets) > 0
-    if not flagged.any():
+    # Counting each kind of byte is a fast pass over the bytes, combining masks is not; most headers need none.
+    if not (np.count_nonzero((data - np.uint8(0x20)) >= 0x60)  # below 0x20 or from 0x80: uint8 wraps around
+            or any(np.count_nonzero(data == character) for character in _ESCAPED_ASCII)):
         return strings.cast(pa.string())  # ASCII without anything to escape: the bytes as they are
+    special_at = np.flatnonzero(np.take(_MAY_NEED_ESCAPE, data))
+    string_of = np.searchsorted(offsets, special_at, side="right") - 1
     present = np.zeros(256, dtype=bool)
-    present[np.unique(data[special])] = True
-    non_ascii = _count_per_string(data >= 0x80, offsets) > 0
-    groups = [np.flatnonzero(~flagged), np.flatnonzero(flagged & ~non_ascii), np.flatnonzero(flagged & non_ascii)]
+    present[data[special_at]] = True
+    flagged = np.zeros(len(strings), dtype=bool)
+    flagged[string_of] = True
+    non_ascii = np.zeros(len(strings), dtype=bool)
+    non_ascii[string_of[data[special_at] >= 0x80]] = True
+    groups = [np.flatnonzero(~flagged), np.flatnonzero(flagged & ~non_ascii), np.flatnonzero(non_ascii)]
     plain, ascii_escaping, non_ascii_escaping = (strings.take(pa.array(group)) for group in groups)
     escaping = [ascii_escaping.cast(pa.string())]
     invalid_utf8 = None
@@ -133,10 +139,3 @@ def _data_and_offsets(strings: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets = offsets.astype(np.int64)
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
     return data[offsets[0]:offsets[-1]], offsets - offsets[0]
-
-
-def _count_per_string(flags: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """How many of each string's bytes are flagged (string i is bytes offsets[i]:offsets[i+1])."""
-    running = np.zeros(flags.size + 1, dtype=np.int64)
-    np.cumsum(flags, out=running[1:])
-    return running[offsets[1:]] - running[offsets[:-1]]
