@@ -4,8 +4,9 @@ Run from the repository root: `.venv/bin/python benchmarks/decode.py [--workload
 [--records N] [--repeat R]`. Writes pizza-order segments (`kafscale_lakehouse.workload`; realistic by default:
 unique trace headers and keys, values of 100 B to 100 KB) with a codec mix (none, gzip, snappy, lz4, zstd) to a
 temporary directory. Each decoder then runs in a fresh process pinned to one core, which reads the segments into
-memory and decodes all of them: once cold (the process's first decode, module imports timed apart), then best of
-R warm, over all segments and per codec. Ours decodes every segment to Arrow with CRC checks; kafka-python reads
+memory and decodes all of them once cold (the process's first decode; interpreter start and imports timed apart),
+then warm, over all segments and per codec, the two processes taking turns (R pairs; medians, and the ratio per
+pair, so that a machine whose speed drifts affects both sides alike). Ours decodes every segment to Arrow with CRC checks; kafka-python reads
 the same segment bodies record by record (CRC per batch, touching offset, timestamp, key, value and headers).
 Prints records/s and MB/s (of segment bytes), the ratio, and each process's peak RSS.
 """
@@ -16,21 +17,23 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-STARTED = time.perf_counter()
+STARTED = time.perf_counter()  # as early as we can: interpreter start is not counted, imports are
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DECODERS = ("kafscale_lakehouse", "kafka-python")
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
-def run_decoder(name: str, directory: Path, repeat: int) -> dict:
-    """In a fresh process: import `name`'s decoder, load the segments, decode them cold and then warm."""
+def serve_decoder(name: str, directory: Path) -> None:
+    """In a fresh process: import `name`'s decoder, load the segments, decode them all once (cold), then decode
+    the segments of the codec named on each stdin line (warm), answering each line with a JSON line."""
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as a Spark task gets
     if name == "kafscale_lakehouse":
         from kafscale_lakehouse.format import decode_segment
@@ -54,20 +57,16 @@ def run_decoder(name: str, directory: Path, repeat: int) -> dict:
     segments = [(codec, path, (directory / path).read_bytes()) for codec, path in manifest]
     started = time.perf_counter()
     rows = decode([(path, kfs) for _, path, kfs in segments])
-    result = {"import_s": imported - STARTED, "cold_s": time.perf_counter() - started, "rows": rows, "warm": {}}
-    for codec in (None, *CODECS):
-        chosen = [(path, kfs) for segment_codec, path, kfs in segments if codec in (None, segment_codec)]
-        if not chosen:
-            continue
-        best = float("inf")
-        for _ in range(repeat):
-            started = time.perf_counter()
-            rows = decode(chosen)
-            best = min(best, time.perf_counter() - started)
-        result["warm"][codec or "all"] = {"seconds": best, "rows": rows,
-                                           "megabytes": sum(len(kfs) for _, kfs in chosen) / 1e6}
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return result
+    print(json.dumps({"import_s": imported - STARTED, "cold_s": time.perf_counter() - started, "rows": rows}),
+          flush=True)
+    for line in sys.stdin:
+        codec = line.strip()
+        chosen = [(path, kfs) for segment_codec, path, kfs in segments if codec in ("all", segment_codec)]
+        started = time.perf_counter()
+        rows = decode(chosen)
+        print(json.dumps({"seconds": time.perf_counter() - started, "rows": rows,
+                          "megabytes": sum(len(kfs) for _, kfs in chosen) / 1e6,
+                          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
 
 
 def main() -> None:
@@ -76,12 +75,12 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--records-per-segment", type=int, default=10_000)
     parser.add_argument("--records-per-batch", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5, help="warm pairs per codec")
     parser.add_argument("--child", choices=DECODERS, help=argparse.SUPPRESS)
     parser.add_argument("--directory", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_decoder(args.child, args.directory, args.repeat)))
+        serve_decoder(args.child, args.directory)
         return
 
     from kafscale_lakehouse.workload import write_partition_segments
@@ -96,30 +95,45 @@ def main() -> None:
         megabytes = sum(segment.kfs_path.stat().st_size for segment in written) / 1e6
         print(f"{args.records} pizza records ({args.workload} workload) in {len(written)} segments "
               f"({megabytes:.1f} MB, codecs {', '.join(CODECS)}), {args.records_per_batch} records per batch, "
-              f"one core, warm = best of {args.repeat}", flush=True)
-        results = {}
-        for name in DECODERS:
-            completed = subprocess.run([sys.executable, __file__, "--child", name, "--directory", str(directory),
-                                        "--repeat", str(args.repeat)], check=True, capture_output=True, text=True)
-            results[name] = json.loads(completed.stdout)
+              f"one core; warm: the two decoders in turn, {args.repeat} pairs, medians", flush=True)
+        children, cold = {}, {}
+        for name in DECODERS:  # one after the other, so that each cold figure has the core to itself
+            children[name] = subprocess.Popen([sys.executable, __file__, "--child", name, "--directory",
+                                               str(directory)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              text=True)
+            cold[name] = json.loads(children[name].stdout.readline())
+        codecs = ["all", *(codec for codec in CODECS if any(segment.codec == codec for segment in written))]
+        warm: dict[str, dict[str, list[dict]]] = {codec: {name: [] for name in DECODERS} for codec in codecs}
+        for _ in range(args.repeat):
+            for codec, by_decoder in warm.items():
+                for name, child in children.items():
+                    child.stdin.write(codec + "\n")
+                    child.stdin.flush()
+                    by_decoder[name].append(json.loads(child.stdout.readline()))
+        for child in children.values():
+            child.stdin.close()
+            child.wait()
 
     for name in DECODERS:
-        if results[name]["rows"] != args.records:
-            raise SystemExit(f"{name} decoded {results[name]['rows']} records, expected {args.records}")
-    for name, result in results.items():
-        print(f"  {name:>18}: cold {result['cold_s']:6.2f} s ({args.records / result['cold_s'] / 1e3:7.1f} k "
-              f"records/s) after {result['import_s']:.2f} s of imports, peak RSS {result['peak_rss_mb']:.0f} MB")
-    print(f"  {'cold ratio':>18}: {results['kafka-python']['cold_s'] / results['kafscale_lakehouse']['cold_s']:.2f}x")
-    for codec in results["kafscale_lakehouse"]["warm"]:
+        if cold[name]["rows"] != args.records:
+            raise SystemExit(f"{name} decoded {cold[name]['rows']} records, expected {args.records}")
+    for name, figures in cold.items():
+        peak = max(run["peak_rss_mb"] for by_decoder in warm.values() for run in by_decoder[name])
+        print(f"  {name:>18}: cold {figures['cold_s']:6.2f} s ({args.records / figures['cold_s'] / 1e3:7.1f} k "
+              f"records/s) after {figures['import_s']:.2f} s of interpreter start and imports; peak RSS {peak:.0f} MB")
+    print(f"  {'cold ratio':>18}: {cold['kafka-python']['cold_s'] / cold['kafscale_lakehouse']['cold_s']:.2f}x; "
+          f"whole process (imports + cold decode): {sum(cold['kafka-python'][k] for k in ('import_s', 'cold_s')) / sum(cold['kafscale_lakehouse'][k] for k in ('import_s', 'cold_s')):.2f}x")
+    for codec, by_decoder in warm.items():
+        if len({run["rows"] for runs in by_decoder.values() for run in runs}) != 1:
+            raise SystemExit(f"decoders disagree on the record count of {codec}: {by_decoder}")
         print("all codecs, warm" if codec == "all" else f"{codec} only, warm")
-        warm = {name: results[name]["warm"][codec] for name in DECODERS}
-        if len({figures["rows"] for figures in warm.values()}) != 1:
-            raise SystemExit(f"decoders disagree on the record count of {codec}: {warm}")
-        for name, figures in warm.items():
-            print(f"  {name:>18}: {figures['seconds']:7.3f} s  {figures['rows'] / figures['seconds'] / 1e3:8.1f} k "
-                  f"records/s  {figures['megabytes'] / figures['seconds']:7.1f} MB/s")
-        print(f"  {'ratio':>18}: {warm['kafka-python']['seconds'] / warm['kafscale_lakehouse']['seconds']:.2f}x "
-              f"(our speed / kafka-python's)")
+        for name, runs in by_decoder.items():
+            seconds = statistics.median(run["seconds"] for run in runs)
+            print(f"  {name:>18}: {seconds:7.3f} s  {runs[0]['rows'] / seconds / 1e3:8.1f} k records/s  "
+                  f"{runs[0]['megabytes'] / seconds:7.1f} MB/s")
+        ratios = [theirs["seconds"] / ours["seconds"] for ours, theirs in zip(*by_decoder.values())]
+        print(f"  {'ratio':>18}: {statistics.median(ratios):.2f}x (our speed / kafka-python's, median of pairs; "
+              f"{min(ratios):.2f}-{max(ratios):.2f})")
 
 
 if __name__ == "__main__":
