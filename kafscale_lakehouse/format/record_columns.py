@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kafscale_lakehouse.format.base_columns import BASE_SCHEMA, build_base_table
 from kafscale_lakehouse.format.errors import BadRecordError, BatchOverrunError, SegmentFormatError
@@ -22,6 +23,7 @@ from kafscale_lakehouse.format.headers_json import go_headers_json, go_headers_j
 _VARINT_MAX_BYTES = 5
 _VARLONG_MAX_BYTES = 10
 _NO_HEADERS = b"\x00"
+_REPEAT_SAMPLE_SIZE = 256  # header sections looked at to decide whether they repeat
 
 
 @dataclass(frozen=True)
@@ -271,10 +273,18 @@ def _gather_binary(arrow_buffer: pa.Buffer, starts: np.ndarray, ends: np.ndarray
 
 def _headers_column(header_sections: pa.Array, *, buffer_positions: np.ndarray, sections: Sequence[RecordSection],
                     section_of: np.ndarray, key: str) -> pa.Array:
+    sample = header_sections.slice(0, _REPEAT_SAMPLE_SIZE)
+    if 2 * len(pc.unique(sample)) <= len(sample):
+        # Sections repeat (the same headers on every record): build each distinct section's JSON once.
+        encoded = header_sections.dictionary_encode()
+        column = _headers_json_column(encoded.dictionary)
+        if column is not None:
+            return column.take(encoded.indices)
+    else:
+        column = _headers_json_column(header_sections)  # unique per record, as with trace headers
+        if column is not None:
+            return column
     encoded = header_sections.dictionary_encode()
-    column = _distinct_headers_json(encoded.dictionary)
-    if column is not None:
-        return column.take(encoded.indices)
     # Some section is malformed: find the first one in row order and report it as the per-section parser does.
     for slot, section_bytes in enumerate(encoded.dictionary.to_pylist()):
         try:
@@ -286,7 +296,7 @@ def _headers_column(header_sections: pa.Array, *, buffer_positions: np.ndarray, 
     raise AssertionError("the vectorized header walk rejected header sections that all parse")
 
 
-def _distinct_headers_json(header_sections: pa.Array) -> pa.Array | None:
+def _headers_json_column(header_sections: pa.Array) -> pa.Array | None:
     """The Go-compatible JSON of every header section (count, then key/value pairs) of a binary array, or None
     when a section is malformed. Walks header number j of every record that has one at once, as the record walk
     does for fields; a malformed section makes it stop and leave the exact error to `_headers_json`."""
