@@ -303,7 +303,8 @@ class UploadedSegments:
 def write_and_upload(s3, root: Path, *, namespace: str, topic: str, records: int, partitions: int,
                      records_per_segment: int, records_per_batch: int, codecs: tuple[str, ...],
                      workload: str) -> UploadedSegments:
-    """Write `records` pizza orders of `workload` spread over `partitions` as segments and upload them, `.kfs` before `.index`."""
+    """Write `records` pizza orders of `workload` spread over `partitions` as segments and upload them, `.kfs`
+    before `.index`."""
     records_by_partition = {p: records // partitions + (1 if p < records % partitions else 0)
                             for p in range(partitions)}
     kfs_keys, kfs_bytes = [], 0
@@ -675,7 +676,8 @@ def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd | None,
                               records_per_batch=args.records_per_batch, codecs=tuple(args.codecs[:1]),
                               workload=args.workload)
     megabytes = segments.kfs_bytes / 1e6
-    print(f"{args.records} pizza records ({args.workload} workload) in {len(segments.kfs_keys)} segments of {args.partitions} partitions "
+    print(f"{args.records} pizza records ({args.workload} workload) in {len(segments.kfs_keys)} segments of "
+          f"{args.partitions} partitions "
           f"({megabytes:.1f} MB, codecs {', '.join(args.codecs)}, {args.records_per_batch} records per batch), "
           f"written and uploaded to SeaweedFS in {time.perf_counter() - started:.1f} s; {os.cpu_count()} cores")
     config = lakehouse_config(seaweedfs, etcd, workdir, s3_namespace=s3_namespace, table_namespace=table_namespace,
