@@ -28,6 +28,7 @@ import gc
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -68,7 +69,13 @@ from kafscale_lakehouse.testing.servers import (  # noqa: E402
     Etcd,
     SeaweedFS,
 )
-from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_COLUMNS, PIZZA_TOPIC, write_partition_segments  # noqa: E402
+from kafscale_lakehouse.workload import (  # noqa: E402
+    ALL_CODECS,
+    PIZZA_COLUMNS,
+    PIZZA_TOPIC,
+    WORKLOADS,
+    write_partition_segments,
+)
 
 log = logging.getLogger("benchmarks.ingest")
 
@@ -295,8 +302,10 @@ class UploadedSegments:
 
 
 def write_and_upload(s3, root: Path, *, namespace: str, topic: str, records: int, partitions: int,
-                     records_per_segment: int, records_per_batch: int, codecs: tuple[str, ...]) -> UploadedSegments:
-    """Write `records` pizza orders spread over `partitions` as segments and upload them, `.kfs` before `.index`."""
+                     records_per_segment: int, records_per_batch: int, codecs: tuple[str, ...],
+                     workload: str) -> UploadedSegments:
+    """Write `records` pizza orders of `workload` spread over `partitions` as segments and upload them, `.kfs`
+    before `.index`."""
     records_by_partition = {p: records // partitions + (1 if p < records % partitions else 0)
                             for p in range(partitions)}
     kfs_keys, kfs_bytes = [], 0
@@ -305,7 +314,8 @@ def write_and_upload(s3, root: Path, *, namespace: str, topic: str, records: int
             continue
         for segment in write_partition_segments(root, record_count=count, namespace=namespace, topic=topic,
                                                 partition=partition, records_per_segment=records_per_segment,
-                                                records_per_batch=records_per_batch, codecs=codecs):
+                                                records_per_batch=records_per_batch, codecs=codecs,
+                                                workload=workload):
             for path in (segment.kfs_path, segment.index_path):
                 s3.upload_file(str(path), S3_BUCKET, path.relative_to(root).as_posix())
             kfs_keys.append(segment.kfs_path.relative_to(root).as_posix())
@@ -429,23 +439,33 @@ def run_floor(s3, segments: UploadedSegments, output: Path, excluded_pids: set[i
 
 def lakehouse_config(seaweedfs: SeaweedFS, etcd: Etcd | None, workdir: Path, *, s3_namespace: str,
                      table_namespace: str, max_bytes_per_run: int, target_file_size_bytes: int) -> LakehouseConfig:
+    return parse_config(lakehouse_config_document(
+        seaweedfs, etcd, workdir, s3_namespace=s3_namespace, table_namespace=table_namespace,
+        max_bytes_per_run=max_bytes_per_run, target_file_size_bytes=target_file_size_bytes,
+        tables={PIZZA_TOPIC: "pizzas_lakehouse", WARMUP_TOPIC: "warmup"}), source="benchmarks/ingest.py")
+
+
+def lakehouse_config_document(seaweedfs: SeaweedFS, etcd: Etcd | None, workdir: Path, *, s3_namespace: str,
+                              table_namespace: str, max_bytes_per_run: int, target_file_size_bytes: int,
+                              tables: Mapping[str, str], offsets_name: str = "offsets") -> dict:
+    """The config document of our pipeline, mapping topic → table name of `tables`."""
     def mapping(topic: str, table: str) -> dict:
         return {"topic": topic, "table": f"{table_namespace}.{table}", "create_table_if_missing": True,
                 "schema": {"columns": [column.model_dump() for column in PIZZA_COLUMNS]}}
 
-    offsets = {"backend": "etcd"} if etcd else {"backend": "local", "local_path": str(workdir / "offsets.db")}
-    return parse_config({
+    offsets = {"backend": "etcd"} if etcd else {"backend": "local", "local_path": str(workdir / f"{offsets_name}.db")}
+    return {
         "s3": {"bucket": S3_BUCKET, "namespace": s3_namespace, "endpoint": seaweedfs.s3_endpoint, "region": REGION,
                "path_style": True, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY},
         "iceberg": {"catalog": {"type": "rest", "uri": seaweedfs.rest_uri, "credential": f"{ACCESS_KEY}:{SECRET_KEY}"},
                     "warehouse": f"s3://{TABLE_BUCKET}"},
-        "offsets": {**offsets, "key_prefix": f"bench-{s3_namespace}"},
+        "offsets": {**offsets, "key_prefix": f"bench-{s3_namespace}-{offsets_name}"},
         "etcd": {"endpoints": [etcd.endpoint]} if etcd else {},
         "discovery": {"mode": "s3"},
         "processor": {"max_bytes_per_run": max_bytes_per_run, "target_file_size_bytes": target_file_size_bytes},
         "spark": {"master": f"local[{SPARK_TASK_SLOTS}]", "conf": {"spark.ui.showConsoleProgress": "false"}},
-        "mappings": [mapping(PIZZA_TOPIC, "pizzas_lakehouse"), mapping(WARMUP_TOPIC, "warmup")],
-    }, source="benchmarks/ingest.py")
+        "mappings": [mapping(topic, table) for topic, table in tables.items()],
+    }
 
 
 def ingest_all(context: IngestContext, topic: str, expected_records: int) -> int:
@@ -475,6 +495,35 @@ def run_ours(context: IngestContext, segments: UploadedSegments, excluded_pids: 
     table = load_catalog(context.catalog_settings).load_table(mapping.table)
     return PipelineFigures("kafscale_lakehouse", seconds, sampler.usage, verify_table(table, segments), runs=runs,
                            max_bytes_per_run=context.config.processor.max_bytes_per_run, phases=dict(timer.seconds))
+
+
+def run_whole_process(document: dict, workdir: Path, table_name: str, segments: UploadedSegments,
+                      excluded_pids: set[int]) -> PipelineFigures:
+    """A fresh `kafscale-lakehouse ingest --once` process over the topic, timed from spawn to exit."""
+    config_path = workdir / "ingest-once.yaml"
+    config_path.write_text(json.dumps(document))  # JSON is YAML
+    log_path = workdir / "ingest-once.log"
+    gc.collect()
+    started = time.perf_counter()
+    with ProcessTreeSampler(excluded_pids) as sampler, log_path.open("w") as output:
+        completed = subprocess.run([sys.executable, "-m", "kafscale_lakehouse.cli", "ingest", "--once", "--config",
+                                    str(config_path)], stdout=output, stderr=subprocess.STDOUT, check=False)
+    seconds = time.perf_counter() - started
+    if completed.returncode:
+        raise SystemExit(f"ingest --once exited with {completed.returncode}; its output is in {log_path}:\n"
+                         + log_path.read_text()[-4000:])
+    table = load_catalog(catalog_settings(parse_config(document))).load_table(table_name)
+    return PipelineFigures("ingest --once", seconds, sampler.usage, verify_table(table, segments),
+                           max_bytes_per_run=document["processor"]["max_bytes_per_run"])
+
+
+def reference_import_seconds() -> float:
+    """Start-up of a fresh interpreter importing what the reference uses, to compare whole processes."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import boto3, kafka, pyarrow.json, pyiceberg.catalog.rest, "
+                    "pyiceberg.table, kafscale_lakehouse.testing.kafka_python_reference"], check=True,
+                   cwd=Path(__file__).resolve().parent.parent)
+    return time.perf_counter() - started
 
 
 # ------------------------------------------------------------------------------------------------ checks, output
@@ -561,6 +610,9 @@ def print_phases(figures: PipelineFigures) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=WORKLOADS, default="realistic",
+                        help="realistic: unique trace headers and keys, values of 100 B to 100 KB; friendly: the "
+                             "same header on every record, ~175-byte values (kafscale_lakehouse.workload)")
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--records-per-segment", type=int, default=10_000)
@@ -577,6 +629,9 @@ def parse_args() -> argparse.Namespace:
                              "rolling over to the next file")
     parser.add_argument("--offsets", choices=("local", "etcd"), default="local",
                         help="offsets backend of our pipeline: a sqlite file, or a Debian etcd started here")
+    parser.add_argument("--whole-process", action="store_true",
+                        help="also land the records with a fresh `kafscale-lakehouse ingest --once` process "
+                             "(Spark start-up included) into another table, and time that process")
     parser.add_argument("--verbose", action="store_true", help="log at INFO level")
     args = parser.parse_args()
     if min(args.records, args.partitions, args.records_per_segment, args.records_per_batch,
@@ -614,13 +669,16 @@ def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd | None,
     segments = write_and_upload(s3, workdir / "segments", namespace=s3_namespace, topic=PIZZA_TOPIC,
                                 records=args.records, partitions=args.partitions,
                                 records_per_segment=args.records_per_segment,
-                                records_per_batch=args.records_per_batch, codecs=tuple(args.codecs))
+                                records_per_batch=args.records_per_batch, codecs=tuple(args.codecs),
+                                workload=args.workload)
     # As many warm-up partitions as Spark task slots, so that every Python worker a task uses is started.
     warmup = write_and_upload(s3, workdir / "segments", namespace=s3_namespace, topic=WARMUP_TOPIC,
                               records=WARMUP_RECORDS, partitions=SPARK_TASK_SLOTS, records_per_segment=WARMUP_RECORDS,
-                              records_per_batch=args.records_per_batch, codecs=tuple(args.codecs[:1]))
+                              records_per_batch=args.records_per_batch, codecs=tuple(args.codecs[:1]),
+                              workload=args.workload)
     megabytes = segments.kfs_bytes / 1e6
-    print(f"{args.records} pizza records in {len(segments.kfs_keys)} segments of {args.partitions} partitions "
+    print(f"{args.records} pizza records ({args.workload} workload) in {len(segments.kfs_keys)} segments of "
+          f"{args.partitions} partitions "
           f"({megabytes:.1f} MB, codecs {', '.join(args.codecs)}, {args.records_per_batch} records per batch), "
           f"written and uploaded to SeaweedFS in {time.perf_counter() - started:.1f} s; {os.cpu_count()} cores")
     config = lakehouse_config(seaweedfs, etcd, workdir, s3_namespace=s3_namespace, table_namespace=table_namespace,
@@ -644,11 +702,26 @@ def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd | None,
         ours = run_ours(context, segments, excluded_pids)
     finally:
         spark.stop()
+    whole = None
+    if args.whole_process:
+        document = lakehouse_config_document(
+            seaweedfs, etcd, workdir, s3_namespace=s3_namespace, table_namespace=table_namespace,
+            max_bytes_per_run=args.max_bytes_per_run, target_file_size_bytes=args.target_file_size_bytes,
+            tables={PIZZA_TOPIC: "pizzas_once"}, offsets_name="offsets-once")
+        whole = run_whole_process(document, workdir, f"{table_namespace}.pizzas_once", segments, excluded_pids)
 
     cores = os.cpu_count() or 1
-    print_figures([reference, floor, ours], args.records, megabytes, cores)
-    print_commits([reference, floor, ours])
+    pipelines = [reference, floor, ours, *([whole] if whole else [])]
+    print_figures(pipelines, args.records, megabytes, cores)
+    print_commits(pipelines)
     print_ratios(reference, floor, ours)
+    if whole:
+        imports = reference_import_seconds()
+        print(f"ratio whole processes: {(reference.seconds + imports) / whole.seconds:.2f}x (reference "
+              f"{reference.seconds:.2f} s + {imports:.2f} s interpreter start and imports / `ingest --once` process "
+              f"{whole.seconds:.2f} s, Spark start-up included; target >= 1.5x)")
+    print(f"Spark session start {session_seconds:.1f} s; engine up + session start: ours "
+          f"{ours.seconds + session_seconds:.2f} s, ratio {reference.seconds / (ours.seconds + session_seconds):.2f}x")
     print_phases(ours)
 
 

@@ -2,13 +2,23 @@
 
 Used by the benchmarks, the tests and the demo producer. Record number `n` of a (seed, partition) is always the
 same order, however the records are split into batches and segments, so a producer can resume at any offset.
+
+Two workloads (`WORKLOADS`):
+- `friendly`: key `store-<id>`, a ~175-byte JSON value and the same `source` header on every record. Header
+  sections repeat, so a decoder that caches per distinct section looks better than it will on real traffic.
+- `realistic` (the benchmarks' default): what traced services produce. Key the order id (unique); 1-3 headers
+  with values unique per record, as OpenTelemetry's W3C propagators write them (`traceparent`, often
+  `tracestate`, sometimes `baggage`); values of mixed size, 95% 100 B-1 KB, 4.5% 1-10 KB, 0.5% 10-100 KB
+  (log-uniform within each band, ~0.75 KB on average), padded with a `notes` text field that compresses like text.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +34,7 @@ PIZZA_HEADERS = (("source", b"pizza-svc"),)
 DEFAULT_START_MS = 1_704_067_200_000
 DEFAULT_INTERVAL_MS = 1_000
 ALL_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+WORKLOADS = ("realistic", "friendly")
 STORE_COUNT = 100
 
 _SAUCES = ("regular", "light", "extra", "none", "bbq", "alfredo")
@@ -52,9 +63,22 @@ PIZZA_COLUMNS = (
     ColumnConfig(name="date_ordered", type="timestamp"),
 )
 
+# Value sizes of the realistic workload: (cumulative share out of 1000, smallest, largest) in bytes.
+_VALUE_SIZE_BANDS = ((950, 100, 1_000), (995, 1_000, 10_000), (1000, 10_000, 100_000))
+_NOTES_WORDS = ("crust", "thin", "extra", "crispy", "please", "ring", "bell", "door", "leave", "at", "the", "gate",
+                "no", "onions", "call", "on", "arrival", "birthday", "party", "cut", "in", "squares", "hot", "fast",
+                "allergy", "nuts", "gluten", "free", "side", "of", "ranch", "garlic", "dip", "knock", "twice")
+_NOTES_RANDOM = random.Random(20240101)
+# Text to cut notes from: words in random order compress about as well as free text does.
+_NOTES_TEXT = " ".join(_NOTES_RANDOM.choice(_NOTES_WORDS) for _ in range(60_000))
+assert len(_NOTES_TEXT) > 2 * _VALUE_SIZE_BANDS[-1][2]
+
+
 def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int = DEFAULT_START_MS,
-                interval_ms: int = DEFAULT_INTERVAL_MS) -> Record:
-    """Order number `index` of partition `partition`: key `store-<id>`, ~200-byte JSON value, one header."""
+                interval_ms: int = DEFAULT_INTERVAL_MS, workload: str = "friendly") -> Record:
+    """Order number `index` of partition `partition` in `workload` (see the module docstring)."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}: expected one of {', '.join(WORKLOADS)}")
     digest = hashlib.blake2b(f"{seed}:{partition}:{index}".encode(), digest_size=24).digest()
     store_id = digest[16] % STORE_COUNT + 1
     timestamp_ms = start_ms + index * interval_ms
@@ -67,13 +91,38 @@ def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int 
         "veggies": _VEGGIES[digest[20] % len(_VEGGIES)],
         "date_ordered": datetime.fromtimestamp(timestamp_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
     }
-    return Record(key=f"store-{store_id}".encode(), value=json.dumps(order, separators=(",", ":")).encode(),
-                  headers=PIZZA_HEADERS, timestamp_ms=timestamp_ms)
+    if workload == "friendly":
+        return Record(key=f"store-{store_id}".encode(), value=json.dumps(order, separators=(",", ":")).encode(),
+                      headers=PIZZA_HEADERS, timestamp_ms=timestamp_ms)
+    # A second digest for what only the realistic workload draws, so friendly orders stay as they were.
+    extra = hashlib.blake2b(f"{seed}:{partition}:{index}:realistic".encode(), digest_size=32).digest()
+    value = json.dumps(order, separators=(",", ":"))
+    size = _value_size(int.from_bytes(extra[0:4], "little"))
+    if size > len(value) + len(',"notes":""'):
+        start = int.from_bytes(extra[4:8], "little") % (len(_NOTES_TEXT) - size)
+        value = value[:-1] + ',"notes":"' + _NOTES_TEXT[start:start + size - len(value) - len(',"notes":""')] + '"}'
+    trace_id, span_id = extra[8:24].hex(), extra[24:32].hex()
+    headers = [("traceparent", f"00-{trace_id}-{span_id}-01".encode())]
+    if extra[0] % 3:
+        headers.append(("tracestate", f"kfs={digest[:8].hex()},rojo={span_id}".encode()))
+    if extra[0] % 3 == 2:
+        headers.append(("baggage", f"order.id={order['order_id']},store.id={store_id}".encode()))
+    return Record(key=order["order_id"].encode(), value=value.encode(), headers=tuple(headers),
+                  timestamp_ms=timestamp_ms)
+
+
+def _value_size(draw: int) -> int:
+    """A value size in bytes from a uniform 32-bit `draw`: the band by its share, log-uniform inside it."""
+    share, fraction = draw % 1000, (draw // 1000) / (2 ** 32 // 1000)
+    smallest, largest = next((low, high) for cumulative, low, high in _VALUE_SIZE_BANDS if share < cumulative)
+    return int(smallest * math.exp(fraction * math.log(largest / smallest)))
 
 
 def pizza_orders(first_index: int, count: int, *, seed: int = 0, partition: int = 0,
-                 start_ms: int = DEFAULT_START_MS, interval_ms: int = DEFAULT_INTERVAL_MS) -> list[Record]:
-    return [pizza_order(index, seed=seed, partition=partition, start_ms=start_ms, interval_ms=interval_ms)
+                 start_ms: int = DEFAULT_START_MS, interval_ms: int = DEFAULT_INTERVAL_MS,
+                 workload: str = "friendly") -> list[Record]:
+    return [pizza_order(index, seed=seed, partition=partition, start_ms=start_ms, interval_ms=interval_ms,
+                        workload=workload)
             for index in range(first_index, first_index + count)]
 
 
@@ -86,8 +135,9 @@ def write_partition_segments(root: Path, *, record_count: int, namespace: str = 
                              topic: str = PIZZA_TOPIC, partition: int = 0, base_offset: int = 0, seed: int = 0,
                              records_per_segment: int = 1_000, records_per_batch: int = 100,
                              codecs: Sequence[str] = ALL_CODECS, created_ms: int = DEFAULT_START_MS,
-                             index_interval: int = DEFAULT_INDEX_INTERVAL) -> list[WrittenSegment]:
-    """Write `record_count` pizza orders from `base_offset` as contiguous segments of one partition.
+                             index_interval: int = DEFAULT_INDEX_INTERVAL, workload: str = "friendly"
+                             ) -> list[WrittenSegment]:
+    """Write `record_count` pizza orders (of `workload`) from `base_offset` as contiguous segments of one partition.
 
     Segment `i` uses `codecs[i % len(codecs)]`. Files are `segment-%020d.kfs` and `.index` under
     `partition_dir(...)`; each is written to a `.tmp` name and renamed, `.kfs` before `.index` as the broker
@@ -105,7 +155,8 @@ def write_partition_segments(root: Path, *, record_count: int, namespace: str = 
     for segment_number, first in enumerate(range(base_offset, base_offset + record_count, records_per_segment)):
         count = min(records_per_segment, base_offset + record_count - first)
         codec = codecs[segment_number % len(codecs)]
-        segment = encode_segment(pizza_orders(first, count, seed=seed, partition=partition), base_offset=first,
+        segment = encode_segment(pizza_orders(first, count, seed=seed, partition=partition, workload=workload),
+                                 base_offset=first,
                                  codec=codec, records_per_batch=records_per_batch, created_ms=created_ms,
                                  index_interval=index_interval)
         kfs_path = directory / f"segment-{first:020d}.kfs"

@@ -3,7 +3,8 @@
 The records of all decoded batches of a run sit back to back in one buffer. Python touches each record only
 to hop over its length varint (records are only findable one after another); every other field is decoded for
 all records at once with numpy, and keys, values and header sections are cut out of the buffer by Arrow's
-`take`. Header sections repeat from record to record, so their JSON is computed once per distinct section.
+`take`. Header sections are walked the same way, one header number at a time across all records, and their
+Go-compatible JSON is built with Arrow compute once per distinct section (sections often repeat).
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kafscale_lakehouse.format.base_columns import BASE_SCHEMA, build_base_table
 from kafscale_lakehouse.format.errors import BadRecordError, BatchOverrunError, SegmentFormatError
-from kafscale_lakehouse.format.headers_json import go_headers_json
+from kafscale_lakehouse.format.headers_json import go_headers_json, go_headers_json_column
 
 _VARINT_MAX_BYTES = 5
 _VARLONG_MAX_BYTES = 10
 _NO_HEADERS = b"\x00"
+_REPEAT_SAMPLE_SIZE = 256  # header sections looked at to decide whether they repeat
 
 
 @dataclass(frozen=True)
@@ -270,16 +273,73 @@ def _gather_binary(arrow_buffer: pa.Buffer, starts: np.ndarray, ends: np.ndarray
 
 def _headers_column(header_sections: pa.Array, *, buffer_positions: np.ndarray, sections: Sequence[RecordSection],
                     section_of: np.ndarray, key: str) -> pa.Array:
+    sample = header_sections.slice(0, _REPEAT_SAMPLE_SIZE)
+    if 2 * len(pc.unique(sample)) <= len(sample):
+        # Sections repeat (the same headers on every record): build each distinct section's JSON once.
+        encoded = header_sections.dictionary_encode()
+        column = _headers_json_column(encoded.dictionary)
+        if column is not None:
+            return column.take(encoded.indices)
+    else:
+        column = _headers_json_column(header_sections)  # unique per record, as with trace headers
+        if column is not None:
+            return column
     encoded = header_sections.dictionary_encode()
-    header_json = []
+    # Some section is malformed: find the first one in row order and report it as the per-section parser does.
     for slot, section_bytes in enumerate(encoded.dictionary.to_pylist()):
         try:
-            header_json.append(_headers_json(section_bytes))
+            _headers_json(section_bytes)
         except _RecordError as exc:
             row = int(np.argmax(encoded.indices.to_numpy(zero_copy_only=False) == slot))
             raise sections[section_of[row]].error(exc.error_type, key, int(buffer_positions[row]) + exc.position,
                                                    exc.reason) from None
-    return pa.array(header_json, pa.string()).take(encoded.indices)
+    raise AssertionError("the vectorized header walk rejected header sections that all parse")
+
+
+def _headers_json_column(header_sections: pa.Array) -> pa.Array | None:
+    """The Go-compatible JSON of every header section (count, then key/value pairs) of a binary array, or None
+    when a section is malformed. Walks header number j of every record that has one at once, as the record walk
+    does for fields; a malformed section makes it stop and leave the exact error to `_headers_json`."""
+    if len(header_sections) == 0:
+        return pa.array([], pa.string())
+    offsets = np.frombuffer(header_sections.buffers()[1], dtype=np.int32)
+    offsets = offsets[header_sections.offset:header_sections.offset + len(header_sections) + 1].astype(np.int64)
+    buf = np.frombuffer(header_sections.buffers()[2], dtype=np.uint8)
+    starts, ends = offsets[:-1], offsets[1:]
+    counts, positions, bad = _decode_varints(buf, starts, ends, _VARINT_MAX_BYTES)
+    # Each header takes at least two bytes (key and value lengths), which bounds the loop below.
+    if bad.any() or (counts < 0).any() or (2 * counts > ends - positions).any():
+        return None
+    header_rows, key_starts, key_ends, value_starts, value_ends = [], [], [], [], []
+    pending = np.flatnonzero(counts)
+    for header_number in range(int(counts.max(initial=0))):
+        pending = pending[counts[pending] > header_number]
+        limits = ends[pending]
+        key_length, key_start, key_bad = _decode_varints(buf, positions[pending], limits, _VARINT_MAX_BYTES)
+        key_end = key_start + key_length
+        if key_bad.any() or (key_length < 0).any() or (key_end > limits).any():
+            return None
+        value_length, value_start, value_bad = _decode_varints(buf, key_end, limits, _VARINT_MAX_BYTES)
+        value_end = value_start + np.maximum(value_length, 0)  # -1 is a null value, written as ""
+        if value_bad.any() or (value_length < -1).any() or (value_end > limits).any():
+            return None
+        positions[pending] = value_end
+        header_rows.append(pending)
+        key_starts.append(key_start)
+        key_ends.append(key_end)
+        value_starts.append(value_start)
+        value_ends.append(value_end)
+    if (positions != ends).any():
+        return None  # bytes follow a section's last header
+    if not header_rows:
+        return pa.repeat(pa.scalar("", pa.string()), len(header_sections))
+    # Sections lie in order in the buffer, so buffer position orders headers by (section, header number).
+    key_starts = np.concatenate(key_starts)
+    order = np.argsort(key_starts, kind="stable")
+    arrow_buffer = header_sections.buffers()[2]
+    keys = _gather_binary(arrow_buffer, key_starts[order], np.concatenate(key_ends)[order])
+    values = _gather_binary(arrow_buffer, np.concatenate(value_starts)[order], np.concatenate(value_ends)[order])
+    return go_headers_json_column(keys, values, counts)
 
 
 def _headers_json(section: bytes) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kafscale_lakehouse.format import check_index_matches_segment, decode_segment, parse_index
+from kafscale_lakehouse.format import check_index_matches_segment, decode_segment, go_headers_json, parse_index
 from kafscale_lakehouse.workload import (
     ALL_CODECS,
     PIZZA_TOPIC,
@@ -61,3 +61,31 @@ def test_writes_contiguous_complete_segments_with_a_codec_mix(tmp_path):
 def test_empty_namespace_puts_the_topic_at_the_root(tmp_path):
     (segment,) = write_partition_segments(tmp_path, record_count=3, namespace="", topic="orders", codecs=["lz4"])
     assert segment.kfs_path == tmp_path / "orders" / "0" / "segment-00000000000000000000.kfs"
+
+
+def test_realistic_orders_carry_unique_trace_headers_keys_and_mixed_value_sizes():
+    records = pizza_orders(0, 4_000, partition=2, workload="realistic")
+    assert records == pizza_orders(0, 4_000, partition=2, workload="realistic")
+    assert [json.loads(record.value)["order_id"] for record in records[:3]] == [
+        json.loads(record.value)["order_id"] for record in pizza_orders(0, 3, partition=2)]  # same orders
+    assert len({record.key for record in records}) == len(records)
+    assert {len(record.headers) for record in records} == {1, 2, 3}
+    traceparents = [record.headers[0] for record in records]
+    assert all(name == "traceparent" and len(value) == 55 and value.startswith(b"00-") for name, value in traceparents)
+    assert len(set(traceparents)) == len(records)
+    sizes = [len(record.value) for record in records]
+    assert 150 <= min(sizes) and max(sizes) <= 100_000
+    assert 0.03 < sum(size > 1_000 for size in sizes) / len(sizes) < 0.07
+    assert sum(size > 10_000 for size in sizes) >= 5
+    order = json.loads(records[0].value)
+    assert list(order)[:7] == ["order_id", "store_id", "sauce", "cheese", "meats", "veggies", "date_ordered"]
+
+
+def test_segments_of_the_realistic_workload_decode_to_its_records(tmp_path):
+    (segment,) = write_partition_segments(tmp_path, record_count=300, records_per_segment=300, codecs=["zstd"],
+                                          workload="realistic")
+    decoded = decode_segment(segment.kfs_path.read_bytes(), key="k", topic=PIZZA_TOPIC, partition=0).records
+    expected = pizza_orders(0, 300, workload="realistic")
+    assert decoded.column("value").to_pylist() == [record.value for record in expected]
+    assert decoded.column("headers").to_pylist() == [
+        go_headers_json([(name.encode(), value) for name, value in record.headers]) for record in expected]
