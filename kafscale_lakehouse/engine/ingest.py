@@ -22,7 +22,6 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
@@ -51,7 +50,8 @@ from kafscale_lakehouse.engine.kafscale_source import (
     segment_run_partitions,
 )
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
-from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append, read_topic_offsets
+from kafscale_lakehouse.engine.run_files import clean_ended_runs, forget_run, register_run
+from kafscale_lakehouse.engine.table_offsets import commit_append, read_topic_offsets
 from kafscale_lakehouse.engine.validation_stage import (
     RecordValidation,
     resolve_record_validation,
@@ -79,8 +79,6 @@ log = logging.getLogger(__name__)
 SKIPPED_PROPERTY_PREFIX = "kafscale.skipped."
 # Milliseconds from the start of the write to the commit, the Go processor's write latency, for `serve-metrics`.
 WRITE_LATENCY_PROPERTY = "kafscale.write-latency-ms"
-# Data files of a crashed run are removed once they are this old, so a live run's files are never touched.
-ORPHAN_FILE_MIN_AGE = timedelta(hours=1)
 
 
 class IngestFailedError(RuntimeError):
@@ -256,6 +254,7 @@ class PreparedIngest:
     leases: dict[int, Lease]
     plans: dict[int, _PartitionPlan]
     read_options: KafscaleReadOptions | None
+    registered: bool = False  # the run's record (run_files.py) is in the offsets store
 
     def input_partitions(self) -> list[SegmentRunPartition]:
         """The planned segments in groups of at most `processor.target_file_size_bytes`: one Spark task each."""
@@ -268,6 +267,11 @@ class PreparedIngest:
         for lease in self.leases.values():
             lease.release()
 
+    def forget_run(self) -> None:
+        if self.registered:
+            forget_run(self.context.offsets, self.mapping.topic, self.result.run_id)
+            self.registered = False
+
 
 def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions: Sequence[int] | None = None,
                    run_id: str | None = None) -> PreparedIngest:
@@ -279,13 +283,10 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
     table = open_mapping_table(context, mapping, validation.columns)
     catalog = load_catalog(context.catalog_settings)
     publish_pending_dead_letters(table, catalog)  # of a run that stopped between its commit and publishing
-    orphans_before = datetime.now(timezone.utc) - ORPHAN_FILE_MIN_AGE
     dead_letters = None
     if validation.dead_letter_table is not None:
         dead_letters = open_dead_letter_table(catalog, validation.dead_letter_table)
         result.dead_letter_table = validation.dead_letter_table
-        cleanup_uncommitted_files(dead_letters, older_than=orphans_before)
-    cleanup_uncommitted_files(table, older_than=orphans_before)
     wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
     leases: dict[int, Lease] = {}
     prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {}, None)
@@ -297,9 +298,16 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
             except LeaseHeldError as exc:
                 result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
         if leases:
+            written_to = [t for t in (table, dead_letters) if t is not None]
+            # Files of ended runs of this topic (run_files.py: only those known to have ended uncommitted), then
+            # this run's own record, before it writes anything.
+            clean_ended_runs(context.offsets, topic, written_to)
+            register_run(context.offsets, list(leases.values()), run_id, written_to)
+            prepared.registered = True
             _plan(prepared)
     except BaseException:
         prepared.abort()
+        prepared.forget_run()  # nothing was written yet
         raise
     return prepared
 
@@ -311,6 +319,8 @@ def commit_ingest(prepared: PreparedIngest) -> IngestResult:
     try:
         if prepared.plans:
             _write_and_commit(prepared)
+        # Every file of the run is now committed or deleted; on an exception the record stays for the next run.
+        prepared.forget_run()
         _record_lag(prepared)
     finally:
         prepared.abort()
