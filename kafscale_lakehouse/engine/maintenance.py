@@ -126,14 +126,15 @@ class MaintenanceSummary:
 
 def maintain_table(spark: SparkSession | None, table: Table, settings: MaintenanceSettings, *,
                    dead_letters: Table | None = None, compaction: bool = True, expiry: bool = True,
-                   orphans: bool = True, now: datetime | None = None) -> MaintenanceSummary:
+                   orphans: bool = True, properties: bool = True, now: datetime | None = None) -> MaintenanceSummary:
     """Properties, compaction, snapshot expiry and orphan-file removal, in that order (expiry after compaction so
     the compacted files' old snapshots can go; orphan removal last so their files can go once old enough)."""
     started = time.monotonic()
     now = now or datetime.now(timezone.utc)
     summary = MaintenanceSummary(".".join(table.name()))
     summary.before = table_files(table)
-    summary.properties_set = apply_bounded_metadata_properties(table)
+    if properties:
+        summary.properties_set = apply_bounded_metadata_properties(table)
     if compaction:
         if spark is None:
             raise ValueError("compaction needs a Spark session")
@@ -457,3 +458,45 @@ def _without_client_retries(table: Table) -> Table:
     no_retries = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
     return Table(identifier=table.name(), metadata=table.metadata.model_copy(update={"properties": no_retries}),
                  metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
+
+
+# ---- per mapping (the CLI and the Dagster job) -----------------------------------------------------------------
+
+MAINTENANCE_STEPS = ("properties", "compact", "expire", "orphans")
+
+
+def mapping_settings(config, mapping) -> MaintenanceSettings:
+    """`mappings[].maintenance` as settings (`config`: LakehouseConfig, `mapping`: MappingConfig)."""
+    block = mapping.maintenance
+    return MaintenanceSettings(
+        snapshot_max_age=timedelta(hours=block.snapshot_max_age_hours), retain_last=block.retain_last,
+        orphan_min_age=timedelta(hours=block.orphan_min_age_hours),
+        target_file_size_bytes=block.target_file_size_bytes or config.processor.target_file_size_bytes,
+        min_input_files=block.min_input_files)
+
+
+def maintain_mapping(config, spark: SparkSession | None, mapping, *,
+                     steps: Sequence[str] = MAINTENANCE_STEPS) -> MaintenanceSummary:
+    """Maintain the table of `mapping` (an existing table; nothing is created) with its `maintenance:` settings."""
+    from kafscale_lakehouse.engine.catalog import load_catalog, open_table
+    from kafscale_lakehouse.engine.dead_letter import open_dead_letter_table
+    from kafscale_lakehouse.engine.ingest import catalog_settings
+
+    unknown = sorted(set(steps) - set(MAINTENANCE_STEPS))
+    if unknown:
+        raise ValueError(f"unknown maintenance steps {unknown}; expected some of {list(MAINTENANCE_STEPS)}")
+    catalog = load_catalog(catalog_settings(config))
+    table = open_table(catalog, mapping.table)
+    dead_letters = (open_dead_letter_table(catalog, mapping.dead_letter_table)
+                    if mapping.dead_letter_table else None)
+    settings = mapping_settings(config, mapping)
+    started = time.monotonic()
+    summary = MaintenanceSummary(".".join(table.name()))
+    summary.before = table_files(table)
+    if "properties" in steps:
+        summary.properties_set = apply_bounded_metadata_properties(table)
+    sub = maintain_table(spark, table, settings, dead_letters=dead_letters, compaction="compact" in steps,
+                         expiry="expire" in steps, orphans="orphans" in steps, properties=False)
+    sub.before, sub.properties_set = summary.before, summary.properties_set
+    sub.duration_seconds = time.monotonic() - started
+    return sub
