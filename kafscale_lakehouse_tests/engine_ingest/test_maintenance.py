@@ -147,3 +147,27 @@ def test_maintain_mapping_sets_bounded_metadata_properties_and_reports(embedded_
     assert summary.properties_set and summary.files_compacted == summary.before.data_files == 6
     assert summary.after.data_files == 1 and summary.after.data_bytes > 0
     world.assert_exactly_once(runs=3)
+
+
+def test_dagster_maintenance_job_runs_the_same_code_and_records_what_it_did(embedded_world, spark):
+    import dagster as dg
+
+    from kafscale_lakehouse.orchestration.maintenance import build_maintenance
+    from kafscale_lakehouse.orchestration.resources import SPARK_RESOURCE_KEY, SparkResource
+
+    world = embedded_world
+    _land_in_rounds(world, spark, rounds=3)
+    config = world.config()
+    [job], [schedule] = build_maintenance(config)
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    assert schedule.cron_schedule == config.mappings[0].maintenance.cron_schedule
+
+    result = job.execute_in_process(resources={SPARK_RESOURCE_KEY: SparkResource(master="local[1]")})
+
+    assert result.success
+    [observation] = [e.event_specific_data.asset_observation for e in result.all_events
+                     if e.event_type_value == "ASSET_OBSERVATION"]
+    metadata = {k: v.value for k, v in observation.metadata.items()}
+    assert metadata["data_files_before"] == 6 and metadata["data_files_after"] == 1
+    assert metadata["files_compacted"] == 6 and metadata["duration_seconds"] > 0
+    world.assert_exactly_once(runs=3)
