@@ -47,12 +47,15 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.engine.catalog import BOUNDED_METADATA_PROPERTIES, catalog_endpoint, catalog_errors
-from kafscale_lakehouse.engine.dead_letter import STAGED_SNAPSHOT_PROPERTY, StagedDeadLetters
+from kafscale_lakehouse.engine.dead_letter import (
+    SOURCE_TABLE_PROPERTY,
+    STAGED_SNAPSHOT_PROPERTY,
+    StagedDeadLetters,
+)
 from kafscale_lakehouse.engine.iceberg_sink import RollingDataFiles, SinkJob, delete_data_files
 from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
 from kafscale_lakehouse.engine.table_offsets import (
     OFFSETS_PROPERTY_PREFIX,
-    RUN_ID_PROPERTY,
     format_offsets_property,
     read_committed_offsets,
 )
@@ -191,12 +194,12 @@ def protected_snapshot_ids(table: Table, dead_letters: Table | None = None) -> s
             staged = StagedDeadLetters.from_summary(snapshot)
             if staged is not None and staged.snapshot_id not in published:
                 protected.add(snapshot.snapshot_id)
-    # On a dead-letter table: staged snapshots (on no branch) not yet published.
+    # On a dead-letter table: staged snapshots (on no branch, naming their source table) not yet published.
     on_branch = {s.snapshot_id for s in ancestors_of(table.current_snapshot(), table.metadata)}
     published = _published_staged_ids(table)
     for snapshot in table.metadata.snapshots:
         if (snapshot.snapshot_id not in on_branch and snapshot.summary is not None
-                and snapshot.summary.get(RUN_ID_PROPERTY) and snapshot.snapshot_id not in published):
+                and snapshot.summary.get(SOURCE_TABLE_PROPERTY) and snapshot.snapshot_id not in published):
             protected.add(snapshot.snapshot_id)
     return protected
 
