@@ -19,7 +19,7 @@ def maintenance_job_name(table: str) -> str:
 def build_maintenance_job(config: LakehouseConfig, mapping: MappingConfig) -> dg.JobDefinition:
     @dg.op(name=f"{maintenance_job_name(mapping.table)}_op", required_resource_keys={SPARK_RESOURCE_KEY},
            description=f"Compaction, snapshot expiry, orphan-file removal and metadata properties of {mapping.table}.")
-    def maintain(context: dg.OpExecutionContext) -> None:
+    def maintain(context) -> None:  # noqa: ANN001 - Dagster reads the annotation; `from __future__` hides it
         spark: SparkResource = getattr(context.resources, SPARK_RESOURCE_KEY)
         summary = maintain_mapping(config, spark.spark_session, mapping)
         metadata = {key: value for key, value in summary.as_dict().items()
