@@ -55,7 +55,10 @@ def test_killed_after_the_iceberg_commit_before_etcd(production_world, spark):
     world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 3)
     [result] = ingest(world.config(), spark)
     assert result.records == 0 and result.snapshot_id is None, "the table's offsets say there is nothing to read"
-    world.assert_exactly_once(runs=2)  # etcd repaired from the table
+    table = world.assert_exactly_once(runs=2)  # etcd repaired from the table
+    # The killed run's record is settled by finding its commit in the table: its files are kept, nothing is left.
+    assert world.recorded_runs() == []
+    assert world.table_data_files() == world.referenced_data_files(table)
 
 
 def test_killed_while_renewing_its_lease(production_world, spark):
