@@ -95,7 +95,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # whose wall time is added to the named phase while our pipeline runs.
 _INGEST_PHASES = {
     "open_mapping_table": "open/create table",
-    "cleanup_uncommitted_files": "orphan-file scan",
+    "clean_ended_runs": "ended-run clean-up",
     "discover_topic_partitions": "discover partitions",
     "read_topic_offsets": "read table offsets",
     "_plan_partition": "plan (list segments, footers)",

@@ -207,6 +207,31 @@ def run_report(config_path: str | None, *, table: str, output: str) -> int:
     return 0
 
 
+def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: list[str] | None) -> int:
+    """Maintain each mapping's table (or those of `tables`) with its `maintenance:` settings; one JSON line each."""
+    from kafscale_lakehouse.config import load_config
+    from kafscale_lakehouse.engine.maintenance import MAINTENANCE_STEPS, MaintenanceError, maintain_mapping
+    from kafscale_lakehouse.engine.spark import get_spark_session
+
+    config = load_config(config_path)
+    mappings = [m for m in config.mappings if tables is None or m.table in tables]
+    missing = sorted(set(tables or ()) - {m.table for m in mappings})
+    if missing:
+        raise CommandError(f"no mapping lands in table(s) {missing}; mapped tables: {[m.table for m in config.mappings]}")
+    steps = steps or list(MAINTENANCE_STEPS)
+    spark = get_spark_session(config.spark.master, dict(config.spark.conf)) if "compact" in steps else None
+    failed = 0
+    for mapping in mappings:
+        try:
+            summary = maintain_mapping(config, spark, mapping, steps=steps)
+        except MaintenanceError as err:
+            print(f"error: {err}", file=sys.stderr)
+            failed += 1
+            continue
+        print(json.dumps(summary.as_dict(), sort_keys=True))
+    return 1 if failed else 0
+
+
 def run_serve_metrics_command(config_path: str | None, *, address: str | None) -> int:
     """Serve /metrics, /healthz and /readyz until SIGTERM or Ctrl-C (kafscale_lakehouse/metrics.py)."""
     from kafscale_lakehouse.config import load_config
@@ -263,6 +288,14 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
     report.add_argument("--output", default="report.html", help="HTML file to write (default: report.html)")
 
+    maintain = commands.add_parser(
+        "maintain", help="table maintenance: bounded-metadata properties, compaction, snapshot expiry, orphan files")
+    maintain.add_argument("--config", default=None,
+                          help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
+    maintain.add_argument("--table", action="append", help="only this mapped table (repeatable; default: all)")
+    maintain.add_argument("--step", action="append", choices=["properties", "compact", "expire", "orphans"],
+                          help="only this step (repeatable; default: all, in that order)")
+
     serve_metrics = commands.add_parser(
         "serve-metrics", help="serve the Go processor's Prometheus metrics (read from etcd and the catalog), "
                               "/healthz and /readyz")
@@ -287,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo_producer_command(args)
         if args.command == "report":
             return run_report(args.config, table=args.table, output=args.output)
+        if args.command == "maintain":
+            return run_maintain(args.config, tables=args.table, steps=args.step)
         if args.command == "serve-metrics":
             return run_serve_metrics_command(args.config, address=args.address)
     except (CommandError, SegmentFormatError, StorageError, OSError, ConfigError) as err:

@@ -411,6 +411,20 @@ class PartitionFieldConfig(_ConfigModel):
         return match.group(2), int(match.group(3))
 
 
+class MaintenanceConfig(_ConfigModel):
+    """`mappings[].maintenance` (extension): the table's maintenance (engine/maintenance.py), run on a schedule by
+    Dagster and by `kafscale-lakehouse maintain`."""
+
+    enabled: bool = True
+    cron_schedule: str = "17 3 * * *"  # daily, off the hour
+    snapshot_max_age_hours: PositiveInt = 120  # Iceberg's history.expire.max-snapshot-age-ms default (5 days)
+    retain_last: PositiveInt = 1  # Iceberg's history.expire.min-snapshots-to-keep default
+    # Files younger than this are never orphans: a writer may still be about to commit them (Iceberg: 3 days).
+    orphan_min_age_hours: int = Field(default=72, ge=24)
+    target_file_size_bytes: PositiveInt | None = None  # default: processor.target_file_size_bytes
+    min_input_files: int = Field(default=5, ge=2)  # small files a partition needs before it is compacted
+
+
 class MappingConfig(_ConfigModel):
     """`mappings[]`: one KafScale topic landed into one Iceberg table (`namespace.table`)."""
 
@@ -424,6 +438,7 @@ class MappingConfig(_ConfigModel):
     dead_letter_table: str | None = None  # extension: where lenient validation puts invalid records
     allow_gaps: bool | None = None  # extension; resolved to processor.allow_gaps when not set
     freshness_max_lag_records: PositiveInt = 10_000  # extension: the freshness check warns above this lag
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)  # extension
 
     @property
     def columns(self) -> list[ColumnConfig]:

@@ -64,6 +64,12 @@ class SnapshotPoint:
     dead_letters: int  # invalid records the run diverted
     dead_letter_table: str | None  # where it diverted them
     offsets: dict[int, int]  # the topic's next offset per partition after this snapshot (empty: none recorded)
+    data_files: int | None = None  # the table's data files after this snapshot (summary `total-data-files`)
+    data_bytes: int | None = None  # and their bytes (`total-files-size`)
+
+    @property
+    def average_file_bytes(self) -> int | None:
+        return self.data_bytes // self.data_files if self.data_files and self.data_bytes is not None else None
 
 
 @dataclass(frozen=True)
@@ -158,17 +164,24 @@ def _read_snapshots(report: TableReport, table: Table) -> None:
     for snapshot in ancestry(table):
         commit = parse_commit(snapshot, table_name=report.table)
         committed_at = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, timezone.utc)
+        summary = summary_properties(snapshot)
+        files = {"data_files": _int_or_none(summary.get("total-data-files")),
+                 "data_bytes": _int_or_none(summary.get("total-files-size"))}
         if commit is None:  # another engine's snapshot (compaction, deletes)
-            added = summary_properties(snapshot).get(ADDED_RECORDS, "0")
-            points.append(SnapshotPoint(snapshot.snapshot_id, committed_at, None, int(added), 0, None, {}))
+            added = summary.get(ADDED_RECORDS, "0")
+            points.append(SnapshotPoint(snapshot.snapshot_id, committed_at, None, int(added), 0, None, {}, **files))
         else:
             points.append(SnapshotPoint(
                 snapshot_id=snapshot.snapshot_id, committed_at=committed_at, run_id=commit.run_id,
                 added_records=commit.added_records or 0, dead_letters=commit.dead_letter_records or 0,
-                dead_letter_table=commit.dead_letter_table, offsets=commit.next_offsets(report.topic)))
+                dead_letter_table=commit.dead_letter_table, offsets=commit.next_offsets(report.topic), **files))
         if len(points) == MAX_SNAPSHOTS:
             break
     report.snapshots.extend(reversed(points))
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _read_lag(report: TableReport, config: LakehouseConfig) -> None:
@@ -282,7 +295,7 @@ def _metadata_text(value: Any) -> str:
 def render_report_html(report: TableReport) -> str:
     """The whole page: inline CSS and SVG, no script, every text escaped."""
     sections = [_summary_section(report), _notes_section(report), _rows_section(report), _lag_section(report),
-                _checks_section(report), _dead_letters_section(report)]
+                _files_section(report), _checks_section(report), _dead_letters_section(report)]
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{_e(report.table)} — KafScale lakehouse report</title><style>{_CSS}</style></head>"
             f"<body><main>{''.join(s for s in sections if s)}</main></body></html>\n")
@@ -353,6 +366,21 @@ def _lag_section(report: TableReport) -> str:
                                        if lag.lag is not None], _COLORS[1]))
     elif not series:
         parts.append("<p>No offsets committed and no broker watermark yet.</p>")
+    return "".join(parts)
+
+
+def _files_section(report: TableReport) -> str:
+    """Data files and their average size over time: what compaction (engine/maintenance.py) keeps in check."""
+    points = [p for p in report.snapshots if p.data_files is not None]
+    if not points:
+        return ""
+    latest = points[-1]
+    parts = ["<h2>Data files and average file size</h2>",
+             _line_chart([("data files", _COLORS[0], [(p.committed_at.timestamp(), p.data_files) for p in points])],
+                         []),
+             _line_chart([("average file size (KiB)", _COLORS[1],
+                           [(p.committed_at.timestamp(), (p.average_file_bytes or 0) / 1024) for p in points])], []),
+             f"<p>Now: {_count(latest.data_files)} data files, average {_count(latest.average_file_bytes)} bytes.</p>"]
     return "".join(parts)
 
 

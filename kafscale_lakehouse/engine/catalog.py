@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
+from pyarrow.fs import FileSelector
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -23,6 +25,7 @@ from pyiceberg.exceptions import (
     UnauthorizedError,
 )
 from pyiceberg.io import FSSPEC_FILE_IO, PY_IO_IMPL, S3_SERVER_SIDE_ENCRYPTION, S3_SSE_KMS_KEY_ID
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
@@ -193,7 +196,8 @@ def open_table(
     with catalog_errors(endpoint):
         catalog.create_namespace_if_not_exists(namespace)
         table = catalog.create_table_if_not_exists(
-            identifier, schema, partition_spec=spec, properties=table_properties
+            identifier, schema, partition_spec=spec, properties=table_properties,
+            location=_unused_location(catalog, identifier),
         )
     log.info("table %s ready at %s (catalog %s)", identifier, table.location(), endpoint)
     return table
@@ -256,6 +260,40 @@ def _rest_auth_hint(settings: CatalogSettings) -> str:
     return "the request (no token or username/password configured)"
 
 
+# Every commit writes a metadata.json listing the snapshots; without these every old version is kept and the
+# metadata folder grows with the square of the history. Same meaning as Iceberg's Java properties; a mapping's
+# table_properties may override them. Applied to existing tables by maintenance (engine/maintenance.py).
+BOUNDED_METADATA_PROPERTIES = {
+    TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+    TableProperties.METADATA_PREVIOUS_VERSIONS_MAX: "20",
+}
+
+
+def _unused_location(catalog: Catalog, identifier: str) -> str | None:
+    """None (the catalog's default location) unless that location already holds files, e.g. of a table renamed
+    away to keep it as a backup: the new table then gets a location of its own next to it, so that nothing of
+    the new table (clean-up, orphan-file removal, a purge) can ever touch the other table's files.
+
+    A location of its own rather than an error: `create_table_if_missing` must keep working after an operator's
+    rename without a manual step, and no configuration key has to be invented for it. Catalogs that choose
+    locations themselves (REST) are asked for nothing here.
+    """
+    resolve = getattr(catalog, "_resolve_table_location", None)
+    if resolve is None:
+        return None
+    namespace, name = Catalog.namespace_from(identifier), Catalog.table_name_from(identifier)
+    default = resolve(None, Catalog.namespace_to_string(namespace), name)
+    io = PyArrowFileIO(catalog.properties)
+    scheme, netloc, path = io.parse_location(default, io.properties)
+    # One non-recursive listing of the table root (`data/`, `metadata/`): never the files below.
+    if not io.fs_by_scheme(scheme, netloc).get_file_info(FileSelector(path, allow_not_found=True)):
+        return None
+    own = f"{default}-{uuid.uuid4().hex[:12]}"
+    log.warning("table %s: the default location %s already holds files of another table; creating it at %s",
+                identifier, default, own)
+    return own
+
+
 def _creation_properties(identifier: str, properties: Mapping[str, str]) -> dict[str, str]:
     file_format = properties.get(TableProperties.WRITE_FILE_FORMAT, "parquet")
     if file_format.lower() != "parquet":
@@ -263,7 +301,7 @@ def _creation_properties(identifier: str, properties: Mapping[str, str]) -> dict
             f"table {identifier}: {TableProperties.WRITE_FILE_FORMAT}={file_format!r} is not supported; "
             "the sink writes parquet"
         )
-    return {**properties, TableProperties.WRITE_FILE_FORMAT: "parquet"}
+    return {**BOUNDED_METADATA_PROPERTIES, **properties, TableProperties.WRITE_FILE_FORMAT: "parquet"}
 
 
 def _warehouse_uri(warehouse: str) -> str:

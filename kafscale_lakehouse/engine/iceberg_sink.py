@@ -8,8 +8,8 @@ them through `mapInArrow`; any job that writes Arrow batches of a table's column
 
 Nothing is committed here: the caller commits the files with its own checks (`table_offsets.commit_append`) or deletes
 them (`delete_data_files`). A task that fails deletes its own files before it re-raises. Data file names start with
-`data_file_prefix(run_id)` so that files left by a crash can be found and removed
-(`table_offsets.cleanup_uncommitted_files`).
+`data_file_prefix(run_id)` and lie in the run's own directory (`run_data_dir`), so that files left by a crash can be
+found and removed without listing the table (`run_files.clean_ended_runs`).
 
 Relies on pyiceberg's writer internals in `pyiceberg.io.pyarrow` (`ParquetFormatWriter` and its `_fos`,
 `_to_requested_schema`, `bin_pack_record_batches`, `_determine_partitions`, `_check_pyarrow_schema_compatible`): a
@@ -40,7 +40,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionKey
 from pyiceberg.schema import sanitize_column_names
 from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE, Table
-from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.locations import LocationProvider, load_location_provider
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
@@ -72,6 +72,23 @@ def data_file_prefix(run_id: str) -> str:
     if not _RUN_ID_PATTERN.fullmatch(run_id):
         raise ValueError(f"run id {run_id!r} must match {_RUN_ID_PATTERN.pattern} (it becomes part of file names)")
     return f"{DATA_FILE_PREFIX}{run_id}-"
+
+
+def run_data_dir(data_path: str, run_id: str) -> str:
+    """The directory under a table's data path that holds every data file written for `run_id`.
+
+    One directory per run, so the files of a run that ended without committing are found by listing that directory
+    alone (engine/run_files.py), never the whole table. Readers do not care: manifests hold absolute paths.
+    """
+    return f"{data_path.rstrip('/')}/{data_file_prefix(run_id).rstrip('-')}"
+
+
+def run_data_location(location_provider: LocationProvider, run_id: str, provided: str) -> str:
+    """`provided` (the table's location provider's path for a new file) moved into the run's directory."""
+    data_path = location_provider.data_path.rstrip("/")
+    if not provided.startswith(data_path + "/"):
+        raise IcebergSinkError(f"location provider put data file {provided} outside the data path {data_path}")
+    return f"{run_data_dir(data_path, run_id)}/{provided[len(data_path) + 1:]}"
 
 
 def file_io_properties(table: Table) -> dict[str, str]:
@@ -241,7 +258,9 @@ class RollingDataFiles:
     def _new_file(self, key: str, partition_key: PartitionKey | None) -> _OpenDataFile:
         name = f"{self._file_name_prefix}{self._sequence:05d}-{self._write_uuid}.parquet"
         self._sequence += 1
-        path = self._location_provider.new_data_location(data_file_name=name, partition_key=partition_key)
+        path = run_data_location(self._location_provider, self._job.run_id,
+                                 self._location_provider.new_data_location(data_file_name=name,
+                                                                           partition_key=partition_key))
         output = self._io.new_output(path)
         self._open[key] = _OpenDataFile(path, output,
                                         _SizedParquetWriter(output, self._file_schema, self._metadata.properties),

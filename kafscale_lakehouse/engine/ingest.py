@@ -22,7 +22,6 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
@@ -65,6 +64,7 @@ from kafscale_lakehouse.engine.record_validation import (
     RecordValidation,
     resolve_record_validation,
 )
+from kafscale_lakehouse.engine.run_files import clean_ended_runs, forget_run, register_run
 from kafscale_lakehouse.engine.snapshot_summary import (
     WATERMARK_TIMESTAMP_PROPERTY,
     WRITE_LATENCY_PROPERTY,
@@ -73,7 +73,7 @@ from kafscale_lakehouse.engine.snapshot_summary import (
 )
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
 from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput, run_ingestion_spark_job
-from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append
+from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore
 from kafscale_lakehouse.offsets.ranges import OffsetRange
@@ -91,8 +91,6 @@ from kafscale_lakehouse.storage import (
 
 log = logging.getLogger(__name__)
 
-# Data files of a crashed run are removed once they are this old, so a live run's files are never touched.
-ORPHAN_FILE_MIN_AGE = timedelta(hours=1)
 
 
 class IngestFailedError(RuntimeError):
@@ -257,6 +255,7 @@ class PreparedIngest:
     leases: dict[int, Lease]
     plans: dict[int, _PartitionPlan]
     commit_properties: dict[str, str] = field(default_factory=dict)  # settled dead letters, for the commit
+    registered: bool = False  # the run's record (run_files.py) is in the offsets store
 
     def input_partitions(self) -> list[SegmentRunPartition]:
         """The planned segments in groups of at most `processor.target_file_size_bytes`: one Spark task each."""
@@ -269,6 +268,11 @@ class PreparedIngest:
     def release_leases(self) -> None:
         for lease in self.leases.values():
             lease.release()
+
+    def forget_run(self) -> None:
+        if self.registered:
+            forget_run(self.context.offsets, self.mapping.topic, self.result.run_id)
+            self.registered = False
 
 
 def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions: Sequence[int] | None = None,
@@ -285,13 +289,10 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
     # Of a run that stopped between its commit and publishing; what can no longer be published is reported.
     pending_dead_letters = publish_pending_dead_letters(table, catalog)
     result.dead_letters_lost = pending_dead_letters.lost
-    orphans_before = datetime.now(timezone.utc) - ORPHAN_FILE_MIN_AGE
     dead_letters = None
     if validation.dead_letter_table is not None:
         dead_letters = open_dead_letter_table(catalog, validation.dead_letter_table)
         result.dead_letter_table = validation.dead_letter_table
-        cleanup_uncommitted_files(dead_letters, older_than=orphans_before)
-    cleanup_uncommitted_files(table, older_than=orphans_before)
     wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
     leases: dict[int, Lease] = {}
     prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {},
@@ -309,9 +310,16 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
             except LeaseHeldError as exc:
                 result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
         if leases:
+            written_to = [t for t in (table, dead_letters) if t is not None]
+            # Files of ended runs of this topic (run_files.py: only those known to have ended uncommitted), then
+            # this run's own record, before it writes anything.
+            clean_ended_runs(context.offsets, topic, written_to)
+            register_run(context.offsets, list(leases.values()), run_id, written_to)
+            prepared.registered = True
             _plan(prepared, planned or {})
     except BaseException:
         prepared.release_leases()
+        prepared.forget_run()  # nothing was written yet
         raise
     return prepared
 
@@ -323,6 +331,8 @@ def commit_ingest(prepared: PreparedIngest) -> IngestResult:
     try:
         if prepared.plans:
             _write_and_commit(prepared)
+        # Every file of the run is now committed or deleted; on an exception the record stays for the next run.
+        prepared.forget_run()
         _record_lag(prepared)
     finally:
         prepared.release_leases()

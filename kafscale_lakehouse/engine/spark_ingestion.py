@@ -14,7 +14,7 @@ Python work (benchmarks/README.md).
 
 Like the sink, nothing is committed here: the caller commits the files (`table_offsets.commit_append`) or deletes
 them. A task that fails deletes what it wrote; when the job fails, the files of tasks that had finished are found
-by the run's file name prefix and deleted.
+in the run's own directory and deleted.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from kafscale_lakehouse.engine.iceberg_sink import (
     IcebergSinkError,
     SinkJob,
     check_arrow_schema,
-    data_file_prefix,
     root_cause,
     write_batches_as_data_files,
 )
@@ -46,8 +45,8 @@ from kafscale_lakehouse.engine.kafscale_source import (
     read_input_partition,
     source_arrow_schema,
 )
+from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
 from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
-from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import SegmentStore
 
@@ -131,11 +130,10 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     try:
         rows = job.collect()
     except Exception as exc:
-        # Failed tasks deleted their own files; those of finished tasks are only known by name.
-        prefix = data_file_prefix(run_id)
-        cleanup_uncommitted_files(table, prefix)
+        # Failed tasks deleted their own files; those of finished tasks are in the run's own directory.
+        remove_run_files(table, run_table(table, run_id).data_dir)
         if dead_letters is not None:
-            cleanup_uncommitted_files(dead_letters[0], prefix)
+            remove_run_files(dead_letters[0], run_table(dead_letters[0], run_id).data_dir)
         raise IcebergSinkError(f"writing data files for table {sink.table_name} (run {run_id}) failed: "
                                f"{root_cause(exc)}") from exc
     outputs = sorted((pickle.loads(row.task_output) for row in rows), key=lambda o: o.task_id)

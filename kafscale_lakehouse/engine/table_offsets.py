@@ -1,4 +1,4 @@
-"""The commit protocol on the offsets kept in the Iceberg table itself, and crash-leftover cleanup.
+"""Committed offsets kept in the Iceberg table itself, and the commit protocol (crash leftovers: run_files.py).
 
 The offsets live in our snapshots' summaries (`engine/snapshot_summary.py`: `kafscale.offsets.<topic>`, the next
 offset of every partition committed so far); a commit re-reads them from the latest commit of ours
@@ -12,17 +12,13 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
-from pyarrow.fs import FileSelector, FileType
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.locations import load_location_provider
 
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors
-from kafscale_lakehouse.engine.iceberg_sink import DATA_FILE_PREFIX, delete_data_files
+from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
 from kafscale_lakehouse.engine.snapshot_summary import (
     COMMIT_ID_PROPERTY,
     RUN_ID_PROPERTY,
@@ -97,7 +93,7 @@ def commit_append(
     the batch started, another writer got there first → `OffsetConflictError`. A commit refused because an
     unrelated writer committed in between (`CommitFailedException`) is retried with the same data files, at most
     `max_attempts` times. On a refused commit our data files are deleted; on an unknown outcome they are kept
-    (they may be referenced) and `cleanup_uncommitted_files` removes them later if they are not.
+    (they may be referenced) and a later run removes them if they are not (`run_files.clean_ended_runs`).
     `end_offsets[p]` is the next offset to read for partition p. `table` is refreshed on return.
     """
     table_name = ".".join(table.name())
@@ -176,40 +172,6 @@ def commit_append(
     )
 
 
-def cleanup_uncommitted_files(
-    table: Table, prefix: str = DATA_FILE_PREFIX, *, older_than: datetime | None = None
-) -> list[str]:
-    """Delete data files whose name contains `prefix` under the table's data location that no snapshot references.
-
-    Crash leftovers: use `iceberg_sink.data_file_prefix(run_id)` for one dead run, or the default prefix for all
-    of ours (contains, not starts with: an object-storage location provider puts a hash before the name).
-    Only safe while no live writer uses `prefix` (a file listed here could be committed by it before we delete it);
-    `older_than` keeps files modified after that moment. Returns the deleted paths.
-    """
-    table_name = ".".join(table.name())
-    io = table.io if isinstance(table.io, PyArrowFileIO) else PyArrowFileIO(table.io.properties)
-    data_location = load_location_provider(table.location(), table.properties).data_path
-    scheme, netloc, data_path = io.parse_location(data_location, io.properties)
-    fs = io.fs_by_scheme(scheme, netloc)
-    # List before reading the referenced set, so a file committed in between is seen as referenced.
-    candidates = [
-        info.path for info in fs.get_file_info(FileSelector(data_path, recursive=True, allow_not_found=True))
-        if info.type == FileType.File and prefix in info.base_name
-        and (older_than is None or (info.mtime is not None and info.mtime < older_than))
-    ]
-    if not candidates:
-        return []
-    table.refresh()
-    referenced = _referenced_paths(table, io)
-    orphans = [path for path in candidates if path not in referenced]
-    uris = [f"{scheme}://{path}" if scheme != "file" else f"file://{path}" for path in orphans]
-    failed = set(delete_data_files(io, uris))
-    deleted = [uri for uri in uris if uri not in failed]
-    log.info(
-        "table %s: deleted %d unreferenced data files with prefix %r (%d kept: referenced; %d failed)",
-        table_name, len(deleted), prefix, len(candidates) - len(orphans), len(failed),
-    )
-    return deleted
 
 
 def _check_offset_ranges(
@@ -327,19 +289,5 @@ def _delete_uncommitted(table: Table, paths: Iterable[str], table_name: str, run
     failed = delete_data_files(table.io, paths)
     log.warning(
         "table %s: deleted %d uncommitted data files of run %s%s", table_name, len(paths) - len(failed), run_id,
-        f" ({len(failed)} could not be deleted; cleanup_uncommitted_files removes them later)" if failed else "",
+        f" ({len(failed)} could not be deleted; orphan-file removal removes them later)" if failed else "",
     )
-
-
-def _referenced_paths(table: Table, io: PyArrowFileIO) -> set[str]:
-    """Every file path (scheme stripped, as pyarrow.fs lists it) referenced by any snapshot in the metadata."""
-    referenced: set[str] = set()
-    seen_manifests: set[str] = set()
-    for snapshot in table.metadata.snapshots:
-        for manifest in snapshot.manifests(table.io):
-            if manifest.manifest_path in seen_manifests:
-                continue
-            seen_manifests.add(manifest.manifest_path)
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
-                referenced.add(io.parse_location(entry.data_file.file_path, io.properties)[2])
-    return referenced

@@ -137,6 +137,19 @@ class EtcdOffsetStore(OffsetStore):
                      topic, self.location, attempt, delay)
             time.sleep(delay)
 
+    def _put_fenced(self, leases: list[Lease], key: str, value: bytes) -> None:
+        if not self.client.transaction([LeaseIs(lease.key, lease.fence) for lease in leases], [PutOp(key, value)]):
+            self._raise_if_lost(leases)
+            raise AssertionError(f"{self.location}: fenced put of {key} refused although every lease is held")
+
+    def _delete(self, key: str) -> None:
+        self.client.delete(key)
+
+    def _live_lease_owner(self, lease_key: str) -> str | None:
+        # An expired etcd lease deletes its key, so a present key is a live lease.
+        value = self.client.get(lease_key)
+        return None if value is None else decode_lease_owner(self.location, lease_key, value)
+
     def _raise_if_lost(self, leases: list[Lease]) -> None:
         lost = []
         for lease in leases:

@@ -135,6 +135,31 @@ class LocalOffsetStore(OffsetStore):
         with self._transaction() as conn:
             conn.execute("DELETE FROM leases WHERE key = ? AND token = ?", (lease.key, lease.fence))
 
+    def _put_fenced(self, leases: list[Lease], key: str, value: bytes) -> None:
+        with self._transaction() as conn:
+            now = now_ms()
+            lost = []
+            for lease in leases:
+                row = conn.execute("SELECT token, expires_at_ms FROM leases WHERE key = ?", (lease.key,)).fetchone()
+                if row is None or row[0] != lease.fence:
+                    lost.append((lease, "lease key is gone or belongs to another owner"))
+                elif row[1] <= now:
+                    lost.append((lease, "lease expired"))
+            if lost:
+                raise leases_lost_error(lost)
+            conn.execute("INSERT OR REPLACE INTO entries (key, value) VALUES (?, ?)", (key, value))
+
+    def _delete(self, key: str) -> None:
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM entries WHERE key = ?", (key,))
+
+    def _live_lease_owner(self, lease_key: str) -> str | None:
+        with self._transaction(write=False) as conn:
+            row = conn.execute("SELECT value, expires_at_ms FROM leases WHERE key = ?", (lease_key,)).fetchone()
+        if row is None or row[1] <= now_ms():
+            return None
+        return decode_lease_owner(self.location, lease_key, bytes(row[0]))
+
     def _write_offsets(self, topic: str, leases: list[Lease], offsets: Mapping[int, tuple[int, int]],
                        allow_backwards: bool) -> None:
         offsets_prefix = self.keys.offsets_prefix(topic)

@@ -87,6 +87,13 @@ class OffsetKeys:
     def topic_watermark(self, topic: str) -> str:
         return f"{self.prefix}/watermarks/{topic}"
 
+    def run(self, topic: str, run_id: str) -> str:
+        """Our own key (not KafScale's): where a run's data files are, until the run is known to have ended."""
+        return f"{self.prefix}/runs/{topic}/{run_id}"
+
+    def runs_prefix(self, topic: str) -> str:
+        return f"{self.prefix}/runs/{topic}/"
+
 
 def broker_partitions_prefix(topic: str) -> str:
     return f"{BROKER_TOPICS_PREFIX}{topic}/partitions/"

@@ -246,6 +246,30 @@ class OffsetStore(ABC):
         log.info("%s next offsets of %s on %s: %s", "repaired" if allow_backwards else "committed", topic,
                  self.location, {p: o for p, (o, _) in sorted(offsets.items())})
 
+    # ---- run records (where a run's data files are; engine/run_files.py) ----------------------------------------
+
+    def record_run(self, leases: Sequence[Lease], run_id: str, value: bytes) -> None:
+        """Write the record of `run_id` before it writes any file, fenced by its leases (`LeaseLostError`)."""
+        lease_list = list(leases)
+        if not lease_list:
+            raise ValueError("a run record needs at least one lease")
+        for lease in lease_list:
+            lease.ensure_held()
+        self._put_fenced(lease_list, self.keys.run(lease_list[0].topic, run_id), value)
+
+    def recorded_runs(self, topic: str) -> list[tuple[str, bytes]]:
+        """`(run_id, record)` of every run of `topic` whose files are not yet known to be settled."""
+        validate_topic(topic)
+        prefix = self.keys.runs_prefix(topic)
+        return [(key[len(prefix):], value) for key, value in self._read_prefix(prefix)]
+
+    def forget_run(self, topic: str, run_id: str) -> None:
+        self._delete(self.keys.run(topic, run_id))
+
+    def lease_holder(self, topic: str, partition: int) -> str | None:
+        """The owner id of the live lease on (topic, partition), or None when nobody holds it."""
+        return self._live_lease_owner(self.keys.lease(topic, partition))
+
     # ---- backend primitives -----------------------------------------------------------------------------------
 
     @abstractmethod
@@ -271,6 +295,16 @@ class OffsetStore(ABC):
     def _write_offsets(self, topic: str, leases: list[Lease], offsets: Mapping[int, tuple[int, int]],
                        allow_backwards: bool) -> None:
         """Atomically: check every lease is still ours, then write `plan_offset_writes`; mark lost leases."""
+
+    @abstractmethod
+    def _put_fenced(self, leases: list[Lease], key: str, value: bytes) -> None:
+        """Atomically: check every lease is still ours (`LeaseLostError` otherwise), then put `key`."""
+
+    @abstractmethod
+    def _delete(self, key: str) -> None: ...
+
+    @abstractmethod
+    def _live_lease_owner(self, lease_key: str) -> str | None: ...
 
     def close(self) -> None:
         """Release backend resources (connections); leases must be released by their holders first."""

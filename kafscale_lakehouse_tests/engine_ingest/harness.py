@@ -28,6 +28,7 @@ from kafscale_lakehouse.engine.catalog import load_catalog, open_table
 from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY, SKIPPED_PROPERTY_PREFIX, read_topic_offsets
 from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.format import Record, encode_segment
+from kafscale_lakehouse.offsets.factory import etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.storage import ObjectKind, segment_key
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET, SeaweedFS
@@ -201,6 +202,17 @@ class IngestWorld:
         """The lease keys present in etcd (production worlds)."""
         with EtcdClient([self.etcd_endpoint]) as client:
             return [e.key for e in client.get_prefix(f"{self.name}/leases/")]
+
+    def recorded_runs(self) -> list[str]:
+        """Run ids with a record in the offsets store (engine/run_files.py): runs whose files are not settled."""
+        config = self.config()
+        etcd = etcd_client_from_config(config) if config.offsets.backend == "etcd" else None
+        try:
+            with offset_store_from_config(config, etcd) as store:
+                return [run_id for run_id, _ in store.recorded_runs(self.topic)]
+        finally:
+            if etcd is not None:
+                etcd.close()
 
     def wait_for_leases_to_expire(self, timeout_seconds: float) -> None:
         """Until etcd drops the leases of a killed run (their TTL runs out)."""

@@ -12,7 +12,6 @@ import pytest
 
 from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
 from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
-from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files
 from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS
 
 
@@ -33,10 +32,10 @@ def test_killed_after_writing_data_files_before_the_iceberg_commit(production_wo
     assert result.records == 160
     table = world.assert_exactly_once(runs=1)
     assert not leftovers & world.referenced_data_files(table), "a crashed run's data file is referenced"
-    # The run itself keeps files younger than ORPHAN_FILE_MIN_AGE (they could belong to a live run); maintenance
-    # with older_than=None removes exactly the crashed run's files.
-    assert set(cleanup_uncommitted_files(table, older_than=None)) == leftovers
+    # The next run removed the crashed run's files (its leases are gone and it never committed): nothing else is left.
+    assert not leftovers & world.table_data_files()
     assert world.table_data_files() == world.referenced_data_files(table)
+    assert world.recorded_runs() == []
     world.assert_exactly_once(runs=1)
 
 
@@ -56,7 +55,10 @@ def test_killed_after_the_iceberg_commit_before_etcd(production_world, spark):
     world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 3)
     [result] = ingest(world.config(), spark)
     assert result.records == 0 and result.snapshot_id is None, "the table's offsets say there is nothing to read"
-    world.assert_exactly_once(runs=2)  # etcd repaired from the table
+    table = world.assert_exactly_once(runs=2)  # etcd repaired from the table
+    # The killed run's record is settled by finding its commit in the table: its files are kept, nothing is left.
+    assert world.recorded_runs() == []
+    assert world.table_data_files() == world.referenced_data_files(table)
 
 
 def test_killed_while_renewing_its_lease(production_world, spark):

@@ -108,7 +108,8 @@ def test_partitioned_table_gets_one_file_per_partition_value(make_table):
     data_files = write_batch(table, "t", ranges, run_id="run-p", tasks=1)
 
     assert sorted((f.partition[0], f.record_count) for f in data_files) == [(0, 10), (1, 20), (5, 3)]
-    assert all(f"/data/partition={f.partition[0]}/" in f.file_path for f in data_files)
+    # In the run's own directory (run_files.py), then the location provider's partition path.
+    assert all(f"/data/kafscale-run-p/partition={f.partition[0]}/" in f.file_path for f in data_files)
     commit_append(table, data_files, "t", *start_end(ranges), "run-p")
     planned = list(table.scan(row_filter=EqualTo("partition", 5)).plan_files())
     assert len(planned) == 1 and planned[0].file.record_count == 3

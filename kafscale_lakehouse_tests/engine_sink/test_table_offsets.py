@@ -7,7 +7,7 @@ import pytest
 from pyiceberg.exceptions import CommitStateUnknownException
 
 from kafscale_lakehouse.engine import table_offsets
-from kafscale_lakehouse.engine.iceberg_sink import data_file_prefix
+from kafscale_lakehouse.engine.run_files import remove_run_files, run_committed, run_table
 from kafscale_lakehouse.engine.snapshot_summary import (
     COMMIT_ID_PROPERTY,
     OFFSETS_PROPERTY_PREFIX,
@@ -23,7 +23,6 @@ from kafscale_lakehouse.engine.table_offsets import (
     CommitOutcomeUnknownError,
     CommitRetriesExhaustedError,
     OffsetConflictError,
-    cleanup_uncommitted_files,
     commit_append,
 )
 from kafscale_lakehouse_tests.engine_sink.helpers import start_end, write_batch
@@ -161,29 +160,6 @@ def test_retries_are_bounded_and_then_delete_our_files(catalog, make_table, monk
     assert read_committed_offsets(table) == {}
 
 
-def test_cleanup_deletes_only_unreferenced_prefixed_files(catalog, make_table):
-    table = make_table()
-    committed_ranges = {0: (0, 10)}
-    committed = write_batch(table, "t", committed_ranges, "run-1")
-    commit_append(table, committed, "t", *start_end(committed_ranges), "run-1")
-    crashed = write_batch(table, "t", {0: (10, 20)}, "run-2")  # written, never committed
-    foreign = f"{table.location()}/data/00000-0-foreign.parquet"
-    with table.io.new_output(foreign).create() as out:
-        out.write(b"not ours")
-    _plain_append(catalog, table)  # files of another engine, referenced
-
-    deleted = cleanup_uncommitted_files(table, data_file_prefix("run-1"))
-    assert deleted == []
-    deleted = cleanup_uncommitted_files(table)
-
-    assert sorted(deleted) == sorted(f.file_path for f in crashed)
-    assert _exists(table, crashed) == [False] * len(crashed)
-    assert all(_exists(table, committed))
-    assert table.io.new_input(foreign).exists()
-    assert table.scan().to_arrow().num_rows == 11
-    assert cleanup_uncommitted_files(table) == []
-
-
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
 def test_commit_whose_response_is_lost_is_found_in_the_table(catalog, make_table, monkeypatch):
     table = make_table()
@@ -219,9 +195,13 @@ def test_unknown_outcome_keeps_files_until_cleanup_proves_them_unreferenced(cata
 
     assert all(_exists(table, files))  # they might have been referenced
     assert table.current_snapshot() is None
-    assert sorted(cleanup_uncommitted_files(table, data_file_prefix("run-unknown"))) == sorted(
+    # What a later run does for the ended run (run_files.clean_ended_runs): the table shows no commit of it, so
+    # its own directory, and nothing else, is deleted.
+    assert run_committed(table, "run-unknown", started_ms=0) is False
+    assert sorted(remove_run_files(table, run_table(table, "run-unknown").data_dir)) == sorted(
         f.file_path for f in files
     )
+    assert _exists(table, files) == [False] * len(files)
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)

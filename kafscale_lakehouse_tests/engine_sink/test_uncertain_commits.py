@@ -21,7 +21,7 @@ def test_commit_answered_with_an_error_after_it_landed_is_kept(spark, seaweedfs,
         table = open_table(catalog, f"{namespace}.uncertain_{mode}", schema=lakehouse_schema(),
                            create_if_missing=True)
         ranges = {0: (0, 20), 1: (0, 10)}
-        files = write_batch(spark, table, "t", ranges, f"run-{mode}")
+        files = write_batch(table, "t", ranges, f"run-{mode}")
 
         result = commit_append(table, files, "t", *start_end(ranges), f"run-{mode}")
 
@@ -38,7 +38,7 @@ def test_commit_answered_with_an_error_after_it_landed_is_kept(spark, seaweedfs,
 def test_a_partition_spec_changed_during_the_run_is_refused_before_the_commit(spark, rest_catalog, namespace):
     table = open_table(rest_catalog, f"{namespace}.spec_change", schema=lakehouse_schema(), create_if_missing=True)
     commit_append(table, [], "t", {0: 0}, {0: 5}, "run-before")
-    files = write_batch(spark, table, "t", {0: (5, 25)}, "run-spec")
+    files = write_batch(table, "t", {0: (5, 25)}, "run-spec")
     # An operator partitions the table while the run's Spark job writes.
     operator = rest_catalog.load_table(table.name())
     with operator.update_spec() as update:

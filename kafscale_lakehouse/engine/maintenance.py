@@ -1,0 +1,499 @@
+"""Table maintenance that keeps a landed table cheap to read and to write for years, without Dagster.
+
+    summary = maintain_table(spark, table, MaintenanceSettings(), dead_letters=None)
+
+- `apply_bounded_metadata_properties`: `write.metadata.delete-after-commit.enabled=true` and
+  `write.metadata.previous-versions-max` (catalog.BOUNDED_METADATA_PROPERTIES) on tables created before they were
+  set at creation; a value the table already has is kept (an operator's choice wins).
+- `expire_snapshots`: by age (`older_than`) and count (`retain_last` snapshots of the current branch are always
+  kept), through pyiceberg's `table.maintenance.expire_snapshots()`. Never expired: every snapshot from the current
+  one back to the newest that carries `kafscale.offsets.<topic>` (reading offsets walks this chain; a missing link
+  would hide them), the table's main snapshots whose staged dead letters are not yet published
+  (dead_letter.publish_pending_dead_letters walks back to them), and, on a dead-letter table, staged snapshots not
+  yet published. Expiry only removes snapshots from the metadata; their files go with orphan-file removal.
+- `compact`: small data files of each partition are read and rewritten into files of about the target size by one
+  Spark job (`mapInArrow`, one task per group, written with the sink's `RollingDataFiles`), then committed as one
+  overwrite snapshot (pyiceberg 0.12 has no `replace` operation) that removes the inputs, adds the outputs and
+  carries the table's offsets forward. Each attempt re-reads the table: a concurrent ingestion commit makes the
+  catalog refuse ours (pyiceberg's own retries are off, as for our appends), and we retry on the new state; if an
+  input file is gone (another compaction, a delete), the rewrite is abandoned and its files deleted, so nothing is
+  lost or doubled. Ingestion is never blocked: it commits whenever it wants; compaction is the one that retries.
+- `remove_orphan_files`: files under the table's own location, older than `min_age` (3 days, as Iceberg's), that no
+  snapshot, manifest list, manifest, metadata file or statistics file of the table references. Refuses to run when
+  another table's metadata lies in the same location (a table renamed and recreated there by older versions).
+- Manifests: pyiceberg 0.12 has no `rewrite_manifests`; our compaction's overwrite rewrites the manifests it
+  touches, so manifests are bounded by the compacted partitions. A separate manifest rewrite is not implemented.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+from pyarrow.fs import FileSelector, FileType
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.table import FileScanTask, Table, TableProperties
+from pyiceberg.table.metadata import TableMetadataUtil
+from pyspark.sql import SparkSession
+
+from kafscale_lakehouse.engine.catalog import BOUNDED_METADATA_PROPERTIES, catalog_endpoint, catalog_errors
+from kafscale_lakehouse.engine.dead_letter import StagedDeadLetters
+from kafscale_lakehouse.engine.iceberg_sink import RollingDataFiles, SinkJob, delete_data_files
+from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
+from kafscale_lakehouse.engine.snapshot_summary import (
+    OFFSETS_PROPERTY_PREFIX,
+    SOURCE_TABLE_PROPERTY,
+    STAGED_SNAPSHOT_PROPERTY,
+    ancestry,
+    format_offsets_property,
+    is_kafscale_commit,
+    read_committed_offsets,
+)
+
+log = logging.getLogger(__name__)
+
+COMPACTION_PROPERTY = "kafscale.compaction"  # on our compaction snapshots: the compaction's id
+DEFAULT_ORPHAN_MIN_AGE = timedelta(days=3)
+DEFAULT_SNAPSHOT_MAX_AGE = timedelta(days=5)  # Iceberg's history.expire.max-snapshot-age-ms default
+DEFAULT_RETAIN_LAST = 1  # Iceberg's history.expire.min-snapshots-to-keep default
+DEFAULT_COMMIT_ATTEMPTS = 10
+_OUTPUT_SCHEMA = "task_output binary"
+
+
+class MaintenanceError(RuntimeError):
+    """Maintenance cannot run safely on this table; the message names the table and why."""
+
+
+@dataclass(frozen=True)
+class MaintenanceSettings:
+    snapshot_max_age: timedelta = DEFAULT_SNAPSHOT_MAX_AGE
+    retain_last: int = DEFAULT_RETAIN_LAST
+    orphan_min_age: timedelta = DEFAULT_ORPHAN_MIN_AGE
+    target_file_size_bytes: int = 128 * 1024 * 1024
+    # A partition is compacted when it has at least this many files smaller than 3/4 of the target.
+    min_input_files: int = 5
+
+
+@dataclass
+class TableFiles:
+    data_files: int
+    data_bytes: int
+
+    @property
+    def average_file_bytes(self) -> int:
+        return self.data_bytes // self.data_files if self.data_files else 0
+
+
+@dataclass
+class MaintenanceSummary:
+    """What one maintenance run did (the Dagster metadata and the CLI output)."""
+
+    table: str
+    before: TableFiles | None = None
+    after: TableFiles | None = None
+    properties_set: dict[str, str] = field(default_factory=dict)
+    snapshots_expired: int = 0
+    files_compacted: int = 0
+    files_written: int = 0
+    compaction_snapshot_id: int | None = None
+    orphan_files_removed: int = 0
+    duration_seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "table": self.table,
+            "data_files_before": self.before.data_files if self.before else None,
+            "data_bytes_before": self.before.data_bytes if self.before else None,
+            "data_files_after": self.after.data_files if self.after else None,
+            "data_bytes_after": self.after.data_bytes if self.after else None,
+            "average_file_bytes_after": self.after.average_file_bytes if self.after else None,
+            "properties_set": dict(self.properties_set),
+            "snapshots_expired": self.snapshots_expired,
+            "files_compacted": self.files_compacted,
+            "files_written": self.files_written,
+            "compaction_snapshot_id": self.compaction_snapshot_id,
+            "orphan_files_removed": self.orphan_files_removed,
+            "duration_seconds": round(self.duration_seconds, 3),
+        }
+
+
+def maintain_table(spark: SparkSession | None, table: Table, settings: MaintenanceSettings, *,
+                   dead_letters: Table | None = None, compaction: bool = True, expiry: bool = True,
+                   orphans: bool = True, properties: bool = True, now: datetime | None = None) -> MaintenanceSummary:
+    """Properties, compaction, snapshot expiry and orphan-file removal, in that order (expiry after compaction so
+    the compacted files' old snapshots can go; orphan removal last so their files can go once old enough)."""
+    started = time.monotonic()
+    now = now or datetime.now(timezone.utc)
+    summary = MaintenanceSummary(".".join(table.name()))
+    summary.before = table_files(table)
+    if properties:
+        summary.properties_set = apply_bounded_metadata_properties(table)
+    if compaction:
+        if spark is None:
+            raise ValueError("compaction needs a Spark session")
+        result = compact(spark, table, target_file_size_bytes=settings.target_file_size_bytes,
+                         min_input_files=settings.min_input_files)
+        summary.files_compacted, summary.files_written = result.files_compacted, result.files_written
+        summary.compaction_snapshot_id = result.snapshot_id
+    if expiry:
+        summary.snapshots_expired = len(expire_snapshots(
+            table, older_than=now - settings.snapshot_max_age, retain_last=settings.retain_last,
+            dead_letters=dead_letters))
+    if orphans:
+        summary.orphan_files_removed = len(remove_orphan_files(table, older_than=now - settings.orphan_min_age))
+    table.refresh()
+    summary.after = table_files(table)
+    summary.duration_seconds = time.monotonic() - started
+    log.info("table %s maintained: %s", summary.table, summary.as_dict())
+    return summary
+
+
+def table_files(table: Table) -> TableFiles:
+    """Data files and bytes of the current snapshot (from its summary totals: no manifest is read)."""
+    snapshot = table.current_snapshot()
+    summary = snapshot.summary if snapshot is not None and snapshot.summary is not None else {}
+    return TableFiles(int(summary.get("total-data-files", 0) or 0), int(summary.get("total-files-size", 0) or 0))
+
+
+# ---- properties ----------------------------------------------------------------------------------------------
+
+def apply_bounded_metadata_properties(table: Table) -> dict[str, str]:
+    """Set the properties that keep metadata bounded where the table has none; returns what was set."""
+    missing = {k: v for k, v in BOUNDED_METADATA_PROPERTIES.items() if k not in table.properties}
+    if missing:
+        with catalog_errors(catalog_endpoint(table.catalog)):
+            with table.transaction() as transaction:
+                transaction.set_properties(missing)
+        log.info("table %s: set %s", ".".join(table.name()), missing)
+    return missing
+
+
+# ---- snapshot expiry -----------------------------------------------------------------------------------------
+
+def protected_snapshot_ids(table: Table, dead_letters: Table | None = None) -> set[int]:
+    """Snapshots our protocol needs (see the module docstring)."""
+    protected: set[int] = set()
+    main_chain = list(ancestry(table))
+    for snapshot in main_chain:
+        protected.add(snapshot.snapshot_id)
+        if is_kafscale_commit(snapshot):
+            break  # the newest snapshot with offsets: the chain down to it is what reading offsets walks
+    if dead_letters is not None:
+        published = _published_staged_ids(dead_letters)
+        for snapshot in main_chain:
+            staged = StagedDeadLetters.from_summary(snapshot)
+            if staged is not None and staged.snapshot_id not in published:
+                protected.add(snapshot.snapshot_id)
+    # On a dead-letter table: staged snapshots (on no branch, naming their source table) not yet published.
+    on_branch = {s.snapshot_id for s in ancestry(table)}
+    published = _published_staged_ids(table)
+    for snapshot in table.metadata.snapshots:
+        if (snapshot.snapshot_id not in on_branch and snapshot.summary is not None
+                and snapshot.summary.get(SOURCE_TABLE_PROPERTY) and snapshot.snapshot_id not in published):
+            protected.add(snapshot.snapshot_id)
+    return protected
+
+
+def expire_snapshots(table: Table, *, older_than: datetime, retain_last: int = DEFAULT_RETAIN_LAST,
+                     dead_letters: Table | None = None) -> list[int]:
+    """Expire snapshots older than `older_than`, keeping the newest `retain_last` of the current branch and every
+    protected one; returns the expired ids."""
+    if retain_last < 1:
+        raise ValueError(f"retain_last must be at least 1, got {retain_last}")
+    with catalog_errors(catalog_endpoint(table.catalog)):
+        table.refresh()
+    keep = protected_snapshot_ids(table, dead_letters)
+    keep.update(s.snapshot_id for s in list(ancestry(table))[:retain_last])
+    keep.update(ref.snapshot_id for ref in table.metadata.refs.values())
+    cutoff_ms = int(older_than.timestamp() * 1000)
+    expired = [s.snapshot_id for s in table.metadata.snapshots
+               if s.timestamp_ms < cutoff_ms and s.snapshot_id not in keep]
+    if expired:
+        with catalog_errors(catalog_endpoint(table.catalog)):
+            table.maintenance.expire_snapshots().by_ids(expired).commit()
+            table.refresh()
+    log.info("table %s: expired %d snapshots older than %s (%d protected)", ".".join(table.name()), len(expired),
+             older_than.isoformat(), len(keep))
+    return expired
+
+
+def _published_staged_ids(table: Table) -> set[int]:
+    return {int(s.summary[STAGED_SNAPSHOT_PROPERTY])
+            for s in ancestry(table)
+            if s.summary is not None and STAGED_SNAPSHOT_PROPERTY in s.summary.additional_properties}
+
+
+# ---- orphan files ----------------------------------------------------------------------------------------------
+
+def referenced_files(table: Table) -> set[str]:
+    """Every file (scheme stripped, as pyarrow.fs lists it) the table's metadata references: metadata files,
+    manifest lists, manifests, data and delete files of every snapshot, statistics files."""
+    io = _pyarrow_io(table)
+
+    def strip(location: str) -> str:
+        return io.parse_location(location, io.properties)[2]
+
+    paths = {strip(table.metadata_location)}
+    paths.update(strip(entry.metadata_file) for entry in table.metadata.metadata_log)
+    paths.update(strip(s.statistics_path) for s in table.metadata.statistics)
+    paths.update(strip(s.statistics_path) for s in table.metadata.partition_statistics)
+    seen_manifests: set[str] = set()
+    for snapshot in table.metadata.snapshots:
+        paths.add(strip(snapshot.manifest_list))
+        for manifest in snapshot.manifests(table.io):
+            if manifest.manifest_path in seen_manifests:
+                continue
+            seen_manifests.add(manifest.manifest_path)
+            paths.add(strip(manifest.manifest_path))
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                paths.add(strip(entry.data_file.file_path))
+    return paths
+
+
+def remove_orphan_files(table: Table, *, older_than: datetime) -> list[str]:
+    """Delete files under the table's own location, modified before `older_than`, that the table does not
+    reference; returns the deleted paths. `MaintenanceError` when another table's metadata shares the location."""
+    table_name = ".".join(table.name())
+    with catalog_errors(catalog_endpoint(table.catalog)):
+        table.refresh()
+    io = _pyarrow_io(table)
+    scheme, netloc, root = io.parse_location(table.location().rstrip("/"), io.properties)
+    fs = io.fs_by_scheme(scheme, netloc)
+    # List first, then read the references: a file committed in between is then seen as referenced.
+    listed = [info for info in fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
+              if info.type == FileType.File]
+    referenced = referenced_files(table)
+    _refuse_shared_location(table, io, [i.path for i in listed if i.path not in referenced])
+    orphans = [info.path for info in listed if info.path not in referenced
+               and info.mtime is not None and info.mtime < older_than]
+    uris = [f"{scheme}://{path}" for path in orphans]
+    failed = set(delete_data_files(io, uris))
+    deleted = [uri for uri in uris if uri not in failed]
+    log.info("table %s: removed %d orphan files older than %s under %s (%d listed, %d could not be deleted)",
+             table_name, len(deleted), older_than.isoformat(), table.location(), len(listed), len(failed))
+    return deleted
+
+
+def _refuse_shared_location(table: Table, io: PyArrowFileIO, unreferenced: Sequence[str]) -> None:
+    """Unreferenced metadata files of another table UUID mean another table lives here: its files would look
+    like our orphans."""
+    own_uuid = str(table.metadata.table_uuid)
+    for path in [p for p in unreferenced if p.endswith(".metadata.json")][:5]:
+        try:
+            with io.new_input(path).open() as stream:
+                other = TableMetadataUtil.parse_raw(stream.read())
+        except Exception:  # noqa: BLE001 - unreadable: not evidence of another table
+            continue
+        if str(other.table_uuid) != own_uuid:
+            raise MaintenanceError(
+                f"table {'.'.join(table.name())}: its location {table.location()} also holds table "
+                f"{other.table_uuid} ({path}); orphan-file removal would delete that table's files, so it does not "
+                "run here. Move one of the tables to a location of its own.")
+
+
+def _pyarrow_io(table: Table) -> PyArrowFileIO:
+    return table.io if isinstance(table.io, PyArrowFileIO) else PyArrowFileIO(table.io.properties)
+
+
+# ---- compaction ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompactionResult:
+    snapshot_id: int | None
+    files_compacted: int
+    files_written: int
+    bytes_before: int
+    bytes_after: int
+    attempts: int
+
+
+def compaction_groups(tasks: Sequence[FileScanTask], *, target_file_size_bytes: int,
+                      min_input_files: int) -> list[list[DataFile]]:
+    """Small data files (under 3/4 of the target, without delete files) grouped by spec and partition, in groups
+    of about the target size; partitions with fewer than `min_input_files` small files are left alone."""
+    small_limit = target_file_size_bytes * 3 // 4
+    by_partition: dict[tuple, list[DataFile]] = {}
+    for task in tasks:
+        data_file = task.file
+        if (task.delete_files or data_file.content != DataFileContent.DATA
+                or data_file.file_size_in_bytes >= small_limit):
+            continue
+        by_partition.setdefault((data_file.spec_id, repr(data_file.partition)), []).append(data_file)
+    groups: list[list[DataFile]] = []
+    for key in sorted(by_partition):
+        files = sorted(by_partition[key], key=lambda f: f.file_path)
+        if len(files) < min_input_files:
+            continue
+        group: list[DataFile] = []
+        size = 0
+        for data_file in files:
+            if group and size + data_file.file_size_in_bytes > target_file_size_bytes:
+                groups.append(group)
+                group, size = [], 0
+            group.append(data_file)
+            size += data_file.file_size_in_bytes
+        if len(group) > 1:
+            groups.append(group)
+    return groups
+
+
+@dataclass(frozen=True)
+class _CompactionTasks:
+    """Pickled into the job's closure: each task reads its group's files and writes them again."""
+
+    sink: SinkJob
+    groups: tuple[tuple[DataFile, ...], ...]
+
+    def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in task_ids:
+            for task_id in batch.column(0).to_pylist():
+                files = self._rewrite(task_id)
+                yield pa.RecordBatch.from_pydict({"task_output": [pickle.dumps(files, pickle.HIGHEST_PROTOCOL)]})
+
+    def _rewrite(self, task_id: int) -> list[DataFile]:
+        metadata = TableMetadataUtil.parse_raw(self.sink.table_metadata_json)
+        io = self.sink.file_io()
+        scan = ArrowScan(metadata, io, metadata.schema(), AlwaysTrue())
+        writer = RollingDataFiles(self.sink, task_id)
+        try:
+            for data_file in self.groups[task_id]:
+                rows = scan.to_table([FileScanTask(data_file)])
+                for chunk in writer.checked(rows.to_batches()):
+                    writer.write(pa.Table.from_batches([chunk]))
+            return writer.close()
+        except BaseException:
+            writer.discard()
+            raise
+
+
+def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, min_input_files: int = 5,
+            max_attempts: int = DEFAULT_COMMIT_ATTEMPTS, retry_wait_seconds: float = 0.2) -> CompactionResult:
+    """Rewrite small data files into files of about `target_file_size_bytes` (see the module docstring)."""
+    table_name = ".".join(table.name())
+    with catalog_errors(catalog_endpoint(table.catalog)):
+        table.refresh()
+    if table.current_snapshot() is None:
+        return CompactionResult(None, 0, 0, 0, 0, 0)
+    groups = compaction_groups(list(table.scan().plan_files()), target_file_size_bytes=target_file_size_bytes,
+                               min_input_files=min_input_files)
+    if not groups:
+        log.info("table %s: nothing to compact", table_name)
+        return CompactionResult(None, 0, 0, 0, 0, 0)
+    compaction_id = f"compact-{uuid.uuid4().hex}"
+    sink = SinkJob.for_table(table, compaction_id, target_file_size_bytes)
+    tasks = _CompactionTasks(sink, tuple(tuple(g) for g in groups))
+    log.info("table %s: compacting %d files in %d groups (%s)", table_name, sum(len(g) for g in groups),
+             len(groups), compaction_id)
+    job = spark.range(0, len(groups), 1, numPartitions=len(groups)).mapInArrow(tasks, _OUTPUT_SCHEMA)
+    try:
+        written = [f for row in job.collect() for f in pickle.loads(row.task_output)]
+    except Exception:
+        remove_run_files(table, run_table(table, compaction_id).data_dir)
+        raise
+    inputs = [f for g in groups for f in g]
+    try:
+        snapshot_id, attempts = _commit_rewrite(table, inputs, written, compaction_id, max_attempts,
+                                                retry_wait_seconds)
+    except BaseException:
+        delete_data_files(table.io, [f.file_path for f in written])
+        raise
+    result = CompactionResult(snapshot_id, len(inputs), len(written), sum(f.file_size_in_bytes for f in inputs),
+                              sum(f.file_size_in_bytes for f in written), attempts)
+    log.info("table %s: compaction %s committed snapshot %d: %s", table_name, compaction_id, snapshot_id, result)
+    return result
+
+
+def _commit_rewrite(table: Table, inputs: Sequence[DataFile], outputs: Sequence[DataFile], compaction_id: str,
+                    max_attempts: int, retry_wait_seconds: float) -> tuple[int, int]:
+    table_name = ".".join(table.name())
+    input_paths = {f.file_path for f in inputs}
+    for attempt in range(1, max_attempts + 1):
+        with catalog_errors(catalog_endpoint(table.catalog)):
+            table.refresh()
+        current = {task.file.file_path for task in table.scan().plan_files()}
+        gone = input_paths - current
+        if gone:
+            raise MaintenanceError(f"table {table_name}: {len(gone)} input files of compaction {compaction_id} were "
+                                   f"removed by another commit (e.g. {sorted(gone)[0]}); compaction abandoned, its "
+                                   "files deleted")
+        properties = {OFFSETS_PROPERTY_PREFIX + topic: format_offsets_property(offsets)
+                      for topic, offsets in read_committed_offsets(table).items()}
+        properties[COMPACTION_PROPERTY] = compaction_id
+        try:
+            with catalog_errors(catalog_endpoint(table.catalog)):
+                view = _without_client_retries(table)
+                with view.transaction() as transaction:
+                    with transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite:
+                        for data_file in inputs:
+                            rewrite.delete_data_file(data_file)
+                        for data_file in outputs:
+                            rewrite.append_data_file(data_file)
+        except CommitFailedException:
+            if attempt == max_attempts:
+                raise
+            log.info("table %s: compaction %s lost a race with a concurrent commit (attempt %d/%d); retrying",
+                     table_name, compaction_id, attempt, max_attempts)
+            time.sleep(retry_wait_seconds * attempt)
+            continue
+        table.metadata, table.metadata_location = view.metadata, view.metadata_location
+        return table.metadata.current_snapshot_id, attempt
+    raise AssertionError("unreachable")
+
+
+def _without_client_retries(table: Table) -> Table:
+    """A view of `table` whose commits are not retried by pyiceberg (a retry would re-apply the rewrite with the
+    offsets read before the concurrent commit); as `table_offsets.append_without_client_retries` does."""
+    no_retries = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    return Table(identifier=table.name(), metadata=table.metadata.model_copy(update={"properties": no_retries}),
+                 metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
+
+
+# ---- per mapping (the CLI and the Dagster job) -----------------------------------------------------------------
+
+MAINTENANCE_STEPS = ("properties", "compact", "expire", "orphans")
+
+
+def mapping_settings(config, mapping) -> MaintenanceSettings:
+    """`mappings[].maintenance` as settings (`config`: LakehouseConfig, `mapping`: MappingConfig)."""
+    block = mapping.maintenance
+    return MaintenanceSettings(
+        snapshot_max_age=timedelta(hours=block.snapshot_max_age_hours), retain_last=block.retain_last,
+        orphan_min_age=timedelta(hours=block.orphan_min_age_hours),
+        target_file_size_bytes=block.target_file_size_bytes or config.processor.target_file_size_bytes,
+        min_input_files=block.min_input_files)
+
+
+def maintain_mapping(config, spark: SparkSession | None, mapping, *,
+                     steps: Sequence[str] = MAINTENANCE_STEPS) -> MaintenanceSummary:
+    """Maintain the table of `mapping` (an existing table; nothing is created) with its `maintenance:` settings."""
+    from kafscale_lakehouse.engine.catalog import load_catalog, open_table
+    from kafscale_lakehouse.engine.dead_letter import open_dead_letter_table
+    from kafscale_lakehouse.engine.ingest import catalog_settings
+
+    unknown = sorted(set(steps) - set(MAINTENANCE_STEPS))
+    if unknown:
+        raise ValueError(f"unknown maintenance steps {unknown}; expected some of {list(MAINTENANCE_STEPS)}")
+    catalog = load_catalog(catalog_settings(config))
+    table = open_table(catalog, mapping.table)
+    dead_letters = (open_dead_letter_table(catalog, mapping.dead_letter_table)
+                    if mapping.dead_letter_table else None)
+    settings = mapping_settings(config, mapping)
+    started = time.monotonic()
+    summary = MaintenanceSummary(".".join(table.name()))
+    summary.before = table_files(table)
+    if "properties" in steps:
+        summary.properties_set = apply_bounded_metadata_properties(table)
+    sub = maintain_table(spark, table, settings, dead_letters=dead_letters, compaction="compact" in steps,
+                         expiry="expire" in steps, orphans="orphans" in steps, properties=False)
+    sub.before, sub.properties_set = summary.before, summary.properties_set
+    sub.duration_seconds = time.monotonic() - started
+    return sub

@@ -1,0 +1,173 @@
+"""Table maintenance (engine/maintenance.py) next to ingestion, on the real servers: nothing lost, nothing doubled,
+the offsets kept, and only the table's own unreferenced old files removed."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from kafscale_lakehouse.engine import maintenance
+from kafscale_lakehouse.engine.catalog import load_catalog
+from kafscale_lakehouse.engine.ingest import catalog_settings, ingest
+from kafscale_lakehouse.engine.maintenance import (
+    COMPACTION_PROPERTY,
+    compact,
+    expire_snapshots,
+    maintain_mapping,
+    remove_orphan_files,
+)
+from kafscale_lakehouse.engine.table_offsets import read_committed_offsets, read_topic_offsets
+
+pytestmark = pytest.mark.integration
+
+
+def _land_in_rounds(world, spark, rounds: int, records: int = 40) -> None:
+    for i in range(rounds):
+        for partition in (0, 1):
+            world.write_segments(partition, records, base_offset=i * records, records_per_segment=records)
+        ingest(world.config(), spark)
+
+
+def test_compaction_races_an_ingestion_commit_and_keeps_every_record_once(production_world, spark, monkeypatch):
+    world = production_world
+    _land_in_rounds(world, spark, rounds=4)
+    before = world.table()
+    small_files = len(world.referenced_data_files(before))
+    offsets_before = read_topic_offsets(before, world.topic)
+    assert small_files >= 8
+
+    # An ingestion run commits between the compaction's read of the table and its commit: the catalog refuses the
+    # compaction's first attempt, which retries on the new state.
+    for partition in (0, 1):
+        world.write_segments(partition, 40, base_offset=160, records_per_segment=40)
+    real_view = maintenance._without_client_retries
+    raced = []
+
+    def ingest_first(table):
+        if not raced:
+            raced.append(ingest(world.config(), spark))
+        return real_view(table)
+
+    monkeypatch.setattr(maintenance, "_without_client_retries", ingest_first)
+    result = compact(spark, world.table(), target_file_size_bytes=64 * 1024 * 1024, min_input_files=2)
+
+    assert raced and result.attempts == 2
+    assert result.files_compacted == small_files and result.files_written == 1
+    table = world.assert_exactly_once(runs=5)  # every offset once, table and etcd agree, 5 ingestion snapshots
+    assert read_topic_offsets(table, world.topic) == {0: 200, 1: 200} != offsets_before
+    current = table.current_snapshot()
+    assert current.summary.get(COMPACTION_PROPERTY)
+    assert read_committed_offsets(table) == {world.topic: {0: 200, 1: 200}}, "offsets carried forward"
+    assert len(world.referenced_data_files(table)) == 1 + 2  # the compacted file + the racing run's files
+
+
+def test_compaction_stopped_before_its_commit_leaves_nothing(production_world, spark, monkeypatch):
+    world = production_world
+    _land_in_rounds(world, spark, rounds=3)
+    files_before = world.table_data_files()
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt  # the process is being stopped between writing and committing
+
+    monkeypatch.setattr(maintenance, "_commit_rewrite", stop)
+    with pytest.raises(KeyboardInterrupt):
+        compact(spark, world.table(), target_file_size_bytes=64 * 1024 * 1024, min_input_files=2)
+
+    assert world.table_data_files() == files_before, "the compaction's files were deleted, nothing else"
+    world.assert_exactly_once(runs=3)
+
+
+def test_expiry_keeps_the_snapshots_that_carry_the_offsets(production_world, spark):
+    world = production_world
+    _land_in_rounds(world, spark, rounds=2)
+    table = world.table()
+    for _ in range(3):  # another engine's commits without our offsets
+        with table.transaction() as transaction:
+            with transaction.update_snapshot().fast_append():
+                pass
+    table = world.table()
+    offsets = read_topic_offsets(table, world.topic)
+    [first_run, latest_run] = world.our_snapshots(table)
+
+    expired = expire_snapshots(table, older_than=datetime.now(timezone.utc) + timedelta(minutes=1), retain_last=1)
+
+    table = world.table()
+    assert first_run.snapshot_id in expired and latest_run.snapshot_id not in expired
+    assert len(table.metadata.snapshots) == 4  # the three foreign ones and the newest with our offsets
+    assert read_topic_offsets(table, world.topic) == offsets == {0: 80, 1: 80}
+    for partition in (0, 1):
+        world.write_segments(partition, 40, base_offset=80, records_per_segment=40)
+    [result] = ingest(world.config(), spark)
+    assert result.records == 80, "the next run starts where the table says, not from an older store value"
+    world.assert_exactly_once(runs=2)  # the run expired, the one kept, and this one: 2 retained
+
+
+def test_orphan_removal_keeps_young_files_referenced_files_and_other_tables(embedded_world, spark):
+    world = embedded_world
+    _land_in_rounds(world, spark, rounds=2)
+    catalog = load_catalog(catalog_settings(world.config()))
+    backup_name = f"{world.table_name}_backup"
+    catalog.rename_table(world.table_name, backup_name)
+    backup_files = world.table_data_files(catalog.load_table(backup_name))
+    for partition in (0, 1):
+        world.write_segments(partition, 40, base_offset=80, records_per_segment=40)
+    ingest(world.config(), spark)  # the table again, at a location of its own
+    table = world.table()
+    orphan = f"{table.location()}/data/kafscale-crashed-run/00000-orphan.parquet"
+    with table.io.new_output(orphan).create() as out:
+        out.write(b"left by a crash")
+    referenced = world.referenced_data_files(table)
+    rows = len(world.table_rows(table))
+
+    assert remove_orphan_files(table, older_than=datetime.now(timezone.utc) - timedelta(hours=1)) == []
+    assert table.io.new_input(orphan).exists(), "a young file is kept (a writer may still commit it)"
+
+    deleted = remove_orphan_files(table, older_than=datetime.now(timezone.utc) + timedelta(minutes=1))
+
+    assert deleted == [orphan]
+    table = world.table()
+    assert world.referenced_data_files(table) == referenced and len(world.table_rows(table)) == rows
+    backup = catalog.load_table(backup_name)
+    assert world.table_data_files(backup) == backup_files and backup.scan().to_arrow().num_rows == 160
+
+
+def test_maintain_mapping_sets_bounded_metadata_properties_and_reports(embedded_world, spark):
+    world = embedded_world
+    _land_in_rounds(world, spark, rounds=3)
+    table = world.table()
+    with table.transaction() as transaction:  # a table created before these were set at creation
+        transaction.remove_properties("write.metadata.delete-after-commit.enabled",
+                                      "write.metadata.previous-versions-max")
+    config = world.config()
+    summary = maintain_mapping(config, spark, config.mappings[0], steps=["properties", "compact", "expire"])
+
+    table = world.table()
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert summary.properties_set and summary.files_compacted == summary.before.data_files == 6
+    assert summary.after.data_files == 1 and summary.after.data_bytes > 0
+    world.assert_exactly_once(runs=3)
+
+
+def test_dagster_maintenance_job_runs_the_same_code_and_records_what_it_did(embedded_world, spark):
+    import dagster as dg
+
+    from kafscale_lakehouse.orchestration.maintenance import build_maintenance
+    from kafscale_lakehouse.orchestration.resources import SPARK_RESOURCE_KEY, SparkResource
+
+    world = embedded_world
+    _land_in_rounds(world, spark, rounds=3)
+    config = world.config()
+    [job], [schedule] = build_maintenance(config)
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    assert schedule.cron_schedule == config.mappings[0].maintenance.cron_schedule
+
+    result = job.execute_in_process(resources={SPARK_RESOURCE_KEY: SparkResource(master="local[1]")})
+
+    assert result.success
+    [observation] = [e.event_specific_data.asset_observation for e in result.all_events
+                     if e.event_type_value == "ASSET_OBSERVATION"]
+    metadata = {k: v.value for k, v in observation.metadata.items()}
+    assert metadata["data_files_before"] == 6 and metadata["data_files_after"] == 1
+    assert metadata["files_compacted"] == 6 and metadata["duration_seconds"] > 0
+    world.assert_exactly_once(runs=3)
