@@ -94,11 +94,13 @@ class _ReprText(str):
 
 class SparkResource(PySparkResource):
     """The Spark session of `spark.*` through dagster-pyspark, built by `engine.spark.get_spark_session` (loopback
-    binding for local masters, the venv's Python for workers, `KAFSCALE_SPARK_*` deployment overrides). Created on
-    first use, so steps that never touch Spark do not pay its start-up."""
+    binding for local masters, the venv's Python for workers, `KAFSCALE_SPARK_*` deployment overrides): a client of
+    the Spark engine at `remote` (or `$SPARK_REMOTE`) when set, else embedded. Created on first use, so steps that
+    never touch Spark do not pay its start-up."""
 
     master: str = "local[*]"
     spark_config: dict[str, Any] = {}
+    remote: str | None = None
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         # Deliberately lazy: see `spark_session`.
@@ -107,7 +109,8 @@ class SparkResource(PySparkResource):
     @property
     def spark_session(self) -> SparkSession:
         if self._spark_session is None:
-            self._spark_session = get_spark_session(self.master, {k: str(v) for k, v in self.spark_config.items()})
+            self._spark_session = get_spark_session(self.master, {k: str(v) for k, v in self.spark_config.items()},
+                                                    remote=self.remote)
         return self._spark_session
 
 
@@ -258,7 +261,8 @@ def lakehouse_resources(config: LakehouseConfig) -> dict[str, dg.ConfigurableRes
         etcd_cert_file=str(tls.cert_file) if tls and tls.cert_file else None,
         etcd_key_file=str(tls.key_file) if tls and tls.key_file else None)
     return {
-        SPARK_RESOURCE_KEY: SparkResource(master=config.spark.master, spark_config=dict(config.spark.conf)),
+        SPARK_RESOURCE_KEY: SparkResource(master=config.spark.master, spark_config=dict(config.spark.conf),
+                                           remote=config.spark.remote),
         SEGMENT_STORE_RESOURCE_KEY: segment_store,
         CATALOG_RESOURCE_KEY: catalog,
         OFFSET_STORE_RESOURCE_KEY: offset_store,
