@@ -117,7 +117,7 @@ def start_connect_server(address: ConnectAddress, master: str = "local[*]", conf
     log.info("starting the Spark engine (Spark Connect) on %s, master %s", address.url, master)
     process = subprocess.Popen(command, env=connect_server_env(os.environ if environ is None else environ, address),
                                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT if output else None,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=_die_with_parent)
     if output is not None:
         output.close()  # the child has its own descriptor
     try:
@@ -163,6 +163,16 @@ def stop_connect_server(process: subprocess.Popen, grace_seconds: float = STOP_G
         except ProcessLookupError:
             return
         time.sleep(0.2)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies, even by SIGKILL, so no engine
+    is left holding its port (Linux; `spark-submit` execs the JVM, which keeps this setting)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _is_loopback(host: str) -> bool:
