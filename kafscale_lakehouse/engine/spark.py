@@ -16,6 +16,7 @@ from kafscale_lakehouse.engine.spark_engine import (
     SparkEngineError,
     parse_remote_url,
     port_open,
+    shared_session_url,
 )
 
 log = logging.getLogger(__name__)
@@ -90,10 +91,10 @@ def get_spark_session(
 def _connect_session(url: str, setting: str, conf: Mapping[str, str], app_name: str) -> SparkSession:
     """A Spark Connect session on the engine at `url` (named by `setting` in errors), once it accepts connections.
 
-    Built with the Connect builder itself, so an embedded session in the same process (tests) is left alone.
+    Runs join one shared session of the engine (`shared_session_url`), whose Python workers stay warm; stopping a
+    run's session does not end it for the others. Should the engine have dropped that session, the run gets a new
+    one of its own. Built with the Connect builder itself, so an embedded session in this process is left alone.
     """
-    from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
-
     try:
         address = parse_remote_url(url, setting=setting)
     except ValueError as exc:
@@ -105,14 +106,28 @@ def _connect_session(url: str, setting: str, conf: Mapping[str, str], app_name: 
                                    f"{ENGINE_WAIT_SECONDS} s; start one (`kafscale-lakehouse spark-engine`) or unset "
                                    f"{setting} to run Spark embedded")
         time.sleep(0.5)
-    builder = ConnectSparkSession.builder.remote(url).appName(app_name)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
     try:
-        session = builder.getOrCreate()
-        version = session.version  # the first round trip: fails here, naming the engine, if it cannot serve
+        try:
+            session, version = _open_connect_session(shared_session_url(url), conf, app_name)
+        except Exception as exc:
+            if "SESSION_CLOSED" not in str(exc):
+                raise
+            log.warning("the Spark engine at %s dropped the runs' shared session; this run uses a new one (its Python "
+                        "workers start cold)", address.url)
+            session, version = _open_connect_session(url, conf, app_name)
     except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors alike
         raise SparkEngineError(f"{setting}: the Spark engine at {address.url} does not answer: {exc}") from exc
     log.info("Spark session ready: engine %s (Spark Connect, from %s) app=%s version=%s", address.url, setting,
              app_name, version)
     return session
+
+
+def _open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tuple[SparkSession, str]:
+    from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
+
+    builder = ConnectSparkSession.builder.remote(url).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.create()  # not getOrCreate: that would hand back a session that just failed
+    session.release_session_on_close = False  # other runs share it
+    return session, session.version  # the first round trip: fails here if the engine cannot serve

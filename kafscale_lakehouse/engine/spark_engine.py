@@ -32,6 +32,13 @@ SPARK_REMOTE_VARIABLE = "SPARK_REMOTE"
 DEFAULT_CONNECT_PORT = 15002  # Spark Connect's default
 DEFAULT_ENGINE_ADDRESS = f"127.0.0.1:{DEFAULT_CONNECT_PORT}"
 ENGINE_ADDRESS_VARIABLE = "KAFSCALE_SPARK_ENGINE_ADDR"  # `spark-engine --address` default (the engine's pod)
+# Every run joins this one session of the engine (a fixed id in the connection string). Spark keeps Python workers
+# per session, so with a session per run each run would wait for a new Python daemon and its imports (15-20 s on a
+# busy 2-core machine, measured); with one shared session they stay warm (about 1-2 s per job).
+SHARED_SESSION_ID = "6f1c1d43-2b4e-4f7a-9c55-3a8e0d1b7c26"
+# The engine keeps that session while idle (Spark Connect's default drops it after an hour, and a dropped id
+# cannot be used again).
+SHARED_SESSION_TIMEOUT = "3650d"
 READY_TIMEOUT_SECONDS = 180
 STOP_GRACE_SECONDS = 20
 
@@ -51,15 +58,24 @@ class ConnectAddress:
 
 
 def parse_remote_url(url: str, *, setting: str = "spark.remote") -> ConnectAddress:
-    """`sc://host[:port]` (pyspark's connection string; parameters after `/;` are not ours to use) -> address."""
+    """`sc://host[:port][/;param=value...]` (pyspark's connection string) -> address."""
     parts = urlsplit(url.strip())
-    if parts.scheme != "sc" or not parts.hostname or parts.path not in ("", "/"):
+    if parts.scheme != "sc" or not parts.hostname or not (parts.path in ("", "/") or parts.path.startswith("/;")):
         raise ValueError(f"{setting}: {url!r} is not a Spark Connect URL sc://<host>:<port>")
     try:
         port = parts.port or DEFAULT_CONNECT_PORT
     except ValueError:
         raise ValueError(f"{setting}: {url!r} has an invalid port") from None
     return ConnectAddress(parts.hostname, port)
+
+
+def shared_session_url(url: str) -> str:
+    """`url` joining the runs' shared session (`SHARED_SESSION_ID`) unless it names a session itself."""
+    url = url.strip()
+    if ";session_id=" in url:
+        return url
+    base, _, params = url.partition("/;")
+    return f"{base.rstrip('/')}/;" + ";".join(p for p in (params, f"session_id={SHARED_SESSION_ID}") if p)
 
 
 def parse_engine_address(address: str) -> ConnectAddress:
@@ -80,7 +96,8 @@ def spark_home() -> Path:
 def connect_server_command(address: ConnectAddress, master: str, conf: Mapping[str, str], *,
                            ui_enabled: bool = True) -> list[str]:
     """The `spark-submit` command line of a Spark Connect server on `address` running Spark on `master`."""
-    settings = {"spark.ui.enabled": "true" if ui_enabled else "false", **conf,
+    settings = {"spark.ui.enabled": "true" if ui_enabled else "false",
+                "spark.connect.session.manager.defaultSessionTimeout": SHARED_SESSION_TIMEOUT, **conf,
                 "spark.connect.grpc.binding.address": address.host,
                 "spark.connect.grpc.binding.port": str(address.port)}
     if _is_loopback(address.host):
