@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import yaml  # noqa: E402
 from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config  # noqa: E402
@@ -69,8 +70,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 WEBSERVER_TIMEOUT_SECONDS = 180
 STOP_GRACE_SECONDS = 30
-# Dagster's QueuedRunCoordinator default (the repository's dagster.yaml does not change it).
-RUN_QUEUE_DEQUEUE_SECONDS = 5
+DEFAULT_DEQUEUE_SECONDS = 5  # Dagster's QueuedRunCoordinator default
 
 RUNS_QUERY = """
 query Runs($job: String!) {
@@ -92,8 +92,8 @@ query RunEvents($runId: ID!) {
 }"""
 # Where a run's time goes: (label, event that starts the phase, event that ends it); `Log:<text>` is a log message.
 RUN_PHASES = (
-    ("queued (run queue, pool)", "RunEnqueuedEvent", "RunDequeuedEvent"),
-    ("launch (run worker process, code load)", "RunDequeuedEvent", "RunStartEvent"),
+    ("queued (run queue, pool)", "RunEnqueuedEvent", "RunStartingEvent"),
+    ("launch (run worker process, code load)", "RunStartingEvent", "RunStartEvent"),
     ("resources and step start", "RunStartEvent", "Log:preparing Kafka partitions"),
     ("prepare (leases, discovery, planning)", "Log:preparing Kafka partitions", "ExecutionStepOutputEvent"),
     ("write + commit (Spark job, Iceberg, etcd)", "ExecutionStepOutputEvent", "HandledOutputEvent"),
@@ -271,6 +271,12 @@ def poll_visibility(config: LakehouseConfig, times: SegmentTimes) -> None:
 # ------------------------------------------------------------------------------------------------ output
 
 
+def dequeue_interval_seconds() -> int:
+    instance = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text()) or {}
+    coordinator = (instance.get("run_coordinator") or {}).get("config") or {}
+    return coordinator.get("dequeue_interval_seconds", DEFAULT_DEQUEUE_SECONDS)
+
+
 def percentile(values: list[float], fraction: float) -> float:
     """Nearest-rank percentile: the smallest value with at least `fraction` of the values at or below it."""
     ordered = sorted(values)
@@ -294,7 +300,7 @@ def print_report(args: argparse.Namespace, config: LakehouseConfig, times: Segme
     print(f"demo configuration: {args.partitions} partitions, a segment of {args.records_per_segment} orders per "
           f"partition every {args.interval_seconds:g} s; sensor minimum interval "
           f"{config.processor.poll_interval_seconds} s (processor.poll_interval_seconds); run queue dequeue interval "
-          f"{RUN_QUEUE_DEQUEUE_SECONDS} s (Dagster default); visibility polled every {args.poll_seconds:g} s")
+          f"{dequeue_interval_seconds()} s (dagster.yaml); visibility polled every {args.poll_seconds:g} s")
     print(f"dagster dev webserver up {measuring_from - dagster_started:.1f} s after start; first run finished "
           + (f"{first_ended - dagster_started:.1f} s after start" if first_ended else "never"))
     print(f"freshness (s, segment .index landed → last offset visible in {config.mappings[0].table}):")

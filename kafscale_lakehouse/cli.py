@@ -230,12 +230,14 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
     """Run the Spark engine (a Spark Connect server, `spark.master` and `spark.conf` of the config) until SIGTERM or
     Ctrl-C, or until the parent process is gone (`make demo` killed hard); runs connect to it with `SPARK_REMOTE`."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.spark import spark_settings_from_env
+    from kafscale_lakehouse.engine.spark import get_spark_session, spark_settings_from_env
     from kafscale_lakehouse.engine.spark_engine import (
+        SPARK_REMOTE_VARIABLE,
         SparkEngineError,
         parse_engine_address,
         start_connect_server,
         stop_connect_server,
+        warm_up,
     )
 
     try:
@@ -251,10 +253,18 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
                                       {**config.spark.conf, **env_conf})
     except SparkEngineError as err:
         raise CommandError(str(err)) from None
-    log.info("Spark engine serving on %s; runs connect with SPARK_REMOTE=%s", engine_address.url,
-             f"sc://127.0.0.1:{engine_address.port}" if engine_address.host in ("0.0.0.0", "::")
-             else engine_address.url)
+    client_url = (f"sc://127.0.0.1:{engine_address.port}" if engine_address.host in ("0.0.0.0", "::")
+                  else engine_address.url)
+    os.environ.pop(SPARK_REMOTE_VARIABLE, None)  # this process is a client of its own engine only
     try:
+        # Runs share one session of the engine: warm its Python workers now rather than in the first run.
+        try:
+            seconds = warm_up(get_spark_session(remote=client_url), os.cpu_count() or 1)
+        except Exception as err:  # noqa: BLE001 - a Spark error from the workers, named below
+            raise CommandError(f"the Spark engine on {engine_address.url} cannot run the ingestion job's Python "
+                               f"code (its workers import kafscale_lakehouse with {sys.executable}): {err}") from err
+        log.info("Spark engine serving on %s (Python workers warmed up in %.1f s); runs connect with SPARK_REMOTE=%s",
+                 engine_address.url, seconds, client_url)
         while server.poll() is None and os.getppid() == parent:
             time.sleep(1)
         if server.returncode is not None:

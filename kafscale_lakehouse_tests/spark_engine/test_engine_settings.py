@@ -11,6 +11,7 @@ from kafscale_lakehouse.engine import spark as spark_module
 from kafscale_lakehouse.engine.spark import get_spark_session
 from kafscale_lakehouse.engine.spark_engine import (
     CONNECT_SERVER_CLASS,
+    SHARED_SESSION_ID,
     SPARK_REMOTE_VARIABLE,
     ConnectAddress,
     SparkEngineError,
@@ -18,6 +19,7 @@ from kafscale_lakehouse.engine.spark_engine import (
     connect_server_env,
     parse_engine_address,
     parse_remote_url,
+    shared_session_url,
 )
 from kafscale_lakehouse_tests.servers import free_ports
 
@@ -26,6 +28,7 @@ from kafscale_lakehouse_tests.servers import free_ports
     ("sc://127.0.0.1:15003", ConnectAddress("127.0.0.1", 15003)),
     ("sc://spark-engine.lakehouse.svc", ConnectAddress("spark-engine.lakehouse.svc", 15002)),
     ("sc://engine:15002/", ConnectAddress("engine", 15002)),
+    ("sc://engine:15002/;user_id=runs", ConnectAddress("engine", 15002)),
 ])
 def test_remote_urls(url, expected):
     assert parse_remote_url(url) == expected
@@ -37,6 +40,18 @@ def test_remote_urls(url, expected):
 def test_a_bad_remote_url_names_the_setting(url):
     with pytest.raises(ValueError, match=rf"^SPARK_REMOTE: {url!r} "):
         parse_remote_url(url, setting="SPARK_REMOTE")
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("sc://engine:15002", f"sc://engine:15002/;session_id={SHARED_SESSION_ID}"),
+    ("sc://engine:15002/", f"sc://engine:15002/;session_id={SHARED_SESSION_ID}"),
+    ("sc://engine:15002/;user_id=runs", f"sc://engine:15002/;user_id=runs;session_id={SHARED_SESSION_ID}"),
+    ("sc://engine:15002/;session_id=0b7e3c1a-5d2f-4e8b-9a61-7c4d2e9f1b30",
+     "sc://engine:15002/;session_id=0b7e3c1a-5d2f-4e8b-9a61-7c4d2e9f1b30"),
+])
+def test_runs_join_the_shared_session_unless_the_url_names_one(url, expected):
+    assert shared_session_url(url) == expected
+    assert parse_remote_url(shared_session_url(url)) == parse_remote_url(url)
 
 
 @pytest.mark.parametrize("address", ["15002", ":15002", "host:", "host:0", "host:http"])
@@ -57,6 +72,8 @@ def test_a_loopback_engine_binds_only_loopback_and_runs_this_python():
     assert settings["spark.connect.grpc.binding.port"] == "15010"
     assert settings["spark.driver.bindAddress"] == settings["spark.driver.host"] == "127.0.0.1"
     assert settings["spark.driver.memory"] == "2g" and settings["spark.ui.enabled"] == "false"
+    # The runs' shared session outlives idle hours (a dropped session id cannot be joined again).
+    assert settings["spark.connect.session.manager.defaultSessionTimeout"] == "3650d"
     assert command[-1] == "spark-internal"
     # Its Python workers import this project; it is not a client of another engine.
     assert env["PYSPARK_PYTHON"] == sys.executable and env["SPARK_LOCAL_IP"] == "127.0.0.1"
