@@ -296,7 +296,8 @@ def print_report(args: argparse.Namespace, config: LakehouseConfig, times: Segme
     with times.lock:
         landed, visible = dict(times.landed), dict(times.visible)
     first_ended = next((run.ended for run in runs if run.status == "SUCCESS" and run.ended), None)
-    print(f"Spark: {'the Spark engine (Spark Connect, one server for all runs)' if args.engine == 'connect' else 'embedded local[*] session started by each run worker'}")
+    print("Spark: " + ("the Spark engine (Spark Connect, one server for all runs)" if args.engine == "connect"
+                       else "an embedded local[*] session started by each run worker"))
     print(f"demo configuration: {args.partitions} partitions, a segment of {args.records_per_segment} orders per "
           f"partition every {args.interval_seconds:g} s; sensor minimum interval "
           f"{config.processor.poll_interval_seconds} s (processor.poll_interval_seconds); run queue dequeue interval "
