@@ -26,7 +26,7 @@ LOOPBACK = "127.0.0.1"
 SPARK_MASTER_VARIABLE = "KAFSCALE_SPARK_MASTER"
 SPARK_CONF_PREFIX = "KAFSCALE_SPARK_CONF_"
 # How long a run waits for the engine to accept connections (it may still be starting next to `dagster dev`).
-ENGINE_WAIT_SECONDS = 120
+ENGINE_WAIT_SECONDS = 180
 
 
 def spark_settings_from_env(env: Mapping[str, str]) -> tuple[str | None, dict[str, str]]:

@@ -39,7 +39,7 @@ SHARED_SESSION_ID = "6f1c1d43-2b4e-4f7a-9c55-3a8e0d1b7c26"
 # The engine keeps that session while idle (Spark Connect's default drops it after an hour, and a dropped id
 # cannot be used again).
 SHARED_SESSION_TIMEOUT = "3650d"
-READY_TIMEOUT_SECONDS = 180
+READY_TIMEOUT_SECONDS = 300  # a busy 2-core machine took 147 s
 STOP_GRACE_SECONDS = 20
 
 
