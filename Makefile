@@ -18,14 +18,19 @@ install-test: $(BIN)/python
 	scripts/install-etcd.sh
 
 # `dagster dev` on the embedded default (lakehouse.yaml, data in var/) next to the demo producer, which writes a
-# segment of pizza orders per partition every few seconds. Ctrl-C stops both (the trap stops the producer).
+# segment of pizza orders per partition every few seconds, and the Spark engine (a Spark Connect server on
+# 127.0.0.1:$(SPARK_ENGINE_PORT)) that every run connects to through SPARK_REMOTE, so no run starts a JVM.
+# Ctrl-C stops all three (the trap stops the producer and the engine).
+SPARK_ENGINE_PORT ?= 15002
 demo: install
 	mkdir -p $(DAGSTER_HOME)
 	cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
 	$(BIN)/kafscale-lakehouse demo-producer --rounds 1  # the definitions check at load that the topic exists
+	$(BIN)/kafscale-lakehouse spark-engine --address 127.0.0.1:$(SPARK_ENGINE_PORT) & engine=$$!; \
 	$(BIN)/kafscale-lakehouse demo-producer & producer=$$!; \
-	trap 'kill $$producer 2>/dev/null; wait $$producer' EXIT; trap 'exit 130' INT TERM; \
-	DAGSTER_HOME=$(DAGSTER_HOME) $(BIN)/dagster dev -h 127.0.0.1 -p 3000
+	trap 'kill $$producer $$engine 2>/dev/null; wait $$producer $$engine' EXIT; trap 'exit 130' INT TERM; \
+	DAGSTER_HOME=$(DAGSTER_HOME) SPARK_REMOTE=sc://127.0.0.1:$(SPARK_ENGINE_PORT) \
+	  $(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
 lint: install-test
 	$(BIN)/ruff check kafscale_lakehouse kafscale_lakehouse_tests benchmarks scripts

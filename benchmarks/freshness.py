@@ -4,7 +4,10 @@ Run from the repository root: `.venv/bin/python benchmarks/freshness.py [--durat
 Sets up what `make demo` runs, in a temporary directory: the repository's `lakehouse.yaml` (local segment root,
 sqlite catalog, sqlite offsets; its relative paths resolve in the temporary directory) and a DAGSTER_HOME with
 the repository's `dagster.yaml`; one producer round first (the definitions check that the topic exists), then
-`dagster dev` (webserver + daemon: the mapping's sensor, the run queue, a run worker process per run). Once the
+the Spark engine (`kafscale-lakehouse spark-engine`, a Spark Connect server on a free loopback port) and `dagster dev`
+with `SPARK_REMOTE` pointing at it (webserver + daemon: the mapping's sensor, the run queue, a run worker process per
+run, which connects to the engine instead of starting a JVM); `--engine embedded` measures the fallback, where each
+run worker starts its own `local[*]` Spark. Once the
 webserver answers, the demo producer's code (`DemoProducer`, demo defaults: a segment of 40 orders per partition,
 3 partitions, every 3 s) writes segments for `--duration` seconds, recording the wall time each segment's `.index`
 (the object that completes it) landed; the table's committed offsets (`kafscale.offsets.<topic>` in the current
@@ -13,8 +16,10 @@ visible. After the producer stops, it waits up to `--drain-seconds` for the last
 
 Prints count, p50, p90 and max freshness for all measured segments and for those that landed after the first run
 finished (steady state, without the start of `dagster dev`), the sensor interval, and the runs launched with
-their launch overhead (queued → started: run queue, run worker process, code load) and duration (started → ended,
-including the Spark session each run worker starts). Every process it started is stopped on exit, Ctrl-C included.
+their launch overhead (queued → started: run queue, run worker process, code load) and duration (started → ended),
+and where a run's time goes (medians between the run's Dagster events: queue, launch, resource and step start,
+prepare = leases + discovery + planning, write + commit, checks and end). Every process it started is stopped on
+exit, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import yaml  # noqa: E402
 from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
 
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config  # noqa: E402
@@ -53,6 +59,7 @@ from kafscale_lakehouse.demo_producer import (  # noqa: E402
 )
 from kafscale_lakehouse.engine.catalog import load_catalog  # noqa: E402
 from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets  # noqa: E402
+from kafscale_lakehouse.engine.spark_engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready  # noqa: E402
 from kafscale_lakehouse.orchestration.naming import ingest_job_name  # noqa: E402
 from kafscale_lakehouse.testing.servers import free_ports  # noqa: E402
 
@@ -62,8 +69,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 WEBSERVER_TIMEOUT_SECONDS = 180
 STOP_GRACE_SECONDS = 30
-# Dagster's QueuedRunCoordinator default (the repository's dagster.yaml does not change it).
-RUN_QUEUE_DEQUEUE_SECONDS = 5
+DEFAULT_DEQUEUE_SECONDS = 5  # Dagster's QueuedRunCoordinator default
 
 RUNS_QUERY = """
 query Runs($job: String!) {
@@ -73,6 +79,25 @@ query Runs($job: String!) {
     ... on PythonError { message }
   }
 }"""
+
+
+RUN_EVENTS_QUERY = """
+query RunEvents($runId: ID!) {
+  logsForRun(runId: $runId) {
+    __typename
+    ... on EventConnection { events { __typename ... on MessageEvent { timestamp message } } }
+    ... on PythonError { message }
+  }
+}"""
+# Where a run's time goes: (label, event that starts the phase, event that ends it); `Log:<text>` is a log message.
+RUN_PHASES = (
+    ("queued (run queue, pool)", "RunEnqueuedEvent", "RunStartingEvent"),
+    ("launch (run worker process, code load)", "RunStartingEvent", "RunStartEvent"),
+    ("resources and step start", "RunStartEvent", "Log:preparing Kafka partitions"),
+    ("prepare (leases, discovery, planning)", "Log:preparing Kafka partitions", "ExecutionStepOutputEvent"),
+    ("write + commit (Spark job, Iceberg, etcd)", "ExecutionStepOutputEvent", "HandledOutputEvent"),
+    ("checks and run end", "HandledOutputEvent", "RunSuccessEvent"),
+)
 
 
 @dataclass
@@ -106,6 +131,13 @@ def start_dagster_dev(workdir: Path, env: dict[str, str], port: int) -> subproce
     return subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
                              "-m", "kafscale_lakehouse.definitions"],
                             cwd=workdir, env=env, stdout=(workdir / "dagster.log").open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_spark_engine(workdir: Path, env: dict[str, str], port: int) -> subprocess.Popen:
+    """As `make demo`: the engine command in a session of its own; it stops its Spark Connect server on Ctrl-C."""
+    return subprocess.Popen([str(BIN / "kafscale-lakehouse"), "spark-engine", "--address", f"127.0.0.1:{port}"],
+                            cwd=workdir, env=env, stdout=(workdir / "engine.log").open("wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -162,6 +194,29 @@ def job_runs(url: str, job: str) -> list[RunTimes]:
                    for run in answer["results"]), key=lambda run: run.created)
 
 
+def run_phases(url: str, runs: list[RunTimes]) -> dict[str, list[float]]:
+    """Seconds spent in each of `RUN_PHASES`, per successful run."""
+    phases: dict[str, list[float]] = {label: [] for label, _, _ in RUN_PHASES}
+    for run in runs:
+        if run.status != "SUCCESS":
+            continue
+        answer = graphql(url, RUN_EVENTS_QUERY, runId=run.run_id)["logsForRun"]
+        if answer["__typename"] != "EventConnection":
+            continue
+        first: dict[str, float] = {}
+        for event in answer["events"]:
+            if "timestamp" not in event:
+                continue
+            name = event["__typename"]
+            if name == "LogMessageEvent" and "preparing Kafka partitions" in (event.get("message") or ""):
+                name = "Log:preparing Kafka partitions"
+            first.setdefault(name, int(event["timestamp"]) / 1000)
+        for label, start, end in RUN_PHASES:
+            if start in first and end in first:
+                phases[label].append(first[end] - first[start])
+    return phases
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -215,6 +270,12 @@ def poll_visibility(config: LakehouseConfig, times: SegmentTimes) -> None:
 # ------------------------------------------------------------------------------------------------ output
 
 
+def dequeue_interval_seconds() -> int:
+    instance = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text()) or {}
+    coordinator = (instance.get("run_coordinator") or {}).get("config") or {}
+    return coordinator.get("dequeue_interval_seconds", DEFAULT_DEQUEUE_SECONDS)
+
+
 def percentile(values: list[float], fraction: float) -> float:
     """Nearest-rank percentile: the smallest value with at least `fraction` of the values at or below it."""
     ordered = sorted(values)
@@ -230,14 +291,16 @@ def print_freshness(label: str, freshness: list[float], not_visible: int) -> Non
 
 
 def print_report(args: argparse.Namespace, config: LakehouseConfig, times: SegmentTimes, runs: list[RunTimes],
-                 dagster_started: float, measuring_from: float) -> None:
+                 phases: dict[str, list[float]], dagster_started: float, measuring_from: float) -> None:
     with times.lock:
         landed, visible = dict(times.landed), dict(times.visible)
     first_ended = next((run.ended for run in runs if run.status == "SUCCESS" and run.ended), None)
+    print("Spark: " + ("the Spark engine (Spark Connect, one server for all runs)" if args.engine == "connect"
+                       else "an embedded local[*] session started by each run worker"))
     print(f"demo configuration: {args.partitions} partitions, a segment of {args.records_per_segment} orders per "
           f"partition every {args.interval_seconds:g} s; sensor minimum interval "
           f"{config.processor.poll_interval_seconds} s (processor.poll_interval_seconds); run queue dequeue interval "
-          f"{RUN_QUEUE_DEQUEUE_SECONDS} s (Dagster default); visibility polled every {args.poll_seconds:g} s")
+          f"{dequeue_interval_seconds()} s (dagster.yaml); visibility polled every {args.poll_seconds:g} s")
     print(f"dagster dev webserver up {measuring_from - dagster_started:.1f} s after start; first run finished "
           + (f"{first_ended - dagster_started:.1f} s after start" if first_ended else "never"))
     print(f"freshness (s, segment .index landed → last offset visible in {config.mappings[0].table}):")
@@ -262,6 +325,10 @@ def print_report(args: argparse.Namespace, config: LakehouseConfig, times: Segme
               f"max {max(launch):.1f} s")
         print(f"  run duration (started → ended, Spark session start included): median "
               f"{statistics.median(duration):.1f} s, max {max(duration):.1f} s")
+        print("  where a run's time goes (median s over successful runs):")
+        for label, seconds in phases.items():
+            if seconds:
+                print(f"    {label:<44} {statistics.median(seconds):6.2f}   (max {max(seconds):.2f})")
         gaps = [later.created - earlier.ended for earlier, later in zip(finished, finished[1:])
                 if later.created >= earlier.ended]
         if gaps:
@@ -281,6 +348,9 @@ def parse_args() -> argparse.Namespace:
                         help="seconds between two segments of a partition (demo default)")
     parser.add_argument("--records-per-segment", type=int, default=DEFAULT_RECORDS_PER_SEGMENT)
     parser.add_argument("--poll-seconds", type=float, default=0.5, help="how often the table's offsets are read")
+    parser.add_argument("--engine", choices=("connect", "embedded"), default="connect",
+                        help="connect: runs use one Spark engine, as `make demo` (default); embedded: each run "
+                             "starts its own local Spark (the fallback when no engine is configured)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data) and print it")
     parser.add_argument("--verbose", action="store_true", help="log at INFO level")
     args = parser.parse_args()
@@ -323,8 +393,13 @@ def benchmark(args: argparse.Namespace, workdir: Path) -> None:
     producer.produce_round(time.time_ns() // 1_000_000, int(args.interval_seconds * 1000))
 
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), CONFIG_PATH_ENV_VAR: str(workdir / "lakehouse.yaml")}
-    [port] = free_ports(1)
+    env.pop(SPARK_REMOTE_VARIABLE, None)
+    port, engine_port = free_ports(2)
     url = f"http://127.0.0.1:{port}"
+    engine = None
+    if args.engine == "connect":
+        engine = start_spark_engine(workdir, env, engine_port)
+        env[SPARK_REMOTE_VARIABLE] = f"sc://127.0.0.1:{engine_port}"
     times = SegmentTimes()
     stop_producing = threading.Event()
     producing = threading.Thread(target=produce, args=(producer, args.interval_seconds, stop_producing, times),
@@ -332,6 +407,10 @@ def benchmark(args: argparse.Namespace, workdir: Path) -> None:
     dagster_started = time.time()
     dagster_dev = start_dagster_dev(workdir, env, port)
     try:
+        if engine is not None:
+            wait_until_ready(engine, ConnectAddress("127.0.0.1", engine_port), log_path=workdir / "engine.log")
+            print(f"Spark engine up at {env[SPARK_REMOTE_VARIABLE]} {time.time() - dagster_started:.1f} s after start",
+                  flush=True)
         wait_for_webserver(url, job, dagster_dev, workdir / "dagster.log")
         measuring_from = time.time()
         print(f"dagster dev up at {url} (DAGSTER_HOME {dagster_home}); producing for {args.duration:g} s",
@@ -353,10 +432,13 @@ def benchmark(args: argparse.Namespace, workdir: Path) -> None:
             poll_visibility(config, times)
             time.sleep(args.poll_seconds)
         runs = job_runs(url, job)
+        phases = run_phases(url, runs)
     finally:
         stop_producing.set()
         stop_process_group(dagster_dev)
-    print_report(args, config, times, runs, dagster_started, measuring_from)
+        if engine is not None:
+            stop_process_group(engine)
+    print_report(args, config, times, runs, phases, dagster_started, measuring_from)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from kafscale_lakehouse.config import ConfigError
+from kafscale_lakehouse.engine.spark_engine import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
 from kafscale_lakehouse.format import (
     FOOTER_SIZE,
     CrcMismatchError,
@@ -150,7 +151,7 @@ def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool)
     config = load_config(config_path)
     # SIGTERM (Kubernetes, `kill`) unwinds like Ctrl-C, so leases are released and no run is left half-done.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    spark = get_spark_session(config.spark.master, dict(config.spark.conf))
+    spark = get_spark_session(config.spark.master, dict(config.spark.conf), remote=config.spark.remote)
     with IngestContext.from_config(config, spark) as context:
         return _ingest_loop(config, spark, context, topics=topics, once=once)
 
@@ -247,6 +248,57 @@ def run_serve_metrics_command(config_path: str | None, *, address: str | None) -
     return 0
 
 
+def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
+    """Run the Spark engine (a Spark Connect server, `spark.master` and `spark.conf` of the config) until SIGTERM or
+    Ctrl-C, or until the parent process is gone (`make demo` killed hard); runs connect to it with `SPARK_REMOTE`."""
+    from kafscale_lakehouse.config import load_config
+    from kafscale_lakehouse.engine.spark import get_spark_session, spark_settings_from_env
+    from kafscale_lakehouse.engine.spark_engine import (
+        SPARK_REMOTE_VARIABLE,
+        SparkEngineError,
+        parse_engine_address,
+        start_connect_server,
+        stop_connect_server,
+        warm_up,
+    )
+
+    try:
+        engine_address = parse_engine_address(address)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    config = load_config(config_path)
+    env_master, env_conf = spark_settings_from_env(os.environ)  # the pod's KAFSCALE_SPARK_* win, as for runs
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    parent = os.getppid()
+    try:
+        server = start_connect_server(engine_address, env_master or config.spark.master,
+                                      {**config.spark.conf, **env_conf})
+    except SparkEngineError as err:
+        raise CommandError(str(err)) from None
+    client_url = (f"sc://127.0.0.1:{engine_address.port}" if engine_address.host in ("0.0.0.0", "::")
+                  else engine_address.url)
+    os.environ.pop(SPARK_REMOTE_VARIABLE, None)  # this process is a client of its own engine only
+    try:
+        # Runs share one session of the engine: warm its Python workers now rather than in the first run.
+        try:
+            seconds = warm_up(get_spark_session(remote=client_url), os.cpu_count() or 1)
+        except Exception as err:  # noqa: BLE001 - a Spark error from the workers, named below
+            raise CommandError(f"the Spark engine on {engine_address.url} cannot run the ingestion job's Python "
+                               f"code (its workers import kafscale_lakehouse with {sys.executable}): {err}") from err
+        log.info("Spark engine serving on %s (Python workers warmed up in %.1f s); runs connect with SPARK_REMOTE=%s",
+                 engine_address.url, seconds, client_url)
+        while server.poll() is None and os.getppid() == parent:
+            time.sleep(1)
+        if server.returncode is not None:
+            log.error("the Spark engine exited with %s", server.returncode)
+            return 1
+    except (KeyboardInterrupt, SystemExit):
+        log.info("stopping the Spark engine")
+    finally:
+        stop_connect_server(server)
+    return 0
+
+
 def _exit_on_sigterm(signum, frame):  # noqa: ANN001 - signal handler signature
     raise SystemExit(128 + signum)
 
@@ -303,6 +355,16 @@ def _build_parser() -> argparse.ArgumentParser:
                                help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
     serve_metrics.add_argument("--address", default=None,
                                help="HOST:PORT or :PORT to listen on (default: $KAFSCALE_METRICS_ADDR, then :9093)")
+
+    engine = commands.add_parser(
+        "spark-engine", help="run the long-lived Spark engine (a Spark Connect server) that runs connect to "
+                             "with SPARK_REMOTE=sc://HOST:PORT, so no run starts a JVM")
+    engine.add_argument("--config", default=None,
+                        help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml); its "
+                             "spark.master and spark.conf configure the engine")
+    engine.add_argument("--address", default=os.environ.get(ENGINE_ADDRESS_VARIABLE, DEFAULT_ENGINE_ADDRESS),
+                        help=f"HOST:PORT to listen on (default: ${ENGINE_ADDRESS_VARIABLE}, then "
+                             f"{DEFAULT_ENGINE_ADDRESS}; 0.0.0.0:15002 in a pod)")
     return parser
 
 
@@ -324,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_maintain(args.config, tables=args.table, steps=args.step)
         if args.command == "serve-metrics":
             return run_serve_metrics_command(args.config, address=args.address)
+        if args.command == "spark-engine":
+            return run_spark_engine_command(args.config, address=args.address)
     except (CommandError, SegmentFormatError, StorageError, OSError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

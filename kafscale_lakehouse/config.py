@@ -336,10 +336,13 @@ class ProcessorConfig(_ConfigModel):
 
 
 class SparkConfig(_ConfigModel):
-    """Extension `spark`: the Spark master and extra session settings."""
+    """Extension `spark`: the Spark master and extra session settings, and `remote`, the long-lived Spark engine
+    (Spark Connect, `sc://host:port`) runs connect to instead of starting Spark themselves; `$SPARK_REMOTE` wins over
+    it. `master` is where the engine (`kafscale-lakehouse spark-engine`), or without `remote` the run, runs Spark."""
 
     master: str = "local[*]"
     conf: StringMap = Field(default_factory=dict)
+    remote: str | None = None
 
 
 class ColumnConfig(_ConfigModel):
@@ -772,6 +775,14 @@ def _check_rules(config: LakehouseConfig) -> list[str]:
         problem("iceberg.catalog.username", "is required when iceberg.catalog.password is set")
     if catalog.type == "sql" and config.iceberg.warehouse is None:
         problem("iceberg.warehouse", "is required for iceberg.catalog.type sql (a local directory or an object-store URI)")
+
+    if config.spark.remote is not None:
+        from kafscale_lakehouse.engine.spark_engine import parse_remote_url  # stdlib only
+
+        try:
+            parse_remote_url(config.spark.remote)
+        except ValueError as exc:
+            problems.append(str(exc))
 
     if config.schema_config.mode != "off" and config.schema_config.registry.base_url is None:
         problem("schema.registry.base_url", f"is required when schema.mode is {config.schema_config.mode}")

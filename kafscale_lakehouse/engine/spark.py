@@ -1,13 +1,23 @@
-"""The one place that builds the SparkSession, with the settings of shared/infra.md."""
+"""The one place that builds the SparkSession, with the settings of shared/infra.md: a Spark Connect client of the
+long-lived engine (`engine.spark_engine`) when one is configured, else the embedded session of `spark.master`."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
+
+from kafscale_lakehouse.engine.spark_engine import (
+    SPARK_REMOTE_VARIABLE,
+    SparkEngineError,
+    parse_remote_url,
+    port_open,
+    shared_session_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -15,6 +25,8 @@ LOOPBACK = "127.0.0.1"
 # Deployment overrides (helm-values/README.md): the run pod's variables win over the config file's `spark` section.
 SPARK_MASTER_VARIABLE = "KAFSCALE_SPARK_MASTER"
 SPARK_CONF_PREFIX = "KAFSCALE_SPARK_CONF_"
+# How long a run waits for the engine to accept connections (it may still be starting next to `dagster dev`).
+ENGINE_WAIT_SECONDS = 180
 
 
 def spark_settings_from_env(env: Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
@@ -38,19 +50,29 @@ def get_spark_session(
     master: str = "local[*]",
     conf: Mapping[str, str] | None = None,
     *,
+    remote: str | None = None,
     app_name: str = "kafscale-lakehouse",
     ui_enabled: bool = True,
 ) -> SparkSession:
     """Return the active SparkSession or build one.
 
+    With `$SPARK_REMOTE` or `remote` (`spark.remote` in the config; the variable wins) set, the session is a Spark
+    Connect client of that engine: no JVM starts here, `conf` is applied as the session's (runtime) settings and
+    `master` is the engine's business. Otherwise, the embedded session:
     Python workers run `sys.executable` (unless `PYSPARK_PYTHON` is already set), or executors would start the
     system Python without this venv's packages. A `local` master binds driver and block manager to loopback so
     nothing listens on an external interface. `conf` entries win over these defaults, and the deployment's
     environment (`spark_settings_from_env`) wins over both.
     """
     env_master, env_conf = spark_settings_from_env(os.environ)
-    master = env_master or master
     conf = {**(conf or {}), **env_conf}
+    if os.environ.get(SPARK_REMOTE_VARIABLE):
+        return _connect_session(os.environ[SPARK_REMOTE_VARIABLE], SPARK_REMOTE_VARIABLE, conf, app_name)
+    if remote:
+        return _connect_session(remote, "spark.remote", conf, app_name)
+    # Set but empty means "no engine"; pyspark's builder would still refuse a master next to it.
+    os.environ.pop(SPARK_REMOTE_VARIABLE, None)
+    master = env_master or master
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings: dict[str, str] = {"spark.ui.enabled": "true" if ui_enabled else "false"}
     if master.startswith("local"):
@@ -64,3 +86,48 @@ def get_spark_session(
     session = builder.getOrCreate()
     log.info("Spark session ready: master=%s app=%s version=%s", master, app_name, session.version)
     return session
+
+
+def _connect_session(url: str, setting: str, conf: Mapping[str, str], app_name: str) -> SparkSession:
+    """A Spark Connect session on the engine at `url` (named by `setting` in errors), once it accepts connections.
+
+    Runs join one shared session of the engine (`shared_session_url`), whose Python workers stay warm; stopping a
+    run's session does not end it for the others. Should the engine have dropped that session, the run gets a new
+    one of its own. Built with the Connect builder itself, so an embedded session in this process is left alone.
+    """
+    try:
+        address = parse_remote_url(url, setting=setting)
+    except ValueError as exc:
+        raise SparkEngineError(str(exc)) from None
+    deadline = time.monotonic() + ENGINE_WAIT_SECONDS
+    while not port_open(address):
+        if time.monotonic() > deadline:
+            raise SparkEngineError(f"{setting}: no Spark engine accepts connections at {address.url} after "
+                                   f"{ENGINE_WAIT_SECONDS} s; start one (`kafscale-lakehouse spark-engine`) or unset "
+                                   f"{setting} to run Spark embedded")
+        time.sleep(0.5)
+    try:
+        try:
+            session, version = _open_connect_session(shared_session_url(url), conf, app_name)
+        except Exception as exc:
+            if "SESSION_CLOSED" not in str(exc):
+                raise
+            log.warning("the Spark engine at %s dropped the runs' shared session; this run uses a new one (its Python "
+                        "workers start cold)", address.url)
+            session, version = _open_connect_session(url, conf, app_name)
+    except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors alike
+        raise SparkEngineError(f"{setting}: the Spark engine at {address.url} does not answer: {exc}") from exc
+    log.info("Spark session ready: engine %s (Spark Connect, from %s) app=%s version=%s", address.url, setting,
+             app_name, version)
+    return session
+
+
+def _open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tuple[SparkSession, str]:
+    from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
+
+    builder = ConnectSparkSession.builder.remote(url).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.create()  # not getOrCreate: that would hand back a session that just failed
+    session.release_session_on_close = False  # other runs share it
+    return session, session.version  # the first round trip: fails here if the engine cannot serve

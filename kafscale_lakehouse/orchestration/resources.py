@@ -88,11 +88,13 @@ class _SecretsHiddenInRepr:
 
 class SparkResource(PySparkResource):
     """The Spark session of `spark.*` through dagster-pyspark, built by `engine.spark.get_spark_session` (loopback
-    binding for local masters, the venv's Python for workers, `KAFSCALE_SPARK_*` deployment overrides). Created on
-    first use, so steps that never touch Spark do not pay its start-up."""
+    binding for local masters, the venv's Python for workers, `KAFSCALE_SPARK_*` deployment overrides): a client of
+    the Spark engine at `remote` (or `$SPARK_REMOTE`) when set, else embedded. Created on first use, so steps that
+    never touch Spark do not pay its start-up."""
 
     master: str = "local[*]"
     spark_config: dict[str, Any] = {}
+    remote: str | None = None
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         # Deliberately lazy: see `spark_session`.
@@ -101,7 +103,8 @@ class SparkResource(PySparkResource):
     @property
     def spark_session(self) -> SparkSession:
         if self._spark_session is None:
-            self._spark_session = get_spark_session(self.master, {k: str(v) for k, v in self.spark_config.items()})
+            self._spark_session = get_spark_session(self.master, {k: str(v) for k, v in self.spark_config.items()},
+                                                    remote=self.remote)
         return self._spark_session
 
 
@@ -227,7 +230,8 @@ class OffsetStoreResource(_ConnectionResource):
 def lakehouse_resources(config: LakehouseConfig) -> dict[str, dg.ConfigurableResource]:
     """The resources of a config under their keys (`SPARK_RESOURCE_KEY`, ...), secrets as `EnvVar` references."""
     return {
-        SPARK_RESOURCE_KEY: SparkResource(master=config.spark.master, spark_config=dict(config.spark.conf)),
+        SPARK_RESOURCE_KEY: SparkResource(master=config.spark.master, spark_config=dict(config.spark.conf),
+                                           remote=config.spark.remote),
         SEGMENT_STORE_RESOURCE_KEY: SegmentStoreResource.of(config),
         CATALOG_RESOURCE_KEY: IcebergCatalogResource.of(config),
         OFFSET_STORE_RESOURCE_KEY: OffsetStoreResource.of(config),

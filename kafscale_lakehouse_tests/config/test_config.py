@@ -174,6 +174,7 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
         (lambda t: t.replace("iceberg:", "iceberg:\n  warehouse: file://var/w").replace("type: rest", "type: sql"), "iceberg.warehouse: 'file://var/w' is not an absolute file URI"),
         (lambda t: t.replace("  bucket: kafscale-data", "  bucket: kafscale-data\n  bucket: other"), "not valid YAML: found duplicate key 'bucket' at line 4"),
         (lambda t: t + "spark:\n  conf:\n    spark.x: [1]\n", "spark.conf.spark.x: expected a string, got a list"),
+        (lambda t: t + "spark:\n  remote: http://engine:15002\n", "spark.remote: 'http://engine:15002' is not a Spark Connect URL"),
     ],
 )
 def test_each_problem_names_its_key(tmp_path, change, expected):

@@ -19,6 +19,12 @@ from dagster_k8s import K8sRunLauncher
 from kafscale_lakehouse.config import load_config
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.spark import spark_settings_from_env
+from kafscale_lakehouse.engine.spark_engine import (
+    ENGINE_ADDRESS_VARIABLE,
+    SPARK_REMOTE_VARIABLE,
+    parse_engine_address,
+    parse_remote_url,
+)
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.deploy.conftest import RELEASE, VALUES_DIR, size_values
 from kafscale_lakehouse_tests.deploy.helm_chart import SUBCHART_KEY, load_values, render_instance_config
@@ -180,14 +186,60 @@ def test_run_pod_variables_refer_only_to_variables_defined_before_them(run_job):
         defined.add(entry["name"])
 
 
-def test_small_runs_spark_in_local_mode_inside_the_run_pod(tmp_path):
-    job = launch_run("small", tmp_path)
-    master, settings = spark_settings_from_env(plain_env(run_container(job)))
+def engine_manifest() -> dict[str, dict]:
+    """manifests/spark-engine.yaml by kind."""
+    documents = yaml.safe_load_all((VALUES_DIR / "manifests" / "spark-engine.yaml").read_text(encoding="utf-8"))
+    return {document["kind"]: document for document in documents}
 
-    requested_cores = int(run_container(job)["resources"]["requests"]["cpu"])
-    assert master == f"local[{requested_cores}]"
-    assert not [key for key in settings if key.startswith("spark.kubernetes.")]
-    assert settings["spark.driver.memory"] == "3g"
+
+def test_small_run_pods_connect_to_the_spark_engine_and_start_no_spark(tmp_path):
+    job = launch_run("small", tmp_path)
+    container = run_container(job)
+    env = plain_env(container)
+    master, settings = spark_settings_from_env(env)
+    manifest = engine_manifest()
+    service = manifest["Service"]
+    address = parse_remote_url(env[SPARK_REMOTE_VARIABLE], setting=SPARK_REMOTE_VARIABLE)
+
+    # The run's session is a client of the engine's Service (same namespace), on the port the engine listens on.
+    assert address.host == service["metadata"]["name"]
+    [port] = service["spec"]["ports"]
+    assert address.port == port["port"]
+    engine_pod = manifest["Deployment"]["spec"]["template"]
+    assert service["spec"]["selector"].items() <= engine_pod["metadata"]["labels"].items()
+    [engine] = engine_pod["spec"]["containers"]
+    engine_env = plain_env(engine)
+    listen = parse_engine_address(engine_env[ENGINE_ADDRESS_VARIABLE])
+    assert listen.host == "0.0.0.0" and listen.port == next(
+        p["containerPort"] for p in engine["ports"] if p["name"] == port["targetPort"])
+    # No Spark in the run pod: no master, no Spark settings, and far less than the engine's memory.
+    assert master is None and settings == {}
+    assert container["resources"]["limits"]["memory"] == "1Gi"
+    engine_master, engine_settings = spark_settings_from_env(engine_env)
+    requested_cores = int(engine["resources"]["requests"]["cpu"])
+    assert engine_master == f"local[{requested_cores}]" and engine_settings["spark.driver.memory"] == "3g"
+    # Only the run pods may reach it: the NetworkPolicy admits exactly the labels the launcher gives them.
+    policy = manifest["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= engine_pod["metadata"]["labels"].items()
+    [rule] = policy["ingress"]
+    [source] = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    assert [p["port"] for p in rule["ports"]] == [listen.port]
+
+
+def test_the_engine_runs_the_code_location_image_with_its_config_and_credentials(dockerfile):
+    [engine] = engine_manifest()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    pod = engine_manifest()["Deployment"]["spec"]["template"]["spec"]
+
+    # Its Python workers import the project: the same image as the code location and the runs.
+    assert engine["image"] == image_of(code_location(size_values("small")))
+    assert engine["args"] == ["kafscale-lakehouse", "spark-engine"]
+    assert {"secretRef": {"name": CREDENTIALS_SECRET}} in engine["envFrom"]
+    config_path = PurePosixPath(dockerfile.env()["KAFSCALE_LAKEHOUSE_CONFIG"])
+    volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == CONFIG_MAP)
+    mount = next(m for m in engine["volumeMounts"] if m["name"] == volume["name"])
+    assert PurePosixPath(mount["mountPath"]) == config_path.parent
+    assert pod["securityContext"]["runAsNonRoot"] is True
 
 
 def test_large_runs_spark_executors_on_kubernetes_from_the_same_image(tmp_path, install_guide):

@@ -1,0 +1,231 @@
+"""The long-lived Spark engine: one Spark Connect server that every run connects to, so a run starts no JVM.
+
+A Dagster run is a new process; with an embedded `local[*]` session each run would start a JVM and its Python
+workers (5-15 s on 2 cores). A Spark Connect server (shipped with pyspark) keeps the JVM and warm Python workers
+between runs; a run's session is a gRPC client (`SparkSession.builder.remote("sc://host:port")`, well under a
+second) and its `mapInArrow` tasks run on the server's Python workers, which import this project: the server must
+run this project's Python (`PYSPARK_PYTHON`), i.e. the same venv or image as the runs.
+
+Where runs find it: `SPARK_REMOTE` (pyspark's own variable, for deployments) or `spark.remote` in the config;
+without either, `engine.spark.get_spark_session` builds the embedded session from `spark.master`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
+
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+# pyspark's own variable: its builder refuses a master when it is set, so it selects the engine for every session.
+SPARK_REMOTE_VARIABLE = "SPARK_REMOTE"
+DEFAULT_CONNECT_PORT = 15002  # Spark Connect's default
+DEFAULT_ENGINE_ADDRESS = f"127.0.0.1:{DEFAULT_CONNECT_PORT}"
+ENGINE_ADDRESS_VARIABLE = "KAFSCALE_SPARK_ENGINE_ADDR"  # `spark-engine --address` default (the engine's pod)
+# Every run joins this one session of the engine (a fixed id in the connection string). Spark keeps Python workers
+# per session, so with a session per run each run would wait for a new Python daemon and its imports (15-20 s on a
+# busy 2-core machine, measured); with one shared session they stay warm (about 1-2 s per job).
+SHARED_SESSION_ID = "6f1c1d43-2b4e-4f7a-9c55-3a8e0d1b7c26"
+# The engine keeps that session while idle (Spark Connect's default drops it after an hour, and a dropped id
+# cannot be used again).
+SHARED_SESSION_TIMEOUT = "3650d"
+READY_TIMEOUT_SECONDS = 300  # a busy 2-core machine took 147 s
+STOP_GRACE_SECONDS = 20
+
+
+class SparkEngineError(RuntimeError):
+    """The Spark engine cannot be started or reached; the message names the address or setting at fault."""
+
+
+@dataclass(frozen=True)
+class ConnectAddress:
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"sc://{self.host}:{self.port}"
+
+
+def parse_remote_url(url: str, *, setting: str = "spark.remote") -> ConnectAddress:
+    """`sc://host[:port][/;param=value...]` (pyspark's connection string) -> address."""
+    parts = urlsplit(url.strip())
+    if parts.scheme != "sc" or not parts.hostname or not (parts.path in ("", "/") or parts.path.startswith("/;")):
+        raise ValueError(f"{setting}: {url!r} is not a Spark Connect URL sc://<host>:<port>")
+    try:
+        port = parts.port or DEFAULT_CONNECT_PORT
+    except ValueError:
+        raise ValueError(f"{setting}: {url!r} has an invalid port") from None
+    return ConnectAddress(parts.hostname, port)
+
+
+def shared_session_url(url: str) -> str:
+    """`url` joining the runs' shared session (`SHARED_SESSION_ID`) unless it names a session itself."""
+    url = url.strip()
+    if ";session_id=" in url:
+        return url
+    base, _, params = url.partition("/;")
+    return f"{base.rstrip('/')}/;" + ";".join(p for p in (params, f"session_id={SHARED_SESSION_ID}") if p)
+
+
+def parse_engine_address(address: str) -> ConnectAddress:
+    """`HOST:PORT` the engine listens on (`0.0.0.0:15002` in a pod, `127.0.0.1:15002` on a workstation)."""
+    host, separator, port = address.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--address: {address!r} is not HOST:PORT")
+    return ConnectAddress(host, int(port))
+
+
+def spark_home() -> Path:
+    """The pyspark package directory: it holds `bin/spark-submit` and the jars (no separate Spark install)."""
+    import pyspark
+
+    return Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+
+
+def connect_server_command(address: ConnectAddress, master: str, conf: Mapping[str, str], *,
+                           ui_enabled: bool = True) -> list[str]:
+    """The `spark-submit` command line of a Spark Connect server on `address` running Spark on `master`."""
+    settings = {"spark.ui.enabled": "true" if ui_enabled else "false",
+                "spark.connect.session.manager.defaultSessionTimeout": SHARED_SESSION_TIMEOUT, **conf,
+                "spark.connect.grpc.binding.address": address.host,
+                "spark.connect.grpc.binding.port": str(address.port)}
+    if _is_loopback(address.host):
+        settings.setdefault("spark.driver.bindAddress", address.host)
+        settings.setdefault("spark.driver.host", address.host)
+    command = [str(spark_home() / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS, "--master", master,
+               "--name", "kafscale-lakehouse-engine"]
+    for key, value in settings.items():
+        command += ["--conf", f"{key}={value}"]
+    return [*command, "spark-internal"]
+
+
+def connect_server_env(environ: Mapping[str, str], address: ConnectAddress) -> dict[str, str]:
+    """The server's environment: this Python for its workers (they import the project), loopback when bound there,
+    and no Connect client settings (the server is not a client of itself)."""
+    env = {name: value for name, value in environ.items()
+           if name not in (SPARK_REMOTE_VARIABLE, "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    if _is_loopback(address.host):
+        env.setdefault("SPARK_LOCAL_IP", address.host)
+    return env
+
+
+def start_connect_server(address: ConnectAddress, master: str = "local[*]", conf: Mapping[str, str] | None = None,
+                         *, log_path: Path | None = None, ui_enabled: bool = True,
+                         environ: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """Start the server in a process group of its own (so `stop_connect_server` also stops its Python workers)
+    and return once it accepts connections; raises `SparkEngineError` with its log tail when it does not."""
+    if port_open(address):
+        raise SparkEngineError(f"{address.host}:{address.port} is already in use: is a Spark engine already running? "
+                               f"(runs connect to it with SPARK_REMOTE={address.url})")
+    command = connect_server_command(address, master, conf or {}, ui_enabled=ui_enabled)
+    output = log_path.open("ab") if log_path is not None else None
+    log.info("starting the Spark engine (Spark Connect) on %s, master %s", address.url, master)
+    process = subprocess.Popen(command, env=connect_server_env(os.environ if environ is None else environ, address),
+                               stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT if output else None,
+                               start_new_session=True, preexec_fn=_die_with_parent)
+    if output is not None:
+        output.close()  # the child has its own descriptor
+    try:
+        wait_until_ready(process, address, log_path=log_path)
+    except BaseException:
+        stop_connect_server(process)
+        raise
+    return process
+
+
+def wait_until_ready(process: subprocess.Popen, address: ConnectAddress, *, timeout: float = READY_TIMEOUT_SECONDS,
+                     log_path: Path | None = None) -> None:
+    """Until the gRPC port accepts connections (it opens once the server's SparkContext is up)."""
+    started = time.monotonic()
+    while not port_open(address):
+        if process.poll() is not None:
+            raise SparkEngineError(f"the Spark engine on {address.url} exited with {process.returncode}"
+                                   + _log_tail(log_path))
+        if time.monotonic() - started > timeout:
+            raise SparkEngineError(f"the Spark engine on {address.url} is not accepting connections after "
+                                   f"{timeout:.0f} s" + _log_tail(log_path))
+        time.sleep(0.25)
+    log.info("Spark engine ready on %s after %.1f s", address.url, time.monotonic() - started)
+
+
+def stop_connect_server(process: subprocess.Popen, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM to the server's process group (JVM and Python workers), SIGKILL after `grace_seconds`."""
+    for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # Python workers outlive the JVM briefly; the group is gone once they noticed.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+
+
+def warm_up(session, tasks: int) -> float:  # noqa: ANN001 - a Spark Connect session (pyspark is imported lazily)
+    """Start the shared session's Python workers and import the ingestion job's modules in them, so the first run
+    does not wait for that (the slowest part of a cold engine: 40-70 s on a busy 2-core machine); returns seconds."""
+    started = time.monotonic()
+    session.range(0, tasks, 1, numPartitions=tasks).mapInArrow(_import_ingest_job, "ready boolean").collect()
+    return time.monotonic() - started
+
+
+def _import_ingest_job(batches):  # noqa: ANN001, ANN202 - runs in the engine's Python workers
+    import pyarrow as pa
+
+    import kafscale_lakehouse.engine.ingest_job  # noqa: F401 - pyiceberg, pyarrow, the decoder, the sink
+
+    for batch in batches:
+        yield pa.RecordBatch.from_pydict({"ready": [True] * batch.num_rows})
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies, even by SIGKILL, so no engine
+    is left holding its port (Linux; `spark-submit` execs the JVM, which keeps this setting)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def port_open(address: ConnectAddress) -> bool:
+    host = "127.0.0.1" if address.host in ("0.0.0.0", "::") else address.host
+    try:
+        with socket.create_connection((host, address.port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _log_tail(log_path: Path | None, lines: int = 30) -> str:
+    if log_path is None:
+        return ""
+    try:
+        return "; log:\n" + "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

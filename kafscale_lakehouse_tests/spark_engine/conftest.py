@@ -1,0 +1,23 @@
+"""A real Spark engine (Spark Connect server) for the test run: loopback, a free port, stopped at the end."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kafscale_lakehouse.engine.spark_engine import ConnectAddress, start_connect_server, stop_connect_server
+from kafscale_lakehouse.testing.servers import free_ports
+
+
+@pytest.fixture(scope="session")
+def spark_engine(tmp_path_factory) -> ConnectAddress:
+    [port] = free_ports(1)
+    address = ConnectAddress("127.0.0.1", port)
+    log_path = tmp_path_factory.mktemp("spark-engine") / "engine.log"
+    server = start_connect_server(address, "local[2]", {"spark.sql.shuffle.partitions": "2"}, ui_enabled=False,
+                                  log_path=log_path)
+    yield address
+    stop_connect_server(server)
+    with pytest.raises(ProcessLookupError):  # JVM and Python workers are gone, nothing left listening
+        os.killpg(server.pid, 0)
