@@ -158,6 +158,7 @@ class IcebergCatalogResource(_SecretsHiddenInRepr, dg.ConfigurableResource):
     s3_secret_access_key: str | None = None
     s3_sse_type: str | None = None
     s3_sse_kms_key_id: str | None = None
+    properties: dict[str, str] = {}  # iceberg.catalog.properties, passed to pyiceberg as they are
 
     def settings(self) -> CatalogSettings:
         return CatalogSettings(
@@ -165,7 +166,7 @@ class IcebergCatalogResource(_SecretsHiddenInRepr, dg.ConfigurableResource):
             username=self.username, password=self.password, s3_endpoint=self.s3_endpoint, s3_region=self.s3_region,
             s3_path_style=self.s3_path_style, s3_access_key_id=self.s3_access_key_id,
             s3_secret_access_key=self.s3_secret_access_key, s3_sse_type=self.s3_sse_type,
-            s3_sse_kms_key_id=self.s3_sse_kms_key_id)
+            s3_sse_kms_key_id=self.s3_sse_kms_key_id, extra_properties=dict(self.properties))
 
     def load_table(self, identifier: str) -> Table:
         """The table as the catalog has it now; `engine.catalog.TableNotFoundError` names it when it is missing."""
@@ -246,7 +247,8 @@ def lakehouse_resources(config: LakehouseConfig) -> dict[str, dg.ConfigurableRes
         s3_secret_access_key=secret_reference(
             "iceberg.s3.secret_access_key" if config.iceberg.s3 is not None else "s3.secret_access_key",
             settings.s3_secret_access_key),
-        s3_sse_type=settings.s3_sse_type, s3_sse_kms_key_id=settings.s3_sse_kms_key_id)
+        s3_sse_type=settings.s3_sse_type, s3_sse_kms_key_id=settings.s3_sse_kms_key_id,
+        properties=dict(settings.extra_properties))
     offsets, etcd = config.offsets, config.etcd
     tls = etcd.tls
     offset_store = OffsetStoreResource(
