@@ -2,8 +2,7 @@
 append, overwrite, partition-scoped overwrite, two partitions at once, schema growth, an incompatible change, Arrow
 tables; and `load_input` with projection, a time-window filter and snapshot pinning."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Dagster reads the context parameter annotations at runtime.
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 
@@ -102,7 +101,7 @@ def test_schema_grows_by_name_and_an_incompatible_change_names_the_column(resour
     result = dg.materialize([evolving], resources=resources)
     assert result.success
     table = _table(resources, f"{namespace}.evolving")
-    assert table.schema().column_names == ("order_id", "store_id", "sauce", "order_date", "quantity", "crust")
+    assert list(table.schema().column_names) == ["order_id", "store_id", "sauce", "order_date", "quantity", "crust"]
     assert _materialization(result, evolving.key)["columns_added"].value == ["crust"]
     assert set(table.scan().to_arrow()["crust"].to_pylist()) == {"thin"}
 
