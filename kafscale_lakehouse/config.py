@@ -264,6 +264,8 @@ class CatalogConfig(_ConfigModel):
     username: str | None = None
     password: SecretStr | None = None
     credential: SecretStr | None = None  # extension: OAuth2 client credential `id:secret`
+    # extension: passed to pyiceberg's catalog as they are (SigV4 `rest.sigv4-enabled`, OAuth `scope`, `header.*`)
+    properties: StringMap = Field(default_factory=dict)
 
 
 class IcebergConfig(_ConfigModel):
@@ -442,6 +444,11 @@ class MappingConfig(_ConfigModel):
     allow_gaps: bool | None = None  # extension; resolved to processor.allow_gaps when not set
     freshness_max_lag_records: PositiveInt = 10_000  # extension: the freshness check warns above this lag
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)  # extension
+    # extension: the table's Dagster FreshnessPolicy fails when no commit landed for this long (ingestion stalled)
+    freshness_fail_window_seconds: PositiveInt = 3600
+    freshness_warn_window_seconds: PositiveInt | None = None
+    owners: list[str] = Field(default_factory=list)  # extension: Dagster asset owners (emails or team:name)
+    tags: StringMap = Field(default_factory=dict)  # extension: Dagster asset tags
 
     @property
     def columns(self) -> list[ColumnConfig]:

@@ -134,6 +134,7 @@ def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
             s3_endpoint=s3.endpoint, s3_region=s3.region, s3_path_style=s3.path_style if s3.endpoint else None,
             s3_access_key_id=s3.access_key_id, s3_secret_access_key=_secret(s3.secret_access_key),
             s3_sse_type=s3.sse.type if s3.sse else None, s3_sse_kms_key_id=s3.sse.kms_key_id if s3.sse else None,
+            extra_properties=dict(catalog.properties),
         )
 
 

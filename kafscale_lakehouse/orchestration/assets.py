@@ -7,6 +7,8 @@ one run (`BackfillPolicy.single_run`) and one Iceberg commit; the table's pool s
 """
 
 # No `from __future__ import annotations`: Dagster reads the context and resource parameter annotations at runtime.
+from datetime import timedelta
+
 import dagster as dg
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
@@ -14,6 +16,7 @@ from kafscale_lakehouse.engine.ingest import PreparedIngest, prepare_ingest
 from kafscale_lakehouse.engine.topic_scan import TopicScan, WatchSources, scan_topic
 from kafscale_lakehouse.offsets.ranges import parse_ranges
 from kafscale_lakehouse.orchestration.naming import (
+    dagster_name_part,
     kafka_partition_id,
     pool_name,
     table_asset_key,
@@ -43,23 +46,32 @@ def scan_topic_now(config: LakehouseConfig, topic: str, segment_store: SegmentSt
     return scan_topic(sources, topic)
 
 
-def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.SourceAsset:
-    """`kafscale/<topic>`: observed with the broker watermark, the completed segments and the lag per partition."""
+def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.AssetsDefinition:
+    """`kafscale/<topic>`: an observable external asset (an `AssetSpec`), observed with the broker watermark, the
+    completed segments and the lag per partition."""
     topic = mapping.topic
-
-    @dg.observable_source_asset(
-        key=topic_asset_key(topic),
-        group_name=ASSET_GROUP,
+    key = topic_asset_key(topic)
+    spec = dg.AssetSpec(
+        key=key, group_name=ASSET_GROUP, owners=list(mapping.owners), tags=dict(mapping.tags), kinds={"kafka"},
         description=f"KafScale topic {topic!r}: completed segments in the segment store, broker watermarks in etcd.",
-        metadata={"kafscale/topic": topic},
-    )
-    def observe_topic(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource) -> dg.ObserveResult:
+        metadata={"kafscale/topic": topic})
+
+    @dg.multi_observable_source_asset(name=f"observe_{dagster_name_part(topic)}", specs=[spec])
+    def observe_topic(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource):
         scan = scan_topic_now(config, topic, segment_store, offset_store)
         ends = ",".join(f"{p}:{s.log_end}:{s.segments_end}" for p, s in sorted(scan.partitions.items()))
         metadata = topic_observation_metadata(scan) if scan.partitions else {"partitions": 0}
-        return dg.ObserveResult(metadata=metadata, data_version=dg.DataVersion(ends or "empty"))
+        yield dg.ObserveResult(asset_key=key, metadata=metadata, data_version=dg.DataVersion(ends or "empty"))
 
     return observe_topic
+
+
+def table_freshness_policy(mapping: MappingConfig) -> dg.FreshnessPolicy:
+    """Fails when no commit landed in `freshness_fail_window_seconds` (Dagster evaluates it whether runs happen or
+    not, so a stalled sensor or failing runs show); warns after `freshness_warn_window_seconds` when set."""
+    warn = mapping.freshness_warn_window_seconds
+    return dg.FreshnessPolicy.time_window(fail_window=timedelta(seconds=mapping.freshness_fail_window_seconds),
+                                          warn_window=timedelta(seconds=warn) if warn is not None else None)
 
 
 def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.AssetsDefinition:
@@ -75,6 +87,9 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
         io_manager_key=ICEBERG_IO_MANAGER_KEY,
         group_name=ASSET_GROUP,
         kinds={"iceberg", "pyspark"},
+        owners=list(mapping.owners),
+        tags=dict(mapping.tags),
+        freshness_policy=table_freshness_policy(mapping),
         description=f"Iceberg table {table}, landed from KafScale topic {topic!r}; partitions are Kafka partition ids.",
         metadata={"dagster/table_name": table, "kafscale/topic": topic},
     )

@@ -200,7 +200,7 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
         return evaluate_schema_valid(_run_materialization_metadata(context, asset_key),
                                      config.schema_config.mode)
 
-    @dg.asset_check(asset=asset_key, name=RECORD_ID_UNIQUE,
+    @dg.asset_check(asset=asset_key, name=RECORD_ID_UNIQUE, blocking=True,
                     description="No record_id twice in the offset ranges the run committed (pruned by offset stats).")
     def record_id_unique(context: dg.AssetCheckExecutionContext,
                          iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
@@ -208,7 +208,7 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
         return no_table if table is None else evaluate_record_id_unique(
             table, topic, _run_materialization_metadata(context, asset_key))
 
-    @dg.asset_check(asset=asset_key, name=OFFSETS_CONTIGUOUS,
+    @dg.asset_check(asset=asset_key, name=OFFSETS_CONTIGUOUS, blocking=True,
                     description="Committed offsets only move forward, no rows beyond them; skipped gaps reported.")
     def offsets_contiguous(iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
         table = _table_or_none(iceberg_catalog, table_name)

@@ -1,0 +1,320 @@
+"""Write a Spark DataFrame (or an Arrow table) to an Iceberg table: the general write path of downstream assets.
+
+    result = write_dataframe(catalog, df, TableWrite("rpc.sauce_daily", mode="overwrite", run_id=run_id,
+                                                     replace_filter=window_filter))
+
+The DataFrame is written by one Spark job (`mapInArrow`) whose tasks write Parquet data files on the executors with
+the ingestion's rolling writer (`iceberg_sink.write_batches_as_data_files`) and return only the `DataFile`s; the
+driver then makes ONE catalog commit: an append, or a delete of the replaced rows (`replace_filter`, all rows when
+None) and the append in one transaction. A table is created on first write from the data's schema (with the given
+partition spec); columns the data adds are added by name, a column may widen (int → long, float → double); any other
+difference is a `TableWriteSchemaError` naming the column. A commit that loses to a concurrent one (another partition
+of the same asset) is retried on the refreshed table with the same data files, so both land.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema, promote
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.types import IcebergType, PrimitiveType
+from pyspark import TaskContext
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from kafscale_lakehouse.engine.catalog import (
+    PartitionFieldSpec,
+    build_partition_spec,
+    catalog_endpoint,
+    catalog_errors,
+)
+from kafscale_lakehouse.engine.iceberg_sink import (
+    DEFAULT_TARGET_FILE_SIZE_BYTES,
+    SinkJob,
+    delete_data_files,
+    root_cause,
+    write_batches_as_data_files,
+)
+from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
+
+log = logging.getLogger(__name__)
+
+WriteMode = Literal["append", "overwrite"]
+WRITE_MODES: tuple[str, ...] = ("append", "overwrite")
+DEFAULT_COMMIT_ATTEMPTS = 10
+_RETRY_WAIT_SECONDS = 0.2
+_OUTPUT_SCHEMA = "data_files binary"
+
+
+class TableWriteError(RuntimeError):
+    """Writing to a table failed; the message names the table."""
+
+
+class TableWriteSchemaError(TableWriteError):
+    """The data does not fit the table (a column changed type, a required column is missing); names the column."""
+
+
+@dataclass(frozen=True)
+class TableWrite:
+    """What to write where. `replace_filter` (overwrite only): the rows replaced; None replaces the whole table.
+    `snapshot_properties` go into both snapshots of the commit (they name the Dagster run and partition)."""
+
+    identifier: str
+    run_id: str
+    mode: WriteMode = "overwrite"
+    replace_filter: BooleanExpression | None = None
+    partition_fields: Sequence[PartitionFieldSpec] = ()
+    table_properties: Mapping[str, str] = field(default_factory=dict)
+    snapshot_properties: Mapping[str, str] = field(default_factory=dict)
+    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES
+    commit_attempts: int = DEFAULT_COMMIT_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        if self.mode not in WRITE_MODES:
+            raise ValueError(f"table {self.identifier}: write mode {self.mode!r} is not one of {WRITE_MODES}")
+        if self.mode == "append" and self.replace_filter is not None:
+            raise ValueError(f"table {self.identifier}: an append replaces no rows (replace_filter is for overwrite)")
+
+
+@dataclass(frozen=True)
+class TableWriteResult:
+    identifier: str
+    snapshot_id: int | None  # None: nothing committed (an empty append)
+    rows_written: int
+    data_files: int
+    table_rows: int | None  # the table's `total-records` after the commit
+    location: str
+    schema: Schema
+    created: bool
+    columns_added: tuple[str, ...]
+    attempts: int
+
+
+def write_dataframe(catalog: Catalog, df: DataFrame, write: TableWrite) -> TableWriteResult:
+    """Write `df` on the executors, then commit once (see the module docstring)."""
+    arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
+    table, created, added = prepare_table(catalog, write, arrow_schema)
+    sink = SinkJob.for_table(table, write.run_id, write.target_file_size_bytes)
+    try:
+        rows = df.mapInArrow(_WriteTask(sink), _OUTPUT_SCHEMA).collect()
+    except Exception as exc:
+        # A failed task deleted its own files; those of finished tasks lie in the run's own directory.
+        remove_run_files(table, run_table(table, write.run_id).data_dir)
+        raise TableWriteError(f"writing data files for table {write.identifier} (run {write.run_id}) failed: "
+                              f"{root_cause(exc)}") from exc
+    data_files = [f for row in rows for f in pickle.loads(row.data_files)]
+    return commit_files(table, data_files, write, created=created, added=added)
+
+
+def write_arrow(catalog: Catalog, data: pa.Table, write: TableWrite) -> TableWriteResult:
+    """Write an Arrow table from this process (it is already in memory here), then commit once."""
+    table, created, added = prepare_table(catalog, write, data.schema)
+    sink = SinkJob.for_table(table, write.run_id, write.target_file_size_bytes)
+    data_files = write_batches_as_data_files(sink, data.to_batches(), 0)
+    return commit_files(table, data_files, write, created=created, added=added)
+
+
+@dataclass(frozen=True)
+class _WriteTask:
+    """One Spark task: its Arrow batches become data files; it returns them pickled (nothing is committed)."""
+
+    sink: SinkJob
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task_id = TaskContext.get().partitionId()
+        files = write_batches_as_data_files(self.sink, batches, task_id)
+        yield pa.RecordBatch.from_pydict({"data_files": [pickle.dumps(files, pickle.HIGHEST_PROTOCOL)]})
+
+
+# ------------------------------------------------------------------------------------------------ schema
+
+
+def iceberg_schema_of(arrow_schema: pa.Schema) -> Schema:
+    """The Iceberg schema of Arrow data, with fresh field ids (nullable fields become optional columns)."""
+    return Catalog._convert_schema_if_needed(arrow_schema)  # noqa: SLF001 - pyiceberg's own conversion, pinned
+
+
+def prepare_table(catalog: Catalog, write: TableWrite, arrow_schema: pa.Schema) -> tuple[Table, bool, tuple[str, ...]]:
+    """The table, created from `arrow_schema` when missing, its schema grown to hold every column of the data.
+
+    Returns (table, created, columns added). Raises `TableWriteSchemaError` naming the column that does not fit."""
+    incoming = iceberg_schema_of(arrow_schema)
+    endpoint = catalog_endpoint(catalog)
+    namespace = Catalog.namespace_from(write.identifier)
+    if not namespace:
+        raise TableWriteError(f"table identifier {write.identifier!r} needs a namespace (e.g. 'rpc.sauce_daily')")
+    created = False
+    with catalog_errors(endpoint):
+        try:
+            table = catalog.load_table(write.identifier)
+        except (NoSuchTableError, NoSuchNamespaceError):
+            spec = build_partition_spec(write.identifier, incoming, write.partition_fields)
+            catalog.create_namespace_if_not_exists(namespace)
+            # If a concurrent writer created it first, this loads theirs and the checks below apply to it.
+            table = catalog.create_table_if_not_exists(
+                write.identifier, incoming, partition_spec=spec,
+                properties={**write.table_properties, TableProperties.WRITE_FILE_FORMAT: "parquet"})
+            created = True
+            log.info("table %s ready at %s (%d columns, partition spec %s)", write.identifier, table.location(),
+                     len(table.schema().fields), table.spec())
+    for attempt in range(write.commit_attempts):
+        additions, widenings = schema_changes(write.identifier, table.schema(), incoming)
+        if not additions and not widenings:
+            return table, created, ()
+        try:
+            with catalog_errors(endpoint), table.update_schema() as update:
+                for name, field_type in additions:
+                    update.add_column(name, field_type)
+                for name, field_type in widenings:
+                    update.update_column(name, field_type=field_type)
+        except CommitFailedException:
+            # A concurrent writer changed the table (maybe the same columns): look again.
+            time.sleep(_RETRY_WAIT_SECONDS * (attempt + 1))
+            table.refresh()
+            continue
+        added = tuple(name for name, _ in additions)
+        log.info("table %s: added columns %s, widened %s", write.identifier, list(added),
+                 [f"{n} to {t}" for n, t in widenings])
+        return table, created, added
+    raise TableWriteError(f"table {write.identifier}: schema update lost to concurrent updates "
+                          f"{write.commit_attempts} times")
+
+
+def schema_changes(identifier: str, table_schema: Schema, incoming: Schema
+                   ) -> tuple[list[tuple[str, IcebergType]], list[tuple[str, PrimitiveType]]]:
+    """(columns to add, columns to widen) for data of schema `incoming`, matched by name.
+
+    A column of the table that the data lacks is fine when optional (written as null) and an error when required; a
+    column whose type differs must be the same or a promotion either way (int → long, float → double, ...)."""
+    additions: list[tuple[str, IcebergType]] = []
+    widenings: list[tuple[str, PrimitiveType]] = []
+    existing = {f.name: f for f in table_schema.fields}
+    for field_ in incoming.fields:
+        current = existing.get(field_.name)
+        if current is None:
+            additions.append((field_.name, field_.field_type))
+            continue
+        if _same_type(current.field_type, field_.field_type):
+            continue
+        if _promotes(field_.field_type, current.field_type):
+            continue  # narrower data: the writer casts it to the table's type
+        if _promotes(current.field_type, field_.field_type) and isinstance(field_.field_type, PrimitiveType):
+            widenings.append((field_.name, field_.field_type))
+            continue
+        raise TableWriteSchemaError(
+            f"table {identifier}: column {field_.name!r} is {current.field_type} in the table but "
+            f"{field_.field_type} in the data; only widening (int → long, float → double) is allowed: cast the "
+            f"column, rename it, or write to a new table")
+    names = {f.name for f in incoming.fields}
+    missing = [f.name for f in table_schema.fields if f.required and f.name not in names]
+    if missing:
+        raise TableWriteSchemaError(f"table {identifier}: required columns {missing} are missing from the data")
+    return additions, widenings
+
+
+def _same_type(a: IcebergType, b: IcebergType) -> bool:
+    if isinstance(a, PrimitiveType) or isinstance(b, PrimitiveType):
+        return a == b
+    # Nested types: compare their shape, not the field ids (the data's ids are fresh).
+    return _shape(a) == _shape(b)
+
+
+def _shape(field_type: IcebergType) -> object:
+    if isinstance(field_type, PrimitiveType):
+        return str(field_type)
+    children = getattr(field_type, "fields", None)
+    if children is not None:
+        return tuple((child.name, _shape(child.field_type)) for child in children)
+    if hasattr(field_type, "element_type"):
+        return ("list", _shape(field_type.element_type))
+    return ("map", _shape(field_type.key_type), _shape(field_type.value_type))
+
+
+def _promotes(narrow: IcebergType, wide: IcebergType) -> bool:
+    if not isinstance(narrow, PrimitiveType) or not isinstance(wide, PrimitiveType):
+        return False
+    try:
+        return promote(narrow, wide) == wide
+    except Exception:  # noqa: BLE001 - pyiceberg raises ResolveError for every non-promotion
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ commit
+
+
+def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite, *, created: bool = False,
+                 added: tuple[str, ...] = ()) -> TableWriteResult:
+    """One catalog commit: append `data_files`, after deleting the replaced rows for an overwrite. Retried on the
+    refreshed table when a concurrent commit wins; data files are deleted when every attempt lost."""
+    endpoint = catalog_endpoint(table.catalog)
+    properties = dict(write.snapshot_properties)
+    rows = sum(f.record_count for f in data_files)
+    if write.mode == "append" and not data_files:
+        log.info("table %s: run %s appends no rows, nothing to commit", write.identifier, write.run_id)
+        return _result(table, write, None, 0, 0, created, added, 0)
+    replace = write.replace_filter if write.replace_filter is not None else AlwaysTrue()
+    for attempt in range(1, write.commit_attempts + 1):
+        try:
+            with catalog_errors(endpoint):
+                transaction = _without_client_retries(table).transaction()
+                if write.mode == "overwrite" and table.current_snapshot() is not None:
+                    with warnings.catch_warnings():
+                        # A partition materialized for the first time replaces nothing: not worth a warning.
+                        warnings.filterwarnings("ignore", "Delete operation did not match any records")
+                        transaction.delete(replace, snapshot_properties=properties)
+                if data_files:
+                    with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                        for data_file in data_files:
+                            append.append_data_file(data_file)
+                committed = transaction.commit_transaction()
+        except CommitFailedException as exc:
+            if attempt == write.commit_attempts:
+                failed = delete_data_files(table.io, [f.file_path for f in data_files])
+                raise TableWriteError(
+                    f"table {write.identifier}: commit of run {write.run_id} lost to concurrent commits {attempt} "
+                    f"times; its data files were deleted{f' (except {len(failed)})' if failed else ''}") from exc
+            log.warning("table %s: commit of run %s lost to a concurrent commit (attempt %d/%d), retrying",
+                        write.identifier, write.run_id, attempt, write.commit_attempts)
+            time.sleep(_RETRY_WAIT_SECONDS * attempt)
+            with catalog_errors(endpoint):
+                table.refresh()
+            continue
+        table.metadata, table.metadata_location = committed.metadata, committed.metadata_location
+        snapshot = table.current_snapshot()
+        log.info("table %s: run %s committed %s of %d rows in %d data files (snapshot %s, attempt %d)",
+                 write.identifier, write.run_id, write.mode, rows, len(data_files),
+                 snapshot.snapshot_id if snapshot else None, attempt)
+        return _result(table, write, snapshot.snapshot_id if snapshot else None, rows, len(data_files), created,
+                       added, attempt)
+    raise AssertionError("unreachable")
+
+
+def _without_client_retries(table: Table) -> Table:
+    """A view of `table` whose commits pyiceberg does not retry by itself: a retry must re-plan the delete on the
+    refreshed table, which our loop does (the view only changes what the client reads)."""
+    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    return Table(identifier=table.name(), metadata=table.metadata.model_copy(update={"properties": properties}),
+                 metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
+
+
+def _result(table: Table, write: TableWrite, snapshot_id: int | None, rows: int, files: int, created: bool,
+            added: tuple[str, ...], attempts: int) -> TableWriteResult:
+    snapshot = table.current_snapshot()
+    total = snapshot.summary.get("total-records") if snapshot is not None and snapshot.summary else None
+    return TableWriteResult(identifier=write.identifier, snapshot_id=snapshot_id, rows_written=rows,
+                            data_files=files, table_rows=int(total) if total is not None else 0 if snapshot is None
+                            else None, location=table.location(), schema=table.schema(), created=created,
+                            columns_added=added, attempts=attempts)
+
