@@ -27,12 +27,13 @@ from pathlib import Path
 import pyarrow as pa
 
 from kafscale_lakehouse.config import parse_config
+from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine import ingest as ingest_module
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.ingest import catalog_settings, ingest
+from kafscale_lakehouse.engine.ingest import ingest
 from kafscale_lakehouse.engine.maintenance import compact, expire_snapshots
+from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX, format_offsets_property
 from kafscale_lakehouse.engine.spark import get_spark_session
-from kafscale_lakehouse.engine.table_offsets import OFFSETS_PROPERTY_PREFIX, format_offsets_property
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.workload import write_partition_segments
 

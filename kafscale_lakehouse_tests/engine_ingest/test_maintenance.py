@@ -7,9 +7,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine import maintenance
 from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.ingest import catalog_settings, ingest
+from kafscale_lakehouse.engine.ingest import ingest
 from kafscale_lakehouse.engine.maintenance import (
     COMPACTION_PROPERTY,
     compact,
@@ -17,7 +18,7 @@ from kafscale_lakehouse.engine.maintenance import (
     maintain_mapping,
     remove_orphan_files,
 )
-from kafscale_lakehouse.engine.table_offsets import read_committed_offsets, read_topic_offsets
+from kafscale_lakehouse.engine.snapshot_summary import read_committed_offsets, read_topic_offsets
 
 pytestmark = pytest.mark.integration
 
