@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 STARTED = time.perf_counter()  # as early as we can: interpreter start is not counted, imports are
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DECODERS = ("kafscale_lakehouse", "kafka-python")
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")

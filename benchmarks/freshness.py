@@ -43,25 +43,23 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import yaml
+from pyiceberg.exceptions import NoSuchTableError
 
-import yaml  # noqa: E402
-from pyiceberg.exceptions import NoSuchTableError  # noqa: E402
-
-from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config  # noqa: E402
-from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config  # noqa: E402
-from kafscale_lakehouse.demo_producer import (  # noqa: E402
+from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config
+from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config
+from kafscale_lakehouse.demo_producer import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_PARTITIONS,
     DEFAULT_RECORDS_PER_SEGMENT,
     DemoProducer,
     watermark_publisher,
 )
-from kafscale_lakehouse.engine.catalog import load_catalog  # noqa: E402
-from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets  # noqa: E402
-from kafscale_lakehouse.engine.spark_engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready  # noqa: E402
-from kafscale_lakehouse.orchestration.naming import ingest_job_name  # noqa: E402
-from kafscale_lakehouse.testing.servers import free_ports  # noqa: E402
+from kafscale_lakehouse.engine.catalog import load_catalog
+from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
+from kafscale_lakehouse.engine.spark_engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready
+from kafscale_lakehouse.orchestration.naming import ingest_job_name
+from kafscale_lakehouse.testing.servers import free_ports
 
 log = logging.getLogger("benchmarks.freshness")
 

@@ -24,6 +24,7 @@ record exactly once and the floor's files every record, or the benchmark fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -35,32 +36,29 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+from pyiceberg.table import Table
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-import pyarrow.json as pa_json  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-from pyiceberg.table import Table  # noqa: E402
-
-from kafscale_lakehouse.config import LakehouseConfig, ProcessorConfig, parse_config  # noqa: E402
+from kafscale_lakehouse.config import LakehouseConfig, ProcessorConfig, parse_config
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine import ingest as ingest_module  # noqa: E402
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table  # noqa: E402
-from kafscale_lakehouse.engine.ingest import IngestContext, ingest_mapping  # noqa: E402
-from kafscale_lakehouse.engine.spark import get_spark_session  # noqa: E402
-from kafscale_lakehouse.format import decode_segment  # noqa: E402
-from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema  # noqa: E402
-from kafscale_lakehouse.testing.kafka_python_reference import (  # noqa: E402
+from kafscale_lakehouse.engine.catalog import load_catalog, open_table
+from kafscale_lakehouse.engine.ingest import IngestContext, ingest_mapping
+from kafscale_lakehouse.engine.phases import phase_listener
+from kafscale_lakehouse.engine.spark import get_spark_session
+from kafscale_lakehouse.format import decode_segment
+from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema
+from kafscale_lakehouse.testing.kafka_python_reference import (
     cramjam_codec_patches,
     read_segment_records,
 )
-from kafscale_lakehouse.testing.servers import (  # noqa: E402
+from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,
@@ -69,7 +67,7 @@ from kafscale_lakehouse.testing.servers import (  # noqa: E402
     Etcd,
     SeaweedFS,
 )
-from kafscale_lakehouse.workload import (  # noqa: E402
+from kafscale_lakehouse.workload import (
     ALL_CODECS,
     PIZZA_COLUMNS,
     PIZZA_TOPIC,
@@ -90,25 +88,6 @@ FLOOR_PARQUET_COMPRESSION = "zstd"
 FLOOR_ROW_GROUP_ROWS = 1_048_576
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-# Driver-side phases of a run: functions of `kafscale_lakehouse.engine.ingest` (and methods of its offset store)
-# whose wall time is added to the named phase while our pipeline runs.
-_INGEST_PHASES = {
-    "open_mapping_table": "open/create table",
-    "clean_ended_runs": "ended-run clean-up",
-    "discover_topic_partitions": "discover partitions",
-    "read_topic_offsets": "read table offsets",
-    "_plan_partition": "plan (list segments, footers)",
-    "run_ingestion_spark_job": "Spark job (read, decode, write Parquet)",
-    "commit_append": "Iceberg commit",
-}
-_OFFSET_STORE_PHASES = {
-    "acquire_lease": "offset store (leases, offsets)",
-    "committed_offsets": "offset store (leases, offsets)",
-    "commit_offsets": "offset store (leases, offsets)",
-    "broker_watermarks": "offset store (leases, offsets)",
-}
-
 
 # ------------------------------------------------------------------------------------------------ measuring
 
@@ -230,35 +209,16 @@ def _process_kind(pid: int) -> str:
 
 
 class PhaseTimer:
-    """Wall seconds spent in named functions, found by wrapping them while `timing(...)` is active."""
+    """Wall seconds per phase of the engine's runs (`engine.phases`), summed while `listening()` is active."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
 
-    @contextmanager
-    def timing(self, target: object, phases: Mapping[str, str]) -> Iterator[None]:
-        missing = sorted(attribute for attribute in phases if not hasattr(target, attribute))
-        if missing:
-            # The engine was refactored since the phase list was written: time what still exists.
-            log.warning("phase timer: %s has no %s; those phases are not timed", getattr(target, "__name__", target),
-                        ", ".join(missing))
-        originals = {attribute: getattr(target, attribute) for attribute in phases if attribute not in missing}
-        for attribute, original in originals.items():
-            setattr(target, attribute, self._timed(original, phases[attribute]))
-        try:
-            yield
-        finally:
-            for attribute, original in originals.items():
-                setattr(target, attribute, original)
+    def listening(self) -> contextlib.AbstractContextManager[None]:
+        return phase_listener(self._add)
 
-    def _timed(self, function: Callable, phase: str) -> Callable:
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.seconds[phase] += time.perf_counter() - started
-        return timed
+    def _add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
 
 
 @dataclass(frozen=True)
@@ -486,8 +446,7 @@ def run_ours(context: IngestContext, segments: UploadedSegments, excluded_pids: 
     timer = PhaseTimer()
     gc.collect()
     started = time.perf_counter()
-    with ProcessTreeSampler(excluded_pids) as sampler, timer.timing(ingest_module, _INGEST_PHASES), \
-            timer.timing(context.offsets, _OFFSET_STORE_PHASES):
+    with ProcessTreeSampler(excluded_pids) as sampler, timer.listening():
         runs = ingest_all(context, segments.topic, sum(segments.records_by_partition.values()))
     seconds = time.perf_counter() - started
     log.info("kafscale_lakehouse ingested topic %s in %d run(s)", segments.topic, runs)

@@ -1,7 +1,7 @@
 """Sensor tick benchmark: what one tick of a mapping's sensor costs in S3 and etcd requests, by ingested backlog.
 
 Run from the repository root: `.venv/bin/python benchmarks/sensor_tick.py [--segments 10 1000 10000] ...`.
-Starts SeaweedFS (S3) and etcd (`kafscale_lakehouse_tests/servers.py`) under a temporary directory. For each N in
+Starts SeaweedFS (S3) and etcd (`kafscale_lakehouse/testing/servers.py`) under a temporary directory. For each N in
 `--segments`, a topic of `--partitions` partitions gets N tiny segments (one pizza order each, uploaded in
 parallel, `.kfs` before `.index`), its committed offsets in etcd are set to the end (so all N count as ingested),
 the broker watermarks and the broker's metadata snapshot are published in etcd as a KafScale broker does, and the
@@ -23,7 +23,6 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -33,22 +32,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import boto3
+import dagster as dg
+from botocore.config import Config
 
-import boto3  # noqa: E402
-import dagster as dg  # noqa: E402
-from botocore.config import Config  # noqa: E402
-
-from kafscale_lakehouse.config import LakehouseConfig, parse_config  # noqa: E402
-from kafscale_lakehouse.connections import offset_store_from_config, segment_store_from_config  # noqa: E402
-from kafscale_lakehouse.engine.topic_scan import WatchSources  # noqa: E402
-from kafscale_lakehouse.etcd_client import EtcdClient  # noqa: E402
-from kafscale_lakehouse.format import encode_segment  # noqa: E402
-from kafscale_lakehouse.offsets.records import broker_next_offset_key  # noqa: E402
-from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name  # noqa: E402
-from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key  # noqa: E402
-from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY  # noqa: E402
-from kafscale_lakehouse.testing.servers import (  # noqa: E402
+from kafscale_lakehouse.config import LakehouseConfig, parse_config
+from kafscale_lakehouse.connections import offset_store_from_config, segment_store_from_config
+from kafscale_lakehouse.engine.topic_scan import WatchSources
+from kafscale_lakehouse.etcd_client import EtcdClient
+from kafscale_lakehouse.format import encode_segment
+from kafscale_lakehouse.offsets.records import broker_next_offset_key
+from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name
+from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key
+from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY
+from kafscale_lakehouse.testing.leases import held_leases
+from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,
@@ -57,8 +55,7 @@ from kafscale_lakehouse.testing.servers import (  # noqa: E402
     Etcd,
     SeaweedFS,
 )
-from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_order  # noqa: E402
-from kafscale_lakehouse_tests.lease_helpers import held_leases  # noqa: E402
+from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_order
 
 log = logging.getLogger("benchmarks.sensor_tick")
 

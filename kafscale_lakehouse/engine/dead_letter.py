@@ -46,6 +46,7 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, open_table
 from kafscale_lakehouse.engine.iceberg_sink import SinkJob
+from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.snapshot_summary import (
     DEAD_LETTER_RECORDS_PROPERTY,
     DEAD_LETTER_TABLE_PROPERTY,
@@ -250,6 +251,7 @@ class PendingDeadLetters:
         return {PUBLISHED_THROUGH_PROPERTY: str(self.through_snapshot_id)}
 
 
+@timed("pending dead letters")
 def publish_pending_dead_letters(table: Table, catalog: Catalog) -> PendingDeadLetters:
     """Publish the staged dead letters of `table`'s snapshots that a stopped run did not publish (oldest first).
     Call it at the start of every run, before it commits.

@@ -60,6 +60,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
     segment_run_partitions,
 )
 from kafscale_lakehouse.engine.lag import lag
+from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.record_validation import (
     RecordValidation,
     resolve_record_validation,
@@ -181,6 +182,7 @@ class IngestContext:
         self.close()
 
 
+@timed("open/create table")
 def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[ColumnConfig]) -> Table:
     """The mapping's table, created when allowed, with its schema evolved to the mapped columns."""
     table = open_table(
@@ -216,6 +218,7 @@ def ingest(config: LakehouseConfig, spark: SparkSession, *, topics: Iterable[str
     return results
 
 
+@timed("discover partitions")
 def discover_topic_partitions(context: IngestContext, topic: str) -> list[int]:
     mode = DiscoveryMode.parse(context.config.discovery.mode)
     return discover_partitions(mode, context.store, context.etcd, topics=[topic]).partitions.get(topic, [])
@@ -410,6 +413,7 @@ def _repair_etcd(context: IngestContext, topic: str, table_next_offsets: dict[in
         context.offsets.repair_offsets([leases[p] for p in repairs], repairs)
 
 
+@timed("plan (list segments, footers)")
 def _plan_partition(store: SegmentStore, topic: str, partition: int, start: int | None, budget: int,
                     allow_gaps: bool, outcome: PartitionOutcome) -> _PartitionPlan | None:
     segments = segments_from(store, topic, partition, start).segments

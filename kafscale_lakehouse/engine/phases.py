@@ -6,15 +6,19 @@ instead of patching engine functions by name. Without listeners a phase costs tw
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
 
 log = logging.getLogger(__name__)
 
 PhaseListener = Callable[[str, float], None]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 _listeners: list[PhaseListener] = []
 _lock = threading.Lock()
@@ -44,3 +48,17 @@ def phase_listener(listener: PhaseListener) -> Iterator[None]:
     finally:
         with _lock:
             _listeners.remove(listener)
+
+
+def timed(name: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Decorator: every call of the function is the phase `name`."""
+
+    def decorate(function: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(function)
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            with timed_phase(name):
+                return function(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

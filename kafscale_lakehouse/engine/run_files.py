@@ -30,6 +30,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 
 from kafscale_lakehouse.engine.iceberg_sink import delete_data_files, run_data_dir
+from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY
 from kafscale_lakehouse.offsets import Lease, OffsetStore
 from kafscale_lakehouse.offsets.store import now_ms
@@ -102,6 +103,7 @@ def forget_run(store: OffsetStore, topic: str, run_id: str) -> None:
                     exc_info=True)
 
 
+@timed("ended-run clean-up")
 def clean_ended_runs(store: OffsetStore, topic: str, tables: Sequence[Table]) -> list[str]:
     """Settle the records of ended runs of `topic` (see the module docstring); returns the deleted file paths."""
     deleted: list[str] = []

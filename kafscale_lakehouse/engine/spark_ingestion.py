@@ -45,6 +45,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
     read_input_partition,
     source_arrow_schema,
 )
+from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
 from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
@@ -105,6 +106,7 @@ def _until_failure(batches: Iterator[pa.RecordBatch], failures: list[SegmentRead
         failures.append(exc.failure)
 
 
+@timed("Spark job (read, decode, write Parquet)")
 def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, store: SegmentStore, topic: str,
                             input_partitions: Sequence[SegmentRunPartition], *, columns: Sequence[ColumnConfig],
                             json_schema: CompiledJsonSchema | None, target_file_size_bytes: int,

@@ -19,6 +19,7 @@ from pyiceberg.table import Table, TableProperties
 
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors
 from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
+from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.snapshot_summary import (
     COMMIT_ID_PROPERTY,
     RUN_ID_PROPERTY,
@@ -75,6 +76,7 @@ class CommitResult:
     record_count: int
 
 
+@timed("Iceberg commit")
 def commit_append(
     table: Table,
     data_files: Sequence[DataFile],

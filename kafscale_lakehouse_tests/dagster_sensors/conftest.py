@@ -18,8 +18,8 @@ from kafscale_lakehouse.demo_producer import DemoProducer, watermark_publisher
 from kafscale_lakehouse.engine.topic_scan import WatchSources
 from kafscale_lakehouse.orchestration.naming import partitions_def_name
 from kafscale_lakehouse.orchestration.sensors import SensorCursor, build_sensors
+from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
-from kafscale_lakehouse_tests.lease_helpers import held_leases
 
 POLL_INTERVAL_SECONDS = 7
 

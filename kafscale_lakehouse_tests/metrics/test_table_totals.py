@@ -20,8 +20,8 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     WRITE_LATENCY_PROPERTY,
 )
 from kafscale_lakehouse.metrics import LakehouseStateCollector
+from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
-from kafscale_lakehouse_tests.lease_helpers import held_leases
 
 
 @pytest.fixture

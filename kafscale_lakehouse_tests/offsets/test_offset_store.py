@@ -18,7 +18,7 @@ from kafscale_lakehouse.offsets import (
     OffsetRegressionError,
 )
 from kafscale_lakehouse.offsets.store import now_ms
-from kafscale_lakehouse_tests.lease_helpers import held_leases
+from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse_tests.offsets.conftest import SHORT_TTL_SECONDS
 
 pytestmark = pytest.mark.integration
