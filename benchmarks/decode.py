@@ -1,7 +1,7 @@
 """Decode benchmark: our segment decoder against kafka-python's DefaultRecordBatch reader, on one core.
 
 Run from the repository root: `.venv/bin/python benchmarks/decode.py [--workload realistic|friendly]
-[--records N] [--repeat R]`. Writes pizza-order segments (`kafscale_lakehouse.workload`; realistic by default:
+[--records N] [--repeat R]`. Writes pizza-order segments (`kafscale_lakehouse.apps.workload`; realistic by default:
 unique trace headers and keys, values of 100 B to 100 KB) with a codec mix (none, gzip, snappy, lz4, zstd) to a
 temporary directory. Each decoder then runs in a fresh process pinned to one core, which reads the segments into
 memory and decodes all of them once cold (the process's first decode; interpreter start and imports timed apart),
@@ -83,7 +83,7 @@ def main() -> None:
         serve_decoder(args.child, args.directory)
         return
 
-    from kafscale_lakehouse.workload import write_partition_segments
+    from kafscale_lakehouse.apps.workload import write_partition_segments
 
     with tempfile.TemporaryDirectory() as root:
         directory = Path(root)

@@ -46,15 +46,15 @@ from pathlib import Path
 import yaml
 from pyiceberg.exceptions import NoSuchTableError
 
-from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config
-from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config
-from kafscale_lakehouse.demo_producer import (
+from kafscale_lakehouse.apps.demo_producer import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_PARTITIONS,
     DEFAULT_RECORDS_PER_SEGMENT,
     DemoProducer,
     watermark_publisher,
 )
+from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config
+from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config
 from kafscale_lakehouse.engine.catalog import load_catalog
 from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
 from kafscale_lakehouse.engine.spark_engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready

@@ -46,6 +46,13 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
+from kafscale_lakehouse.apps.workload import (
+    ALL_CODECS,
+    PIZZA_COLUMNS,
+    PIZZA_TOPIC,
+    WORKLOADS,
+    write_partition_segments,
+)
 from kafscale_lakehouse.config import LakehouseConfig, ProcessorConfig, parse_config
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table
@@ -66,13 +73,6 @@ from kafscale_lakehouse.testing.servers import (
     TABLE_BUCKET,
     Etcd,
     SeaweedFS,
-)
-from kafscale_lakehouse.workload import (
-    ALL_CODECS,
-    PIZZA_COLUMNS,
-    PIZZA_TOPIC,
-    WORKLOADS,
-    write_partition_segments,
 )
 
 log = logging.getLogger("benchmarks.ingest")
@@ -465,7 +465,7 @@ def run_whole_process(document: dict, workdir: Path, table_name: str, segments: 
     gc.collect()
     started = time.perf_counter()
     with ProcessTreeSampler(excluded_pids) as sampler, log_path.open("w") as output:
-        completed = subprocess.run([sys.executable, "-m", "kafscale_lakehouse.cli", "ingest", "--once", "--config",
+        completed = subprocess.run([sys.executable, "-m", "kafscale_lakehouse.apps.cli", "ingest", "--once", "--config",
                                     str(config_path)], stdout=output, stderr=subprocess.STDOUT, check=False)
     seconds = time.perf_counter() - started
     if completed.returncode:
@@ -571,7 +571,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=WORKLOADS, default="realistic",
                         help="realistic: unique trace headers and keys, values of 100 B to 100 KB; friendly: the "
-                             "same header on every record, ~175-byte values (kafscale_lakehouse.workload)")
+                             "same header on every record, ~175-byte values (kafscale_lakehouse.apps.workload)")
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--records-per-segment", type=int, default=10_000)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from kafscale_lakehouse.apps.workload import write_partition_segments
 from kafscale_lakehouse.config import parse_config
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine import ingest as ingest_module
@@ -35,7 +36,6 @@ from kafscale_lakehouse.engine.maintenance import compact, expire_snapshots
 from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX, format_offsets_property
 from kafscale_lakehouse.engine.spark import get_spark_session
 from kafscale_lakehouse.schema import table_schema
-from kafscale_lakehouse.workload import write_partition_segments
 
 log = logging.getLogger("benchmarks.maintenance")
 COLUMNS = [{"name": "order_id", "type": "string", "required": True}, {"name": "store_id", "type": "int"}]

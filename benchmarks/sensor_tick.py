@@ -36,11 +36,12 @@ import boto3
 import dagster as dg
 from botocore.config import Config
 
+from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, pizza_order
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.connections import offset_store_from_config, segment_store_from_config
 from kafscale_lakehouse.engine.topic_scan import WatchSources
-from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.format import encode_segment
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name
 from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key
@@ -55,7 +56,6 @@ from kafscale_lakehouse.testing.servers import (
     Etcd,
     SeaweedFS,
 )
-from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_order
 
 log = logging.getLogger("benchmarks.sensor_tick")
 

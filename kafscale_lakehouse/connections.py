@@ -18,7 +18,7 @@ from pydantic import SecretStr
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig
 from kafscale_lakehouse.engine.catalog import CatalogSettings
-from kafscale_lakehouse.etcd_client import EtcdClient
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.etcd_store import EtcdOffsetStore
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.offsets.store import OffsetStore

@@ -75,8 +75,8 @@ from kafscale_lakehouse.engine.snapshot_summary import (
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
 from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput, run_ingestion_spark_job
 from kafscale_lakehouse.engine.table_offsets import commit_append
-from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient

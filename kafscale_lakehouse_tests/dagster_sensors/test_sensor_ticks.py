@@ -7,6 +7,7 @@ import uuid
 import dagster as dg
 import pytest
 
+from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.ranges import OffsetRange, parse_ranges
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, partitions_def_name, topic_asset_key
@@ -20,7 +21,6 @@ from kafscale_lakehouse.orchestration.sensors import (
     sensor_name,
 )
 from kafscale_lakehouse.storage import ObjectKind, segment_key
-from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.dagster_sensors.conftest import POLL_INTERVAL_SECONDS
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from kafscale_lakehouse import cli
+from kafscale_lakehouse.apps import cli
+from kafscale_lakehouse.apps.demo_producer import DemoProducer, run_demo_producer, watermark_publisher
+from kafscale_lakehouse.apps.workload import PIZZA_TOPIC, pizza_order
 from kafscale_lakehouse.config import load_config
 from kafscale_lakehouse.connections import segment_store_from_config
-from kafscale_lakehouse.demo_producer import DemoProducer, run_demo_producer, watermark_publisher
 from kafscale_lakehouse.format import decode_segment
 from kafscale_lakehouse.offsets import LocalOffsetStore
 from kafscale_lakehouse.storage import ObjectKind, segment_key
-from kafscale_lakehouse.workload import PIZZA_TOPIC, pizza_order
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ORDER_FIELDS = {"order_id", "store_id", "sauce", "cheese", "meats", "veggies", "date_ordered"}

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from kafscale_lakehouse import cli
+from kafscale_lakehouse.apps import cli
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
 
 

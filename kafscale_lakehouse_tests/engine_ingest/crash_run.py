@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 
-from kafscale_lakehouse import cli
+from kafscale_lakehouse.apps import cli
 from kafscale_lakehouse.engine import ingest
 from kafscale_lakehouse.offsets.etcd_store import EtcdOffsetStore
 

@@ -22,16 +22,16 @@ from typing import Any, Literal
 import yaml
 from pyiceberg.table import Table
 
+from kafscale_lakehouse.apps.workload import ALL_CODECS, WrittenSegment, partition_dir, write_partition_segments
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table
 from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY, SKIPPED_PROPERTY_PREFIX, read_topic_offsets
-from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.format import Record, encode_segment
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.storage import ObjectKind, segment_key
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET, SeaweedFS
-from kafscale_lakehouse.workload import ALL_CODECS, WrittenSegment, partition_dir, write_partition_segments
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 
 CLI = Path(sys.executable).parent / "kafscale-lakehouse"

@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
+from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
 from kafscale_lakehouse.offsets.ranges import OffsetRange
-from kafscale_lakehouse.workload import pizza_orders
 
 
 def test_corrupt_segment_stops_its_partition_until_replaced(production_world, cli_main, caplog):
@@ -23,9 +23,9 @@ def test_corrupt_segment_stops_its_partition_until_replaced(production_world, cl
     # one are read and written too and their files must be thrown away.
     config_path = world.write_config_file(target_file_size_bytes=8_000)
 
-    with caplog.at_level(logging.ERROR, logger="kafscale_lakehouse.cli"):
+    with caplog.at_level(logging.ERROR, logger="kafscale_lakehouse.apps.cli"):
         assert cli_main("ingest", "--config", str(config_path), "--once") == 1
-    [error] = [r.getMessage() for r in caplog.records if r.name == "kafscale_lakehouse.cli"]
+    [error] = [r.getMessage() for r in caplog.records if r.name == "kafscale_lakehouse.apps.cli"]
     assert f"partition 0: segment {corrupt_key} could not be read" in error
     table = world.assert_exactly_once(runs=1, expected={0: range(40), 1: range(80)})
     assert world.table_data_files() == world.referenced_data_files(table), "files past the corrupt segment deleted"

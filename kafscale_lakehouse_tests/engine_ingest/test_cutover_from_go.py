@@ -15,7 +15,7 @@ from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.catalog import load_catalog
 from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
-from kafscale_lakehouse.etcd_client import EtcdClient
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.columns import record_arrow_schema
 from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS, PIZZA_COLUMNS, IngestWorld

@@ -9,7 +9,7 @@ import pytest
 
 from kafscale_lakehouse.engine import ingest as ingest_module
 from kafscale_lakehouse.engine.ingest import IngestContext, IngestFailedError, ingest, ingest_mapping
-from kafscale_lakehouse.etcd_client import EtcdClient
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.testing.servers import Etcd
 from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS, IngestWorld
 
@@ -28,7 +28,7 @@ def test_second_ingester_on_the_same_partitions_aborts_cleanly(production_world,
         with pytest.raises(IngestFailedError) as failed:
             ingest(world.config(), spark)
         second["result"] = failed.value.result
-        with caplog.at_level(logging.ERROR, logger="kafscale_lakehouse.cli"):
+        with caplog.at_level(logging.ERROR, logger="kafscale_lakehouse.apps.cli"):
             second["exit"] = cli_main("ingest", "--config", str(config_path), "--once")
         return real_write(*args, **kwargs)
 
@@ -44,7 +44,7 @@ def test_second_ingester_on_the_same_partitions_aborts_cleanly(production_world,
     assert second["result"].snapshot_id is None
     assert second["exit"] == 1
     assert any("is held by" in r.getMessage() and holder in r.getMessage() for r in caplog.records
-               if r.name == "kafscale_lakehouse.cli")
+               if r.name == "kafscale_lakehouse.apps.cli")
     world.assert_exactly_once(runs=1)
 
 

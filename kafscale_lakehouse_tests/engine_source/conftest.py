@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pytest
 
+from kafscale_lakehouse.apps.workload import ALL_CODECS, PIZZA_TOPIC, pizza_orders
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.kafscale_source import (
     DEFAULT_MAX_BYTES_PER_PARTITION,
@@ -22,7 +23,6 @@ from kafscale_lakehouse.format import EncodedSegment, encode_segment
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, S3SegmentStore, SegmentStore, segment_key
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
-from kafscale_lakehouse.workload import ALL_CODECS, PIZZA_TOPIC, pizza_orders
 
 TOPIC = PIZZA_TOPIC
 # Small batches and a short index interval give segments several index entries, so ranged reads have a choice.

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.kafscale_source import (
     EARLIEST,
@@ -28,7 +29,6 @@ from kafscale_lakehouse.engine.kafscale_source import (
 )
 from kafscale_lakehouse.format import CrcMismatchError, encode_segment, entry_for_offset, go_headers_json, parse_index
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, ObjectNotFoundError, S3SegmentStore, segment_key
-from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.engine_source.conftest import (
     PIZZA_COLUMNS,
     TOPIC,

@@ -8,13 +8,13 @@ import json
 
 import pytest
 
+from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.engine.kafscale_source import LATEST, OffsetRange
 from kafscale_lakehouse.engine.spark_ingestion import run_ingestion_spark_job
 from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import LocalSegmentStore
-from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.engine_source.conftest import (
     PIZZA_COLUMNS,
     TOPIC,

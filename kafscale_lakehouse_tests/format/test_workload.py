@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from kafscale_lakehouse.format import check_index_matches_segment, decode_segment, go_headers_json, parse_index
-from kafscale_lakehouse.workload import (
+from kafscale_lakehouse.apps.workload import (
     ALL_CODECS,
     PIZZA_TOPIC,
     pizza_order,
     pizza_orders,
     write_partition_segments,
 )
+from kafscale_lakehouse.format import check_index_matches_segment, decode_segment, go_headers_json, parse_index
 
 
 def test_orders_are_deterministic_per_index_and_vary_with_seed_and_partition():

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kafscale_lakehouse.apps.metrics import LakehouseStateCollector, MetricsServer
 from kafscale_lakehouse.config import LakehouseConfig
-from kafscale_lakehouse.metrics import LakehouseStateCollector, MetricsServer
 
 # sample name → {sorted label items: value}
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from kafscale_lakehouse import cli
+from kafscale_lakehouse.apps import cli
+from kafscale_lakehouse.apps.metrics import METRICS_ADDRESS_ENV, parse_metrics_address, resolve_metrics_address
 from kafscale_lakehouse.config import ConfigError
-from kafscale_lakehouse.metrics import METRICS_ADDRESS_ENV, parse_metrics_address, resolve_metrics_address
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
 
 

@@ -9,8 +9,8 @@ from pathlib import PurePosixPath
 import pytest
 import yaml
 
-from kafscale_lakehouse import cli
-from kafscale_lakehouse.metrics import (
+from kafscale_lakehouse.apps import cli
+from kafscale_lakehouse.apps.metrics import (
     HEALTH_PATH,
     METRICS_ADDRESS_ENV,
     METRICS_PATH,
@@ -49,7 +49,7 @@ def test_the_container_runs_serve_metrics_as_the_cli_parses_it(manifest):
     program, *arguments = container["args"]
 
     assert "command" not in container, "the image's entry point must run the args"
-    assert program in scripts and scripts[program] == "kafscale_lakehouse.cli:main"
+    assert program in scripts and scripts[program] == "kafscale_lakehouse.apps.cli:main"
     assert cli._build_parser().parse_args(arguments).command == "serve-metrics"
     assert [variable["name"] for variable in container["env"]] == [METRICS_ADDRESS_ENV]
 

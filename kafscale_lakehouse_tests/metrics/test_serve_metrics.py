@@ -14,13 +14,13 @@ import time
 
 import pytest
 
+from kafscale_lakehouse.apps.metrics import WRITE_LATENCY_BUCKETS_MS
+from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.engine.ingest import ingest
 from kafscale_lakehouse.engine.snapshot_summary import WRITE_LATENCY_PROPERTY
-from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.format import Record
-from kafscale_lakehouse.metrics import WRITE_LATENCY_BUCKETS_MS
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
-from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine_ingest.harness import CLI, IngestWorld
 from kafscale_lakehouse_tests.metrics.conftest import http_get, parse_samples, running_metrics_server, scrape, value

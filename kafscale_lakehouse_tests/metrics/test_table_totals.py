@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from prometheus_client import CollectorRegistry
 
+from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
 from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
 from kafscale_lakehouse.engine.catalog import load_catalog
@@ -19,7 +20,6 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     WATERMARK_TIMESTAMP_PROPERTY,
     WRITE_LATENCY_PROPERTY,
 )
-from kafscale_lakehouse.metrics import LakehouseStateCollector
 from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
 

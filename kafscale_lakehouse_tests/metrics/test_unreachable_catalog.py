@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kafscale_lakehouse.metrics import LakehouseStateCollector
+from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
 
 TIMEOUT_SECONDS = 1.0

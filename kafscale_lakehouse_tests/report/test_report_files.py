@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from kafscale_lakehouse.report import SnapshotPoint, TableReport, render_report_html
+from kafscale_lakehouse.apps.report import SnapshotPoint, TableReport, render_report_html
 
 
 def _point(minute: int, files: int | None, size: int | None) -> SnapshotPoint:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from kafscale_lakehouse import cli
+from kafscale_lakehouse.apps import cli
+from kafscale_lakehouse.apps.report import build_table_report, render_report_html
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table
 from kafscale_lakehouse.orchestration.naming import table_asset_key
-from kafscale_lakehouse.report import build_table_report, render_report_html
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse_tests.report.conftest import (
     CATALOG_PASSWORD,

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, pizza_orders
 from kafscale_lakehouse.schema import JsonColumnCoercer
-from kafscale_lakehouse.workload import PIZZA_COLUMNS, pizza_orders
 
 _BASELINE_SCHEMA = pa.schema(
     [("order_id", pa.string()), ("store_id", pa.int64()), ("sauce", pa.string()), ("cheese", pa.string()),

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.schema.validation import compile_json_schema, validate_parsed, validate_values
-from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.schema_registry.pizza_schema import PIZZA_JSON_SCHEMA
 
 

@@ -1,4 +1,4 @@
-"""A JSON Schema of the pizza orders of `kafscale_lakehouse.workload`, as a registry would serve it."""
+"""A JSON Schema of the pizza orders of `kafscale_lakehouse.apps.workload`, as a registry would serve it."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft7Validator, Draft202012Validator
 
+from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.schema.validation import (
     InvalidSchemaDocumentError,
     SchemaViolationError,
@@ -18,7 +19,6 @@ from kafscale_lakehouse.schema.validation import (
     validate_parsed,
     validate_values,
 )
-from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.schema_registry.pizza_schema import PIZZA_JSON_SCHEMA
 
 TOPIC = "completed-pizzas"

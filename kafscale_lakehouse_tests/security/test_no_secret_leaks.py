@@ -19,7 +19,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from kafscale_lakehouse import cli
+from kafscale_lakehouse.apps import cli
 from kafscale_lakehouse.config import ConfigError, load_config, parse_config
 from kafscale_lakehouse.connections import (
     catalog_settings,
@@ -31,7 +31,7 @@ from kafscale_lakehouse.definitions import build_definitions
 from kafscale_lakehouse.engine.catalog import CatalogError, load_catalog, open_table
 from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
 from kafscale_lakehouse.engine.table_checks import CHECK_NAMES
-from kafscale_lakehouse.etcd_client import EtcdAuthError, EtcdClient
+from kafscale_lakehouse.offsets.etcd_client import EtcdAuthError, EtcdClient
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX, lakehouse_resources
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient, SchemaRegistryError
 from kafscale_lakehouse.storage import StorageAuthError

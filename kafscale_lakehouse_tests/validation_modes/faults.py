@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.format import Record
-from kafscale_lakehouse.workload import pizza_orders
 from kafscale_lakehouse_tests.schema_registry.conftest import REGISTRY_PATH, RegistryServer
 
 PIZZA_SCHEMA = {

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+from kafscale_lakehouse.apps.workload import ALL_CODECS, pizza_orders
 from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.connections import etcd_client_from_config, offset_store_from_config, segment_store_from_config
-from kafscale_lakehouse.etcd_client import EtcdClient
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets import LocalOffsetStore
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.storage import SegmentStore
-from kafscale_lakehouse.workload import ALL_CODECS, pizza_orders
 
 log = logging.getLogger(__name__)
 

@@ -67,8 +67,8 @@ from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_co
 from kafscale_lakehouse.engine.catalog import CatalogError, catalog_endpoint, catalog_errors, load_catalog
 from kafscale_lakehouse.engine.lag import lag as partition_lag
 from kafscale_lakehouse.engine.snapshot_summary import ancestry, is_kafscale_commit, parse_commit
-from kafscale_lakehouse.etcd_client import EtcdClient, EtcdError, EtcdUnavailableError
 from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient, EtcdError, EtcdUnavailableError
 from kafscale_lakehouse.storage import (
     METADATA_SNAPSHOT_KEY,
     DiscoveryMode,

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the heavy engine imports load only for the commands that ne
     from kafscale_lakehouse.config import LakehouseConfig
     from kafscale_lakehouse.engine.ingest import IngestContext
 
-log = logging.getLogger("kafscale_lakehouse.cli")
+log = logging.getLogger("kafscale_lakehouse.apps.cli")
 
 
 class CommandError(Exception):
@@ -177,8 +177,8 @@ def _ingest_loop(config: LakehouseConfig, spark: SparkSession, context: IngestCo
 
 def run_demo_producer_command(args: argparse.Namespace) -> int:
     """Run until stopped (SIGTERM, Ctrl-C) or until the parent process is gone (`make demo` killed hard)."""
+    from kafscale_lakehouse.apps.demo_producer import run_demo_producer
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.demo_producer import run_demo_producer
 
     config = load_config(args.config)
     options = {name: getattr(args, name) for name in ("topic", "partitions", "interval_seconds",
@@ -196,8 +196,8 @@ def run_demo_producer_command(args: argparse.Namespace) -> int:
 
 def run_report(config_path: str | None, *, table: str, output: str) -> int:
     """Write the data-owner report of `table` (check history from the Dagster instance at $DAGSTER_HOME)."""
+    from kafscale_lakehouse.apps.report import ReportError, write_table_report
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.report import ReportError, write_table_report
 
     config = load_config(config_path)
     try:
@@ -234,9 +234,9 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
 
 
 def run_serve_metrics_command(config_path: str | None, *, address: str | None) -> int:
-    """Serve /metrics, /healthz and /readyz until SIGTERM or Ctrl-C (kafscale_lakehouse/metrics.py)."""
+    """Serve /metrics, /healthz and /readyz until SIGTERM or Ctrl-C (kafscale_lakehouse/apps/metrics.py)."""
+    from kafscale_lakehouse.apps.metrics import resolve_metrics_address, serve_metrics
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.metrics import resolve_metrics_address, serve_metrics
 
     host, port = resolve_metrics_address(address)
     config = load_config(config_path)
