@@ -27,7 +27,7 @@ def test_the_run_rechecks_the_sensor_plan_against_the_committed_offsets_and_read
             plan = prepared.plans[0]
             assert (plan.commit_start, plan.read) == (25, OffsetRange(0, 25, 40))  # the store's offset, not the plan's
             assert [s.base_offset for s in plan.segments] == [20]
-            assert "planned from next offset 20, but the table says 25; the table wins" in caplog.text
+            assert "planned from next offset 20, but the committed offsets say 25" in caplog.text
         finally:
             prepared.release_leases()
         assert all(lease.released for lease in prepared.leases.values())
@@ -35,6 +35,6 @@ def test_the_run_rechecks_the_sensor_plan_against_the_committed_offsets_and_read
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.engine.ingest"):
             prepare_ingest(context, mapping, partitions=[0], planned={0: OffsetRange(0, 25, 40)}).release_leases()
-        assert "the table wins" not in caplog.text
+        assert "planned from next offset" not in caplog.text
     finally:
         context.close()
