@@ -382,7 +382,8 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange]) -> None:
 def _recheck_planned(topic: str, partition: int, planned: OffsetRange | None, start: int | None) -> None:
     """The sensor planned from the offsets store; the table is the truth (a run or repair may have moved it since)."""
     if planned is not None and planned.start != (start or 0):
-        log.warning("topic %s partition %d: planned from next offset %d, but the table says %s; the table wins",
+        log.warning("topic %s partition %d: planned from next offset %d, but the committed offsets say %s (the "
+                    "table's, else the offsets store's); they win",
                     topic, partition, planned.start, "nothing committed" if start is None else start)
 
 

@@ -48,10 +48,10 @@ from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, O
 
 def run_committed_ranges(table: Table, topic: str, metadata: Mapping[str, dg.MetadataValue] | None
                          ) -> tuple[int | None, dict[int, OffsetRange]]:
-    """(snapshot id, ranges) the run recorded in its materialization metadata; a check run on its own, with no
-    materialization of ours recorded, looks at the table's latest commit instead."""
+    """(snapshot id, ranges) the run recorded in its materialization metadata; when it committed nothing, or a check
+    runs with no materialization of ours recorded, the table's latest commit instead."""
     ranges = committed_ranges_from_metadata(metadata) if metadata is not None else None
-    if ranges is not None:
+    if ranges:
         snapshot = metadata.get(SNAPSHOT_ID_KEY)
         return (snapshot.value if isinstance(snapshot, dg.IntMetadataValue) else None), ranges
     commit, ranges = latest_committed_ranges(table, topic)

@@ -72,6 +72,8 @@ def test_committed_ranges_are_those_the_run_recorded_else_of_the_latest_commit(t
     latest = table.current_snapshot().snapshot_id
     assert run_committed_ranges(table, TOPIC, None) == (latest, {0: OffsetRange(0, 10, 30)})
     assert latest_committed_ranges(table, TOPIC)[1] == {0: OffsetRange(0, 10, 30)}
+    # A run that committed nothing (no new segments): the latest commit too.
+    assert run_committed_ranges(table, TOPIC, committed_run(table, "fourth", [])) == (latest, {0: OffsetRange(0, 10, 30)})
 
 
 def test_committed_ranges_of_an_empty_table(table):

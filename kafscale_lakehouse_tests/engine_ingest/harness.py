@@ -30,6 +30,7 @@ from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY, SKIPPED_
 from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
+from kafscale_lakehouse.offsets.records import decode_offset
 from kafscale_lakehouse.storage import ObjectKind, segment_key
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET, SeaweedFS
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
@@ -195,7 +196,8 @@ class IngestWorld:
             return {p: c.next_offset for p, c in store.committed_offsets(self.topic).items()}
         prefix = f"{self.name}/offsets/{self.topic}/"
         with EtcdClient([self.etcd_endpoint]) as client:
-            return {int(e.key[len(prefix):]): json.loads(e.value)["offset"] + 1 for e in client.get_prefix(prefix)}
+            return {int(e.key[len(prefix):]): decode_offset("etcd", e.key, e.value).next_offset
+                    for e in client.get_prefix(prefix)}
 
     def lease_keys(self) -> list[str]:
         """The lease keys present in etcd (production worlds)."""
