@@ -142,8 +142,11 @@ def run_committed(table: Table, run_id: str, started_ms: int) -> bool | None:
             return False  # history reaches back before the run: the run's commit would have been seen
         if snapshot.summary is not None and snapshot.summary.get(RUN_ID_PROPERTY) == run_id:
             return True
-    # No snapshot at all: nothing references anything. Otherwise older snapshots may have been expired.
-    return False if not snapshots else None
+    # Every snapshot was looked at. If none was ever expired (each parent is still there), the run's commit would
+    # have been seen; otherwise it may have been expired, and the outcome is unknown.
+    ids = {s.snapshot_id for s in snapshots}
+    complete = all(s.parent_snapshot_id is None or s.parent_snapshot_id in ids for s in snapshots)
+    return False if complete else None
 
 
 def remove_run_files(table: Table, data_dir: str) -> list[str]:
