@@ -280,11 +280,16 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
     os.environ.pop(SPARK_REMOTE_VARIABLE, None)  # this process is a client of its own engine only
     try:
         # Runs share one session of the engine: warm its Python workers now rather than in the first run.
+        session = get_spark_session(remote=client_url)
         try:
-            seconds = warm_up(get_spark_session(remote=client_url), os.cpu_count() or 1)
+            seconds = warm_up(session, os.cpu_count() or 1)
         except Exception as err:  # noqa: BLE001 - a Spark error from the workers, named below
             raise CommandError(f"the Spark engine on {engine_address.url} cannot run the ingestion job's Python "
                                f"code (its workers import kafscale_lakehouse with {sys.executable}): {err}") from err
+        finally:
+            # Close this client now (the shared session stays): at exit it would otherwise retry its pending
+            # requests against the stopped server for minutes.
+            session.stop()
         log.info("Spark engine serving on %s (Python workers warmed up in %.1f s); runs connect with SPARK_REMOTE=%s",
                  engine_address.url, seconds, client_url)
         while server.poll() is None and os.getppid() == parent:
