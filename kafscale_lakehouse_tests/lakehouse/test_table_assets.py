@@ -18,7 +18,7 @@ DAYS = dg.DailyPartitionsDefinition(start_date="2026-11-01", end_date="2026-11-0
 
 def _orders(day: str, stores: int, copies: int = 1):
     """Orders of `day`: `copies` orders per store 0..stores-1, with sauce and a quantity."""
-    spark = SparkSession.getActiveSession()
+    spark = SparkSession.builder.getOrCreate()  # the session fixture's (the active one is per thread)
     rows = [(f"{day}-{s}-{c}", s, "tomato" if s % 2 else "pesto", date.fromisoformat(day), c + 1)
             for s in range(stores) for c in range(copies)]
     return spark.createDataFrame(rows, "order_id string, store_id int, sauce string, order_date date, quantity int")
