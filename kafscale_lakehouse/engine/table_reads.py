@@ -33,7 +33,7 @@ from pyiceberg.table import FileScanTask, StaticTable, Table
 from pyiceberg.table.metadata import TableMetadata
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from kafscale_lakehouse.engine.iceberg_sink import file_io_properties, writer_metadata_json
@@ -158,7 +158,8 @@ class IcebergTableReader(DataSourceReader):
         metadata: TableMetadata = _parse_metadata(self.metadata_json)
         schema = metadata.schema()
         projected = schema.select(*self.columns) if self.columns is not None else schema
-        target = _arrow_schema(projected)
+        # Exactly the Arrow schema Spark checks the batches against (plain string/binary, UTC timestamps).
+        target = to_arrow_schema(spark_schema(projected), timezone="UTC")
         io = load_file_io(self.io_properties, metadata.location)
         scan = ArrowScan(metadata, io, projected, self.row_filter)
         for batch in scan.to_record_batches([partition.task]):
@@ -173,7 +174,7 @@ def _parse_metadata(metadata_json: str) -> TableMetadata:
 
 
 def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
-    """`batch` with exactly the declared column types (pyiceberg may return large_string/large_binary)."""
+    """`batch` with exactly the declared column types (pyiceberg returns large_string/large_binary)."""
     if batch.schema.equals(target):
         return batch
     columns = [batch.column(f.name).cast(f.type) for f in target]

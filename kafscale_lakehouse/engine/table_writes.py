@@ -27,7 +27,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.manifest import DataFile
-from pyiceberg.schema import Schema, promote
+from pyiceberg.schema import Schema, assign_fresh_schema_ids, promote
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.types import IcebergType, PrimitiveType
 from pyspark import TaskContext
@@ -143,7 +143,8 @@ class _WriteTask:
 
 def iceberg_schema_of(arrow_schema: pa.Schema) -> Schema:
     """The Iceberg schema of Arrow data, with fresh field ids (nullable fields become optional columns)."""
-    return Catalog._convert_schema_if_needed(arrow_schema)  # noqa: SLF001 - pyiceberg's own conversion, pinned
+    converted = Catalog._convert_schema_if_needed(arrow_schema)  # noqa: SLF001 - pyiceberg's own conversion, pinned
+    return assign_fresh_schema_ids(converted)  # converted fields carry no ids yet, so lookups by name would mix up
 
 
 def prepare_table(catalog: Catalog, write: TableWrite, arrow_schema: pa.Schema) -> tuple[Table, bool, tuple[str, ...]]:

@@ -196,6 +196,9 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
             else:
                 expr = input_metadata.get(PARTITION_EXPR_KEY, upstream_metadata.get(PARTITION_EXPR_KEY))
                 row_filter = partition_row_filter(context, table.schema(), expr, what)
+        elif PARTITION_EXPR_KEY in input_metadata and context.step_context.has_partitions:
+            # An unpartitioned upstream read by a partitioned asset: the downstream partition is the filter.
+            row_filter = run_partition_filter(context, table.schema(), input_metadata[PARTITION_EXPR_KEY])
         snapshot_id = upstream_snapshot_id(context, table)
         return read_table(self.spark.spark_session, table, columns=columns, row_filter=row_filter,
                           snapshot_id=snapshot_id)
@@ -254,6 +257,21 @@ def partition_row_filter(context: dg.InputContext | dg.OutputContext, schema: Sc
         window = context.asset_partitions_time_window
         return time_window_filter(schema, partition_expr, window.start, window.end, what=what)
     return values_filter(schema, partition_expr, list(context.asset_partition_keys), what=what)
+
+
+def run_partition_filter(context: dg.InputContext, schema: Schema, partition_expr: Any) -> BooleanExpression:
+    """The rows of the partitions the run materializes, for an input whose upstream has no partitions."""
+    step = context.step_context
+    partitions_def = step.run_partitions_def
+    what = f"input {context.asset_key.to_user_string()} ({PARTITION_EXPR_KEY} {partition_expr!r})"
+    if not isinstance(partition_expr, str) or isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        raise ValueError(f"{what}: filtering an unpartitioned upstream by a multi-partitioned asset is not supported; "
+                         "drop partition_expr from the input and filter in the asset")
+    if isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
+        window = step.partition_time_window
+        return time_window_filter(schema, partition_expr, window.start, window.end, what=what)
+    keys = partitions_def.get_partition_keys_in_range(step.partition_key_range, dynamic_partitions_store=step.instance)
+    return values_filter(schema, partition_expr, keys, what=what)
 
 
 def upstream_snapshot_id(context: dg.InputContext, table: Table) -> int | None:

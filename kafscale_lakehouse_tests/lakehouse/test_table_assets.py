@@ -17,7 +17,7 @@ DAYS = dg.DailyPartitionsDefinition(start_date="2026-11-01", end_date="2026-11-0
 
 def _orders(day: str, stores: int, copies: int = 1):
     """Orders of `day`: `copies` orders per store 0..stores-1, with sauce and a quantity."""
-    spark = SparkSession.getActiveSession()
+    spark = SparkSession.builder.getOrCreate()  # the session fixture's (the active one is per thread)
     rows = [(f"{day}-{s}-{c}", s, "tomato" if s % 2 else "pesto", date.fromisoformat(day), c + 1)
             for s in range(stores) for c in range(copies)]
     return spark.createDataFrame(rows, "order_id string, store_id int, sauce string, order_date date, quantity int")
@@ -107,7 +107,7 @@ def test_schema_grows_by_name_and_an_incompatible_change_names_the_column(resour
     shape["bad"] = True
     failed = dg.materialize([evolving], resources=resources, raise_on_error=False)
     assert not failed.success
-    message = failed.failure_data_for_node("evolving").error.cause.message
+    message = failed.get_step_failure_events()[0].event_specific_data.error.to_string()
     assert "column 'store_id' is int in the table but string in the data" in message
     assert _table(resources, f"{namespace}.evolving").scan().to_arrow().num_rows == 2  # nothing written
 
@@ -154,3 +154,26 @@ def test_load_input_projects_filters_the_window_and_pins_the_upstream_snapshot(r
     assert seen == {"columns": ["store_id", "quantity"], "rows": 8}  # one day of the pinned snapshot, 2 columns
     out = _table(resources, f"{namespace}.per_store").scan().to_arrow().to_pylist()
     assert sorted((r["store_id"], r["quantity"]) for r in out) == [(0, 3), (1, 3), (2, 3), (3, 3)]
+
+
+def test_a_downstream_asset_is_held_back_by_a_failed_blocking_check(resources, namespace):
+    @dg.asset(key=[namespace, "landed"], io_manager_key="iceberg_io_manager")
+    def landed() -> pa.Table:
+        return pa.table({"record_id": ["t:0:1", "t:0:1"], "offset": [1, 1]})
+
+    @dg.asset_check(asset=landed, blocking=True)
+    def record_id_unique(iceberg_catalog) -> dg.AssetCheckResult:  # noqa: ANN001
+        ids = iceberg_catalog.load_table(f"{namespace}.landed").scan().to_arrow()["record_id"].to_pylist()
+        return dg.AssetCheckResult(passed=len(ids) == len(set(ids)), severity=dg.AssetCheckSeverity.ERROR)
+
+    @dg.asset(key=[namespace, "downstream"], io_manager_key="iceberg_io_manager",
+              ins={"rows": dg.AssetIn(key=landed.key)})
+    def downstream(rows):  # noqa: ANN001
+        return rows
+
+    result = dg.materialize([landed, downstream, record_id_unique], resources=resources, raise_on_error=False)
+
+    assert not result.success
+    assert [e.asset_key for e in result.get_asset_materialization_events()] == [landed.key]
+    assert not resources["iceberg_catalog"].load_table(f"{namespace}.landed").catalog.table_exists(
+        f"{namespace}.downstream")
