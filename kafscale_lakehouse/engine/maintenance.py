@@ -41,7 +41,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO
 from pyiceberg.manifest import DataFile, DataFileContent
-from pyiceberg.table import FileScanTask, Table, TableProperties
+from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyspark.sql import SparkSession
 
@@ -58,6 +58,7 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     is_kafscale_commit,
     read_committed_offsets,
 )
+from kafscale_lakehouse.engine.table_offsets import commit_settled, without_client_retries
 
 log = logging.getLogger(__name__)
 
@@ -430,13 +431,13 @@ def _commit_rewrite(table: Table, inputs: Sequence[DataFile], outputs: Sequence[
         properties[COMPACTION_PROPERTY] = compaction_id
         try:
             with catalog_errors(catalog_endpoint(table.catalog)):
-                view = _without_client_retries(table)
-                with view.transaction() as transaction:
-                    with transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite:
-                        for data_file in inputs:
-                            rewrite.delete_data_file(data_file)
-                        for data_file in outputs:
-                            rewrite.append_data_file(data_file)
+                transaction = without_client_retries(table).transaction()
+                with transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite:
+                    for data_file in inputs:
+                        rewrite.delete_data_file(data_file)
+                    for data_file in outputs:
+                        rewrite.append_data_file(data_file)
+                view = commit_settled(transaction)
         except CommitFailedException:
             if attempt == max_attempts:
                 raise
@@ -447,14 +448,6 @@ def _commit_rewrite(table: Table, inputs: Sequence[DataFile], outputs: Sequence[
         table.metadata, table.metadata_location = view.metadata, view.metadata_location
         return table.metadata.current_snapshot_id, attempt
     raise AssertionError("unreachable")
-
-
-def _without_client_retries(table: Table) -> Table:
-    """A view of `table` whose commits are not retried by pyiceberg (a retry would re-apply the rewrite with the
-    offsets read before the concurrent commit); as `table_offsets.append_without_client_retries` does."""
-    no_retries = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
-    return Table(identifier=table.name(), metadata=table.metadata.model_copy(update={"properties": no_retries}),
-                 metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
 
 
 # ---- per mapping (the CLI and the Dagster job) -----------------------------------------------------------------

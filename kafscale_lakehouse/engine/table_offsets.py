@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.table import Table, TableProperties, Transaction
 
 from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors
 from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
@@ -230,44 +230,51 @@ def _first_conflict(committed: Mapping[int, int], start_offsets: Mapping[int, in
 
 
 def append_without_client_retries(table: Table, data_files: Sequence[DataFile], properties: dict[str, str]) -> None:
-    """One fast append; on success `table` holds the catalog's new metadata.
-
-    pyiceberg retries a conflicting commit by itself, re-applying the append on the new metadata with the old
-    summary: that would skip our offset re-check. The append therefore runs on a view of the table whose
-    `commit.retry.num-retries` is 0 (only the client reads it; the catalog commits against its own metadata).
-    With its retries off, pyiceberg also skips its check that a refused commit did not land after all (a proxy
-    that retried our POST answers 409 for a commit it applied) and deletes the manifests the landed snapshot
-    references. So the manifests are deleted here, and only once the refreshed table shows the snapshot absent;
-    a commit found landed returns normally.
-    """
-    no_retries = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
-    view = Table(
-        identifier=table.name(),
-        metadata=table.metadata.model_copy(update={"properties": no_retries}),
-        metadata_location=table.metadata_location,
-        io=table.io,
-        catalog=table.catalog,
-    )
+    """One fast append without pyiceberg's client retries (`without_client_retries`: a retry would skip our offset
+    re-check), committed with `commit_settled`; on success `table` holds the catalog's new metadata."""
+    view = without_client_retries(table)
     transaction = view.transaction()
     with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
         for data_file in data_files:
             append.append_data_file(data_file)
+    commit_settled(transaction)
+    # The view now holds the catalog's answer to the commit (not the retry override): adopt it, saving a reload.
+    table.metadata = view.metadata
+    table.metadata_location = view.metadata_location
+
+
+def without_client_retries(table: Table) -> Table:
+    """A view of `table` whose commits pyiceberg does not retry by itself. pyiceberg re-applies a conflicting commit
+    on the new metadata with the old summary and the old plan: our writers re-check offsets or re-plan deletes and
+    retry themselves. Only the client reads the property; the catalog commits against its own metadata."""
+    no_retries = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    return Table(identifier=table.name(), metadata=table.metadata.model_copy(update={"properties": no_retries}),
+                 metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
+
+
+def commit_settled(transaction: Transaction) -> Table:
+    """`transaction.commit_transaction()` for a transaction of a `without_client_retries` view.
+
+    With its retries off, pyiceberg skips its check that a refused commit did not land after all (a proxy that
+    retried our POST answers 409 for a commit it applied) and deletes the manifests the landed snapshot references.
+    So those manifests are deleted here, and only once the refreshed table shows the snapshots absent; a commit
+    found landed returns normally. Returns the view with the catalog's metadata.
+    """
     producers = list(transaction._snapshot_producers)
     for producer in producers:
         producer._clean_all_uncommitted = _keep_until_outcome_known  # type: ignore[method-assign]
     try:
-        transaction.commit_transaction()
+        return transaction.commit_transaction()
     except CommitFailedException:
+        view = transaction._table
         view.refresh()
-        if not all(view.metadata.snapshot_by_id(producer._snapshot_id) for producer in producers):
+        if not producers or not all(view.metadata.snapshot_by_id(p._snapshot_id) for p in producers):
             for producer in producers:
                 type(producer)._clean_all_uncommitted(producer)
             raise
         log.warning("table %s: a commit answered as refused had landed (a retried request?)",
-                    ".".join(table.name()))
-    # The view now holds the catalog's answer to the commit (not the retry override): adopt it, saving a reload.
-    table.metadata = view.metadata
-    table.metadata_location = view.metadata_location
+                    ".".join(view.name()))
+        return view
 
 
 def _keep_until_outcome_known() -> None:

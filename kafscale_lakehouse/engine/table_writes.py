@@ -48,6 +48,7 @@ from kafscale_lakehouse.engine.iceberg_sink import (
     write_batches_as_data_files,
 )
 from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
+from kafscale_lakehouse.engine.table_offsets import commit_settled, without_client_retries
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +270,7 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
     for attempt in range(1, write.commit_attempts + 1):
         try:
             with catalog_errors(endpoint):
-                transaction = _without_client_retries(table).transaction()
+                transaction = without_client_retries(table).transaction()
                 if write.mode == "overwrite" and table.current_snapshot() is not None:
                     with warnings.catch_warnings():
                         # A partition materialized for the first time replaces nothing: not worth a warning.
@@ -279,7 +280,7 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
                     with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
                         for data_file in data_files:
                             append.append_data_file(data_file)
-                committed = transaction.commit_transaction()
+                committed = commit_settled(transaction)
         except CommitFailedException as exc:
             if attempt == write.commit_attempts:
                 failed = delete_data_files(table.io, [f.file_path for f in data_files])
@@ -300,14 +301,6 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
         return _result(table, write, snapshot.snapshot_id if snapshot else None, rows, len(data_files), created,
                        added, attempt)
     raise AssertionError("unreachable")
-
-
-def _without_client_retries(table: Table) -> Table:
-    """A view of `table` whose commits pyiceberg does not retry by itself: a retry must re-plan the delete on the
-    refreshed table, which our loop does (the view only changes what the client reads)."""
-    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
-    return Table(identifier=table.name(), metadata=table.metadata.model_copy(update={"properties": properties}),
-                 metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
 
 
 def _result(table: Table, write: TableWrite, snapshot_id: int | None, rows: int, files: int, created: bool,
