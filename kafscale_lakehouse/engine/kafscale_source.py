@@ -1,12 +1,9 @@
 """Reading KafScale segments for an ingestion run: exact Kafka offset ranges of one topic, straight from segments.
 
-Planning (driver): the ingestion run plans whole segments per Kafka partition and groups them into input partitions
-with `segment_run_partitions`; `plan_read` resolves explicit offset ranges (EARLIEST/LATEST, gap and range checks)
-the same way. An input partition (`SegmentRunPartition`) is a run of consecutive segments of one Kafka partition,
-up to a byte budget of `.kfs` bytes (a larger segment is a run of its own), and carries its own offset sub-range.
-`plan_read` lists from the segment holding the start offset on only (up to the end offset), so segments below the
-range cost nothing but their share of the key listing. A gap inside the range, or between the start offset and the
-first segment, fails (`OffsetGapError`); an end beyond the last completed segment fails (`OffsetRangeError`).
+Planning happens in the ingestion run (`engine/ingest.py`, with `storage.segments_from` and `storage.find_gaps`);
+`segment_run_partitions` cuts a partition's planned segments into input partitions. An input partition
+(`SegmentRunPartition`) is a run of consecutive segments of one Kafka partition, up to a byte budget of `.kfs`
+bytes (a larger segment is a run of its own), and carries its own offset sub-range.
 
 Reading (one Spark task of `engine/spark_ingestion.py`, `read_input_partition`): each segment is fetched once and
 decoded with CRC checks, limited to the range. A segment in which the start offset falls mid-way is range-read: its
@@ -33,7 +30,7 @@ partition only below it. Other input partitions of the same Kafka partition (lat
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -56,45 +53,19 @@ from kafscale_lakehouse.format import (
 from kafscale_lakehouse.format.segment_index import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE
 from kafscale_lakehouse.schema import JsonColumnCoercer, record_arrow_schema
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, ValidationResult, validate_values
-from kafscale_lakehouse.storage import (
-    Gap,
-    IncompleteSegment,
-    ObjectKind,
-    SegmentRef,
-    SegmentStore,
-    StorageError,
-    find_gaps,
-    parse_segment_key,
-    partition_prefix,
-    segment_key,
-)
+from kafscale_lakehouse.storage import SegmentRef, SegmentStore, StorageError
 
 log = logging.getLogger(__name__)
 
-EARLIEST = -2
-LATEST = -1
 INVALID_REASON_COLUMN = "_kafscale_invalid_reason"
 INVALID_SCHEMA_PATH_COLUMN = "_kafscale_invalid_schema_path"
 # Columns that describe a record rather than belong to it: never written to the table.
 SOURCE_STATUS_COLUMNS = (INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN)
-DEFAULT_MAX_BYTES_PER_PARTITION = 128 * 1024 * 1024
 MAX_ROWS_PER_BATCH = 65_536
 
 
 class KafscaleSourceError(Exception):
     """Segments cannot be read as asked; the message names the topic and partition."""
-
-
-class OffsetRangeError(KafscaleSourceError):
-    """A requested offset range does not lie within the completed segments of its partition."""
-
-
-class OffsetGapError(KafscaleSourceError):
-    """Offsets inside a requested range are missing from storage (deleted before they were ingested)."""
-
-    def __init__(self, message: str, *, gaps: Sequence[Gap] = ()):
-        super().__init__(message)
-        self.gaps = tuple(gaps)
 
 
 # ----------------------------------------------------------------------------------------------------- schema
@@ -131,128 +102,6 @@ class SegmentRunPartition:
     partition: int
     offsets: OffsetRange
     segments: tuple[SegmentRef, ...]
-
-
-@dataclass(frozen=True)
-class ReadPlan:
-    """`ranges`: the resolved range per Kafka partition (earliest/latest replaced by offsets); a partition with
-    no completed segment whose start was `EARLIEST` has nothing to read and no range."""
-
-    ranges: dict[int, OffsetRange]
-    input_partitions: list[SegmentRunPartition]
-
-
-def plan_read(store: SegmentStore, topic: str, ending_offsets: Mapping[int, int],
-              starting_offsets: Mapping[int, int] | None = None, *,
-              max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION) -> ReadPlan:
-    """Resolve the offset ranges and group the segments to read into input partitions (see module docstring).
-
-    `ending_offsets`: partition → exclusive end offset, or `LATEST` (the end of the latest completed segment); the
-    partitions read are these. `starting_offsets`: partition → inclusive start, or `EARLIEST` (the default).
-    """
-    starting_offsets = starting_offsets or {}
-    _check_ranges(topic, ending_offsets, starting_offsets, max_bytes_per_partition)
-    ranges: dict[int, OffsetRange] = {}
-    input_partitions: list[SegmentRunPartition] = []
-    for partition in sorted(ending_offsets):
-        start = starting_offsets.get(partition, EARLIEST)
-        resolved, segments = _plan_partition(store, topic, partition, start, ending_offsets[partition])
-        if resolved is None:
-            log.info("topic %s partition %d: no completed segment in %s, nothing to read", topic, partition,
-                     store.location)
-            continue
-        ranges[partition] = resolved
-        input_partitions.extend(segment_run_partitions(topic, partition, resolved, segments,
-                                                       max_bytes_per_partition))
-    log.info("kafscale read of topic %s from %s: ranges %s in %d input partitions (%d segments, %d bytes)",
-             topic, store.location, {p: str(r) for p, r in ranges.items()}, len(input_partitions),
-             sum(len(p.segments) for p in input_partitions),
-             sum(s.kfs_size for p in input_partitions for s in p.segments))
-    return ReadPlan(ranges, input_partitions)
-
-
-def _check_ranges(topic: str, ending_offsets: Mapping[int, int], starting_offsets: Mapping[int, int],
-                  max_bytes_per_partition: int) -> None:
-    if not ending_offsets:
-        raise ValueError(f"ending offsets name no partition of topic {topic!r}")
-    if max_bytes_per_partition < 1:
-        raise ValueError(f"max_bytes_per_partition is {max_bytes_per_partition}; it must be positive")
-    extra = sorted(set(starting_offsets) - set(ending_offsets))
-    if extra:
-        raise ValueError(f"starting offsets name partitions {extra} of topic {topic!r} that the ending offsets do "
-                         "not; the ending offsets list the partitions to read")
-    for partition, end in ending_offsets.items():
-        start = starting_offsets.get(partition, EARLIEST)
-        if partition < 0 or start < EARLIEST or start == LATEST or end < LATEST:
-            raise ValueError(f"topic {topic!r} partition {partition}: offsets {start}..{end} are invalid (start >= 0 "
-                             f"or {EARLIEST} = earliest, end >= 0 or {LATEST} = latest)")
-        if start >= 0 and end >= 0 and start > end:
-            raise ValueError(f"topic {topic!r} partition {partition}: starting offset {start} is after ending "
-                             f"offset {end}")
-
-
-def _plan_partition(store: SegmentStore, topic: str, partition: int, start: int,
-                    end: int) -> tuple[OffsetRange | None, list[SegmentRef]]:
-    if start >= 0 and start == end:
-        return OffsetRange(start, end), []
-    segments, incomplete = _segments_from(store, topic, partition, start, end)
-    # Operators need to know why the log "ends" early: an upload in flight, or a broker that died mid-upload.
-    not_complete = f"; not complete: {incomplete[0].kfs_key or incomplete[0].index_key}: {incomplete[0].reason}" \
-        if incomplete else ""
-    if start == EARLIEST:
-        if not segments:
-            if end == LATEST:
-                return None, []
-            raise OffsetRangeError(f"topic {topic} partition {partition}: no completed segment in {store.location} "
-                                   f"holds offsets below the ending offset {end}{not_complete}")
-        start = segments[0].base_offset
-    available_end = segments[-1].last_offset + 1 if segments else None
-    if end == LATEST:
-        if available_end is not None and start > available_end:
-            raise OffsetRangeError(f"topic {topic} partition {partition}: starting offset {start} is beyond the "
-                                   f"end of the latest completed segment ({available_end}) in {store.location}")
-        end = available_end if available_end is not None else start
-    offsets = OffsetRange(start, end)
-    if start == end:
-        return offsets, []
-    if available_end is None or available_end < end:
-        have = f"completed segments end at offset {available_end}" if available_end is not None else \
-            "there is no completed segment at or after the starting offset"
-        raise OffsetRangeError(f"topic {topic} partition {partition}: ending offset {end} is beyond the completed "
-                               f"segments in {store.location} ({have}{not_complete})")
-    in_range = [segment for segment in segments if segment.last_offset >= start and segment.base_offset < end]
-    gaps = find_gaps(in_range)
-    # The first segment reaching `start` must hold it (it may begin at or beyond `end` when a gap spans the range).
-    first = next(segment for segment in segments if segment.last_offset >= start)
-    if first.base_offset > start:
-        gaps.insert(0, Gap(topic, partition, start, first.base_offset, first.kfs_key))
-    if gaps:
-        raise OffsetGapError(f"topic {topic} partition {partition}: offsets missing from {store.location} inside "
-                             f"the requested range {offsets}: " + "; ".join(map(str, gaps)), gaps=gaps)
-    return offsets, in_range
-
-
-def _segments_from(store: SegmentStore, topic: str, partition: int, start: int,
-                   end: int) -> tuple[list[SegmentRef], list[IncompleteSegment]]:
-    """Completed segments from the one holding `start` (the first one for EARLIEST) up to the one holding `end - 1`,
-    and the incomplete segments seen after them.
-
-    One key listing gives every base offset; `list_segments` then resumes after the segment before the one holding
-    `start` and stops after the last base offset below `end`, so footers are read only for segments that matter.
-    """
-    prefix = partition_prefix(store.namespace, topic, partition)
-    parsed_keys = (parse_segment_key(info.key, store.namespace) for info in store.list_objects(prefix))
-    bases = sorted({parsed.base_offset for parsed in parsed_keys if parsed is not None})
-    first = max((base for base in bases if base <= start), default=None) if start != EARLIEST else None
-    earlier = [base for base in bases if base < first] if first is not None else []
-    after = segment_key(store.namespace, topic, partition, earlier[-1], ObjectKind.SEGMENT) if earlier else None
-    limit = None
-    if end != LATEST:
-        limit = sum(1 for base in bases if (first is None or base >= first) and base < end)
-        if limit == 0:
-            return [], []
-    listing = store.list_segments(topic, partition, after=after, limit=limit)
-    return listing.segments, listing.incomplete
 
 
 def segment_run_partitions(topic: str, partition: int, offsets: OffsetRange, segments: Sequence[SegmentRef],

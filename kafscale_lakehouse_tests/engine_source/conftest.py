@@ -11,17 +11,25 @@ import pytest
 from kafscale_lakehouse.apps.workload import ALL_CODECS, PIZZA_TOPIC, pizza_orders
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.kafscale_source import (
-    DEFAULT_MAX_BYTES_PER_PARTITION,
-    ReadPlan,
+    OffsetRange,
     SegmentReadError,
     SegmentReadFailure,
-    plan_read,
+    SegmentRunPartition,
     read_input_partition,
+    segment_run_partitions,
     source_arrow_schema,
 )
 from kafscale_lakehouse.format import EncodedSegment, encode_segment
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
-from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, S3SegmentStore, SegmentStore, segment_key
+from kafscale_lakehouse.storage import (
+    LocalSegmentStore,
+    ObjectKind,
+    S3SegmentStore,
+    SegmentStore,
+    find_gaps,
+    segment_key,
+    segments_from,
+)
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
 
 TOPIC = PIZZA_TOPIC
@@ -87,20 +95,46 @@ def s3_store_at(seaweedfs, namespace: str) -> S3SegmentStore:
 
 
 @dataclass(frozen=True)
-class ReadRequest:
-    """What a test reads: `plan_read`'s arguments, and the columns (and JSON Schema) each input partition is read
-    with, as the ingestion task reads them."""
+class ReadPlan:
+    """`ranges`: the range read per Kafka partition (a partition without a completed segment to read has none)."""
 
-    ending: dict[int, int]
-    starting: dict[int, int] = field(default_factory=dict)
+    ranges: dict[int, OffsetRange]
+    input_partitions: list[SegmentRunPartition]
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """What a test reads, planned and read the way the ingestion run does: each partition of `starting` is listed
+    from its next offset (None: nothing committed, from the oldest segment) with `segments_from`, optionally cut at
+    `ending[partition]` (exclusive; default: the end of the newest completed segment), grouped into input partitions
+    with `segment_run_partitions`, and read with `read_input_partition` with the columns (and JSON Schema)."""
+
+    starting: dict[int, int | None]
+    ending: dict[int, int] = field(default_factory=dict)
     topic: str = TOPIC
     columns: tuple[ColumnConfig, ...] = ()
-    max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
+    max_bytes_per_partition: int = 128 * 1024 * 1024
     json_schema: CompiledJsonSchema | None = None
 
     def plan(self, store: SegmentStore) -> ReadPlan:
-        return plan_read(store, self.topic, self.ending, self.starting,
-                         max_bytes_per_partition=self.max_bytes_per_partition)
+        ranges: dict[int, OffsetRange] = {}
+        input_partitions: list[SegmentRunPartition] = []
+        for partition, start in sorted(self.starting.items()):
+            segments = segments_from(store, self.topic, partition, start).segments
+            end = self.ending.get(partition)
+            if end is not None:
+                segments = [segment for segment in segments if segment.base_offset < end]
+            if not segments:
+                continue
+            # A test reads a contiguous range; gap handling is the run's (test_plan_and_read.py's planner tests).
+            assert find_gaps(segments, next_offset=start) == [], f"partition {partition}: gap in the test's range"
+            offsets = OffsetRange(segments[0].base_offset if start is None else start,
+                                  segments[-1].last_offset + 1 if end is None else end)
+            assert offsets.end <= segments[-1].last_offset + 1, f"partition {partition}: {offsets} beyond segments"
+            ranges[partition] = offsets
+            input_partitions.extend(segment_run_partitions(self.topic, partition, offsets, segments,
+                                                           self.max_bytes_per_partition))
+        return ReadPlan(ranges, input_partitions)
 
     def read(self, store: SegmentStore) -> tuple[pa.Table, list[SegmentReadFailure]]:
         """The rows of every input partition (each up to a segment it cannot read), and those failures."""

@@ -1,6 +1,7 @@
 """Planning and reading of segments in-process, where every request of the store can be observed.
 
-The ingestion Spark job's tasks run the same `read_input_partition` in their Python workers (see
+Planning is the ingestion run's (`engine/ingest.py`: `segments_from`, `find_gaps`, then `segment_run_partitions`);
+the ingestion Spark job's tasks run the same `read_input_partition` in their Python workers (see
 test_spark_ingestion.py).
 """
 
@@ -15,19 +16,17 @@ import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.config import ColumnConfig
+from kafscale_lakehouse.engine.ingest import PartitionOutcome, _plan_partition
 from kafscale_lakehouse.engine.kafscale_source import (
-    EARLIEST,
     INVALID_REASON_COLUMN,
-    LATEST,
     MAX_ROWS_PER_BATCH,
-    OffsetGapError,
     OffsetRange,
-    OffsetRangeError,
     SegmentReadError,
-    plan_read,
     read_input_partition,
+    segment_run_partitions,
 )
 from kafscale_lakehouse.format import CrcMismatchError, encode_segment, entry_for_offset, go_headers_json, parse_index
+from kafscale_lakehouse.offsets.ranges import OffsetRange as PartitionRange
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, ObjectNotFoundError, S3SegmentStore, segment_key
 from kafscale_lakehouse_tests.engine_source.conftest import (
     PIZZA_COLUMNS,
@@ -57,8 +56,8 @@ def test_exact_ranges_of_several_partitions_with_mixed_codecs_come_out_exactly(l
     write_pizza_segments(local_store, 0, [100] * 5)  # none, gzip, snappy, lz4, zstd
     write_pizza_segments(local_store, 1, [60, 60, 60], first_offset=1000, codecs=["zstd", "lz4", "gzip"])
     write_pizza_segments(local_store, 2, [50, 50], codecs=["snappy"])
-    options = ReadRequest(starting={0: 135, 1: 1000, 2: EARLIEST},
-                          ending={0: 367, 1: 1130, 2: LATEST})
+    options = ReadRequest(starting={0: 135, 1: 1000, 2: None},
+                          ending={0: 367, 1: 1130})
 
     plan = options.plan(local_store)
     table = options.read_all(local_store)
@@ -82,9 +81,10 @@ def test_segments_below_the_range_are_not_fetched(request, store_kind):
 
     assert_pizza_rows(table, 0, 265, 330)
     used = store.request_counts - before
-    # One key listing + one resumed listing; footers of the 3 segments holding 240..359 only; then the index and
-    # one ranged read of segment 240 (265 is mid-way), and segments 280 and 320 whole.
-    assert used == {"list": 2, "get": 3 + 2 + 2}
+    # `segments_from` (265 is mid-way into segment 240): a listing resumed at 265 (footers of 280, 320, 360), a
+    # key listing (no footers) finding 240, a listing resumed at 240 (footers of 240..360); then the index and one
+    # ranged read of segment 240, and segments 280 and 320 whole. Nothing of segments 0..200.
+    assert used == {"list": 3, "get": 3 + 4 + 2 + 2}
     if store_kind == "local":
         read_keys = {read.key for read in store.reads}
         for base in range(0, 240, 40):
@@ -116,70 +116,88 @@ def test_start_within_the_first_index_interval_reads_the_whole_segment(local_sto
         len(segment.kfs)]
 
 
-@pytest.mark.parametrize(("start", "end", "missing", "before_base"), [
-    (150, 350, "200..299 missing", 300),  # gap inside the range
-    (250, 350, "250..299 missing", 300),  # the range starts inside the gap
-    (50, 150, "50..99 missing", 100),  # the range starts before the first segment
-    (EARLIEST, LATEST, "200..299 missing", 300),
-])
-def test_a_gap_in_the_range_fails_naming_the_missing_offsets(local_store, start, end, missing, before_base):
-    write_pizza_segments(local_store, 0, [100, 100, 100], first_offset=100)
+def plan_run(store, partition: int, start: int | None, *, allow_gaps: bool = False):
+    """The ingestion run's plan of one partition from its next offset `start` (None: nothing committed)."""
+    outcome = PartitionOutcome(partition, start, start)
+    return _plan_partition(store, TOPIC, partition, start, 1 << 40, allow_gaps, outcome), outcome
+
+
+def read_run(store, partition: int, plan) -> pa.Table:
+    """The rows the run's Spark tasks read for `plan`."""
+    offsets = OffsetRange(plan.read.start, plan.read.end)
+    return pa.Table.from_batches([batch for run in segment_run_partitions(TOPIC, partition, offsets, plan.segments,
+                                                                          1 << 40)
+                                  for batch in read_input_partition(store, run, ())])
+
+
+def delete_segment(store, partition: int, base_offset: int) -> None:
     for kind in ObjectKind:
-        segment_path(local_store, 0, 200, kind).unlink()
-
-    with pytest.raises(OffsetGapError) as raised:
-        ReadRequest(starting={0: start}, ending={0: end}).plan(local_store)
-
-    assert missing in str(raised.value)
-    assert f"topic {TOPIC} partition 0" in str(raised.value)
-    [gap] = raised.value.gaps
-    assert gap.kfs_key == segment_key(local_store.namespace, TOPIC, 0, before_base, ObjectKind.SEGMENT)
-    assert f"before {gap.kfs_key}" in str(raised.value)
+        segment_path(store, partition, base_offset, kind).unlink()
 
 
-@pytest.mark.parametrize(("start", "end", "expected"), [
-    (100, 200, OffsetRange(100, 200)),  # the gap is beyond the range
-    (EARLIEST, 150, OffsetRange(100, 150)),
-    (320, LATEST, OffsetRange(320, 400)),  # the gap is below the range
+# The planned read is the offsets before the gap (None: nothing this run); with `allow_gaps` a gap at the next
+# offset is skipped and the read starts after it.
+@pytest.mark.parametrize(("start", "missing", "before_base", "read", "allowed_skip", "allowed_read"), [
+    (150, "200..299", 300, (150, 200), None, (150, 200)),  # gap inside the pending offsets
+    (250, "250..299", 300, None, (250, 300), (300, 400)),  # the next offset lies inside the gap
+    (50, "50..99", 100, None, (50, 100), (100, 200)),  # the next offset is before the first segment
+    (None, "200..299", 300, (100, 200), None, (100, 200)),  # nothing committed: from the oldest segment
 ])
-def test_a_gap_outside_the_range_does_not_matter(local_store, start, end, expected):
+def test_a_gap_in_the_pending_offsets_fails_the_partition_naming_the_missing_offsets(
+        local_store, start, missing, before_base, read, allowed_skip, allowed_read):
     write_pizza_segments(local_store, 0, [100, 100, 100], first_offset=100)
-    for kind in ObjectKind:
-        segment_path(local_store, 0, 200, kind).unlink()
-    options = ReadRequest(starting={0: start}, ending={0: end})
+    delete_segment(local_store, 0, 200)
+    before_key = segment_key(local_store.namespace, TOPIC, 0, before_base, ObjectKind.SEGMENT)
 
-    assert options.plan(local_store).ranges == {0: expected}
-    assert_pizza_rows(options.read_all(local_store), 0, expected.start, expected.end)
+    plan, outcome = plan_run(local_store, 0, start)
+
+    assert f"offsets {missing} are missing before {before_key}" in outcome.error
+    if read is None:
+        assert plan is None  # nothing to read before the gap
+    else:
+        assert (plan.read.start, plan.read.end) == read  # read up to the gap, commit that, report the gap
+        assert_pizza_rows(read_run(local_store, 0, plan), 0, *read)
+
+    allowed, outcome = plan_run(local_store, 0, start, allow_gaps=True)
+    assert outcome.error is None
+    assert outcome.skipped == (None if allowed_skip is None else PartitionRange(0, *allowed_skip))
+    assert (allowed.read.start, allowed.read.end) == allowed_read
+    assert_pizza_rows(read_run(local_store, 0, allowed), 0, *allowed_read)
 
 
-def test_offsets_resolve_against_completed_segments_only(local_store):
+def test_a_gap_below_the_next_offset_does_not_matter(local_store):
+    write_pizza_segments(local_store, 0, [100, 100, 100], first_offset=100)
+    delete_segment(local_store, 0, 200)
+
+    plan, outcome = plan_run(local_store, 0, 320)
+
+    assert outcome.error is None and outcome.skipped is None
+    assert (plan.read.start, plan.read.end, [s.base_offset for s in plan.segments]) == (320, 400, [300])
+    assert_pizza_rows(read_run(local_store, 0, plan), 0, 320, 400)
+
+
+def test_the_run_plans_completed_segments_only(local_store):
     [_, last] = write_pizza_segments(local_store, 0, [50, 50])
     orphan = encode_segment(pizza_orders(100, 30), base_offset=100)  # its .index never arrives
     local_store.put(segment_key(local_store.namespace, TOPIC, 0, 100, ObjectKind.SEGMENT), orphan.kfs)
-    def plan(starting, ending):
-        return ReadRequest(starting=starting, ending=ending).plan(local_store)
 
-    assert plan({}, {0: LATEST}).ranges == {0: OffsetRange(0, last.last_offset + 1)}
-    assert plan({0: 100}, {0: LATEST}).ranges == {0: OffsetRange(100, 100)}  # nothing pending yet
-    assert plan({0: 100}, {0: LATEST}).input_partitions == []
-    assert plan({}, {5: LATEST}).ranges == {}  # a partition without segments
-    with pytest.raises(OffsetRangeError, match=r"partition 0: ending offset 120 is beyond .* end at offset 100; "
-                                               r"not complete: .*segment-00000000000000000100\.kfs: no \.index"):
-        plan({0: 10}, {0: 120})
-    # Beyond the in-flight segment nothing is known yet; once it completes, the next plan tells.
-    assert plan({0: 150}, {0: LATEST}).ranges == {0: OffsetRange(150, 150)}
-    write_pizza_segments(local_store, 1, [50])
-    with pytest.raises(OffsetRangeError, match=r"partition 1: starting offset 80 is beyond .* \(50\)"):
-        plan({1: 80}, {1: LATEST})
-    with pytest.raises(OffsetRangeError, match=r"partition 5: no completed segment .* below the ending offset 10"):
-        plan({}, {5: 10})
+    plan, outcome = plan_run(local_store, 0, None)
+    assert (plan.read.start, plan.read.end, plan.commit_start) == (0, last.last_offset + 1, 0)
+    assert [s.base_offset for s in plan.segments] == [0, 50] and outcome.error is None
+    plan, _ = plan_run(local_store, 0, 70)  # mid-way into the newest completed segment: that segment is read
+    assert (plan.read.start, plan.read.end, [s.base_offset for s in plan.segments]) == (70, 100, [50])
+    assert_pizza_rows(read_run(local_store, 0, plan), 0, 70, 100)
+    assert plan_run(local_store, 0, 100)[0] is None  # nothing pending yet: the in-flight segment is not read
+    # Beyond the in-flight segment nothing is known yet; once it completes, the next run plans it.
+    assert plan_run(local_store, 0, 150)[0] is None
+    assert plan_run(local_store, 5, None)[0] is None  # a partition without segments
 
 
 def test_input_partitions_are_runs_of_one_kafka_partition_up_to_max_bytes(local_store):
     segments = write_pizza_segments(local_store, 0, [40] * 6, codecs=["none"])
     write_pizza_segments(local_store, 1, [40])
     size = len(segments[0].kfs)
-    options = ReadRequest(starting={0: 10}, ending={0: 230, 1: LATEST},
+    options = ReadRequest(starting={0: 10, 1: None}, ending={0: 230},
                           max_bytes_per_partition=int(size * 2.5))
 
     plan = options.plan(local_store)
@@ -189,14 +207,14 @@ def test_input_partitions_are_runs_of_one_kafka_partition_up_to_max_bytes(local_
         (1, OffsetRange(0, 40), [0]),
     ]
     assert all(len(pickle.dumps(partition)) < 2048 for partition in plan.input_partitions)
-    one_each = ReadRequest(ending={0: LATEST}, max_bytes_per_partition=1).plan(local_store)
+    one_each = ReadRequest(starting={0: None}, max_bytes_per_partition=1).plan(local_store)
     assert [len(p.segments) for p in one_each.input_partitions] == [1] * 6
 
 
 def test_a_corrupt_segment_ends_the_read_with_an_error_naming_the_object_and_byte(local_store):
     write_pizza_segments(local_store, 0, [30] * 4)
     bad_key = corrupt_segment(local_store, 0, 60)
-    [partition] = ReadRequest(ending={0: LATEST}).plan(local_store).input_partitions
+    [partition] = ReadRequest(starting={0: None}).plan(local_store).input_partitions
     delivered = []
 
     with pytest.raises(SegmentReadError) as raised:
@@ -216,7 +234,7 @@ def test_a_failing_segment_stops_its_kafka_partition_and_other_partitions_read_o
     write_pizza_segments(local_store, 0, [30] * 4)
     write_pizza_segments(local_store, 1, [30] * 2)
     bad_key = corrupt_segment(local_store, 0, 60)
-    options = ReadRequest(ending={0: LATEST, 1: LATEST}, columns=PIZZA_COLUMNS)
+    options = ReadRequest(starting={0: None, 1: None}, columns=PIZZA_COLUMNS)
 
     table, [failure] = options.read(local_store)
 
@@ -250,7 +268,7 @@ def test_mapped_columns_come_out_typed_and_invalid_records_are_kept_with_a_reaso
     local_store.put(kfs_key.removesuffix(".kfs") + ".index",
                     (fixture / kfs_key.rsplit("/", 1)[1]).with_suffix(".index").read_bytes())
     columns = (ColumnConfig(name="name", type="string", required=True), ColumnConfig(name="n", type="int"))
-    options = ReadRequest(topic=meta["topic"], ending={meta["partition"]: LATEST},
+    options = ReadRequest(topic=meta["topic"], starting={meta["partition"]: None},
                           columns=columns)
 
     table = options.read_all(local_store)
@@ -269,7 +287,7 @@ def test_mapped_columns_come_out_typed_and_invalid_records_are_kept_with_a_reaso
 def test_pizza_columns_are_coerced_in_batches_of_bounded_size(local_store, monkeypatch):
     write_pizza_segments(local_store, 0, [250])
     monkeypatch.setattr("kafscale_lakehouse.engine.kafscale_source.MAX_ROWS_PER_BATCH", 100)
-    options = ReadRequest(ending={0: LATEST}, columns=PIZZA_COLUMNS)
+    options = ReadRequest(starting={0: None}, columns=PIZZA_COLUMNS)
     [partition] = options.plan(local_store).input_partitions
 
     batches = list(read_input_partition(local_store, partition, PIZZA_COLUMNS))
@@ -299,18 +317,3 @@ def test_an_opened_store_pickles_so_each_task_opens_the_same(tmp_path):
     assert "SECRET" not in repr(copy) and "TOKEN" not in repr(copy)
     local = LocalSegmentStore(tmp_path, namespace="ns")
     assert pickle.loads(pickle.dumps(local)).root == local.root
-
-
-@pytest.mark.parametrize(("starting", "ending", "extra", "message"), [
-    ({}, {}, {}, "ending offsets name no partition"),
-    ({1: 0}, {0: 5}, {}, r"starting offsets name partitions \[1\]"),
-    ({0: 9}, {0: 5}, {}, "starting offset 9 is after ending offset 5"),
-    ({0: -1}, {0: 5}, {}, "partition 0: offsets -1..5 are invalid"),
-    ({}, {0: -3}, {}, "partition 0: offsets -2..-3 are invalid"),
-    ({}, {0: 5}, {"max_bytes_per_partition": 0}, "max_bytes_per_partition is 0"),
-])
-def test_invalid_offset_requests_are_refused_naming_the_partition(tmp_path, starting, ending, extra, message):
-    store = LocalSegmentStore(tmp_path, namespace="ns")
-    with pytest.raises(ValueError, match=message):
-        plan_read(store, "orders", ending, starting, **extra)
-    assert store.request_counts == {}  # refused before any request

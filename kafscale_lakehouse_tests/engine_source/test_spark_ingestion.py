@@ -10,7 +10,7 @@ import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
-from kafscale_lakehouse.engine.kafscale_source import LATEST, OffsetRange
+from kafscale_lakehouse.engine.kafscale_source import OffsetRange
 from kafscale_lakehouse.engine.spark_ingestion import run_ingestion_spark_job
 from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse.schema import table_schema
@@ -42,7 +42,7 @@ def test_every_golden_fixture_reads_as_its_expected_rows_from_s3(seaweedfs, uniq
         store.put(kfs_key, kfs_file.read_bytes())
         store.put(kfs_key.removesuffix(".kfs") + ".index", kfs_file.with_suffix(".index").read_bytes())
 
-        rows = ReadRequest(topic=meta["topic"], ending={meta["partition"]: LATEST}).read_all(store)
+        rows = ReadRequest(topic=meta["topic"], starting={meta["partition"]: None}).read_all(store)
 
         expected = []
         for line in (fixture / "expected.jsonl").read_text().splitlines():
@@ -66,7 +66,7 @@ def pizza_table(tmp_path, unique_prefix):
 def test_exact_ranges_and_typed_mapped_columns_through_the_spark_job(spark, local_store, pizza_table):
     write_pizza_segments(local_store, 0, [100, 100, 100])
     write_pizza_segments(local_store, 1, [80, 80], codecs=["zstd", "snappy"])
-    request = ReadRequest(starting={0: 135, 1: 0}, ending={0: 250, 1: LATEST}, columns=PIZZA_COLUMNS,
+    request = ReadRequest(starting={0: 135, 1: 0}, ending={0: 250}, columns=PIZZA_COLUMNS,
                           max_bytes_per_partition=1)  # one task per segment
     plan = request.plan(local_store)
     # The tasks get the store pickled; a plain store (the recording one's class lives in the tests).
@@ -93,7 +93,7 @@ def test_a_corrupt_segment_comes_back_as_the_failure_of_its_task(spark, local_st
     write_pizza_segments(local_store, 0, [30, 30, 30])
     write_pizza_segments(local_store, 1, [30])
     bad_key = corrupt_segment(local_store, 0, 30)
-    plan = ReadRequest(ending={0: LATEST, 1: LATEST}, columns=PIZZA_COLUMNS).plan(local_store)
+    plan = ReadRequest(starting={0: None, 1: None}, columns=PIZZA_COLUMNS).plan(local_store)
     assert plan.ranges[0] == OffsetRange(0, 90)  # the plan covers it; reading stops at it
     store = LocalSegmentStore(local_store.root, namespace=local_store.namespace)
 

@@ -10,18 +10,14 @@ import pytest
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.engine.iceberg_sink import SinkJob
-from kafscale_lakehouse.engine.kafscale_source import (
-    INVALID_REASON_COLUMN,
-    INVALID_SCHEMA_PATH_COLUMN,
-    plan_read,
-    read_input_partition,
-)
+from kafscale_lakehouse.engine.kafscale_source import INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN
 from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.engine.spark_ingestion import run_ingestion_spark_job
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.validation import compile_json_schema
 from kafscale_lakehouse.storage import LocalSegmentStore
+from kafscale_lakehouse_tests.engine_source.conftest import ReadRequest
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, PIZZA_SCHEMA, SEGMENT_RECORDS, records_with_faults
 
 TOPIC = "validated-pizzas"
@@ -41,9 +37,7 @@ def store(tmp_path) -> LocalSegmentStore:
 
 def read_all(store: LocalSegmentStore, *, validated: bool) -> pa.Table:
     json_schema = compile_json_schema(PIZZA_SCHEMA, SCHEMA_SOURCE) if validated else None
-    batches = [batch for part in plan_read(store, TOPIC, {0: 2 * SEGMENT_RECORDS}, {0: 0}).input_partitions
-               for batch in read_input_partition(store, part, COLUMNS, json_schema)]
-    return pa.Table.from_batches(batches)
+    return ReadRequest(starting={0: 0}, topic=TOPIC, columns=COLUMNS, json_schema=json_schema).read_all(store)
 
 
 def expected_schema_status(offset: int) -> tuple[str | None, str | None]:
@@ -100,7 +94,7 @@ def test_spark_tasks_validate_with_the_schema_of_the_task_spec(store, spark, tmp
     dead_letters = open_table(catalog, "validation.pizzas_dead_letters", schema=DEAD_LETTER_SCHEMA,
                               create_if_missing=True)
     target = DeadLetterTarget(SinkJob.for_table(dead_letters, "run-v", 1 << 20), ingested_at_us=0)
-    partitions = plan_read(store, TOPIC, {0: 2 * SEGMENT_RECORDS}, {0: 0}, max_bytes_per_partition=1).input_partitions
+    partitions = ReadRequest(starting={0: 0}, topic=TOPIC, max_bytes_per_partition=1).plan(store).input_partitions
 
     outputs = run_ingestion_spark_job(spark, table, "run-v", store, TOPIC, partitions, columns=COLUMNS,
                                       json_schema=compile_json_schema(PIZZA_SCHEMA, SCHEMA_SOURCE),
