@@ -42,7 +42,7 @@ def test_compaction_races_an_ingestion_commit_and_keeps_every_record_once(produc
     # compaction's first attempt, which retries on the new state.
     for partition in (0, 1):
         world.write_segments(partition, 40, base_offset=160, records_per_segment=40)
-    real_view = maintenance._without_client_retries
+    real_view = maintenance.without_client_retries
     raced = []
 
     def ingest_first(table):
@@ -50,7 +50,7 @@ def test_compaction_races_an_ingestion_commit_and_keeps_every_record_once(produc
             raced.append(ingest(world.config(), spark))
         return real_view(table)
 
-    monkeypatch.setattr(maintenance, "_without_client_retries", ingest_first)
+    monkeypatch.setattr(maintenance, "without_client_retries", ingest_first)
     result = compact(spark, world.table(), target_file_size_bytes=64 * 1024 * 1024, min_input_files=2)
 
     assert raced and result.attempts == 2
