@@ -12,9 +12,11 @@ import pytest
 from kafscale_lakehouse.offsets import LeaseHeldError, LocalOffsetStore, OffsetStoreUnavailableError
 
 
-def _contend(path: str, owner: str, until: float, holders, overlaps, acquisitions) -> None:
+def _contend(path: str, owner: str, start, seconds: float, holders, overlaps, acquisitions) -> None:
     """Run in a separate process: grab the lease whenever free, bump the offset by one, hold it briefly."""
     store = LocalOffsetStore(path, key_prefix="processors")
+    start.wait(120)  # both processes contend for the same window, however long their start-up took
+    until = time.time() + seconds
     while time.time() < until:
         try:
             lease = store.acquire_lease("orders", 0, owner)
@@ -42,11 +44,13 @@ def test_two_processes_contending_for_one_lease(tmp_path):
     context = multiprocessing.get_context("spawn")
     holders, overlaps = context.Value("i", 0), context.Value("i", 0)
     acquisitions = [context.Value("i", 0), context.Value("i", 0)]
-    until = time.time() + 4  # includes the spawned interpreters' start-up
-    workers = [context.Process(target=_contend, args=(path, f"worker-{i}", until, holders, overlaps, acquisitions[i]))
+    start = context.Barrier(3)
+    workers = [context.Process(target=_contend, args=(path, f"worker-{i}", start, 2.0, holders, overlaps,
+                                                      acquisitions[i]))
                for i in range(2)]
     for worker in workers:
         worker.start()
+    start.wait(120)
     for worker in workers:
         worker.join(30)
     assert [worker.exitcode for worker in workers] == [0, 0]
