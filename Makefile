@@ -25,7 +25,7 @@ SPARK_ENGINE_PORT ?= 15002
 demo: install
 	mkdir -p $(DAGSTER_HOME)
 	cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
-	$(BIN)/kafscale-lakehouse demo-producer --rounds 1  # the definitions check at load that the topic exists
+	$(BIN)/kafscale-lakehouse demo-producer --rounds 1  # segments before the first sensor tick
 	$(BIN)/kafscale-lakehouse spark-engine --address 127.0.0.1:$(SPARK_ENGINE_PORT) & engine=$$!; \
 	$(BIN)/kafscale-lakehouse demo-producer & producer=$$!; \
 	trap 'kill $$producer $$engine 2>/dev/null; wait $$producer $$engine' EXIT; trap 'exit 130' INT TERM; \
