@@ -40,6 +40,7 @@ from kafscale_lakehouse.engine.dead_letter import (
     stage_dead_letters,
 )
 from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
+from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, LfsStats, lfs_read_settings, lfs_summary_properties
 from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput, run_ingest_job
 from kafscale_lakehouse.engine.kafscale_source import (
     KafscaleReadOptions,
@@ -351,6 +352,7 @@ def _plan(prepared: PreparedIngest) -> None:
             max_bytes_per_partition=config.processor.target_file_size_bytes,
             on_segment_error=SegmentErrorMode.MARK,
             json_schema=prepared.validation.json_schema,
+            lfs=lfs_read_settings(mapping.lfs, prepared.validation.mode),
         )
 
 
@@ -451,7 +453,8 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     ends = {p: plan.end for p, plan in plans.items()}
     for partition, failure in failures.items():
         ends[partition] = min(ends[partition], failure.next_offset)
-        plans[partition].outcome.error = f"segment {failure.key} could not be read: {failure.message}"
+        plans[partition].outcome.error = failure.message if failure.error_type == LFS_ERROR_TYPE else \
+            f"segment {failure.key} could not be read: {failure.message}"
     committing = {p: plan for p, plan in plans.items() if ends[p] > plan.commit_start}
     for p in list(committing):
         try:
@@ -474,6 +477,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     properties = ({SKIPPED_PROPERTY_PREFIX + topic: json.dumps({str(p): list(r) for p, r in skipped.items()})}
                   if skipped else {})
     properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - write_started) * 1000))
+    properties.update(lfs_summary_properties(_committed_lfs_stats(prepared, messages, ends, committing)))
     staged = None
     if dead_letters is not None:
         # Staged before the table commit, published right after it (dead_letter.py: why nothing is lost or doubled).
@@ -536,6 +540,18 @@ def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestTaskOutpu
             outcome.data_files += len(message.data_files)
     if outcome.start_offset is None:
         outcome.start_offset = plan.commit_start
+
+
+def _committed_lfs_stats(prepared: PreparedIngest, messages: list[IngestTaskOutput], ends: dict[int, int],
+                         committing: dict) -> LfsStats:
+    """LFS counts of the tasks whose records this commit covers (a dropped task's records are read again)."""
+    total = LfsStats()
+    runs = prepared.input_partitions()
+    for message in messages:
+        run = runs[message.task_id]
+        if run.partition in committing and run.offsets.start < ends[run.partition]:
+            total.add(message.source_stats.lfs)
+    return total
 
 
 def _max_timestamp(messages: list[IngestTaskOutput], partition: int) -> int:

@@ -76,9 +76,9 @@ class _IngestTasks:
 
     def _run(self, store, read_options: KafscaleReadOptions, task_id: int) -> IngestTaskOutput:
         partition = self.input_partitions[task_id]
-        records = read_input_partition(store, partition, read_options.columns, read_options.on_segment_error,
-                                       read_options.json_schema)
         splitter = SourceRowSplitter(self.dead_letters, task_id)
+        records = read_input_partition(store, partition, read_options.columns, read_options.on_segment_error,
+                                       read_options.json_schema, read_options.lfs, splitter.stats.lfs)
         try:
             data_files = write_batches_as_data_files(self.sink, splitter.rows_to_write(records), task_id)
         except BaseException:

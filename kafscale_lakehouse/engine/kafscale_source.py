@@ -16,6 +16,11 @@ Options (case-insensitive, like every Spark source option; an unknown option is 
 - `columns`: JSON list of mapped columns `[{"name": ..., "type": ..., "required": ...}]` (config `schema.columns`).
 - `maxBytesPerPartition`: segment bytes per input partition (default 128 MiB).
 - `onSegmentError`: `fail` (default) or `mark` (below).
+- `lfs`: JSON of `lfs_resolution.LfsReadSettings` (the mapping's `lfs` block and where failures go): envelope
+  records are resolved, referenced or skipped on the executors (engine/lfs_resolution.py); with `store_metadata` the
+  `lfs_*` columns (`schema.columns.LFS_METADATA_COLUMNS`) must end `columns` and are filled by that stage. A record
+  that fails there stops its partition like a failing segment (an error marker whose `error_type` is
+  `LfsResolutionError` and whose `key` is the blob), or with `on_error` dead_letter is an invalid record.
 - `jsonSchema` (+ `jsonSchemaSource`, where it came from, for messages): a JSON Schema document every record value is
   validated against on the executors (`schema.mode` lenient/strict). The driver fetches it from the registry, so an
   unreachable registry fails the run before any task starts and executors never call it.
@@ -89,7 +94,15 @@ from kafscale_lakehouse.format import (
     parse_index,
 )
 from kafscale_lakehouse.format.segment_index import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE
+from kafscale_lakehouse.engine.lfs_resolution import (
+    LFS_ERROR_TYPE,
+    LfsFailure,
+    LfsReadSettings,
+    LfsResolver,
+    LfsStats,
+)
 from kafscale_lakehouse.schema import JsonColumnCoercer, SchemaMappingError, record_arrow_schema
+from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
 from kafscale_lakehouse.schema.validation import (
     CompiledJsonSchema,
     InvalidSchemaDocumentError,
@@ -132,7 +145,7 @@ _STORE_OPTIONS = ("store", "namespace", "bucket", "endpoint", "region", "pathSty
 _S3_ONLY_OPTIONS = ("bucket", "endpoint", "region", "pathStyle", "s3.accessKeyId", "s3.secretAccessKey",
                     "s3.sessionToken")
 _READ_OPTIONS = ("topic", "startingOffsets", "endingOffsets", "columns", "maxBytesPerPartition", "onSegmentError",
-                 "jsonSchema", "jsonSchemaSource")
+                 "jsonSchema", "jsonSchemaSource", "lfs")
 _OPTION_NAMES = {name.lower(): name for name in (*_STORE_OPTIONS, *_READ_OPTIONS)}
 # Registering again works but makes Spark warn about replacing the source, so once per session.
 _sessions_with_source: weakref.WeakSet[SparkSession] = weakref.WeakSet()
@@ -156,6 +169,10 @@ class OffsetGapError(KafscaleSourceError):
     def __init__(self, message: str, *, gaps: Sequence[Gap] = ()):
         super().__init__(message)
         self.gaps = tuple(gaps)
+
+
+class LfsResolutionError(KafscaleSourceError):
+    """A record's LFS envelope or blob could not be handled (with onSegmentError=fail); names record and blob."""
 
 
 class SegmentErrorMode(str, Enum):
@@ -258,6 +275,7 @@ class KafscaleReadOptions:
     max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
     on_segment_error: SegmentErrorMode = SegmentErrorMode.FAIL
     json_schema: CompiledJsonSchema | None = None  # validate every value against it (schema.mode lenient/strict)
+    lfs: LfsReadSettings | None = None  # what to do with LFS envelope records
 
     def __post_init__(self) -> None:
         if not self.topic:
@@ -284,6 +302,10 @@ class KafscaleReadOptions:
             record_arrow_schema(self.columns)
         except SchemaMappingError as exc:
             raise KafscaleOptionError(f"option columns: {exc}") from exc
+        if self.lfs is not None and self.lfs.config.store_metadata \
+                and self.columns[-len(LFS_METADATA_COLUMNS):] != LFS_METADATA_COLUMNS:
+            raise KafscaleOptionError("option lfs asks for store_metadata: option columns must end with the lfs_* "
+                                      "columns (schema.columns.LFS_METADATA_COLUMNS)")
 
     def to_options(self) -> dict[str, str]:
         return {
@@ -296,6 +318,7 @@ class KafscaleReadOptions:
             "onSegmentError": self.on_segment_error.value,
             **({"jsonSchema": json.dumps(self.json_schema.document), "jsonSchemaSource": self.json_schema.source}
                if self.json_schema is not None else {}),
+            **({"lfs": self.lfs.to_option()} if self.lfs is not None else {}),
         }
 
     @classmethod
@@ -325,6 +348,7 @@ class KafscaleReadOptions:
                                                "maxBytesPerPartition"),
             on_segment_error=SegmentErrorMode(mode),
             json_schema=_parse_json_schema(lowered.get("jsonschema"), lowered.get("jsonschemasource")),
+            lfs=_parse_lfs(lowered.get("lfs")),
         )
 
 
@@ -385,6 +409,15 @@ def _parse_json_schema(text: str | None, source: str | None) -> CompiledJsonSche
         return compile_json_schema(document, source)
     except InvalidSchemaDocumentError as exc:
         raise KafscaleOptionError(f"option jsonSchema: {exc}") from exc
+
+
+def _parse_lfs(text: str | None) -> LfsReadSettings | None:
+    if text is None:
+        return None
+    try:
+        return LfsReadSettings.from_option(text)
+    except (ValueError, ValidationError) as exc:
+        raise KafscaleOptionError(f"option lfs is invalid: {exc}") from None
 
 
 def _parse_int(text: str, option: str) -> int:
@@ -553,11 +586,27 @@ def segment_run_partitions(topic: str, partition: int, offsets: OffsetRange, seg
 
 def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[ColumnConfig],
                          on_segment_error: SegmentErrorMode = SegmentErrorMode.FAIL,
-                         json_schema: CompiledJsonSchema | None = None) -> Iterator[pa.RecordBatch]:
+                         json_schema: CompiledJsonSchema | None = None, lfs: LfsReadSettings | None = None,
+                         lfs_stats: LfsStats | None = None) -> Iterator[pa.RecordBatch]:
     """Arrow batches (`source_arrow_schema(columns, validated=json_schema is not None)`) of the records of
-    `partition`, in offset order, each value validated against `json_schema` when given."""
+    `partition`, in offset order, each value validated against `json_schema` when given; with `lfs`, envelope
+    records handled first (what they did is added to `lfs_stats`)."""
     schema = source_arrow_schema(columns, validated=json_schema is not None)
-    coercer = JsonColumnCoercer(columns)
+    if lfs is None:
+        yield from _read_segments(store, partition, columns, on_segment_error, json_schema, schema, None)
+        return
+    resolver = LfsResolver(lfs, store, lfs_stats)
+    try:
+        yield from _read_segments(store, partition, columns, on_segment_error, json_schema, schema, resolver)
+    finally:
+        resolver.close()
+
+
+def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[ColumnConfig],
+                   on_segment_error: SegmentErrorMode, json_schema: CompiledJsonSchema | None, schema: pa.Schema,
+                   resolver: LfsResolver | None) -> Iterator[pa.RecordBatch]:
+    lfs_columns = resolver is not None and resolver.settings.config.store_metadata
+    coercer = JsonColumnCoercer(columns[:-len(LFS_METADATA_COLUMNS)] if lfs_columns else columns)
     for segment in partition.segments:
         try:
             records = fetch_segment_records(store, segment, partition.offsets)
@@ -570,7 +619,21 @@ def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, co
             yield _error_marker_batch(schema, segment, next_offset, exc)
             return
         for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
-            yield _with_mapped_columns(batch, coercer, schema, json_schema)
+            if resolver is None:
+                yield _with_mapped_columns(batch, coercer, schema, json_schema)
+                continue
+            for handled in resolver.process(batch):
+                if handled.batch.num_rows:
+                    yield _with_mapped_columns(handled.batch, coercer, schema, json_schema, handled.metadata,
+                                               handled.invalid_reasons)
+                if handled.stop is not None:
+                    failure = handled.stop
+                    if on_segment_error is SegmentErrorMode.FAIL:
+                        raise LfsResolutionError(failure.describe())
+                    log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
+                              failure.offset, failure.describe())
+                    yield _lfs_error_marker_batch(schema, segment, failure)
+                    return
 
 
 def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange) -> pa.Table:
@@ -616,11 +679,14 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
 
 
 def _with_mapped_columns(batch: pa.RecordBatch, coercer: JsonColumnCoercer, schema: pa.Schema,
-                         json_schema: CompiledJsonSchema | None) -> pa.RecordBatch:
+                         json_schema: CompiledJsonSchema | None, lfs_metadata: Mapping[str, pa.Array] | None = None,
+                         lfs_reasons: pa.Array | None = None) -> pa.RecordBatch:
     result = coercer.coerce(batch.column("value"))
     column_reasons = pc.binary_join_element_wise(result.invalid_column, result.invalid_reason, ": ")
     reasons = pc.coalesce(column_reasons, result.invalid_reason)
-    mapped = [result.columns[column.name] for column in coercer.columns]
+    if lfs_reasons is not None:  # an unresolvable blob is the record's first fault
+        reasons = pc.coalesce(lfs_reasons, reasons)
+    mapped = [result.columns[column.name] for column in coercer.columns] + list((lfs_metadata or {}).values())
     status = [reasons]
     if json_schema is not None:
         violations = validate_values(batch.column("value"), batch.column("record_id"), json_schema)
@@ -663,6 +729,22 @@ def _error_marker_batch(schema: pa.Schema, segment: SegmentRef, next_offset: int
         "message": str(exc),
         "base_offset": segment.base_offset,
         "next_offset": next_offset,
+    }
+    values = {"record_id": segment.kfs_key, "topic": segment.topic, "partition": segment.partition,
+              "offset": ERROR_MARKER_OFFSET, "timestamp_ms": 0,
+              "value": json.dumps(description, separators=(",", ":")).encode()}
+    return pa.RecordBatch.from_arrays([pa.array([values.get(f.name)], f.type) for f in schema], schema=schema)
+
+
+def _lfs_error_marker_batch(schema: pa.Schema, segment: SegmentRef, failure: LfsFailure) -> pa.RecordBatch:
+    """An error marker (as for a failing segment) for a record whose LFS envelope or blob failed."""
+    description = {
+        "key": failure.location or failure.record_id,
+        "position": None,
+        "error_type": LFS_ERROR_TYPE,
+        "message": failure.describe(),
+        "base_offset": segment.base_offset,
+        "next_offset": failure.offset,
     }
     values = {"record_id": segment.kfs_key, "topic": segment.topic, "partition": segment.partition,
               "offset": ERROR_MARKER_OFFSET, "timestamp_ms": 0,
@@ -720,7 +802,8 @@ class KafscaleReader(DataSourceReader):
 
     def read(self, partition: SegmentRunPartition) -> Iterator[pa.RecordBatch]:
         return read_input_partition(self.store, partition, self.read_options.columns,
-                                    self.read_options.on_segment_error, self.read_options.json_schema)
+                                    self.read_options.on_segment_error, self.read_options.json_schema,
+                                    self.read_options.lfs)
 
 
 def register_kafscale_source(spark: SparkSession) -> None:

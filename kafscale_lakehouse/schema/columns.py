@@ -32,6 +32,16 @@ from kafscale_lakehouse.schema.errors import SchemaMappingError
 log = logging.getLogger(__name__)
 
 BASE_COLUMN_NAMES = tuple(column.name for column in BASE_COLUMNS)
+# The six columns `mappings[].lfs.store_metadata` adds after the mapped columns (kafscale-format.md §9); the LFS
+# stage fills them (null for records that are no envelope), never the JSON coercion.
+LFS_METADATA_COLUMNS: tuple[ColumnConfig, ...] = (
+    ColumnConfig(name="lfs_content_type", type="string"),
+    ColumnConfig(name="lfs_blob_size", type="long"),
+    ColumnConfig(name="lfs_checksum", type="string"),
+    ColumnConfig(name="lfs_checksum_alg", type="string"),
+    ColumnConfig(name="lfs_bucket", type="string"),
+    ColumnConfig(name="lfs_key", type="string"),
+)
 FIRST_MAPPED_FIELD_ID = len(BASE_COLUMNS) + 1
 
 ICEBERG_TYPES: dict[str, PrimitiveType] = {
