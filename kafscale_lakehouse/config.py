@@ -42,6 +42,8 @@ from pydantic import (
     model_validator,
 )
 
+from kafscale_lakehouse.format.lfs import LFS_METADATA_COLUMNS
+
 log = logging.getLogger(__name__)
 
 CONFIG_PATH_ENV_VAR = "KAFSCALE_LAKEHOUSE_CONFIG"
@@ -343,7 +345,6 @@ class PartitionFieldConfig(_ConfigModel):
         return match.group(2), int(match.group(3))
 
 
-LFS_MODES = ("off", "resolve", "reference", "skip", "hybrid")
 # Environment variables that override `mappings[].lfs` of every mapping, as in the Go processor.
 LFS_ENV_OVERRIDES = {
     "KAFSCALE_ICEBERG_LFS_MODE": "mode",
@@ -741,6 +742,11 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
 
     if mapping.lfs.mode == "hybrid" and mapping.lfs.max_inline_size <= 0:
         problem(f"{at}.lfs.max_inline_size", "must be > 0 for lfs.mode hybrid")
+    if mapping.lfs.store_metadata:
+        for column_index, column in enumerate(mapping.schema_config.columns):
+            if column.name in LFS_METADATA_COLUMNS:
+                problem(f"{at}.schema.columns[{column_index}].name", f"{column.name!r} is a column lfs.store_metadata "
+                        "adds; rename the mapped column or turn store_metadata off")
 
     schema = mapping.schema_config
     if schema.source is None:

@@ -684,14 +684,16 @@ def _with_mapped_columns(batch: pa.RecordBatch, coercer: JsonColumnCoercer, sche
     result = coercer.coerce(batch.column("value"))
     column_reasons = pc.binary_join_element_wise(result.invalid_column, result.invalid_reason, ": ")
     reasons = pc.coalesce(column_reasons, result.invalid_reason)
-    if lfs_reasons is not None:  # an unresolvable blob is the record's first fault
-        reasons = pc.coalesce(lfs_reasons, reasons)
     mapped = [result.columns[column.name] for column in coercer.columns] + list((lfs_metadata or {}).values())
     status = [reasons]
     if json_schema is not None:
         violations = validate_values(batch.column("value"), batch.column("record_id"), json_schema)
         # The schema violation names the record's fault as the producer's contract states it, so it wins.
         status = [pc.coalesce(violations.reasons(), reasons), _schema_paths(violations)]
+    if lfs_reasons is not None:  # the value is still the envelope of a blob that failed: that is the fault
+        status[0] = pc.coalesce(lfs_reasons, status[0])
+        if len(status) > 1:
+            status[1] = pc.if_else(pc.is_valid(lfs_reasons), pa.scalar(None, pa.string()), status[1])
     return pa.RecordBatch.from_arrays([*batch.columns, *mapped, *status], schema=schema)
 
 

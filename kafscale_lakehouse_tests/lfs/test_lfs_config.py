@@ -91,3 +91,11 @@ def test_blank_overrides_are_unset(monkeypatch):
     lfs = config_with({"mode": "skip"}, monkeypatch=monkeypatch,
                       environ={"KAFSCALE_ICEBERG_LFS_MODE": "  "}).mappings[0].lfs
     assert lfs.mode == "skip"
+
+
+def test_a_mapped_column_may_not_take_the_name_of_a_metadata_column():
+    document = {**BASE, "mappings": [{"topic": "t", "table": "prod.t", "lfs": {"store_metadata": True},
+                                      "schema": {"columns": [{"name": "lfs_key", "type": "string"}]}}]}
+    with pytest.raises(ConfigError, match=r"mappings\[0\]\.schema\.columns\[0\]\.name: 'lfs_key' is a column "
+                                          "lfs.store_metadata adds"):
+        parse_config(document)
