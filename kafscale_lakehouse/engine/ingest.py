@@ -43,6 +43,7 @@ from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
 from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, LfsStats, lfs_read_settings, lfs_summary_properties
 from kafscale_lakehouse.engine.ingest_job import IngestTaskOutput, run_ingest_job
 from kafscale_lakehouse.engine.kafscale_source import (
+    LATEST,
     KafscaleReadOptions,
     OffsetRange,
     SegmentErrorMode,
@@ -51,6 +52,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
     StoreOptions,
     segment_run_partitions,
 )
+from kafscale_lakehouse.engine.kafscale_source import _segments_from as segments_holding
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
 from kafscale_lakehouse.engine.table_offsets import cleanup_uncommitted_files, commit_append, read_topic_offsets
 from kafscale_lakehouse.engine.validation_stage import (
@@ -421,6 +423,10 @@ def _pending_segments(store: SegmentStore, topic: str, partition: int, start: in
     # We commit whole segments, so the next segment normally starts exactly at `start`: resume the listing there.
     after = segment_key(store.namespace, topic, partition, start - 1, ObjectKind.SEGMENT) if start > 0 else None
     segments = store.list_segments(topic, partition, after=after).segments
+    if not segments and start > 0:
+        # `start` may lie inside the last segment (a run stopped at a record there, e.g. an LFS failure, or offsets
+        # from the Go processor): one key listing finds the segment holding it, one footer read says if it is done.
+        segments = segments_holding(store, topic, partition, start, LATEST)[0]
     if segments and segments[0].base_offset > start:
         # `start` lies inside an earlier segment (offsets from the Go processor, or a gap): look from the beginning.
         segments = store.list_segments(topic, partition).segments
