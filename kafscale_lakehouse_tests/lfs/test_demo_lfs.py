@@ -30,7 +30,8 @@ def test_demo_producer_lfs_orders_land_resolved_with_their_photo(tmp_path, spark
 
     store = segment_store_from_config(config)
     [segment] = store.list_segments(config.mappings[0].topic, 0).segments
-    values = decode_segment(store.read(segment.kfs_key), key=segment.kfs_key).records.column("value").to_pylist()
+    values = decode_segment(store.read(segment.kfs_key), key=segment.kfs_key, topic=segment.topic,
+                            partition=0).records.column("value").to_pylist()
     envelopes = {offset for offset, value in enumerate(values) if is_lfs_envelope(value)}
     assert envelopes == set(range(0, RECORDS, LFS_EVERY))
     first = parse_envelope(values[0])

@@ -118,7 +118,7 @@ def test_each_mode_with_blobs_in_their_own_bucket(production_world, spark, mode)
             continue
         assert (row["lfs_bucket"], row["lfs_key"], row["lfs_content_type"]) == \
             (BLOB_BUCKET, f"{world.name}/0/{offset}.json", "application/json")
-    summary = world.table().current_snapshot().summary
+    summary = world.table().current_snapshot().summary.additional_properties
     # A commit that resolved, skipped or failed nothing carries no LFS keys.
     assert summary.get(LFS_RESOLVED_PROPERTY, "0") == str(len(resolved))
     assert summary.get(LFS_RESOLVED_BYTES_PROPERTY, "0") == str(sum(len(blobs[o]) for o in resolved))
