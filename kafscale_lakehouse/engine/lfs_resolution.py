@@ -280,7 +280,8 @@ class LfsResolver:
         for i, row in enumerate(rows):
             envelope_or_error = _parse(values[i])
             resolve = isinstance(envelope_or_error, LfsEnvelope) and self._resolves(envelope_or_error)
-            size = envelope_or_error.size if resolve else 0
+            # An envelope without a size (0) counts as a full chunk: still bounded, if loosely.
+            size = (envelope_or_error.size or STREAM_CHUNK_BYTES) if resolve else 0
             if pending and resolve and budget + size > RESOLVE_BATCH_BYTES:
                 end_row = row
                 result = self._finish(batch.slice(start_row, end_row - start_row), start_row, pending)
