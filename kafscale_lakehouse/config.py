@@ -355,6 +355,11 @@ LFS_ENV_OVERRIDES = {
 }
 
 
+def _lfs_mode_off(value: Any) -> Any:
+    # Go's config.yaml writes `mode: off`; a YAML 1.1 reader makes that the boolean false, Go's string field "off".
+    return "off" if value is False else value
+
+
 class LfsConfig(_ConfigModel):
     """`mappings[].lfs`: what to do with a record whose value is a KafScale LFS envelope (kafscale-format.md §9).
 
@@ -366,7 +371,8 @@ class LfsConfig(_ConfigModel):
     model_config = ConfigDict(frozen=True)
     _ZERO_MEANS_DEFAULT = frozenset({"resolve_concurrency"})
 
-    mode: Annotated[Literal["off", "resolve", "reference", "skip", "hybrid"], BeforeValidator(_lowercase)] = "off"
+    mode: Annotated[Literal["off", "resolve", "reference", "skip", "hybrid"], BeforeValidator(_lowercase),
+                    BeforeValidator(_lfs_mode_off)] = "off"
     max_inline_size: Annotated[int, Field(ge=0)] = 0
     store_metadata: bool = False
     validate_checksum: bool = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafscale_lakehouse.config import ConfigError, parse_config
+from kafscale_lakehouse.config import ConfigError, load_config, parse_config
 
 BASE = {
     "s3": {"bucket": "kafscale-data"},
@@ -99,3 +99,29 @@ def test_a_mapped_column_may_not_take_the_name_of_a_metadata_column():
     with pytest.raises(ConfigError, match=r"mappings\[0\]\.schema\.columns\[0\]\.name: 'lfs_key' is a column "
                                           "lfs.store_metadata adds"):
         parse_config(document)
+
+
+def test_the_go_config_yaml_block_loads_verbatim(tmp_path):
+    # KafScale main, addons/processors/iceberg-processor/config/config.yaml (and the Helm chart's copy)
+    path = tmp_path / "config.yaml"
+    path.write_text("""
+s3:
+  bucket: kafscale-data
+iceberg:
+  catalog: {type: rest, uri: "http://catalog:8181"}
+etcd:
+  endpoints: ["http://etcd:2379"]
+mappings:
+  - topic: orders
+    table: prod.orders
+    lfs:
+      mode: off
+      max_inline_size: 1048576
+      store_metadata: false
+      validate_checksum: true
+      resolve_concurrency: 4
+""")
+    lfs = load_config(path).mappings[0].lfs
+    assert (lfs.mode, lfs.max_inline_size, lfs.resolve_concurrency) == ("off", 1048576, 4)
+    # The same block after a YAML 1.1 reader turned `off` into a boolean.
+    assert config_with({"mode": False}).mappings[0].lfs.mode == "off"
