@@ -18,12 +18,13 @@ install-test: $(BIN)/python
 	scripts/install-etcd.sh
 
 # `dagster dev` on the embedded default (lakehouse.yaml, data in var/) next to the demo producer, which writes a
-# segment of pizza orders per partition every few seconds. Ctrl-C stops both (the trap stops the producer).
+# segment of pizza orders per partition every few seconds (`--lfs`: every 5th order, with a photo, as a KafScale LFS
+# blob that the mapping resolves). Ctrl-C stops both (the trap stops the producer).
 demo: install
 	mkdir -p $(DAGSTER_HOME)
 	cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
-	$(BIN)/kafscale-lakehouse demo-producer --rounds 1  # the definitions check at load that the topic exists
-	$(BIN)/kafscale-lakehouse demo-producer & producer=$$!; \
+	$(BIN)/kafscale-lakehouse demo-producer --lfs --rounds 1  # the definitions check at load that the topic exists
+	$(BIN)/kafscale-lakehouse demo-producer --lfs & producer=$$!; \
 	trap 'kill $$producer 2>/dev/null; wait $$producer' EXIT; trap 'exit 130' INT TERM; \
 	DAGSTER_HOME=$(DAGSTER_HOME) $(BIN)/dagster dev -h 127.0.0.1 -p 3000
 

@@ -26,6 +26,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
 from kafscale_lakehouse.engine.iceberg_sink import RollingDataFiles, SinkJob
+from kafscale_lakehouse.engine.snapshot_summary import LfsStats
 from kafscale_lakehouse.engine.kafscale_source import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
@@ -79,6 +80,7 @@ class SourceTaskStats:
     invalid_by_partition: dict[int, int] = field(default_factory=dict)
     invalid_first_offset: dict[int, int] = field(default_factory=dict)
     dead_letter_files: list[DataFile] = field(default_factory=list)  # uncommitted, in the dead-letter table
+    lfs: LfsStats = field(default_factory=LfsStats)  # what the task did with LFS envelopes
 
 
 @dataclass(frozen=True)
