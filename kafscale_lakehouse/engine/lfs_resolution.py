@@ -17,7 +17,8 @@ more is split into smaller batches.
 Where the Go processor drops a record (bad envelope, missing blob, checksum mismatch, blob over the limit) we never
 do. With `on_error="dead_letter"` (schema mode lenient) the record keeps its envelope and gets an invalid reason,
 so it goes to the dead-letter table. With `on_error="stop"` the batch ends before the record and the failure is
-returned (`LfsFailure`), so the partition stops there; the reader turns it into an error marker.
+returned (`LfsFailure`), so the partition stops there; the reader raises it as a `SegmentReadError`
+(out of band, like a segment that cannot be read).
 """
 
 from __future__ import annotations
