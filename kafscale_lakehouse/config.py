@@ -50,6 +50,8 @@ from pydantic import (
     model_validator,
 )
 
+from kafscale_lakehouse.format.lfs import LFS_METADATA_COLUMNS
+
 log = logging.getLogger(__name__)
 
 CONFIG_PATH_ENV_VAR = "KAFSCALE_LAKEHOUSE_CONFIG"
@@ -428,6 +430,41 @@ class MaintenanceConfig(_ConfigModel):
     orphan_min_age_hours: int = Field(default=72, ge=24)
     target_file_size_bytes: PositiveInt | None = None  # default: processor.target_file_size_bytes
     min_input_files: int = Field(default=5, ge=2)  # small files a partition needs before it is compacted
+# Environment variables that override `mappings[].lfs` of every mapping, as in the Go processor.
+LFS_ENV_OVERRIDES = {
+    "KAFSCALE_ICEBERG_LFS_MODE": "mode",
+    "KAFSCALE_ICEBERG_LFS_MAX_INLINE_SIZE": "max_inline_size",
+    "KAFSCALE_ICEBERG_LFS_STORE_METADATA": "store_metadata",
+    "KAFSCALE_ICEBERG_LFS_VALIDATE_CHECKSUM": "validate_checksum",
+    "KAFSCALE_ICEBERG_LFS_RESOLVE_CONCURRENCY": "resolve_concurrency",
+}
+
+
+def _lfs_mode_off(value: Any) -> Any:
+    # Go's config.yaml writes `mode: off`; a YAML 1.1 reader (Helm rendering the chart's values) makes that the
+    # boolean false, which reaches this string key as False or, from our loader (`YamlScalar`), as its text "false".
+    if value is False or (isinstance(value, str) and value.lower() == "false"):
+        return "off"
+    return value
+
+
+class LfsConfig(_ConfigModel):
+    """`mappings[].lfs`: what to do with a record whose value is a KafScale LFS envelope (kafscale-format.md §9).
+
+    Go's defaults and rules: `mode` off; `resolve_concurrency` 0 means 4, negative is an error; `validate_checksum`
+    true unless set; `max_inline_size` (bytes) must be > 0 for hybrid, and in resolve mode a blob larger than it is
+    an error when it is > 0.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    _ZERO_MEANS_DEFAULT = frozenset({"resolve_concurrency"})
+
+    mode: Annotated[Literal["off", "resolve", "reference", "skip", "hybrid"], BeforeValidator(_lowercase),
+                    BeforeValidator(_lfs_mode_off)] = "off"
+    max_inline_size: Annotated[int, Field(ge=0)] = 0
+    store_metadata: bool = False
+    validate_checksum: bool = True
+    resolve_concurrency: Annotated[int, Field(ge=0)] = 4
 
 
 class MappingConfig(_ConfigModel):
@@ -449,6 +486,7 @@ class MappingConfig(_ConfigModel):
     freshness_warn_window_seconds: PositiveInt | None = None
     owners: list[str] = Field(default_factory=list)  # extension: Dagster asset owners (emails or team:name)
     tags: StringMap = Field(default_factory=dict)  # extension: Dagster asset tags
+    lfs: LfsConfig = Field(default_factory=LfsConfig)
 
     @property
     def columns(self) -> list[ColumnConfig]:
@@ -515,6 +553,7 @@ def parse_config(mapping: Mapping[str, Any], source: str = "<config>", base_dir:
         raise ConfigError(source, [f"the config must be a mapping of keys to values, not {kind}"])
     problems: list[str] = []
     expanded = _expand_env(_without_helm_chart_keys(mapping, source), (), problems)
+    _apply_lfs_env_overrides(expanded, os.environ, problems)
     try:
         config = LakehouseConfig.model_validate(expanded)
     except ValidationError as exc:
@@ -543,6 +582,41 @@ def _without_helm_chart_keys(mapping: Mapping[str, Any], source: str) -> dict[st
             log.info("%s: ignoring top-level key %r = %r (%s; it carries nothing for kafscale-lakehouse)", source, key,
                      value, meaning)
     return document
+
+
+def _apply_lfs_env_overrides(document: dict, environ: Mapping[str, str], problems: list[str]) -> None:
+    """Set `lfs.<key>` of every mapping from the `KAFSCALE_ICEBERG_LFS_*` variables that are set and not blank (Go
+    applies them before its defaults and validation). Go ignores a value it cannot parse; we report it."""
+    overrides: dict[str, Any] = {}
+    for variable, key in LFS_ENV_OVERRIDES.items():
+        text = environ.get(variable, "").strip()
+        if not text:
+            continue
+        if key in ("store_metadata", "validate_checksum"):
+            value: Any = _GO_PARSE_BOOL.get(text)
+            expected = "a boolean (1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False)"
+        elif key == "mode":
+            value, expected = text, ""
+        else:
+            value = int(text) if re.fullmatch(r"[+-]?[0-9]+", text) else None
+            expected = "an integer"
+        if value is None:
+            problems.append(f"environment variable {variable}: {text!r} is not {expected}")
+            continue
+        overrides[key] = value
+    mappings = document.get("mappings")
+    if not overrides or not isinstance(mappings, list):
+        return
+    for mapping in mappings:
+        lfs = mapping.get("lfs") if isinstance(mapping, dict) else None
+        if isinstance(mapping, dict) and (lfs is None or isinstance(lfs, dict)):  # anything else: a type error below
+            mapping["lfs"] = {**(lfs or {}), **overrides}
+    log.info("lfs settings of every mapping overridden from the environment: %s", overrides)
+
+
+# Go's strconv.ParseBool.
+_GO_PARSE_BOOL = {**dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True),
+                  **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False)}
 
 
 class _ConfigYamlLoader(yaml.SafeLoader):
@@ -823,6 +897,14 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
             problem(f"{at}.{key}", f"{identifier!r} is not a table identifier namespace.table (each part a letter or _ then letters, digits, _)")
     if mapping.dead_letter_table is not None and mapping.dead_letter_table == mapping.table:
         problem(f"{at}.dead_letter_table", "must differ from the mapping's table")
+
+    if mapping.lfs.mode == "hybrid" and mapping.lfs.max_inline_size <= 0:
+        problem(f"{at}.lfs.max_inline_size", "must be > 0 for lfs.mode hybrid")
+    if mapping.lfs.store_metadata:
+        for column_index, column in enumerate(mapping.schema_config.columns):
+            if column.name in LFS_METADATA_COLUMNS:
+                problem(f"{at}.schema.columns[{column_index}].name", f"{column.name!r} is a column lfs.store_metadata "
+                        "adds; rename the mapped column or turn store_metadata off")
 
     schema = mapping.schema_config
     if schema.source == "mapping" and not schema.columns:

@@ -182,7 +182,7 @@ def run_demo_producer_command(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     options = {name: getattr(args, name) for name in ("topic", "partitions", "interval_seconds",
-                                                      "records_per_segment", "rounds") if hasattr(args, name)}
+                                                      "records_per_segment", "rounds", "lfs") if hasattr(args, name)}
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parent = os.getppid()
     try:
@@ -336,6 +336,8 @@ def _build_parser() -> argparse.ArgumentParser:
     producer.add_argument("--interval-seconds", type=float, default=argparse.SUPPRESS,
                           help="seconds between two segments of a partition")
     producer.add_argument("--records-per-segment", type=int, default=argparse.SUPPRESS, help="orders per segment")
+    producer.add_argument("--lfs", action="store_true", default=argparse.SUPPRESS,
+                          help="send some orders (with a photo) as KafScale LFS blobs + envelopes")
     producer.add_argument("--rounds", type=int, default=argparse.SUPPRESS,
                           help="stop after this many segments per partition (default: run until stopped)")
 

@@ -7,12 +7,23 @@ rotate through every Kafka codec. Orders are stamped with the wall clock so the 
 It resumes after the last complete segment of each partition, so restarting it never rewrites ingested offsets.
 Watermarks go where the sensors read them: the sqlite offsets store (`offsets.backend: local`) or the broker's
 `next_offset` keys in etcd.
+
+With `lfs` (`--lfs`), every `LFS_EVERY`th order carries a photo (a small generated PNG, base64 in the order's
+`photo` field) and goes the way KafScale's LFS proxy sends a large payload: the order is stored as a blob and the
+record value is its LFS envelope (kafscale-format.md §9). Blobs go to the segment bucket under `lfs/` (S3), or for a
+local segment directory to `<local_root>/<LOCAL_LFS_BUCKET>/lfs/...`, where the ingestion's LFS stage looks for
+bucket `LOCAL_LFS_BUCKET`. A mapping with `lfs.mode: resolve` (the embedded default's) lands the full orders.
 """
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import json
 import logging
+import struct
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -20,11 +31,12 @@ from typing import cast
 from kafscale_lakehouse.apps.workload import ALL_CODECS, pizza_orders
 from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.connections import etcd_client_from_config, offset_store_from_config, segment_store_from_config
-from kafscale_lakehouse.format import encode_segment
+from kafscale_lakehouse.format import Record, encode_segment
+from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.offsets import LocalOffsetStore
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
-from kafscale_lakehouse.storage import SegmentStore
+from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, SegmentStore
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +44,8 @@ DEFAULT_PARTITIONS = 3
 DEFAULT_INTERVAL_SECONDS = 3.0
 DEFAULT_RECORDS_PER_SEGMENT = 40
 RECORDS_PER_BATCH = 10
+LFS_EVERY = 5
+LOCAL_LFS_BUCKET = "kafscale-lfs"  # the envelope bucket of blobs beside a local segment directory
 
 # (topic, partition, next offset) -> None
 WatermarkPublisher = Callable[[str, int, int], None]
@@ -50,7 +64,7 @@ class DemoProducer:
     """Appends one segment per partition per `produce_round`, continuing after the segments already in `store`."""
 
     def __init__(self, store: SegmentStore, publish_watermark: WatermarkPublisher, *, topic: str, partitions: int,
-                 records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, seed: int = 0):
+                 records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, seed: int = 0, lfs: bool = False):
         if partitions < 1 or records_per_segment < 1:
             raise ValueError(f"partitions ({partitions}) and records_per_segment ({records_per_segment}) must be "
                              f"at least 1")
@@ -59,6 +73,7 @@ class DemoProducer:
         self.topic = topic
         self.records_per_segment = records_per_segment
         self.seed = seed
+        self.lfs = lfs
         self.next_offsets = {partition: self._resume_offset(partition) for partition in range(partitions)}
         self.segments_written = 0
 
@@ -75,6 +90,9 @@ class DemoProducer:
             spacing_ms = max(1, interval_ms // count)
             records = pizza_orders(base_offset, count, seed=self.seed, partition=partition,
                                    start_ms=now_ms - (base_offset + count - 1) * spacing_ms, interval_ms=spacing_ms)
+            if self.lfs:
+                records = [self._as_lfs_envelope(partition, base_offset + i, record) if (base_offset + i) % LFS_EVERY
+                           == 0 else record for i, record in enumerate(records)]
             shift = self.segments_written % len(ALL_CODECS)
             codecs = ALL_CODECS[shift:] + ALL_CODECS[:shift]
             segment = encode_segment(records, base_offset=base_offset, codec=codecs,
@@ -87,6 +105,42 @@ class DemoProducer:
             self.next_offsets[partition] = segment.last_offset + 1
             self.segments_written += 1
         return produced
+
+
+    def _as_lfs_envelope(self, partition: int, offset: int, record: Record) -> Record:
+        """The order with a photo, stored as an LFS blob; the record carries its envelope."""
+        order = json.loads(record.value)
+        order["photo"] = base64.b64encode(pizza_photo(offset)).decode()
+        blob = json.dumps(order, separators=(",", ":")).encode()
+        key = f"lfs/{self.store.namespace or '_'}/{self.topic}/{partition}/{offset:020d}.json"
+        if isinstance(self.store, LocalSegmentStore):
+            bucket = LOCAL_LFS_BUCKET
+            self.store.put(f"{bucket}/{key}", blob)
+        else:
+            bucket = cast(S3SegmentStore, self.store).bucket
+            self.store.put(key, blob)
+        envelope = encode_envelope(bucket, key, blob, content_type="application/json", proxy_id="demo-producer")
+        return dataclasses.replace(record, value=envelope)
+
+
+def pizza_photo(seed: int, size: int = 24) -> bytes:
+    """A tiny PNG of a pizza (RGB, `size` x `size`): a crust-coloured disc with a few salami dots."""
+    centre, radius = (size - 1) / 2, size / 2 - 1
+    dots = {((seed * 7 + i * 5) % (size - 8) + 4, (seed * 3 + i * 11) % (size - 8) + 4) for i in range(4)}
+    rows = []
+    for y in range(size):
+        row = bytearray(b"\x00")  # filter type none
+        for x in range(size):
+            inside = (x - centre) ** 2 + (y - centre) ** 2 <= radius ** 2
+            near_dot = any(abs(x - dx) + abs(y - dy) <= 1 for dx, dy in dots)
+            row += bytes((180, 30, 30) if inside and near_dot else (235, 190, 90) if inside else (255, 255, 255))
+        rows.append(bytes(row))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    header = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"".join(rows))) \
+        + chunk(b"IEND", b"")
 
 
 def watermark_publisher(config: LakehouseConfig, etcd: EtcdClient | None = None) -> WatermarkPublisher:
@@ -103,7 +157,7 @@ def watermark_publisher(config: LakehouseConfig, etcd: EtcdClient | None = None)
 def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, partitions: int = DEFAULT_PARTITIONS,
                       interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
                       records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, rounds: int | None = None,
-                      keep_going: Callable[[], bool] = lambda: True) -> int:
+                      keep_going: Callable[[], bool] = lambda: True, lfs: bool = False) -> int:
     """Produce a round every `interval_seconds` until `rounds` are done or `keep_going()` is false; returns the
     number of segments written. `topic` defaults to the first mapping's topic."""
     if topic is None:
@@ -115,9 +169,10 @@ def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, part
     if config.segments.local_root is not None:
         config.segments.local_root.mkdir(parents=True, exist_ok=True)  # a broker creates its bucket, so do we
     producer = DemoProducer(segment_store_from_config(config), watermark_publisher(config), topic=topic,
-                            partitions=partitions, records_per_segment=records_per_segment)
-    log.info("demo producer: topic %s, %d partitions, %d orders per segment every %.1fs into %s; resuming at %s",
-             topic, partitions, records_per_segment, interval_seconds, producer.store.location, producer.next_offsets)
+                            partitions=partitions, records_per_segment=records_per_segment, lfs=lfs)
+    log.info("demo producer: topic %s, %d partitions, %d orders per segment every %.1fs into %s; resuming at %s%s",
+             topic, partitions, records_per_segment, interval_seconds, producer.store.location, producer.next_offsets,
+             f"; every {LFS_EVERY}th order with a photo as an LFS blob" if lfs else "")
     interval_ms = int(interval_seconds * 1000)
     done = 0
     while (rounds is None or done < rounds) and keep_going():

@@ -9,6 +9,10 @@ Prometheus scrapes it, under the Go processor's names and labels, and dashboards
 | `kafscale_processor_records_total{topic,result="written"}` | sum of `added-records` of our snapshots |
 | `kafscale_processor_records_total{topic,result="invalid"}` | sum of `kafscale.dead-letter.records` of our snapshots |
 | `kafscale_processor_records_total{topic,result="dropped"}` | always 0 (see below) |
+| `kafscale_processor_records_total{topic,result="skipped_lfs"}` | sum of `kafscale.lfs.skipped` (lfs mode skip) |
+| `kafscale_processor_lfs_resolved_total{topic}`, `_lfs_resolved_bytes_total{topic}` | sums of `kafscale.lfs.resolved`, `kafscale.lfs.resolved-bytes` |
+| `kafscale_processor_lfs_resolution_errors_total{topic,reason}` | sums of `kafscale.lfs.errors.<reason>` (decode, resolve) |
+| `kafscale_processor_lfs_resolution_duration_seconds{topic}` | histogram of `kafscale.lfs.resolution-buckets` / `-seconds` |
 | `kafscale_processor_batches_total{topic}` | number of our snapshots (one per commit, as Go counts a write + commit) |
 | `kafscale_processor_write_latency_ms{topic}` | histogram of `kafscale.write-latency-ms` of our snapshots |
 | `kafscale_processor_last_offset{topic,partition}` | last committed offset in etcd / the offsets store |
@@ -66,7 +70,14 @@ from kafscale_lakehouse.config import ConfigError, LakehouseConfig, redact_url
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.engine.catalog import CatalogError, catalog_endpoint, catalog_errors, load_catalog
 from kafscale_lakehouse.engine.lag import lag as partition_lag
-from kafscale_lakehouse.engine.snapshot_summary import ancestry, is_kafscale_commit, parse_commit
+from kafscale_lakehouse.engine.lfs_resolution import ERROR_DECODE, ERROR_RESOLVE
+from kafscale_lakehouse.engine.snapshot_summary import (
+    LFS_DURATION_BUCKETS_SECONDS,
+    LfsStats,
+    ancestry,
+    is_kafscale_commit,
+    parse_commit,
+)
 from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient, EtcdError, EtcdUnavailableError
 from kafscale_lakehouse.storage import (
@@ -86,7 +97,7 @@ DEFAULT_METRICS_ADDRESS = ":9093"
 METRICS_PATH, HEALTH_PATH, READY_PATH = "/metrics", "/healthz", "/readyz"
 # Milliseconds (the Go processor's name says ms but it kept Prometheus' second-sized default buckets).
 WRITE_LATENCY_BUCKETS_MS = (50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000, 300000)
-RESULT_WRITTEN, RESULT_INVALID, RESULT_DROPPED = "written", "invalid", "dropped"
+RESULT_WRITTEN, RESULT_INVALID, RESULT_DROPPED, RESULT_SKIPPED_LFS = "written", "invalid", "dropped", "skipped_lfs"
 # The Go processor's stages this process can fail in (Go also has decode, lfs and schema: ingest runs' failures).
 STAGE_CHECKPOINT, STAGE_SINK, STAGE_DISCOVER = "checkpoint", "sink", "discover"
 # How long one source (offsets, catalog) may take per scrape or readiness check: both together stay under
@@ -199,6 +210,7 @@ class TopicTotals:
     latency_bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(WRITE_LATENCY_BUCKETS_MS) + 1))
     latency_sum_ms: float = 0.0
     watermark_timestamps: dict[int, int] = field(default_factory=dict)  # partition -> ms, from the newest commit
+    lfs: LfsStats = field(default_factory=LfsStats)
     seen_snapshot_ids: set[int] = field(default_factory=set, repr=False)
     metadata_location: str | None = None
 
@@ -232,6 +244,7 @@ class TopicTotals:
             self.invalid += commit.dead_letter_records or 0
             if commit.write_latency_ms is not None:
                 self.observe_latency(commit.write_latency_ms)
+            self.lfs.add(commit.lfs)
             for partition, timestamp in commit.watermark_timestamps.items():
                 newer_timestamps.setdefault(partition, timestamp)
         self.watermark_timestamps.update(newer_timestamps)
@@ -244,8 +257,10 @@ class TopicTotals:
         self.latency_sum_ms += latency_ms
 
     def copy(self) -> TopicTotals:
+        lfs = LfsStats()
+        lfs.add(self.lfs)
         return TopicTotals(self.written, self.invalid, self.batches, list(self.latency_bucket_counts),
-                           self.latency_sum_ms, dict(self.watermark_timestamps),
+                           self.latency_sum_ms, dict(self.watermark_timestamps), lfs,
                            metadata_location=self.metadata_location)
 
 
@@ -426,13 +441,32 @@ def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
                                   labels=["topic"])
     latency = HistogramMetricFamily(f"{NAMESPACE}_write_latency_ms",
                                     "Milliseconds from the start of a run's write to its commit.", labels=["topic"])
+    lfs_resolved = CounterMetricFamily(f"{NAMESPACE}_lfs_resolved_total", "Total LFS blobs resolved per topic.",
+                                       labels=["topic"])
+    lfs_bytes = CounterMetricFamily(f"{NAMESPACE}_lfs_resolved_bytes_total",
+                                    "Total bytes resolved from LFS per topic.", labels=["topic"])
+    lfs_errors = CounterMetricFamily(f"{NAMESPACE}_lfs_resolution_errors_total",
+                                     "Total LFS resolution errors per topic and reason.", labels=["topic", "reason"])
+    lfs_duration = HistogramMetricFamily(f"{NAMESPACE}_lfs_resolution_duration_seconds",
+                                         "LFS resolution duration in seconds.", labels=["topic"])
     for topic, topic_totals in sorted(totals.items()):
         records.add_metric([topic, RESULT_WRITTEN], topic_totals.written)
         records.add_metric([topic, RESULT_INVALID], topic_totals.invalid)
         records.add_metric([topic, RESULT_DROPPED], 0)
+        records.add_metric([topic, RESULT_SKIPPED_LFS], topic_totals.lfs.skipped)
         batches.add_metric([topic], topic_totals.batches)
         latency.add_metric([topic], topic_totals.cumulative_buckets(), topic_totals.latency_sum_ms)
-    return records, batches, latency
+        lfs = topic_totals.lfs
+        lfs_resolved.add_metric([topic], lfs.resolved)
+        lfs_bytes.add_metric([topic], lfs.resolved_bytes)
+        for reason in (ERROR_DECODE, ERROR_RESOLVE):
+            lfs_errors.add_metric([topic, reason], lfs.errors.get(reason, 0))
+        running, buckets = 0, []
+        for bound, count in zip((*map(str, LFS_DURATION_BUCKETS_SECONDS), "+Inf"), lfs.duration_buckets):
+            running += count
+            buckets.append((bound, float(running)))
+        lfs_duration.add_metric([topic], buckets, lfs.resolution_seconds)
+    return records, batches, latency, lfs_resolved, lfs_bytes, lfs_errors, lfs_duration
 
 
 def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTotals]) -> Iterable[Metric]:

@@ -60,6 +60,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
     segment_run_partitions,
 )
 from kafscale_lakehouse.engine.lag import lag
+from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, lfs_read_settings
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.record_validation import (
     RecordValidation,
@@ -69,6 +70,8 @@ from kafscale_lakehouse.engine.run_files import clean_ended_runs, forget_run, re
 from kafscale_lakehouse.engine.snapshot_summary import (
     WATERMARK_TIMESTAMP_PROPERTY,
     WRITE_LATENCY_PROPERTY,
+    LfsStats,
+    lfs_summary_properties,
     read_topic_offsets,
     skipped_summary_properties,
 )
@@ -460,7 +463,8 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     messages = run_ingestion_spark_job(context.spark, table, run_id, context.store, topic, prepared.input_partitions(),
                                        columns=prepared.validation.columns, json_schema=prepared.validation.json_schema,
                                        target_file_size_bytes=config.processor.target_file_size_bytes,
-                                       dead_letters=target)
+                                       dead_letters=target,
+                                       lfs=lfs_read_settings(mapping.lfs, prepared.validation.mode))
     keep, drop, failures = _files_to_commit(messages, plans)
     for message in messages:
         stats = message.source_stats
@@ -475,7 +479,8 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     ends = {p: plan.read.end for p, plan in plans.items()}
     for partition, failure in failures.items():
         ends[partition] = min(ends[partition], failure.next_offset)
-        plans[partition].outcome.error = f"segment {failure.key} could not be read: {failure.message}"
+        plans[partition].outcome.error = failure.message if failure.error_type == LFS_ERROR_TYPE else \
+            f"segment {failure.key} could not be read: {failure.message}"
     committing = {p: plan for p, plan in plans.items() if ends[p] > plan.commit_start}
     for p in list(committing):
         try:
@@ -500,6 +505,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - write_started) * 1000))
     properties.update(prepared.commit_properties)
     properties[WATERMARK_TIMESTAMP_PROPERTY] = json.dumps(_last_record_timestamps(messages, committing, ends))
+    properties.update(lfs_summary_properties(_committed_lfs_stats(prepared, messages, ends, committing)))
     staged = None
     if dead_letters is not None:
         # Staged before the table commit, published right after it (dead_letter.py: why nothing is lost or doubled).
@@ -577,6 +583,18 @@ def _last_record_timestamps(messages: list[IngestionTaskOutput], committing: Ite
                 candidate = (stats.last_offset[p], stats.last_timestamp_ms[p])
                 last[p] = max(last.get(p, candidate), candidate)
     return {str(p): timestamp for p, (_, timestamp) in sorted(last.items())}
+
+
+def _committed_lfs_stats(prepared: PreparedIngest, messages: list[IngestionTaskOutput], ends: dict[int, int],
+                         committing: dict) -> LfsStats:
+    """LFS counts of the tasks whose records this commit covers (a dropped task's records are read again)."""
+    total = LfsStats()
+    runs = prepared.input_partitions()
+    for message in messages:
+        run = runs[message.task_id]
+        if run.partition in committing and run.offsets.start < ends[run.partition]:
+            total.add(message.source_stats.lfs)
+    return total
 
 
 def _describe_invalid(result: IngestResult) -> str:

@@ -13,6 +13,13 @@ decoded with `decode_batches`. Arrow batches of at most `MAX_ROWS_PER_BATCH` row
 nullable: a required column is null in an invalid record), then `_kafscale_invalid_reason` (string, nullable),
 then, only with a JSON Schema, `_kafscale_invalid_schema_path` (string, nullable).
 
+LFS (`lfs`, `lfs_resolution.LfsReadSettings`, from the task spec): envelope records are resolved, referenced or
+skipped before the mapped columns are computed (engine/lfs_resolution.py); with `store_metadata` the `lfs_*`
+columns (`schema.columns.LFS_METADATA_COLUMNS`) end `columns` and are filled by that stage. A record that fails
+there is an invalid record (on_error dead_letter, schema mode lenient) or stops its partition like a failing
+segment: `SegmentReadError` whose failure has `error_type` `LfsResolutionError`, `key` the blob (or the record id
+when the envelope does not decode) and `next_offset` the record's offset.
+
 Invalid records (a required mapped column missing or not coercible, or a value that is no JSON object while a column
 is required, or with a JSON Schema a value that violates it) are kept: `_kafscale_invalid_reason` says why
 (`<column>: <reason>`; the reason alone when the whole value is at fault; `<value path>: <reason>` for a schema
@@ -30,13 +37,14 @@ partition only below it. Other input partitions of the same Kafka partition (lat
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafscale_lakehouse.config import ColumnConfig
+from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, LfsFailure, LfsReadSettings, LfsResolver, LfsStats
 from kafscale_lakehouse.format import (
     BASE_SCHEMA,
     FOOTER_SIZE,
@@ -52,6 +60,7 @@ from kafscale_lakehouse.format import (
 )
 from kafscale_lakehouse.format.segment_index import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE
 from kafscale_lakehouse.schema import JsonColumnCoercer, record_arrow_schema
+from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, ValidationResult, validate_values
 from kafscale_lakehouse.storage import SegmentRef, SegmentStore, StorageError
 
@@ -153,14 +162,34 @@ class SegmentReadError(KafscaleSourceError):
 
 
 def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[ColumnConfig],
-                         json_schema: CompiledJsonSchema | None = None) -> Iterator[pa.RecordBatch]:
+                         json_schema: CompiledJsonSchema | None = None, lfs: LfsReadSettings | None = None,
+                         lfs_stats: LfsStats | None = None) -> Iterator[pa.RecordBatch]:
     """Arrow batches (`source_arrow_schema(columns, validated=json_schema is not None)`) of the records of
-    `partition`, in offset order, each value validated against `json_schema` when given.
+    `partition`, in offset order, each value validated against `json_schema` when given; with `lfs`, envelope
+    records handled first (what they did is added to `lfs_stats`).
 
     A segment that cannot be read raises `SegmentReadError` (from the `SegmentFormatError` / `StorageError`) once
-    the batches of the segments before it are yielded."""
+    the batches of the segments before it are yielded; so does a record whose LFS envelope or blob fails (with
+    `lfs.on_error` stop), once the records before it are yielded."""
     schema = source_arrow_schema(columns, validated=json_schema is not None)
-    coercer = JsonColumnCoercer(columns)
+    if lfs is None:
+        yield from _read_segments(store, partition, columns, json_schema, schema, None)
+        return
+    if lfs.config.store_metadata and tuple(columns[-len(LFS_METADATA_COLUMNS):]) != LFS_METADATA_COLUMNS:
+        raise ValueError("lfs.store_metadata: columns must end with the lfs_* columns "
+                         "(schema.columns.LFS_METADATA_COLUMNS)")
+    resolver = LfsResolver(lfs, store, lfs_stats)
+    try:
+        yield from _read_segments(store, partition, columns, json_schema, schema, resolver)
+    finally:
+        resolver.close()
+
+
+def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[ColumnConfig],
+                   json_schema: CompiledJsonSchema | None, schema: pa.Schema,
+                   resolver: LfsResolver | None) -> Iterator[pa.RecordBatch]:
+    lfs_columns = resolver is not None and resolver.settings.config.store_metadata
+    coercer = JsonColumnCoercer(columns[:-len(LFS_METADATA_COLUMNS)] if lfs_columns else columns)
     for segment in partition.segments:
         try:
             records = fetch_segment_records(store, segment, partition.offsets)
@@ -175,7 +204,25 @@ def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, co
                 error_type=type(exc).__name__, message=str(exc), base_offset=segment.base_offset,
                 next_offset=next_offset)) from exc
         for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
-            yield _with_mapped_columns(batch, coercer, schema, json_schema)
+            if resolver is None:
+                yield _with_mapped_columns(batch, coercer, schema, json_schema)
+                continue
+            for handled in resolver.process(batch):
+                if handled.batch.num_rows:
+                    yield _with_mapped_columns(handled.batch, coercer, schema, json_schema, handled.metadata,
+                                               handled.invalid_reasons)
+                if handled.stop is not None:
+                    log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
+                              handled.stop.offset, handled.stop.describe())
+                    raise SegmentReadError(_lfs_failure(segment, handled.stop))
+
+
+def _lfs_failure(segment: SegmentRef, failure: LfsFailure) -> SegmentReadFailure:
+    """The partition stops at a record whose LFS envelope or blob failed, like at a segment that cannot be read."""
+    return SegmentReadFailure(
+        topic=segment.topic, partition=segment.partition, kfs_key=segment.kfs_key,
+        key=failure.location or failure.record_id, position=None, error_type=LFS_ERROR_TYPE,
+        message=failure.describe(), base_offset=segment.base_offset, next_offset=failure.offset)
 
 
 def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange) -> pa.Table:
@@ -221,16 +268,21 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
 
 
 def _with_mapped_columns(batch: pa.RecordBatch, coercer: JsonColumnCoercer, schema: pa.Schema,
-                         json_schema: CompiledJsonSchema | None) -> pa.RecordBatch:
+                         json_schema: CompiledJsonSchema | None, lfs_metadata: Mapping[str, pa.Array] | None = None,
+                         lfs_reasons: pa.Array | None = None) -> pa.RecordBatch:
     result = coercer.coerce(batch.column("value"))
     column_reasons = pc.binary_join_element_wise(result.invalid_column, result.invalid_reason, ": ")
     reasons = pc.coalesce(column_reasons, result.invalid_reason)
-    mapped = [result.columns[column.name] for column in coercer.columns]
+    mapped = [result.columns[column.name] for column in coercer.columns] + list((lfs_metadata or {}).values())
     status = [reasons]
     if json_schema is not None:
         violations = validate_values(batch.column("value"), batch.column("record_id"), json_schema)
         # The schema violation names the record's fault as the producer's contract states it, so it wins.
         status = [pc.coalesce(violations.reasons(), reasons), _schema_paths(violations)]
+    if lfs_reasons is not None:  # the value is still the envelope of a blob that failed: that is the fault
+        status[0] = pc.coalesce(lfs_reasons, status[0])
+        if len(status) > 1:
+            status[1] = pc.if_else(pc.is_valid(lfs_reasons), pa.scalar(None, pa.string()), status[1])
     return pa.RecordBatch.from_arrays([*batch.columns, *mapped, *status], schema=schema)
 
 

@@ -20,6 +20,7 @@ from typing import Literal
 
 from kafscale_lakehouse.config import ColumnConfig, ConfigError, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.dead_letter import default_dead_letter_table
+from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 
@@ -46,6 +47,8 @@ def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
         columns = tuple(registry.columns(mapping.topic))
     else:
         columns = tuple(mapping.schema_config.columns)
+    if mapping.lfs.store_metadata:
+        columns += LFS_METADATA_COLUMNS
     json_schema = registry.get_schema(mapping.topic) if mode != "off" else None
     if mode == "lenient":
         dead_letter_table = mapping.dead_letter_table or default_dead_letter_table(mapping.table)

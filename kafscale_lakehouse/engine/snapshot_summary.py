@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ADDED_RECORDS, Snapshot, ancestors_of
@@ -41,6 +42,17 @@ OFFSET_RANGES_PROPERTY_PREFIX = "kafscale.dead-letter.offsets."  # + topic: {"<p
 PUBLISHED_THROUGH_PROPERTY = "kafscale.dead-letter.published-through"
 # On an empty dead-letter snapshot: the staged snapshot it stands for was gone, its records are reported lost.
 LOST_RECORDS_PROPERTY = "kafscale.dead-letter.lost-records"
+# LFS (engine/lfs_resolution.py). Go's `lfs_resolution_duration_seconds` buckets (prometheus.DefBuckets).
+LFS_DURATION_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# Snapshot summary keys of a commit's LFS counts (the records that commit covers); `serve-metrics` sums them.
+LFS_RESOLVED_PROPERTY = "kafscale.lfs.resolved"
+LFS_RESOLVED_BYTES_PROPERTY = "kafscale.lfs.resolved-bytes"
+LFS_SKIPPED_PROPERTY = "kafscale.lfs.skipped"
+LFS_ERRORS_PROPERTY_PREFIX = "kafscale.lfs.errors."  # + reason
+LFS_DURATION_SUM_PROPERTY = "kafscale.lfs.resolution-seconds"
+# JSON list: blobs per LFS_DURATION_BUCKETS_SECONDS bucket (not cumulative), the last one above 10 s.
+LFS_DURATION_BUCKETS_PROPERTY = "kafscale.lfs.resolution-buckets"
 KAFSCALE_PROPERTY_PREFIX = "kafscale."
 
 # {topic: {partition: next offset}}
@@ -109,6 +121,68 @@ def is_reserved_property(key: str) -> bool:
     return key.startswith(OFFSETS_PROPERTY_PREFIX) or key in (RUN_ID_PROPERTY, COMMIT_ID_PROPERTY)
 
 
+@dataclass
+class LfsStats:
+    """What one task did with envelopes (summed on the driver into the commit's snapshot summary)."""
+
+    resolved: int = 0
+    resolved_bytes: int = 0
+    skipped: int = 0
+    errors: Counter[str] = field(default_factory=Counter)  # by reason (decode, resolve)
+    resolution_seconds: float = 0.0
+    duration_buckets: list[int] = field(default_factory=lambda: [0] * (len(LFS_DURATION_BUCKETS_SECONDS) + 1))
+
+    def observe(self, seconds: float) -> None:
+        self.resolution_seconds += seconds
+        index = next((i for i, bound in enumerate(LFS_DURATION_BUCKETS_SECONDS) if seconds <= bound),
+                     len(LFS_DURATION_BUCKETS_SECONDS))
+        self.duration_buckets[index] += 1
+
+    def add(self, other: LfsStats) -> None:
+        self.resolved += other.resolved
+        self.resolved_bytes += other.resolved_bytes
+        self.skipped += other.skipped
+        self.errors.update(other.errors)
+        self.resolution_seconds += other.resolution_seconds
+        self.duration_buckets = [a + b for a, b in zip(self.duration_buckets, other.duration_buckets)]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.resolved or self.skipped or sum(self.errors.values()))
+
+
+def lfs_summary_properties(stats: LfsStats) -> dict[str, str]:
+    """The snapshot summary properties of a commit's LFS counts; none when it saw no envelope."""
+    if stats.empty:
+        return {}
+    properties = {LFS_RESOLVED_PROPERTY: str(stats.resolved), LFS_RESOLVED_BYTES_PROPERTY: str(stats.resolved_bytes),
+                  LFS_SKIPPED_PROPERTY: str(stats.skipped),
+                  LFS_DURATION_SUM_PROPERTY: f"{stats.resolution_seconds:.6f}",
+                  LFS_DURATION_BUCKETS_PROPERTY: json.dumps(stats.duration_buckets, separators=(",", ":"))}
+    for reason, count in sorted(stats.errors.items()):
+        properties[LFS_ERRORS_PROPERTY_PREFIX + reason] = str(count)
+    return properties
+
+
+def lfs_stats_from_summary(summary: Mapping[str, str]) -> LfsStats:
+    """Inverse of `lfs_summary_properties`; `ValueError` for a malformed value."""
+    stats = LfsStats(resolved=int(summary.get(LFS_RESOLVED_PROPERTY, 0)),
+                     resolved_bytes=int(summary.get(LFS_RESOLVED_BYTES_PROPERTY, 0)),
+                     skipped=int(summary.get(LFS_SKIPPED_PROPERTY, 0)),
+                     resolution_seconds=float(summary.get(LFS_DURATION_SUM_PROPERTY, 0)))
+    for key, value in summary.items():
+        if key.startswith(LFS_ERRORS_PROPERTY_PREFIX):
+            stats.errors[key[len(LFS_ERRORS_PROPERTY_PREFIX):]] = int(value)
+    if LFS_DURATION_BUCKETS_PROPERTY in summary:
+        buckets = json.loads(summary[LFS_DURATION_BUCKETS_PROPERTY])
+        if not (isinstance(buckets, list) and len(buckets) == len(stats.duration_buckets)
+                and all(type(b) is int for b in buckets)):
+            raise ValueError(f"{LFS_DURATION_BUCKETS_PROPERTY} is not a list of "
+                             f"{len(stats.duration_buckets)} integers")
+        stats.duration_buckets = buckets
+    return stats
+
+
 # ------------------------------------------------------------------------------------------ one commit
 
 
@@ -126,6 +200,7 @@ class KafscaleCommit:
     dead_letter_records: int | None
     dead_letter_table: str | None
     watermark_timestamps: dict[int, int]  # partition -> Kafka timestamp of the last record committed
+    lfs: LfsStats  # what the commit's records did with LFS envelopes (empty when none)
 
     @property
     def snapshot_id(self) -> int:
@@ -171,7 +246,18 @@ def parse_commit(snapshot: Snapshot, *, table_name: str) -> KafscaleCommit | Non
         commit_id=properties.get(COMMIT_ID_PROPERTY), added_records=counter(ADDED_RECORDS),
         write_latency_ms=counter(WRITE_LATENCY_PROPERTY), dead_letter_records=counter(DEAD_LETTER_RECORDS_PROPERTY),
         dead_letter_table=properties.get(DEAD_LETTER_TABLE_PROPERTY),
-        watermark_timestamps=_watermark_timestamps(table_name, snapshot, properties))
+        watermark_timestamps=_watermark_timestamps(table_name, snapshot, properties),
+        lfs=_lfs_stats(table_name, snapshot, properties))
+
+
+def _lfs_stats(table_name: str, snapshot: Snapshot, properties: Mapping[str, str]) -> LfsStats:
+    """Unreadable LFS counts (logged) are left out, like an unreadable counter."""
+    try:
+        return lfs_stats_from_summary(properties)
+    except (ValueError, TypeError) as exc:
+        log.warning("table %s snapshot %d: LFS summary properties are malformed (%s); not counted", table_name,
+                    snapshot.snapshot_id, exc)
+        return LfsStats()
 
 
 def _watermark_timestamps(table_name: str, snapshot: Snapshot, properties: Mapping[str, str]) -> dict[int, int]:

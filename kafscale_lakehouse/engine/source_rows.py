@@ -31,6 +31,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
     INVALID_SCHEMA_PATH_COLUMN,
     SOURCE_STATUS_COLUMNS,
 )
+from kafscale_lakehouse.engine.snapshot_summary import LfsStats
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class SourceTaskStats:
     invalid_by_partition: dict[int, int] = field(default_factory=dict)
     invalid_first_offset: dict[int, int] = field(default_factory=dict)
     dead_letter_files: list[DataFile] = field(default_factory=list)  # uncommitted, in the dead-letter table
+    lfs: LfsStats = field(default_factory=LfsStats)  # what the task did with LFS envelopes
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
     read_input_partition,
     source_arrow_schema,
 )
+from kafscale_lakehouse.engine.lfs_resolution import LfsReadSettings
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
 from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
@@ -59,7 +60,7 @@ _OUTPUT_SCHEMA = "task_output binary"
 @dataclass(frozen=True)
 class IngestionTaskOutput:
     """What one task wrote: data files of the table (uncommitted) and what it saw of its Kafka partition; `failure`
-    when a segment could not be read (its files hold only the rows before that segment)."""
+    when a segment (or a record's LFS blob) could not be read (its files hold only the rows before it)."""
 
     task_id: int
     data_files: tuple[DataFile, ...]
@@ -77,6 +78,7 @@ class IngestionTaskSpec:
     json_schema: CompiledJsonSchema | None  # validate every value against it (pickles as its document)
     sink: SinkJob
     dead_letters: DeadLetterTarget | None
+    lfs: LfsReadSettings | None = None  # what to do with LFS envelope records (mappings[].lfs)
 
     def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in task_ids:
@@ -87,9 +89,9 @@ class IngestionTaskSpec:
     def run_task(self, task_id: int) -> IngestionTaskOutput:
         """Read input partition `task_id` and write its valid rows (and its dead letters) as data files."""
         failures: list[SegmentReadFailure] = []
-        records = _until_failure(read_input_partition(self.store, self.input_partitions[task_id], self.columns,
-                                                      self.json_schema), failures)
         splitter = SourceRowSplitter(self.dead_letters, task_id)
+        records = _until_failure(read_input_partition(self.store, self.input_partitions[task_id], self.columns,
+                                                      self.json_schema, self.lfs, splitter.stats.lfs), failures)
         try:
             data_files = write_batches_as_data_files(self.sink, splitter.rows_to_write(records), task_id)
         except BaseException:
@@ -110,7 +112,8 @@ def _until_failure(batches: Iterator[pa.RecordBatch], failures: list[SegmentRead
 def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, store: SegmentStore, topic: str,
                             input_partitions: Sequence[SegmentRunPartition], *, columns: Sequence[ColumnConfig],
                             json_schema: CompiledJsonSchema | None, target_file_size_bytes: int,
-                            dead_letters: tuple[Table, DeadLetterTarget] | None = None) -> list[IngestionTaskOutput]:
+                            dead_letters: tuple[Table, DeadLetterTarget] | None = None,
+                            lfs: LfsReadSettings | None = None) -> list[IngestionTaskOutput]:
     """Read `input_partitions` and write them as data files of `table` (and invalid records as data files of the
     dead-letter table), one Spark task per input partition; returns each task's output, nothing committed.
 
@@ -123,7 +126,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     if not input_partitions:
         return []
     tasks = IngestionTaskSpec(store, tuple(input_partitions), tuple(columns), json_schema, sink,
-                              dead_letters[1] if dead_letters else None)
+                              dead_letters[1] if dead_letters else None, lfs)
     count = len(input_partitions)
     log.info("table %s run %s: one Spark job of %d tasks over %d segments (%d bytes)", sink.table_name, run_id, count,
              sum(len(p.segments) for p in input_partitions),

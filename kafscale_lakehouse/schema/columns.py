@@ -27,11 +27,16 @@ from pyiceberg.types import (
 )
 
 from kafscale_lakehouse.config import BASE_COLUMNS, ColumnConfig
+from kafscale_lakehouse.format.lfs import LFS_METADATA_FIELDS
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 
 log = logging.getLogger(__name__)
 
 BASE_COLUMN_NAMES = tuple(column.name for column in BASE_COLUMNS)
+# The six columns `mappings[].lfs.store_metadata` adds after the mapped columns (kafscale-format.md §9); the LFS
+# stage fills them (null for records that are no envelope), never the JSON coercion.
+LFS_METADATA_COLUMNS: tuple[ColumnConfig, ...] = tuple(
+    ColumnConfig(name=f.name, type="long" if f.type == pa.int64() else "string") for f in LFS_METADATA_FIELDS)
 FIRST_MAPPED_FIELD_ID = len(BASE_COLUMNS) + 1
 
 ICEBERG_TYPES: dict[str, PrimitiveType] = {

@@ -108,6 +108,21 @@ class LocalSegmentStore(SegmentStore):
         except OSError as exc:
             raise self._error(exc, "read", key) from exc
 
+    def _stream(self, key: str, chunk_size: int) -> tuple[int, Iterator[bytes]]:
+        path = self._path(key)
+        self._check_root()
+        try:
+            handle = path.open("rb")
+            size = os.fstat(handle.fileno()).st_size
+        except OSError as exc:
+            raise self._error(exc, "read", key) from exc
+
+        def chunks() -> Iterator[bytes]:
+            with handle:
+                while chunk := handle.read(chunk_size):
+                    yield chunk
+        return size, chunks()
+
     def _head(self, key: str) -> int:
         path = self._path(key)
         self._check_root()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -222,6 +223,19 @@ class S3SegmentStore(SegmentStore):
             raise self._error(exc, "read", key) from exc
         finally:
             body.close()
+
+    def _stream(self, key: str, chunk_size: int) -> tuple[int, Iterator[bytes]]:
+        response = self._call("read", key, "get_object", Key=key)
+        body = response["Body"]
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield from body.iter_chunks(chunk_size)
+            except (BotoCoreError, ClientError) as exc:
+                raise self._error(exc, "read", key) from exc
+            finally:
+                body.close()
+        return int(response["ContentLength"]), chunks()
 
     def _head(self, key: str) -> int:
         return int(self._call("stat", key, "head_object", Key=key)["ContentLength"])

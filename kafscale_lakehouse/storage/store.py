@@ -141,6 +141,10 @@ class SegmentStore(ABC):
     @abstractmethod
     def _put(self, key: str, data: bytes) -> None: ...
 
+    @abstractmethod
+    def _stream(self, key: str, chunk_size: int) -> tuple[int, Iterator[bytes]]:
+        """Object size and a lazy iterator of its bytes (one GET)."""
+
     # ---- request counting and pickling (Spark ships stores to executors) ----------------------------------
     @property
     def request_counts(self) -> Counter[str]:
@@ -198,6 +202,11 @@ class SegmentStore(ABC):
 
     def size(self, key: str) -> int:
         return self._counted("head", self._head, key)
+
+    def open_stream(self, key: str, chunk_size: int = 1 << 20) -> tuple[int, Iterator[bytes]]:
+        """(object size, its bytes in chunks of at most `chunk_size`), one GET: for objects too large to hold
+        whole (LFS blobs). Close the iterator (`.close()`) when not reading it to the end."""
+        return self._counted("get", self._stream, key, chunk_size)
 
     def put(self, key: str, data: bytes) -> None:
         self._counted("put", self._put, key, data)
