@@ -10,13 +10,18 @@ import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.config import ColumnConfig, LfsConfig
-from kafscale_lakehouse.engine.kafscale_source import LATEST, SegmentReadError, plan_read, read_input_partition
+from kafscale_lakehouse.engine.kafscale_source import (
+    OffsetRange,
+    SegmentReadError,
+    read_input_partition,
+    segment_run_partitions,
+)
 from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, LfsReadSettings
 from kafscale_lakehouse.engine.snapshot_summary import LfsStats
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
-from kafscale_lakehouse.storage import LocalSegmentStore
+from kafscale_lakehouse.storage import LocalSegmentStore, segments_from
 
 TOPIC = "photos"
 
@@ -30,9 +35,15 @@ def store_with_missing_blob(tmp_path) -> LocalSegmentStore:
     return store
 
 
+def whole_partition(store: LocalSegmentStore) -> list:
+    """The Spark task that reads every completed segment of partition 0, as the run plans it."""
+    segments = segments_from(store, TOPIC, 0, None).segments
+    return segment_run_partitions(TOPIC, 0, OffsetRange(0, segments[-1].last_offset + 1), segments, 1 << 30)
+
+
 def test_a_failing_record_stops_the_partition_out_of_band_naming_record_and_blob(tmp_path):
     store = store_with_missing_blob(tmp_path)
-    [partition] = plan_read(store, TOPIC, {0: LATEST}).input_partitions
+    [partition] = whole_partition(store)
     settings = LfsReadSettings(LfsConfig(mode="resolve"))
     stats = LfsStats()
     delivered = []
@@ -53,7 +64,7 @@ def test_the_settings_travel_pickled_and_metadata_columns_must_end_the_columns(t
                                          validate_checksum=False, resolve_concurrency=2), "dead_letter")
     assert pickle.loads(pickle.dumps(settings)) == settings
     store = store_with_missing_blob(tmp_path)
-    [partition] = plan_read(store, TOPIC, {0: LATEST}).input_partitions
+    [partition] = whole_partition(store)
     with pytest.raises(ValueError, match="must end with the lfs_"):
         next(read_input_partition(store, partition, (ColumnConfig(name="order_id", type="string"),), None, settings))
     batches = list(read_input_partition(store, partition, LFS_METADATA_COLUMNS, None, settings))
