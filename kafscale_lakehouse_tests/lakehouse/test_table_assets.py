@@ -24,7 +24,9 @@ def _orders(day: str, stores: int, copies: int = 1):
 
 
 def _table(resources, identifier: str):
-    return resources["iceberg_catalog"].load_table(identifier)
+    """The table as the catalog has it, read outside a run (so the resource's secrets are resolved here)."""
+    with dg.build_resources({"catalog": resources["iceberg_catalog"]}) as built:
+        return built.catalog.load_table(identifier)
 
 
 def _materialization(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> dict:
@@ -175,5 +177,5 @@ def test_a_downstream_asset_is_held_back_by_a_failed_blocking_check(resources, n
 
     assert not result.success
     assert [e.asset_key for e in result.get_asset_materialization_events()] == [landed.key]
-    assert not resources["iceberg_catalog"].load_table(f"{namespace}.landed").catalog.table_exists(
+    assert not _table(resources, f"{namespace}.landed").catalog.table_exists(
         f"{namespace}.downstream")
