@@ -186,14 +186,14 @@ def warm_up(session, tasks: int) -> float:  # noqa: ANN001 - a Spark Connect ses
     """Start the shared session's Python workers and import the ingestion job's modules in them, so the first run
     does not wait for that (the slowest part of a cold engine: 40-70 s on a busy 2-core machine); returns seconds."""
     started = time.monotonic()
-    session.range(0, tasks, 1, numPartitions=tasks).mapInArrow(_import_ingest_job, "ready boolean").collect()
+    session.range(0, tasks, 1, numPartitions=tasks).mapInArrow(_import_spark_ingestion, "ready boolean").collect()
     return time.monotonic() - started
 
 
-def _import_ingest_job(batches):  # noqa: ANN001, ANN202 - runs in the engine's Python workers
+def _import_spark_ingestion(batches):  # noqa: ANN001, ANN202 - runs in the engine's Python workers
     import pyarrow as pa
 
-    import kafscale_lakehouse.engine.ingest_job  # noqa: F401 - pyiceberg, pyarrow, the decoder, the sink
+    import kafscale_lakehouse.engine.spark_ingestion  # noqa: F401 - pyiceberg, pyarrow, the decoder, the sink
 
     for batch in batches:
         yield pa.RecordBatch.from_pydict({"ready": [True] * batch.num_rows})
