@@ -246,7 +246,7 @@ def produce(producer: DemoProducer, interval_seconds: float, stop: threading.Eve
                 with times.lock:
                     times.landed[(segment.partition, segment.last_offset)] = landed_at
             stop.wait(max(0.0, interval_seconds - (time.monotonic() - started)))
-    except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which stops everything
+    except BaseException as exc:
         times.producer_error = exc
 
 

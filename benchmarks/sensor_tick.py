@@ -162,7 +162,7 @@ def commit_to_end(sources: WatchSources, topic: TopicUnderTest) -> None:
     """Mark everything so far as ingested: committed offsets at the last offset, as an ingest run commits them."""
     partitions = range(topic.partitions)
     with held_leases(sources.offsets, topic.topic, partitions, OWNER_ID) as leases:
-        sources.offsets.commit_offsets(leases.values(), {p: (topic.next_offset, 0) for p in partitions})
+        sources.offsets.commit_offsets(leases.values(), dict.fromkeys(partitions, (topic.next_offset, 0)))
 
 
 # ------------------------------------------------------------------------------------------------ ticks

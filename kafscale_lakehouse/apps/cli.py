@@ -282,7 +282,7 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
         # Runs share one session of the engine: warm its Python workers now rather than in the first run.
         try:
             seconds = warm_up(get_spark_session(remote=client_url), os.cpu_count() or 1)
-        except Exception as err:  # noqa: BLE001 - a Spark error from the workers, named below
+        except Exception as err:
             raise CommandError(f"the Spark engine on {engine_address.url} cannot run the ingestion job's Python "
                                f"code (its workers import kafscale_lakehouse with {sys.executable}): {err}") from err
         log.info("Spark engine serving on %s (Python workers warmed up in %.1f s); runs connect with SPARK_REMOTE=%s",

@@ -22,7 +22,7 @@ import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kafscale_lakehouse.config import ColumnConfig
@@ -89,7 +89,7 @@ def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int 
         "cheese": _CHEESES[digest[18] % len(_CHEESES)],
         "meats": _MEATS[digest[19] % len(_MEATS)],
         "veggies": _VEGGIES[digest[20] % len(_VEGGIES)],
-        "date_ordered": datetime.fromtimestamp(timestamp_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "date_ordered": datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S"),
     }
     if workload == "friendly":
         return Record(key=f"store-{store_id}".encode(), value=json.dumps(order, separators=(",", ":")).encode(),

@@ -107,7 +107,7 @@ def delete_data_files(io: FileIO, paths: Iterable[str]) -> list[str]:
             io.delete(path)
         except FileNotFoundError:
             pass
-        except Exception:  # noqa: BLE001 - keep deleting the rest; orphan cleanup retries later
+        except Exception:
             log.warning("could not delete data file %s", path, exc_info=True)
             failed.append(path)
     return failed

@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 from pyarrow.fs import FileSelector, FileType
@@ -132,7 +132,7 @@ def maintain_table(spark: SparkSession | None, table: Table, settings: Maintenan
     """Properties, compaction, snapshot expiry and orphan-file removal, in that order (expiry after compaction so
     the compacted files' old snapshots can go; orphan removal last so their files can go once old enough)."""
     started = time.monotonic()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     summary = MaintenanceSummary(".".join(table.name()))
     summary.before = table_files(table)
     if properties:
@@ -170,9 +170,8 @@ def apply_bounded_metadata_properties(table: Table) -> dict[str, str]:
     """Set the properties that keep metadata bounded where the table has none; returns what was set."""
     missing = {k: v for k, v in BOUNDED_METADATA_PROPERTIES.items() if k not in table.properties}
     if missing:
-        with catalog_errors(catalog_endpoint(table.catalog)):
-            with table.transaction() as transaction:
-                transaction.set_properties(missing)
+        with catalog_errors(catalog_endpoint(table.catalog)), table.transaction() as transaction:
+            transaction.set_properties(missing)
         log.info("table %s: set %s", ".".join(table.name()), missing)
     return missing
 

@@ -98,7 +98,7 @@ def forget_run(store: OffsetStore, topic: str, run_id: str) -> None:
     """The run's files are settled (committed, or deleted by the run itself)."""
     try:
         store.forget_run(topic, run_id)
-    except Exception:  # noqa: BLE001 - a record left behind only costs the next run a look at an empty directory
+    except Exception:
         log.warning("could not forget the record of run %s of topic %s in %s", run_id, topic, store.location,
                     exc_info=True)
 

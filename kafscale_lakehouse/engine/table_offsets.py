@@ -279,7 +279,7 @@ def _find_commit(table: Table, commit_id: str, since: int | None) -> int | None:
     catalog cannot be read."""
     try:
         table.refresh()
-    except Exception:  # noqa: BLE001 - the caller reports the original failure
+    except Exception:
         log.warning("table %s: cannot refresh to check the commit outcome", ".".join(table.name()), exc_info=True)
         return None
     commit = find_commit(table, commit_id, since=since)

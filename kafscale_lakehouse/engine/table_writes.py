@@ -143,7 +143,7 @@ class _WriteTask:
 
 def iceberg_schema_of(arrow_schema: pa.Schema) -> Schema:
     """The Iceberg schema of Arrow data, with fresh field ids (nullable fields become optional columns)."""
-    return Catalog._convert_schema_if_needed(arrow_schema)  # noqa: SLF001 - pyiceberg's own conversion, pinned
+    return Catalog._convert_schema_if_needed(arrow_schema)
 
 
 def prepare_table(catalog: Catalog, write: TableWrite, arrow_schema: pa.Schema) -> tuple[Table, bool, tuple[str, ...]]:

@@ -275,7 +275,7 @@ class EtcdClient:
         if client is not None:
             client.close()
 
-    def __enter__(self) -> "EtcdClient":
+    def __enter__(self) -> EtcdClient:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -50,7 +50,7 @@ class Lease:
     no renewal succeeded for a whole TTL; a lost lease is never renewed again and cannot commit.
     """
 
-    def __init__(self, store: "OffsetStore", topic: str, partition: int, owner_id: str, fence: Any):
+    def __init__(self, store: OffsetStore, topic: str, partition: int, owner_id: str, fence: Any):
         self.store = store
         self.topic = topic
         self.partition = partition
@@ -105,7 +105,7 @@ class Lease:
         else:
             log.debug("released lease %s", self.key)
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -309,7 +309,7 @@ class OffsetStore(ABC):
     def close(self) -> None:
         """Release backend resources (connections); leases must be released by their holders first."""
 
-    def __enter__(self) -> "OffsetStore":
+    def __enter__(self) -> OffsetStore:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -32,7 +32,7 @@ import json
 import math
 import re
 import struct
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
@@ -51,7 +51,7 @@ TIMESTAMP_TEXT = re.compile(
     r"(?:([Zz])|([+-])([01][0-9]|2[0-3]):?([0-5][0-9]))?)?"
 )
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 _MICROS_PER_DAY = 86_400_000_000
 _SHOWN_TEXT_CHARS = 40

@@ -40,7 +40,7 @@ class DiscoveryMode(str, Enum):
     S3 = "s3"
 
     @classmethod
-    def parse(cls, value: str) -> "DiscoveryMode":
+    def parse(cls, value: str) -> DiscoveryMode:
         """`discovery.mode` as the Go processor reads it: case-insensitive, empty means `auto`."""
         text = value.strip().lower() or cls.AUTO.value
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kafscale_lakehouse.storage.errors import (
@@ -93,7 +93,7 @@ class LocalSegmentStore(SegmentStore):
             stat = path.stat()
         except OSError as exc:
             raise self._error(exc, "stat", key) from exc
-        return ObjectInfo(key, stat.st_size, datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc))
+        return ObjectInfo(key, stat.st_size, datetime.fromtimestamp(stat.st_mtime, tz=UTC))
 
     def _get(self, key: str, byte_range: tuple[int, int] | None) -> bytes:
         path = self._path(key)

@@ -36,7 +36,7 @@ def demo_config_path(tmp_path, monkeypatch) -> Path:
     return path
 
 
-def edited_demo_config(path: Path, edit) -> None:  # noqa: ANN001 - edit(document) changes it in place
+def edited_demo_config(path: Path, edit) -> None:
     document = yaml.safe_load(path.read_text())
     edit(document)
     path.write_text(yaml.safe_dump(document, sort_keys=False))

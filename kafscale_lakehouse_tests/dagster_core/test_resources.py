@@ -9,7 +9,7 @@ from pydantic import SecretStr
 from kafscale_lakehouse.orchestration.resources import SecretConflictError, secret_env_var_name, secret_reference
 
 
-def unset_until_the_test_ends(monkeypatch, name: str) -> None:  # noqa: ANN001 - pytest's monkeypatch
+def unset_until_the_test_ends(monkeypatch, name: str) -> None:
     monkeypatch.setenv(name, "placeholder")  # so that monkeypatch removes what the test exports
     monkeypatch.delenv(name)
 
