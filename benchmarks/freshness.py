@@ -60,6 +60,7 @@ from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
 from kafscale_lakehouse.engine.spark_engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
 from kafscale_lakehouse.testing.servers import free_ports
+import itertools
 
 log = logging.getLogger("benchmarks.freshness")
 
@@ -327,7 +328,7 @@ def print_report(args: argparse.Namespace, config: LakehouseConfig, times: Segme
         for label, seconds in phases.items():
             if seconds:
                 print(f"    {label:<44} {statistics.median(seconds):6.2f}   (max {max(seconds):.2f})")
-        gaps = [later.created - earlier.ended for earlier, later in zip(finished, finished[1:])
+        gaps = [later.created - earlier.ended for earlier, later in itertools.pairwise(finished)
                 if later.created >= earlier.ended]
         if gaps:
             print(f"  gap between a run ending and the next run's request: median {statistics.median(gaps):.1f} s")

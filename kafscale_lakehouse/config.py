@@ -80,7 +80,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class ConfigError(ValueError):
     """The config file cannot be used; `problems` holds one `key.path: what is wrong` line per problem."""
 
-    def __init__(self, source: str, problems: list[str]):
+    def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = list(problems)
         super().__init__("\n".join(f"{source}: {problem}" for problem in self.problems))
@@ -549,7 +549,7 @@ class _ConfigYamlLoader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 booleans (only true/false, so `off`/`yes` stay strings) that rejects duplicate keys and
     keeps the text of plain numbers, booleans and dates (`YamlScalar`) for the keys Go reads as strings."""
 
-    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML signature
+    def construct_mapping(self, node, deep=False) -> dict[Any, Any]:  # noqa: ANN001 - PyYAML signature
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = _plain(self.construct_object(key_node, deep=deep))

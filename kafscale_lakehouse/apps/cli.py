@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Never, TextIO
 
 from kafscale_lakehouse.config import ConfigError
 from kafscale_lakehouse.engine.spark_engine import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
@@ -275,7 +275,7 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
                                       {**config.spark.conf, **env_conf})
     except SparkEngineError as err:
         raise CommandError(str(err)) from None
-    client_url = (f"sc://127.0.0.1:{engine_address.port}" if engine_address.host in ("0.0.0.0", "::")
+    client_url = (f"sc://127.0.0.1:{engine_address.port}" if engine_address.host in ("0.0.0.0", "::")  # noqa: S104 - a wildcard bind is reached on loopback
                   else engine_address.url)
     os.environ.pop(SPARK_REMOTE_VARIABLE, None)  # this process is a client of its own engine only
     try:
@@ -299,7 +299,7 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
     return 0
 
 
-def _exit_on_sigterm(signum, frame):  # noqa: ANN001 - signal handler signature
+def _exit_on_sigterm(signum, frame) -> Never:  # noqa: ANN001 - signal handler signature
     raise SystemExit(128 + signum)
 
 

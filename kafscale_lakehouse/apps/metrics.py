@@ -139,7 +139,7 @@ class _BoundedCaller:
     instead of piling up threads; daemon threads do not hold up the process when it stops.
     """
 
-    def __init__(self, name: str, timeout_seconds: float):
+    def __init__(self, name: str, timeout_seconds: float) -> None:
         self.name = name
         self.timeout_seconds = timeout_seconds
         self._slot = threading.Semaphore(1)
@@ -205,7 +205,7 @@ class TopicTotals:
     def cumulative_buckets(self) -> list[tuple[str, float]]:
         """Prometheus `le` buckets (cumulative), ending with `+Inf`."""
         buckets, running = [], 0
-        for bound, count in zip((*map(str, WRITE_LATENCY_BUCKETS_MS), "+Inf"), self.latency_bucket_counts):
+        for bound, count in zip((*map(str, WRITE_LATENCY_BUCKETS_MS), "+Inf"), self.latency_bucket_counts, strict=False):
             running += count
             buckets.append((bound, float(running)))
         return buckets
@@ -255,7 +255,7 @@ class LakehouseStateCollector:
     Thread-safe: each source is called by one thread at a time (`_BoundedCaller`), and the error counter is locked.
     """
 
-    def __init__(self, config: LakehouseConfig, *, source_timeout_seconds: float = SOURCE_TIMEOUT_SECONDS):
+    def __init__(self, config: LakehouseConfig, *, source_timeout_seconds: float = SOURCE_TIMEOUT_SECONDS) -> None:
         self._config = config
         self._topics = [(m.topic, m.table) for m in config.mappings]
         self._etcd: EtcdClient | None = None
@@ -497,7 +497,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args) -> None:
+    def log_message(self, format: str, *args: object) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
 
@@ -508,7 +508,7 @@ class _IPv6ThreadingHTTPServer(ThreadingHTTPServer):
 class MetricsServer:
     """`/metrics`, `/healthz` and `/readyz` for `collector` on (host, port); port 0 picks a free port."""
 
-    def __init__(self, collector: LakehouseStateCollector, host: str, port: int):
+    def __init__(self, collector: LakehouseStateCollector, host: str, port: int) -> None:
         self.collector = collector
         # Our own registry: nothing else in the process (Dagster, libraries) ends up on this endpoint.
         self.registry = CollectorRegistry(auto_describe=False)
@@ -543,7 +543,7 @@ class MetricsServer:
 
 
 def _format_address(host: str, port: int) -> str:
-    shown = host or "0.0.0.0"
+    shown = host or "0.0.0.0"  # noqa: S104 - shows the address the empty host binds
     return f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
 
 

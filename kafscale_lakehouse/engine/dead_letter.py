@@ -181,11 +181,11 @@ def stage_dead_letters(table: Table, files: list[DataFile], *, run_id: str, sour
     table_name = ".".join(table.name())
     properties = {RUN_ID_PROPERTY: run_id, SOURCE_TABLE_PROPERTY: source_table,
                   OFFSET_RANGES_PROPERTY_PREFIX + topic: format_ranges_property(offset_ranges)}
-    with catalog_errors(catalog_endpoint(table.catalog)), table.transaction() as transaction:
-        # branch=None: a snapshot no ref points at (Iceberg's "stage only"), invisible until published.
-        with transaction.update_snapshot(snapshot_properties=properties, branch=None).fast_append() as append:
-            for data_file in files:
-                append.append_data_file(data_file)
+    # branch=None: a snapshot no ref points at (Iceberg's "stage only"), invisible until published.
+    with (catalog_errors(catalog_endpoint(table.catalog)), table.transaction() as transaction,
+          transaction.update_snapshot(snapshot_properties=properties, branch=None).fast_append() as append):
+        for data_file in files:
+            append.append_data_file(data_file)
             snapshot_id = append.snapshot_id
     staged = StagedDeadLetters(table_name, snapshot_id, sum(f.record_count for f in files))
     log.info("dead-letter table %s: run %s staged %d invalid records of %s in %d files as snapshot %d", table_name,

@@ -92,7 +92,7 @@ class OffsetRangeError(KafscaleSourceError):
 class OffsetGapError(KafscaleSourceError):
     """Offsets inside a requested range are missing from storage (deleted before they were ingested)."""
 
-    def __init__(self, message: str, *, gaps: Sequence[Gap] = ()):
+    def __init__(self, message: str, *, gaps: Sequence[Gap] = ()) -> None:
         super().__init__(message)
         self.gaps = tuple(gaps)
 
@@ -294,12 +294,12 @@ class SegmentReadFailure:
 class SegmentReadError(KafscaleSourceError):
     """A segment of an input partition could not be read; `failure` says where its Kafka partition stops."""
 
-    def __init__(self, failure: SegmentReadFailure):
+    def __init__(self, failure: SegmentReadFailure) -> None:
         super().__init__(f"topic {failure.topic} partition {failure.partition} stops at offset {failure.next_offset}: "
                          f"{failure.error_type}: {failure.message}")
         self.failure = failure
 
-    def __reduce__(self):  # pickles (Spark ships executor errors) with its failure
+    def __reduce__(self) -> tuple[object, ...]:  # pickles (Spark ships executor errors) with its failure
         return (type(self), (self.failure,))
 
 

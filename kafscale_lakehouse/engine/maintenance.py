@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyarrow.fs import FileSelector, FileType
@@ -58,6 +59,9 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     is_kafscale_commit,
     read_committed_offsets,
 )
+
+if TYPE_CHECKING:
+    from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +294,7 @@ def _refuse_shared_location(table: Table, io: PyArrowFileIO, unreferenced: Seque
         try:
             with io.new_input(path).open() as stream:
                 other = TableMetadataUtil.parse_raw(stream.read())
-        except Exception:  # noqa: BLE001 - unreadable: not evidence of another table
+        except Exception:  # noqa: BLE001, S112 - unreadable: not evidence of another table
             continue
         if str(other.table_uuid) != own_uuid:
             raise MaintenanceError(
@@ -394,7 +398,7 @@ def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, m
              len(groups), compaction_id)
     job = spark.range(0, len(groups), 1, numPartitions=len(groups)).mapInArrow(tasks, _OUTPUT_SCHEMA)
     try:
-        written = [f for row in job.collect() for f in pickle.loads(row.task_output)]
+        written = [f for row in job.collect() for f in pickle.loads(row.task_output)]  # noqa: S301 - our own task results
     except Exception:
         remove_run_files(table, run_table(table, compaction_id).data_dir)
         raise
@@ -430,12 +434,12 @@ def _commit_rewrite(table: Table, inputs: Sequence[DataFile], outputs: Sequence[
         try:
             with catalog_errors(catalog_endpoint(table.catalog)):
                 view = _without_client_retries(table)
-                with view.transaction() as transaction:
-                    with transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite:
-                        for data_file in inputs:
-                            rewrite.delete_data_file(data_file)
-                        for data_file in outputs:
-                            rewrite.append_data_file(data_file)
+                with (view.transaction() as transaction,
+                      transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite):
+                    for data_file in inputs:
+                        rewrite.delete_data_file(data_file)
+                    for data_file in outputs:
+                        rewrite.append_data_file(data_file)
         except CommitFailedException:
             if attempt == max_attempts:
                 raise
@@ -461,7 +465,7 @@ def _without_client_retries(table: Table) -> Table:
 MAINTENANCE_STEPS = ("properties", "compact", "expire", "orphans")
 
 
-def mapping_settings(config, mapping) -> MaintenanceSettings:
+def mapping_settings(config: LakehouseConfig, mapping: MappingConfig) -> MaintenanceSettings:
     """`mappings[].maintenance` as settings (`config`: LakehouseConfig, `mapping`: MappingConfig)."""
     block = mapping.maintenance
     return MaintenanceSettings(
@@ -471,7 +475,7 @@ def mapping_settings(config, mapping) -> MaintenanceSettings:
         min_input_files=block.min_input_files)
 
 
-def maintain_mapping(config, spark: SparkSession | None, mapping, *,
+def maintain_mapping(config: LakehouseConfig, spark: SparkSession | None, mapping: MappingConfig, *,
                      steps: Sequence[str] = MAINTENANCE_STEPS) -> MaintenanceSummary:
     """Maintain the table of `mapping` (an existing table; nothing is created) with its `maintenance:` settings."""
     from kafscale_lakehouse.engine.catalog import load_catalog, open_table

@@ -19,6 +19,7 @@ Then only that run's directory is listed and deleted: the cost is what the run w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -155,10 +156,8 @@ def remove_run_files(table: Table, data_dir: str) -> list[str]:
     uris = [f"{scheme}://{info.path}" for info in infos if info.type == FileType.File]
     failed = set(delete_data_files(io, uris))
     if not failed:
-        try:
+        with contextlib.suppress(FileNotFoundError, OSError):  # object stores have no directories to remove
             fs.delete_dir(path)
-        except (FileNotFoundError, OSError):
-            pass  # object stores have no directories to remove
     deleted = [uri for uri in uris if uri not in failed]
     log.info("table %s: deleted %d data files of an ended, uncommitted run in %s%s", ".".join(table.name()),
              len(deleted), data_dir, f" ({len(failed)} could not be deleted)" if failed else "")

@@ -43,7 +43,7 @@ class TableOffsetsError(RuntimeError):
 class OffsetConflictError(TableOffsetsError):
     """Another writer committed offsets of this batch first; our data files were deleted."""
 
-    def __init__(self, table_name: str, topic: str, partition: int, expected_start: int, committed: int):
+    def __init__(self, table_name: str, topic: str, partition: int, expected_start: int, committed: int) -> None:
         self.table_name = table_name
         self.topic = topic
         self.partition = partition

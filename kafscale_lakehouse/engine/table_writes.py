@@ -114,7 +114,7 @@ def write_dataframe(catalog: Catalog, df: DataFrame, write: TableWrite) -> Table
         remove_run_files(table, run_table(table, write.run_id).data_dir)
         raise TableWriteError(f"writing data files for table {write.identifier} (run {write.run_id}) failed: "
                               f"{root_cause(exc)}") from exc
-    data_files = [f for row in rows for f in pickle.loads(row.data_files)]
+    data_files = [f for row in rows for f in pickle.loads(row.data_files)]  # noqa: S301 - our own task results
     return commit_files(table, data_files, write, created=created, added=added)
 
 

@@ -102,9 +102,8 @@ def plan_schema_evolution(current: Schema, columns: Sequence[ColumnConfig], *, a
             problems.append(f"column {column.name!r} is optional in the table and cannot become required (existing rows may be null)")
 
     declared = {column.name for column in (*BASE_COLUMNS, *columns)}
-    for field in current.fields:
-        if field.name not in declared and field.required:
-            problems.append(f"column {field.name!r} is required in the table but the mapping does not produce it")
+    problems.extend(f"column {field.name!r} is required in the table but the mapping does not produce it"
+                    for field in current.fields if field.name not in declared and field.required)
 
     if problems:
         raise SchemaEvolutionError(table, problems)

@@ -52,12 +52,12 @@ class InvalidSchemaDocumentError(SchemaError):
 
     A fault of the schema (its source is named), not of any record: it fails the run instead of rejecting records."""
 
-    def __init__(self, source: str, problem: str):
+    def __init__(self, source: str, problem: str) -> None:
         self.source = source
         self.problem = problem
         super().__init__(f"JSON Schema {source}: {problem}")
 
-    def __reduce__(self):  # keep source/problem when pickled across Spark workers
+    def __reduce__(self) -> tuple[object, ...]:  # keep source/problem when pickled across Spark workers
         return (type(self), (self.source, self.problem))
 
 
@@ -87,7 +87,7 @@ class SchemaViolationError(SchemaError):
 
     The message names the schema, the counts and the first violations (record_id, value path, schema path, reason)."""
 
-    def __init__(self, summary: ValidationSummary):
+    def __init__(self, summary: ValidationSummary) -> None:
         self.summary = summary
         shown = "; ".join(record.describe() for record in summary.samples[:_SHOWN_VIOLATIONS])
         more = summary.invalid_count - min(len(summary.samples), _SHOWN_VIOLATIONS)
@@ -96,7 +96,7 @@ class SchemaViolationError(SchemaError):
             + (f"; and {more} more" if more > 0 else "")
         )
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.summary,))
 
 
@@ -184,7 +184,7 @@ class CompiledJsonSchema:
     source: str
     validator: Validator
 
-    def __reduce__(self):  # jsonschema validators do not pickle; Spark workers rebuild from the document
+    def __reduce__(self) -> tuple[object, ...]:  # jsonschema validators do not pickle; Spark workers rebuild from the document
         return (compile_json_schema, (self.document, self.source))
 
 
@@ -245,7 +245,7 @@ class _NotJson:
 
     __slots__ = ("reason",)
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str) -> None:
         self.reason = reason
 
 

@@ -34,7 +34,7 @@ _INT16 = (-(2**15), 2**15 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
 
 
-class DiscoveryMode(str, Enum):
+class DiscoveryMode(str, Enum):  # noqa: UP042 - StrEnum would change str() of the members
     AUTO = "auto"
     ETCD = "etcd"
     S3 = "s3"

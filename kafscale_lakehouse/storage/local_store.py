@@ -25,7 +25,7 @@ class LocalSegmentStore(SegmentStore):
     """Keys are `/`-separated paths relative to `root`. Listing pages and order follow S3 (lexicographic keys)."""
 
     def __init__(self, root: str | os.PathLike[str], *, namespace: str = DEFAULT_NAMESPACE,
-                 list_page_size: int = DEFAULT_LIST_PAGE_SIZE, create: bool = False):
+                 list_page_size: int = DEFAULT_LIST_PAGE_SIZE, create: bool = False) -> None:
         super().__init__(namespace=namespace, list_page_size=list_page_size)
         self.root = Path(root).resolve()
         if create:
