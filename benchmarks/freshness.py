@@ -25,6 +25,7 @@ exit, Ctrl-C included.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -60,7 +61,6 @@ from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
 from kafscale_lakehouse.engine.spark_engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
 from kafscale_lakehouse.testing.servers import free_ports
-import itertools
 
 log = logging.getLogger("benchmarks.freshness")
 

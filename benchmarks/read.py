@@ -40,7 +40,7 @@ def _spark(memory: str):
 
 
 def build(directory: Path, rows: int) -> None:
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # noqa: N812 - pyspark's conventional alias
 
     from kafscale_lakehouse.engine.table_writes import TableWrite, write_dataframe
 

@@ -30,5 +30,5 @@ def test_two_configs_with_different_values_for_one_secret_are_refused(monkeypatc
     secret_reference("iceberg.catalog.token", "first")
     assert secret_reference("iceberg.catalog.token", "first") is not None  # the same config loaded again
 
-    with pytest.raises(SecretConflictError, match="iceberg.catalog.token: a config loaded earlier"):
+    with pytest.raises(SecretConflictError, match=r"iceberg\.catalog\.token: a config loaded earlier"):
         secret_reference("iceberg.catalog.token", "second")

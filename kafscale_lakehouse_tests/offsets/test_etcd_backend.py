@@ -123,7 +123,7 @@ def test_authentication(tmp_path):
             EtcdClient([server.endpoint], username="lakehouse", password="wrong-pass").get("processors/x")
         assert "wrong-pass" not in str(raised.value) and server.endpoint in str(raised.value)
 
-        with pytest.raises(EtcdAuthError, match="requires authentication but etcd.username/etcd.password"):
+        with pytest.raises(EtcdAuthError, match=r"requires authentication but etcd\.username/etcd\.password"):
             EtcdClient([server.endpoint]).get("processors/x")
 
         # etcd's auth tokens do not survive a restart: the client logs in again by itself.

@@ -211,9 +211,9 @@ def test_released_lease_cannot_commit(backend, topic):
 
 def test_commit_needs_a_lease_for_every_partition(backend, topic):
     store = backend.open()
-    with store.acquire_lease(topic, 0, "worker-a") as lease:
-        with pytest.raises(ValueError, match=r"no lease given for partitions \[1\]"):
-            store.commit_offsets([lease], {0: (2, 1), 1: (2, 1)})
+    with (store.acquire_lease(topic, 0, "worker-a") as lease,
+          pytest.raises(ValueError, match=r"no lease given for partitions \[1\]")):
+        store.commit_offsets([lease], {0: (2, 1), 1: (2, 1)})
     assert store.committed_offsets(topic) == {}
 
 
