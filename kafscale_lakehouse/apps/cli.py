@@ -218,7 +218,8 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
     mappings = [m for m in config.mappings if tables is None or m.table in tables]
     missing = sorted(set(tables or ()) - {m.table for m in mappings})
     if missing:
-        raise CommandError(f"no mapping lands in table(s) {missing}; mapped tables: {[m.table for m in config.mappings]}")
+        raise CommandError(f"no mapping lands in table(s) {missing}; mapped tables: "
+                           f"{[m.table for m in config.mappings]}")
     steps = steps or list(MAINTENANCE_STEPS)
     spark = get_spark_session(config.spark.master, dict(config.spark.conf)) if "compact" in steps else None
     failed = 0

@@ -52,7 +52,9 @@ class EtcdError(Exception):
 class EtcdUnavailableError(EtcdError):
     """etcd could not be reached (or kept timing out) for the whole retry window."""
 
-    def __init__(self, endpoints: Sequence[str], operation: str, attempts: int, waited_seconds: float, cause: str) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], operation: str, attempts: int, waited_seconds: float, cause: str,
+    ) -> None:
         self.endpoints = list(endpoints)
         self.operation = operation
         super().__init__(

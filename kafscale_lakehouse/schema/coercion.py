@@ -176,7 +176,8 @@ class JsonColumnCoercer:
                 table = pa_json.read_json(pa.BufferReader(data.slice(int(offsets[start]), size)), read_options=read_options, parse_options=parse_options)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 return None, _rejected_row(exc, stop - start) if one_block else None
-            # Every candidate runs from `{` to `}`, so rows cannot merge: a count mismatch means one held several objects.
+            # Every candidate runs from `{` to `}`, so rows cannot merge: a count mismatch means one held several
+            # objects.
             return (table, None) if table.num_rows == stop - start else (None, None)
 
         whole, _ = parse(0, len(candidates), one_block=False)
@@ -521,7 +522,9 @@ def _timestamp_shapes(array: pa.Array) -> tuple[pa.BooleanArray, pa.BooleanArray
     return pc.and_(well_formed, has_zone.fill_null(False)), pc.and_(well_formed, pc.invert(has_zone).fill_null(False))
 
 
-def _cast_valid_days(array: pa.Array, well_formed: pa.BooleanArray, target: pa.DataType) -> tuple[pa.Array, pa.BooleanArray]:
+def _cast_valid_days(
+    array: pa.Array, well_formed: pa.BooleanArray, target: pa.DataType,
+) -> tuple[pa.Array, pa.BooleanArray]:
     """Cast the `well_formed` date/timestamp strings; Arrow fails the whole cast on a day the month does not have
     (2023-02-29), so then those are left out (to the reference rules, which say why) and the rest cast."""
     try:

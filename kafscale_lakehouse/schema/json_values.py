@@ -212,7 +212,8 @@ def parse_timestamp_text(text: str, column_type: str = "timestamp") -> int:
     """Microseconds since the epoch (UTC) of a timestamp string in the accepted grammar."""
     match = TIMESTAMP_TEXT.fullmatch(text)
     if match is None:
-        raise NotCoercibleError(f"cannot parse {describe(text)} as {column_type} (expected RFC 3339 or YYYY-MM-DD[ HH:MM:SS])")
+        raise NotCoercibleError(f"cannot parse {describe(text)} as {column_type} (expected RFC 3339 or YYYY-MM-DD[ "
+                                "HH:MM:SS])")
     year, month, day, hour, minute, second, fraction, _zulu, sign, offset_hours, offset_minutes = match.groups()
     offset = timedelta(0)
     if sign is not None:

@@ -116,7 +116,8 @@ class SchemaRegistryClient:
     def from_config(cls, config: RegistryConfig) -> SchemaRegistryClient:
         """The client of `schema.registry` (`base_url` must be set)."""
         if config.base_url is None:
-            raise ConfigError(_CONFIG_SOURCE, ["schema.registry.base_url: is required to fetch schemas from the registry"])
+            raise ConfigError(_CONFIG_SOURCE, ["schema.registry.base_url: is required to fetch schemas from the "
+                                               "registry"])
         return cls(config.base_url, timeout_seconds=config.timeout_seconds, cache_seconds=config.cache_seconds)
 
     def schema_url(self, topic: str) -> str:
@@ -156,7 +157,8 @@ class SchemaRegistryClient:
         processor derives them (`columns.columns_from_json_schema`)."""
         document = self.get_schema(topic).document
         if isinstance(document, bool):
-            raise SchemaMappingError(f"registry schema of topic {topic!r} is the boolean schema {str(document).lower()}: it declares no columns")
+            raise SchemaMappingError(f"registry schema of topic {topic!r} is the boolean schema "
+                                     f"{str(document).lower()}: it declares no columns")
         return columns_from_json_schema(document, topic)
 
     def invalidate(self, topic: str | None = None) -> None:
@@ -175,7 +177,8 @@ class SchemaRegistryClient:
         return None
 
     def _fetch(self, topic: str, url: str) -> bytes:
-        # S310 below is deliberate: `url` is the configured registry `base_url` plus a topic name, so its scheme is the config's
+        # S310 below is deliberate: `url` is the configured registry `base_url` plus a topic name, so its scheme is the
+        # config's
         request = urllib.request.Request(  # noqa: S310
             url, headers={"Accept": "application/schema+json, application/json"})
         if self._authorization is not None:

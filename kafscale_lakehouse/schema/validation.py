@@ -184,7 +184,8 @@ class CompiledJsonSchema:
     source: str
     validator: Validator
 
-    def __reduce__(self) -> tuple[object, ...]:  # jsonschema validators do not pickle; Spark workers rebuild from the document
+    # jsonschema validators do not pickle; Spark workers rebuild from the document
+    def __reduce__(self) -> tuple[object, ...]:
         return (compile_json_schema, (self.document, self.source))
 
 
@@ -203,7 +204,8 @@ def _build_validator(document: Any, source: str) -> Validator:
         else:
             found = validator_for(document, default=None) if isinstance(dialect, str) else None
             if found is None:
-                raise InvalidSchemaDocumentError(source, f"$schema {dialect!r} is not a JSON Schema dialect this validator knows (draft 3 to 2020-12)")
+                raise InvalidSchemaDocumentError(source, f"$schema {dialect!r} is not a JSON Schema dialect this "
+                                                         "validator knows (draft 3 to 2020-12)")
             validator_class = found
     else:
         raise InvalidSchemaDocumentError(source, f"a JSON Schema is an object or a boolean, not {json_kind(document)}")
@@ -228,7 +230,9 @@ def validate_values(
     return _validate(schema, [_parse_json_value(raw) for raw in values.to_pylist()], record_ids)
 
 
-def validate_parsed(instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str], schema: CompiledJsonSchema) -> ValidationResult:
+def validate_parsed(
+    instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str], schema: CompiledJsonSchema,
+) -> ValidationResult:
     """Validate values the caller has already parsed from JSON (`json.loads` output; None is JSON null, which the
     schema judges). Same result and errors as `validate_values`, without parsing twice."""
     _check_lengths(len(instances), len(record_ids))
@@ -249,7 +253,9 @@ class _NotJson:
         self.reason = reason
 
 
-def _validate(schema: CompiledJsonSchema, instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> ValidationResult:
+def _validate(
+    schema: CompiledJsonSchema, instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str],
+) -> ValidationResult:
     validator = schema.validator
     valid = [True] * len(instances)
     invalid_records = []
@@ -265,7 +271,8 @@ def _validate(schema: CompiledJsonSchema, instances: Sequence[Any], record_ids: 
                 # best_match weighs all errors, so the rest are only collected for invalid records.
                 error: ValidationError = best_match(itertools.chain([first], errors))
             except referencing.exceptions.Unresolvable as exc:
-                raise InvalidSchemaDocumentError(schema.source, f"$ref {exc.ref!r} cannot be resolved (only references within the document are)") from None
+                raise InvalidSchemaDocumentError(schema.source, f"$ref {exc.ref!r} cannot be resolved (only references "
+                                                                "within the document are)") from None
             except RecursionError:
                 failure = ("value is nested too deeply to validate", "$", None)
             else:

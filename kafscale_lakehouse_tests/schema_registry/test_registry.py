@@ -261,7 +261,8 @@ def test_registry_columns_follow_the_go_processor_mapping(registry):
 
     columns = client.columns("completed-pizzas")
 
-    # Sorted by name; strings stay strings whatever their format; `toppings` (array) and `sauce` (enum, no type) get none.
+    # Sorted by name; strings stay strings whatever their format; `toppings` (array) and `sauce` (enum, no type) get
+    # none.
     assert columns == [
         ColumnConfig(name="cheese", type="string"),
         ColumnConfig(name="date_ordered", type="string", required=True),
