@@ -132,7 +132,7 @@ def main() -> None:
             seconds = statistics.median(run["seconds"] for run in runs)
             print(f"  {name:>18}: {seconds:7.3f} s  {runs[0]['rows'] / seconds / 1e3:8.1f} k records/s  "
                   f"{runs[0]['megabytes'] / seconds:7.1f} MB/s")
-        ratios = [theirs["seconds"] / ours["seconds"] for ours, theirs in zip(*by_decoder.values())]
+        ratios = [theirs["seconds"] / ours["seconds"] for ours, theirs in zip(*by_decoder.values(), strict=False)]
         print(f"  {'ratio':>18}: {statistics.median(ratios):.2f}x (our speed / kafka-python's, median of pairs; "
               f"{min(ratios):.2f}-{max(ratios):.2f})")
 

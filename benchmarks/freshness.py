@@ -25,6 +25,7 @@ exit, Ctrl-C included.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -246,7 +247,7 @@ def produce(producer: DemoProducer, interval_seconds: float, stop: threading.Eve
                 with times.lock:
                     times.landed[(segment.partition, segment.last_offset)] = landed_at
             stop.wait(max(0.0, interval_seconds - (time.monotonic() - started)))
-    except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which stops everything
+    except BaseException as exc:
         times.producer_error = exc
 
 
@@ -327,7 +328,7 @@ def print_report(args: argparse.Namespace, config: LakehouseConfig, times: Segme
         for label, seconds in phases.items():
             if seconds:
                 print(f"    {label:<44} {statistics.median(seconds):6.2f}   (max {max(seconds):.2f})")
-        gaps = [later.created - earlier.ended for earlier, later in zip(finished, finished[1:])
+        gaps = [later.created - earlier.ended for earlier, later in itertools.pairwise(finished)
                 if later.created >= earlier.ended]
         if gaps:
             print(f"  gap between a run ending and the next run's request: median {statistics.median(gaps):.1f} s")

@@ -21,7 +21,7 @@ import json
 import logging
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -121,7 +121,7 @@ def compaction(spark, files: int) -> dict:
                     if pa.types.is_string(field.type):
                         columns[field.name] = pa.array([f"{field.name}-{i}-{r}" for r in range(rows)], field.type)
                     elif pa.types.is_timestamp(field.type):
-                        columns[field.name] = pa.array([datetime.now(timezone.utc)] * rows, field.type)
+                        columns[field.name] = pa.array([datetime.now(UTC)] * rows, field.type)
                     else:
                         columns[field.name] = pa.array([i * rows + r for r in range(rows)]).cast(field.type)
                 transaction.append(pa.table(columns, schema=arrow_schema))
@@ -152,7 +152,7 @@ def metadata_size(commits: int, *, maintained: bool) -> dict:
                 ancestors = list(table.metadata.snapshots)
                 if len(ancestors) > 100:
                     cutoff = sorted(s.timestamp_ms for s in ancestors)[-100]
-                    expire_snapshots(table, older_than=datetime.fromtimestamp(cutoff / 1000, timezone.utc),
+                    expire_snapshots(table, older_than=datetime.fromtimestamp(cutoff / 1000, UTC),
                                      retain_last=100)
         elapsed = time.monotonic() - t0
         metadata_dir = Path(table.location().removeprefix("file://")) / "metadata"

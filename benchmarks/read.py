@@ -40,7 +40,7 @@ def _spark(memory: str):
 
 
 def build(directory: Path, rows: int) -> None:
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # noqa: N812 - pyspark's conventional alias
 
     from kafscale_lakehouse.engine.table_writes import TableWrite, write_dataframe
 
@@ -73,7 +73,7 @@ def _vm_hwm_kb(pid: int) -> int:
 def measure(directory: Path, path: str) -> dict:
     """One path in this process; returns its figures."""
     spark = _spark("1g")
-    jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # noqa: SLF001
+    jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
     jvm_peak = [0]
     done = threading.Event()
 
@@ -96,7 +96,7 @@ def measure(directory: Path, path: str) -> dict:
             df = spark.createDataFrame(table.scan().to_arrow())
         groups = df.groupBy("store_id", "sauce").count().collect()
         assert sum(g["count"] for g in groups) == rows
-    except Exception as exc:  # noqa: BLE001 - the old path is expected to fail at scale: report how
+    except Exception as exc:
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     seconds = time.monotonic() - start
     done.set()

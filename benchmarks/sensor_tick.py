@@ -162,7 +162,7 @@ def commit_to_end(sources: WatchSources, topic: TopicUnderTest) -> None:
     """Mark everything so far as ingested: committed offsets at the last offset, as an ingest run commits them."""
     partitions = range(topic.partitions)
     with held_leases(sources.offsets, topic.topic, partitions, OWNER_ID) as leases:
-        sources.offsets.commit_offsets(leases.values(), {p: (topic.next_offset, 0) for p in partitions})
+        sources.offsets.commit_offsets(leases.values(), dict.fromkeys(partitions, (topic.next_offset, 0)))
 
 
 # ------------------------------------------------------------------------------------------------ ticks
@@ -301,7 +301,7 @@ def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd, workdi
     cold_sources, cold_etcd = watch_sources(cold_config) if args.cold else (None, None)
     s3 = upload_client(seaweedfs)
     started = time.perf_counter()
-    for topic, count in zip(topics, args.segments):
+    for topic, count in zip(topics, args.segments, strict=False):
         upload_segments(s3, namespace, topic, count)
         commit_to_end(sources, topic)
     publish = lambda: publish_broker_state(counting_etcd, topics)  # noqa: E731

@@ -82,7 +82,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class ConfigError(ValueError):
     """The config file cannot be used; `problems` holds one `key.path: what is wrong` line per problem."""
 
-    def __init__(self, source: str, problems: list[str]):
+    def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = list(problems)
         super().__init__("\n".join(f"{source}: {problem}" for problem in self.problems))
@@ -412,7 +412,8 @@ class PartitionFieldConfig(_ConfigModel):
     def _parsed_transform(self) -> tuple[str, int | None]:
         match = PARTITION_TRANSFORM_PATTERN.match(self.transform)
         if match is None:  # parse_config rejects these; reaching here means the model was built by hand
-            raise ValueError(f"partition transform {self.transform!r} is not one of identity, year, month, day, hour, bucket[N], truncate[W]")
+            raise ValueError(f"partition transform {self.transform!r} is not one of identity, year, month, day, hour, "
+                             "bucket[N], truncate[W]")
         if match.group(1):
             return match.group(1), None
         return match.group(2), int(match.group(3))
@@ -546,7 +547,9 @@ def load_config(path: str | os.PathLike[str] | None = None) -> LakehouseConfig:
     return config
 
 
-def parse_config(mapping: Mapping[str, Any], source: str = "<config>", base_dir: str | os.PathLike[str] | None = None) -> LakehouseConfig:
+def parse_config(
+    mapping: Mapping[str, Any], source: str = "<config>", base_dir: str | os.PathLike[str] | None = None,
+) -> LakehouseConfig:
     """Validate an already-parsed config document. Relative paths resolve against `base_dir` (default: cwd)."""
     if not isinstance(mapping, Mapping):
         kind = _json_kind(_plain(mapping))
@@ -623,7 +626,7 @@ class _ConfigYamlLoader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 booleans (only true/false, so `off`/`yes` stay strings) that rejects duplicate keys and
     keeps the text of plain numbers, booleans and dates (`YamlScalar`) for the keys Go reads as strings."""
 
-    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML signature
+    def construct_mapping(self, node, deep=False) -> dict[Any, Any]:  # noqa: ANN001 - PyYAML signature
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = _plain(self.construct_object(key_node, deep=deep))
@@ -802,7 +805,8 @@ def _resolve_paths_and_defaults(config: LakehouseConfig, base_dir: Path) -> list
         if config.iceberg.warehouse is not None:
             warehouse = _resolve_warehouse(config.iceberg.warehouse, base_dir)
             if warehouse is None:
-                problems.append(f"iceberg.warehouse: {config.iceberg.warehouse!r} is not an absolute file URI; write a path or file:///absolute/path")
+                problems.append(f"iceberg.warehouse: {config.iceberg.warehouse!r} is not an absolute file URI; write a "
+                                "path or file:///absolute/path")
             else:
                 config.iceberg.warehouse = warehouse
     if config.segments.local_root is not None:
@@ -851,11 +855,13 @@ def _check_rules(config: LakehouseConfig) -> list[str]:
 
     catalog = config.iceberg.catalog
     if catalog.credential is not None and (catalog.username is not None or catalog.password is not None):
-        problem("iceberg.catalog.credential", "and iceberg.catalog.username/password are two ways to set the same credential; set only one")
+        problem("iceberg.catalog.credential", "and iceberg.catalog.username/password are two ways to set the same "
+                                              "credential; set only one")
     if catalog.password is not None and catalog.username is None:
         problem("iceberg.catalog.username", "is required when iceberg.catalog.password is set")
     if catalog.type == "sql" and config.iceberg.warehouse is None:
-        problem("iceberg.warehouse", "is required for iceberg.catalog.type sql (a local directory or an object-store URI)")
+        problem("iceberg.warehouse", "is required for iceberg.catalog.type sql (a local directory or an object-store "
+                                     "URI)")
 
     if config.spark.remote is not None:
         from kafscale_lakehouse.engine.spark_engine import parse_remote_url  # stdlib only
@@ -894,7 +900,8 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
         problem(f"{at}.topic", f"{mapping.topic!r} is not a valid Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)")
     for key, identifier in (("table", mapping.table), ("dead_letter_table", mapping.dead_letter_table)):
         if identifier is not None and not _is_table_identifier(identifier):
-            problem(f"{at}.{key}", f"{identifier!r} is not a table identifier namespace.table (each part a letter or _ then letters, digits, _)")
+            problem(f"{at}.{key}", f"{identifier!r} is not a table identifier namespace.table (each part a letter or _ "
+                                   "then letters, digits, _)")
     if mapping.dead_letter_table is not None and mapping.dead_letter_table == mapping.table:
         problem(f"{at}.dead_letter_table", "must differ from the mapping's table")
 
@@ -910,7 +917,8 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
     if schema.source == "mapping" and not schema.columns:
         problem(f"{at}.schema.columns", "is required for schema.source mapping")
     if schema.source != "mapping" and schema.columns:
-        problem(f"{at}.schema.columns", f"is only used with schema.source mapping (this mapping has schema.source {schema.source})")
+        problem(f"{at}.schema.columns", "is only used with schema.source mapping (this mapping has schema.source "
+                                        f"{schema.source})")
     if schema.source == "registry" and config.schema_config.registry.base_url is None:
         problem("schema.registry.base_url", f"is required for {at}.schema.source registry")
 
@@ -929,16 +937,19 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
     for field_index, field in enumerate(mapping.partition_spec):
         field_at = f"{at}.partition_spec[{field_index}]"
         if not PARTITION_TRANSFORM_PATTERN.match(field.transform):
-            problem(f"{field_at}.transform", f"{field.transform!r} is not one of identity, year, month, day, hour, bucket[N], truncate[W]")
+            problem(f"{field_at}.transform", f"{field.transform!r} is not one of identity, year, month, day, hour, "
+                                             "bucket[N], truncate[W]")
             continue
         source_type = column_types.get(field.source)
         if source_type is None:
             # Registry columns are only known when the table is created; base columns always are.
             if schema.source != "registry":
-                problem(f"{field_at}.source", f"{field.source!r} is not a column of this mapping ({', '.join(column_types)})")
+                problem(f"{field_at}.source", f"{field.source!r} is not a column of this mapping "
+                                              f"({', '.join(column_types)})")
         elif source_type not in PARTITION_TRANSFORM_SOURCE_TYPES[field.transform_name]:
             allowed = ", ".join(sorted(PARTITION_TRANSFORM_SOURCE_TYPES[field.transform_name]))
-            problem(f"{field_at}.transform", f"{field.transform} cannot partition {field.source!r} of type {source_type} (it takes {allowed})")
+            problem(f"{field_at}.transform", f"{field.transform} cannot partition {field.source!r} of type "
+                                             f"{source_type} (it takes {allowed})")
         name = field.field_name
         if name in partition_names:
             problem(f"{field_at}.name", f"partition field name {name!r} is used twice")
@@ -953,14 +964,17 @@ def _check_unique(config: LakehouseConfig, problem) -> None:  # noqa: ANN001
     first_by_table: dict[str, int] = {}
     for index, mapping in enumerate(config.mappings):
         if mapping.topic in first_by_topic:
-            problem(f"mappings[{index}].topic", f"topic {mapping.topic!r} is already mapped by mappings[{first_by_topic[mapping.topic]}]")
+            problem(f"mappings[{index}].topic", f"topic {mapping.topic!r} is already mapped by "
+                                                f"mappings[{first_by_topic[mapping.topic]}]")
         first_by_topic.setdefault(mapping.topic, index)
         if mapping.table in first_by_table:
-            problem(f"mappings[{index}].table", f"table {mapping.table!r} is already the target of mappings[{first_by_table[mapping.table]}]")
+            problem(f"mappings[{index}].table", f"table {mapping.table!r} is already the target of "
+                                                f"mappings[{first_by_table[mapping.table]}]")
         first_by_table.setdefault(mapping.table, index)
     for index, mapping in enumerate(config.mappings):
         if mapping.dead_letter_table is not None and mapping.dead_letter_table in first_by_table:
-            problem(f"mappings[{index}].dead_letter_table", f"{mapping.dead_letter_table!r} is the table of mappings[{first_by_table[mapping.dead_letter_table]}]")
+            problem(f"mappings[{index}].dead_letter_table", f"{mapping.dead_letter_table!r} is the table of "
+                                                            f"mappings[{first_by_table[mapping.dead_letter_table]}]")
 
 
 def _is_table_identifier(identifier: str) -> bool:

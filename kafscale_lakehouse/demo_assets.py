@@ -10,7 +10,7 @@ current by declarative automation, with their own checks. They are also the exam
 import dagster as dg
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import functions as F  # noqa: N812 - pyspark's conventional alias
 
 from kafscale_lakehouse.orchestration.assets import ICEBERG_IO_MANAGER_KEY
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource

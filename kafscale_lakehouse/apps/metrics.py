@@ -150,7 +150,7 @@ class _BoundedCaller:
     instead of piling up threads; daemon threads do not hold up the process when it stops.
     """
 
-    def __init__(self, name: str, timeout_seconds: float):
+    def __init__(self, name: str, timeout_seconds: float) -> None:
         self.name = name
         self.timeout_seconds = timeout_seconds
         self._slot = threading.Semaphore(1)
@@ -217,7 +217,7 @@ class TopicTotals:
     def cumulative_buckets(self) -> list[tuple[str, float]]:
         """Prometheus `le` buckets (cumulative), ending with `+Inf`."""
         buckets, running = [], 0
-        for bound, count in zip((*map(str, WRITE_LATENCY_BUCKETS_MS), "+Inf"), self.latency_bucket_counts):
+        for bound, count in zip((*map(str, WRITE_LATENCY_BUCKETS_MS), "+Inf"), self.latency_bucket_counts, strict=False):
             running += count
             buckets.append((bound, float(running)))
         return buckets
@@ -270,7 +270,7 @@ class LakehouseStateCollector:
     Thread-safe: each source is called by one thread at a time (`_BoundedCaller`), and the error counter is locked.
     """
 
-    def __init__(self, config: LakehouseConfig, *, source_timeout_seconds: float = SOURCE_TIMEOUT_SECONDS):
+    def __init__(self, config: LakehouseConfig, *, source_timeout_seconds: float = SOURCE_TIMEOUT_SECONDS) -> None:
         self._config = config
         self._topics = [(m.topic, m.table) for m in config.mappings]
         self._etcd: EtcdClient | None = None
@@ -359,7 +359,7 @@ class LakehouseStateCollector:
             except CatalogError:
                 self._catalog = None  # connect afresh next time (new session, new token)
                 raise
-            except Exception as exc:  # noqa: BLE001 - one bad table must not hide the others
+            except Exception as exc:
                 self._count_error(STAGE_SINK)
                 log.warning("cannot read table %s of topic %s from the catalog at %s: %s", table_name, topic,
                             endpoint, describe_failure(exc))
@@ -371,7 +371,7 @@ class LakehouseStateCollector:
     def _read_source(self, caller: _BoundedCaller, read: Callable[[], dict], stage: str, where: str) -> dict:
         try:
             return caller.call(read)
-        except Exception as exc:  # noqa: BLE001 - /metrics keeps answering without this source
+        except Exception as exc:
             self._count_error(stage)
             log.warning("cannot read %s: %s", where, describe_failure(exc))
             log.debug("reading %s failed", where, exc_info=True)
@@ -506,7 +506,7 @@ class _Handler(BaseHTTPRequestHandler):
     collector: LakehouseStateCollector  # set on the subclass made per server
     registry: CollectorRegistry
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == METRICS_PATH:
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
@@ -531,7 +531,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: object) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
 
@@ -542,7 +542,7 @@ class _IPv6ThreadingHTTPServer(ThreadingHTTPServer):
 class MetricsServer:
     """`/metrics`, `/healthz` and `/readyz` for `collector` on (host, port); port 0 picks a free port."""
 
-    def __init__(self, collector: LakehouseStateCollector, host: str, port: int):
+    def __init__(self, collector: LakehouseStateCollector, host: str, port: int) -> None:
         self.collector = collector
         # Our own registry: nothing else in the process (Dagster, libraries) ends up on this endpoint.
         self.registry = CollectorRegistry(auto_describe=False)
@@ -577,7 +577,7 @@ class MetricsServer:
 
 
 def _format_address(host: str, port: int) -> str:
-    shown = host or "0.0.0.0"
+    shown = host or "0.0.0.0"  # noqa: S104 - shows the address the empty host binds
     return f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
 
 

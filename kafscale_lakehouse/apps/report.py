@@ -21,7 +21,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +125,7 @@ def build_table_report(config: LakehouseConfig, table: str, *, dagster_home: str
     """Everything the page shows, read from the catalog, the offsets store and the Dagster instance."""
     mapping = _mapping_of(config, table)
     report = TableReport(table=table, topic=mapping.topic, catalog_type=config.iceberg.catalog.type,
-                         generated_at=datetime.now(timezone.utc))
+                         generated_at=datetime.now(UTC))
     catalog = load_catalog(catalog_settings(config))
     if not catalog.table_exists(table):
         raise ReportError(f"table {table} does not exist in the {config.iceberg.catalog.type} catalog yet "
@@ -163,7 +163,7 @@ def _read_snapshots(report: TableReport, table: Table) -> None:
     points: list[SnapshotPoint] = []
     for snapshot in ancestry(table):
         commit = parse_commit(snapshot, table_name=report.table)
-        committed_at = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, timezone.utc)
+        committed_at = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC)
         summary = summary_properties(snapshot)
         files = {"data_files": _int_or_none(summary.get("total-data-files")),
                  "data_bytes": _int_or_none(summary.get("total-files-size"))}
@@ -275,7 +275,7 @@ def _check_evaluation(name: str, record: Any) -> CheckEvaluation:
     evaluation = record.evaluation
     metadata = tuple((key, _metadata_text(value)) for key, value in (evaluation.metadata if evaluation else {}).items())
     return CheckEvaluation(
-        check_name=name, evaluated_at=datetime.fromtimestamp(record.create_timestamp, timezone.utc),
+        check_name=name, evaluated_at=datetime.fromtimestamp(record.create_timestamp, UTC),
         status=record.status.value, passed=evaluation.passed if evaluation else None,
         severity=evaluation.severity.value if evaluation else None,
         description=evaluation.description if evaluation else None, metadata=metadata)
@@ -543,11 +543,11 @@ def _count(value: int | None) -> str:
 
 
 def _time(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _from_epoch(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, timezone.utc)
+    return datetime.fromtimestamp(seconds, UTC)
 
 
 def _short_number(value: float) -> str:

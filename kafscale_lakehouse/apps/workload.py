@@ -22,7 +22,7 @@ import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kafscale_lakehouse.config import ColumnConfig
@@ -68,10 +68,11 @@ _VALUE_SIZE_BANDS = ((950, 100, 1_000), (995, 1_000, 10_000), (1000, 10_000, 100
 _NOTES_WORDS = ("crust", "thin", "extra", "crispy", "please", "ring", "bell", "door", "leave", "at", "the", "gate",
                 "no", "onions", "call", "on", "arrival", "birthday", "party", "cut", "in", "squares", "hot", "fast",
                 "allergy", "nuts", "gluten", "free", "side", "of", "ranch", "garlic", "dip", "knock", "twice")
-_NOTES_RANDOM = random.Random(20240101)
+_NOTES_RANDOM = random.Random(20240101)  # noqa: S311 - seeded test data, not security
 # Text to cut notes from: words in random order compress about as well as free text does.
 _NOTES_TEXT = " ".join(_NOTES_RANDOM.choice(_NOTES_WORDS) for _ in range(60_000))
-assert len(_NOTES_TEXT) > 2 * _VALUE_SIZE_BANDS[-1][2]
+if len(_NOTES_TEXT) <= 2 * _VALUE_SIZE_BANDS[-1][2]:
+    raise AssertionError("_NOTES_TEXT is too short for the largest value size band")
 
 
 def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int = DEFAULT_START_MS,
@@ -89,7 +90,7 @@ def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int 
         "cheese": _CHEESES[digest[18] % len(_CHEESES)],
         "meats": _MEATS[digest[19] % len(_MEATS)],
         "veggies": _VEGGIES[digest[20] % len(_VEGGIES)],
-        "date_ordered": datetime.fromtimestamp(timestamp_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "date_ordered": datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S"),
     }
     if workload == "friendly":
         return Record(key=f"store-{store_id}".encode(), value=json.dumps(order, separators=(",", ":")).encode(),

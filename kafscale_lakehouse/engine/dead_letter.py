@@ -36,7 +36,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
@@ -114,7 +114,7 @@ def open_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
 def dead_letter_target(table: Table, run_id: str, *, target_file_size_bytes: int,
                        ingested_at: datetime | None = None) -> DeadLetterTarget:
     """What the run's Spark tasks need to write dead-letter files of `table` (`ingested_at` defaults to now)."""
-    ingested_at = ingested_at or datetime.now(timezone.utc)
+    ingested_at = ingested_at or datetime.now(UTC)
     return DeadLetterTarget(sink=SinkJob.for_table(table, run_id, target_file_size_bytes),
                             ingested_at_us=int(ingested_at.timestamp() * 1_000_000))
 
@@ -181,13 +181,12 @@ def stage_dead_letters(table: Table, files: list[DataFile], *, run_id: str, sour
     table_name = ".".join(table.name())
     properties = {RUN_ID_PROPERTY: run_id, SOURCE_TABLE_PROPERTY: source_table,
                   OFFSET_RANGES_PROPERTY_PREFIX + topic: format_ranges_property(offset_ranges)}
-    with catalog_errors(catalog_endpoint(table.catalog)):
-        with table.transaction() as transaction:
-            # branch=None: a snapshot no ref points at (Iceberg's "stage only"), invisible until published.
-            with transaction.update_snapshot(snapshot_properties=properties, branch=None).fast_append() as append:
-                for data_file in files:
-                    append.append_data_file(data_file)
-                snapshot_id = append.snapshot_id
+    # branch=None: a snapshot no ref points at (Iceberg's "stage only"), invisible until published.
+    with (catalog_errors(catalog_endpoint(table.catalog)), table.transaction() as transaction,
+          transaction.update_snapshot(snapshot_properties=properties, branch=None).fast_append() as append):
+        for data_file in files:
+            append.append_data_file(data_file)
+            snapshot_id = append.snapshot_id
     staged = StagedDeadLetters(table_name, snapshot_id, sum(f.record_count for f in files))
     log.info("dead-letter table %s: run %s staged %d invalid records of %s in %d files as snapshot %d", table_name,
              run_id, staged.records, source_table, len(files), snapshot_id)

@@ -19,6 +19,7 @@ rolling writer that closes a file at its on-disk target size is what `write_file
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import uuid
@@ -107,7 +108,7 @@ def delete_data_files(io: FileIO, paths: Iterable[str]) -> list[str]:
             io.delete(path)
         except FileNotFoundError:
             pass
-        except Exception:  # noqa: BLE001 - keep deleting the rest; orphan cleanup retries later
+        except Exception:
             log.warning("could not delete data file %s", path, exc_info=True)
             failed.append(path)
     return failed
@@ -182,7 +183,7 @@ class RollingDataFiles:
     """One task's data files of one table: one open Parquet file per partition value, closed when it reaches the
     target size. `write` Arrow tables of the table's columns, then `close()` for the files, or `discard()`."""
 
-    def __init__(self, job: SinkJob, task_id: int):
+    def __init__(self, job: SinkJob, task_id: int) -> None:
         self._job = job
         self._metadata = TableMetadataUtil.parse_raw(job.table_metadata_json)
         self._io = load_file_io(dict(job.file_io_properties), self._metadata.location)
@@ -247,10 +248,8 @@ class RollingDataFiles:
     def discard(self) -> None:
         """Delete every file this task started (the task failed)."""
         for data_file in self._open.values():
-            try:
+            with contextlib.suppress(Exception):  # the file is deleted below either way
                 data_file.writer.close()
-            except Exception:  # noqa: BLE001 - the file is deleted below either way
-                pass
         delete_data_files(self._io, [f.file_path for f in self._written] + [f.path for f in self._open.values()])
         self._open.clear()
         self._written = []

@@ -100,7 +100,7 @@ log = logging.getLogger(__name__)
 class IngestFailedError(RuntimeError):
     """Some partitions could not advance; `result` says which and why (what was complete is committed)."""
 
-    def __init__(self, result: IngestResult):
+    def __init__(self, result: IngestResult) -> None:
         self.result = result
         problems = "; ".join(f"partition {p.partition}: {p.error}" for p in result.partitions.values() if p.error)
         if result.invalid_count and result.dead_letter_table is None:
@@ -181,7 +181,7 @@ class IngestContext:
     def __enter__(self) -> IngestContext:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -401,7 +401,7 @@ def _repair_etcd(context: IngestContext, topic: str, table_next_offsets: dict[in
                  etcd_committed: dict, leases: dict[int, Lease]) -> None:
     """etcd is a cache of the table's offsets: bring it in line (either direction) before anything else."""
     repairs = {}
-    for partition, lease in leases.items():
+    for partition in leases:
         if partition not in table_next_offsets:
             continue
         cached = etcd_committed.get(partition)
@@ -533,7 +533,9 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
                     context.offsets.location, exc)
 
 
-def _files_to_commit(messages: list[IngestionTaskOutput], plans: dict[int, _PartitionPlan]):
+def _files_to_commit(
+    messages: list[IngestionTaskOutput], plans: dict[int, _PartitionPlan],
+) -> tuple[dict[int, list[DataFile]], list[DataFile], dict[int, SegmentReadFailure]]:
     """Split the written files into those below each partition's first failed segment (by Kafka partition) and
     the rest."""
     failures: dict[int, SegmentReadFailure] = {}

@@ -19,6 +19,7 @@ Then only that run's directory is listed and deleted: the cost is what the run w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -98,7 +99,7 @@ def forget_run(store: OffsetStore, topic: str, run_id: str) -> None:
     """The run's files are settled (committed, or deleted by the run itself)."""
     try:
         store.forget_run(topic, run_id)
-    except Exception:  # noqa: BLE001 - a record left behind only costs the next run a look at an empty directory
+    except Exception:
         log.warning("could not forget the record of run %s of topic %s in %s", run_id, topic, store.location,
                     exc_info=True)
 
@@ -158,10 +159,8 @@ def remove_run_files(table: Table, data_dir: str) -> list[str]:
     uris = [f"{scheme}://{info.path}" for info in infos if info.type == FileType.File]
     failed = set(delete_data_files(io, uris))
     if not failed:
-        try:
+        with contextlib.suppress(FileNotFoundError, OSError):  # object stores have no directories to remove
             fs.delete_dir(path)
-        except (FileNotFoundError, OSError):
-            pass  # object stores have no directories to remove
     deleted = [uri for uri in uris if uri not in failed]
     log.info("table %s: deleted %d data files of an ended, uncommitted run in %s%s", ".".join(table.name()),
              len(deleted), data_dir, f" ({len(failed)} could not be deleted)" if failed else "")

@@ -100,7 +100,7 @@ class DeadLetterFileWriter:
     """Turns one task's invalid records into dead-letter rows, written as Parquet data files of the dead-letter
     table as they come (`RollingDataFiles`)."""
 
-    def __init__(self, target: DeadLetterTarget, task_id: int):
+    def __init__(self, target: DeadLetterTarget, task_id: int) -> None:
         self._target = target
         self._files = RollingDataFiles(target.sink, task_id)
 

@@ -115,7 +115,7 @@ def _connect_session(url: str, setting: str, conf: Mapping[str, str], app_name: 
             log.warning("the Spark engine at %s dropped the runs' shared session; this run uses a new one (its Python "
                         "workers start cold)", address.url)
             session, version = _open_connect_session(url, conf, app_name)
-    except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors alike
+    except Exception as exc:
         raise SparkEngineError(f"{setting}: the Spark engine at {address.url} does not answer: {exc}") from exc
     log.info("Spark session ready: engine %s (Spark Connect, from %s) app=%s version=%s", address.url, setting,
              app_name, version)

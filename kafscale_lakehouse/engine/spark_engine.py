@@ -214,7 +214,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def port_open(address: ConnectAddress) -> bool:
-    host = "127.0.0.1" if address.host in ("0.0.0.0", "::") else address.host
+    host = "127.0.0.1" if address.host in ("0.0.0.0", "::") else address.host  # noqa: S104 - not a bind
     try:
         with socket.create_connection((host, address.port), timeout=0.5):
             return True

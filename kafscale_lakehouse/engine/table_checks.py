@@ -71,7 +71,7 @@ def find_duplicate_record_ids(table: Table, topic: str, ranges: Mapping[int, Off
     record_ids = scan.to_arrow()["record_id"]
     counts = pc.value_counts(record_ids)
     repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
-    duplicates = dict(zip(repeated.field("values").to_pylist(), repeated.field("counts").to_pylist()))
+    duplicates = dict(zip(repeated.field("values").to_pylist(), repeated.field("counts").to_pylist(), strict=False))
     return DuplicateScan(duplicates, len(record_ids), files_scanned, _files_in_table(table))
 
 

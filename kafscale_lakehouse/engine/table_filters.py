@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import reduce
 
 from pyiceberg.expressions import (
@@ -71,7 +71,7 @@ def time_window_filter(schema: Schema, column: str, start: datetime, end: dateti
                        what: str = "partition_expr") -> BooleanExpression:
     """`start <= column < end` for a date or timestamp column (`start`/`end` are aware datetimes)."""
     field_type = column_type(schema, column, what)
-    start_utc, end_utc = start.astimezone(timezone.utc), end.astimezone(timezone.utc)
+    start_utc, end_utc = start.astimezone(UTC), end.astimezone(UTC)
     if isinstance(field_type, DateType):
         low, high = start_utc.date().isoformat(), end_utc.date().isoformat()
         if end_utc.time() != datetime.min.time():  # an hourly window on a date column: the day it falls in

@@ -43,7 +43,7 @@ class TableOffsetsError(RuntimeError):
 class OffsetConflictError(TableOffsetsError):
     """Another writer committed offsets of this batch first; our data files were deleted."""
 
-    def __init__(self, table_name: str, topic: str, partition: int, expected_start: int, committed: int):
+    def __init__(self, table_name: str, topic: str, partition: int, expected_start: int, committed: int) -> None:
         self.table_name = table_name
         self.topic = topic
         self.partition = partition
@@ -286,7 +286,7 @@ def _find_commit(table: Table, commit_id: str, since: int | None) -> int | None:
     catalog cannot be read."""
     try:
         table.refresh()
-    except Exception:  # noqa: BLE001 - the caller reports the original failure
+    except Exception:
         log.warning("table %s: cannot refresh to check the commit outcome", ".".join(table.name()), exc_info=True)
         return None
     commit = find_commit(table, commit_id, since=since)

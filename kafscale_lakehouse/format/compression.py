@@ -76,9 +76,9 @@ def compress(codec_id: int, data: bytes, *, snappy_framing: str = "xerial") -> b
             return bytes(cramjam.snappy.compress_raw(data))
         raise ValueError(f"unknown snappy framing {snappy_framing!r}; expected one of {SNAPPY_FRAMINGS}")
     if codec_id == CODEC_LZ4:
-        compressor = cramjam.lz4.Compressor(block_linked=False)
-        compressor.compress(data)
-        return bytes(compressor.finish())
+        lz4_compressor = cramjam.lz4.Compressor(block_linked=False)
+        lz4_compressor.compress(data)
+        return bytes(lz4_compressor.finish())
     if codec_id == CODEC_ZSTD:
         return bytes(cramjam.zstd.compress(data))
     raise ValueError(f"unknown compression codec id {codec_id}")

@@ -9,13 +9,13 @@ class SegmentFormatError(ValueError):
     `key` is the object key (or local path) and `position` the byte offset in that object where the problem is.
     """
 
-    def __init__(self, key: str, position: int, reason: str):
+    def __init__(self, key: str, position: int, reason: str) -> None:
         self.key = key
         self.position = position
         self.reason = reason
         super().__init__(f"{key} at byte {position}: {reason}")
 
-    def __reduce__(self):  # keep key/position when pickled across Spark workers
+    def __reduce__(self) -> tuple[object, ...]:  # keep key/position when pickled across Spark workers
         return (type(self), (self.key, self.position, self.reason))
 
 

@@ -142,6 +142,7 @@ def decode_batch_run(data: bytes, start: int, stop: int, *, key: str, origin: in
         wanted = not control and (start_offset is None or last_offset >= start_offset) and (
             end_offset is None or base_offset < end_offset)
         if wanted:
+            records_piece: bytes | memoryview
             if codec_id == CODEC_NONE:
                 records_piece = view[pos + BATCH_HEADER_SIZE:end]
             else:

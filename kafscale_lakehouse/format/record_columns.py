@@ -55,7 +55,7 @@ class RecordSection:
 class _RecordError(Exception):
     """A malformed record at `position` of a buffer being parsed in Python; the caller locates it."""
 
-    def __init__(self, position: int, reason: str, error_type: type[SegmentFormatError] = BadRecordError):
+    def __init__(self, position: int, reason: str, error_type: type[SegmentFormatError] = BadRecordError) -> None:
         super().__init__(reason)
         self.position = position
         self.reason = reason
@@ -85,7 +85,7 @@ def decode_record_sections(buffer: bytes, sections: Sequence[RecordSection], *, 
         error_type, position, reason = fields.describe(first_bad)
         raise sections[section_of[first_bad]].error(error_type, key, position, reason)
 
-    def per_row(attribute: str, dtype) -> np.ndarray:
+    def per_row(attribute: str, dtype: type) -> np.ndarray:
         return np.array([getattr(section, attribute) for section in sections], dtype=dtype)[section_of]
 
     base_offsets = per_row("base_offset", np.int64)
@@ -177,7 +177,7 @@ def _walk_record_lengths(buffer: bytes, sections: Sequence[RecordSection], *, ke
 class _RecordFields:
     """Every field of every record, decoded at once; `*_bad` arrays flag records whose field does not fit."""
 
-    def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
         self.starts = starts
         self.ends = ends
         _length, body_start, _ = _decode_varints(buf, starts, ends, _VARINT_MAX_BYTES)
@@ -334,10 +334,10 @@ def _headers_json_column(header_sections: pa.Array) -> pa.Array | None:
     if not header_rows:
         return pa.repeat(pa.scalar("", pa.string()), len(header_sections))
     # Sections lie in order in the buffer, so buffer position orders headers by (section, header number).
-    key_starts = np.concatenate(key_starts)
-    order = np.argsort(key_starts, kind="stable")
+    all_key_starts = np.concatenate(key_starts)
+    order = np.argsort(all_key_starts, kind="stable")
     arrow_buffer = header_sections.buffers()[2]
-    keys = _gather_binary(arrow_buffer, key_starts[order], np.concatenate(key_ends)[order])
+    keys = _gather_binary(arrow_buffer, all_key_starts[order], np.concatenate(key_ends)[order])
     values = _gather_binary(arrow_buffer, np.concatenate(value_starts)[order], np.concatenate(value_ends)[order])
     return go_headers_json_column(keys, values, counts)
 
@@ -346,7 +346,7 @@ def _headers_json(section: bytes) -> str:
     """A record's header section (count, then key/value pairs) as the Go-compatible JSON string."""
     if section == _NO_HEADERS:
         return ""
-    pairs = []
+    pairs: list[tuple[bytes, bytes | None]] = []
     p = 0
     try:
         header_count, p = _read_varint(section, p, _VARINT_MAX_BYTES)

@@ -75,7 +75,7 @@ def build_index_entries(batches: Sequence[tuple[int, int, int]], interval: int =
     """
     if interval < 1:
         raise ValueError(f"index interval must be at least 1, got {interval}")
-    entries = []
+    entries: list[IndexEntry] = []
     messages_since_entry = 0
     for base_offset, position, record_count in batches:
         if not entries or messages_since_entry >= interval:

@@ -10,7 +10,7 @@ class OffsetStoreError(Exception):
 class LeaseHeldError(OffsetStoreError):
     """Another owner holds the lease of (topic, partition)."""
 
-    def __init__(self, location: str, key: str, topic: str, partition: int, current_owner: str):
+    def __init__(self, location: str, key: str, topic: str, partition: int, current_owner: str) -> None:
         self.key = key
         self.topic = topic
         self.partition = partition
@@ -21,7 +21,7 @@ class LeaseHeldError(OffsetStoreError):
 class LeaseLostError(OffsetStoreError):
     """Our lease of (topic, partition) expired, was released or was taken over; we must not commit."""
 
-    def __init__(self, location: str, key: str, topic: str, partition: int, reason: str):
+    def __init__(self, location: str, key: str, topic: str, partition: int, reason: str) -> None:
         self.key = key
         self.topic = topic
         self.partition = partition
@@ -32,7 +32,7 @@ class LeaseLostError(OffsetStoreError):
 class OffsetRegressionError(OffsetStoreError):
     """A commit would move a committed offset backwards (use `repair_offsets` to reset it from the table)."""
 
-    def __init__(self, location: str, key: str, committed: int, requested: int):
+    def __init__(self, location: str, key: str, committed: int, requested: int) -> None:
         self.key = key
         self.committed = committed
         self.requested = requested
@@ -44,7 +44,7 @@ class OffsetRegressionError(OffsetStoreError):
 class CorruptOffsetRecordError(OffsetStoreError):
     """A stored key or value does not follow kafscale-format.md §6-7."""
 
-    def __init__(self, location: str, key: str, reason: str):
+    def __init__(self, location: str, key: str, reason: str) -> None:
         self.key = key
         self.reason = reason
         super().__init__(f"{location}: {key}: {reason}")

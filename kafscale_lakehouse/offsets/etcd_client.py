@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import grpc
@@ -52,7 +52,9 @@ class EtcdError(Exception):
 class EtcdUnavailableError(EtcdError):
     """etcd could not be reached (or kept timing out) for the whole retry window."""
 
-    def __init__(self, endpoints: Sequence[str], operation: str, attempts: int, waited_seconds: float, cause: str):
+    def __init__(
+        self, endpoints: Sequence[str], operation: str, attempts: int, waited_seconds: float, cause: str,
+    ) -> None:
         self.endpoints = list(endpoints)
         self.operation = operation
         super().__init__(
@@ -169,7 +171,7 @@ class EtcdClient:
         key_file: str | Path | None = None,
         timeout_seconds: float = 5,
         retry_seconds: float = 15,
-    ):
+    ) -> None:
         if isinstance(endpoints, str) or not endpoints:
             raise ValueError("endpoints: expected a non-empty list of host:port or http(s)://host:port")
         parsed = [_parse_endpoint(e) for e in endpoints]
@@ -206,7 +208,7 @@ class EtcdClient:
         return None if entry is None else entry.value
 
     def get_entry(self, key: str) -> EtcdEntry | None:
-        def call(client):
+        def call(client: Any) -> EtcdEntry | None:
             value, meta = client.get(key)
             return None if meta is None else _entry(value, meta)
 
@@ -236,7 +238,7 @@ class EtcdClient:
         """
         keys = ", ".join(sorted({c.key for c in compares} | {op.key for op in (*success, *failure)}))
 
-        def call(client):
+        def call(client: Any) -> bool:
             succeeded, _ = client.transaction(
                 compare=[_to_pyetcd_compare(c) for c in compares],
                 success=[_to_pyetcd_op(op) for op in success],
@@ -252,7 +254,7 @@ class EtcdClient:
 
     def refresh_lease(self, lease_id: int) -> int:
         """Keep a lease alive once; returns its new TTL in seconds, 0 when it has already expired."""
-        def call(client):
+        def call(client: Any) -> int:
             responses = list(client.refresh_lease(lease_id))
             return responses[-1].TTL if responses else 0
 
@@ -260,7 +262,7 @@ class EtcdClient:
 
     def revoke_lease(self, lease_id: int) -> None:
         """Revoke a lease (deleting its keys); a lease that no longer exists is not an error."""
-        def call(client):
+        def call(client: Any) -> None:
             try:
                 client.revoke_lease(lease_id)
             except grpc.RpcError as exc:
@@ -275,10 +277,10 @@ class EtcdClient:
         if client is not None:
             client.close()
 
-    def __enter__(self) -> "EtcdClient":
+    def __enter__(self) -> EtcdClient:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # ---- internals --------------------------------------------------------------------------------------------
@@ -373,7 +375,7 @@ class EtcdClient:
         return EtcdRequestError(f"etcd at {where}: {operation} rejected: {code.name}: {details}")
 
 
-def _entry(value: bytes, meta) -> EtcdEntry:
+def _entry(value: bytes, meta: Any) -> EtcdEntry:
     return EtcdEntry(
         key=meta.key.decode(), value=value, create_revision=meta.create_revision,
         mod_revision=meta.mod_revision, version=meta.version, lease_id=meta.lease_id,
@@ -382,12 +384,12 @@ def _entry(value: bytes, meta) -> EtcdEntry:
 
 class _LeaseCompare(pyetcd_txn.BaseCompare):
     # pyetcd has no lease comparison although etcd >= 3.3 supports it.
-    def build_compare(self, compare):
+    def build_compare(self, compare: Any) -> None:
         compare.target = pyetcd.etcdrpc.Compare.LEASE
         compare.lease = int(self.value)
 
 
-def _to_pyetcd_compare(compare: EtcdCompare):
+def _to_pyetcd_compare(compare: EtcdCompare) -> Any:
     match compare:
         case VersionIs(key, version):
             return pyetcd_txn.Version(key) == version
@@ -398,7 +400,7 @@ def _to_pyetcd_compare(compare: EtcdCompare):
     raise TypeError(f"unsupported etcd comparison {compare!r}")
 
 
-def _to_pyetcd_op(op: EtcdOp):
+def _to_pyetcd_op(op: EtcdOp) -> Any:
     match op:
         case PutOp(key, value, lease_id):
             return pyetcd_txn.Put(key, value, lease=lease_id)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 
 from kafscale_lakehouse.offsets.errors import CommitConflictError, LeaseHeldError, LeaseLostError
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient, LeaseIs, ModRevisionIs, PutOp, VersionIs
+from kafscale_lakehouse.offsets.etcd_client import EtcdClient, EtcdCompare, LeaseIs, ModRevisionIs, PutOp, VersionIs
 from kafscale_lakehouse.offsets.records import (
     decode_lease_owner,
     decode_partition_offsets,
@@ -43,7 +43,7 @@ class EtcdOffsetStore(OffsetStore):
     """Offsets and leases in etcd. `Lease.fence` is the etcd lease id the lease key is attached to."""
 
     def __init__(self, client: EtcdClient, key_prefix: str = DEFAULT_KEY_PREFIX,
-                 lease_ttl_seconds: int = DEFAULT_LEASE_TTL_SECONDS):
+                 lease_ttl_seconds: int = DEFAULT_LEASE_TTL_SECONDS) -> None:
         super().__init__(f"etcd {', '.join(client.endpoints)}", key_prefix, lease_ttl_seconds)
         self.client = client
 
@@ -117,7 +117,7 @@ class EtcdOffsetStore(OffsetStore):
                     self.location, watermarks_prefix, ((e.key, e.value) for e in watermark_entries)),
                 now_ms=now_ms(), allow_backwards=allow_backwards,
             )
-            compares = [LeaseIs(lease.key, lease.fence) for lease in leases]
+            compares: list[EtcdCompare] = [LeaseIs(lease.key, lease.fence) for lease in leases]
             compares.append(ModRevisionIs(topic_watermark_key, topic_watermark.mod_revision if topic_watermark else 0))
             for partition in offsets:
                 key = self.keys.offset(topic, partition)
@@ -132,7 +132,7 @@ class EtcdOffsetStore(OffsetStore):
                     f"({attempt} commit attempts)"
                 )
             low, high = _COMMIT_BACKOFF_SECONDS
-            delay = random.uniform(0, min(high, low * 2 ** min(attempt, 10)))
+            delay = random.uniform(0, min(high, low * 2 ** min(attempt, 10)))  # noqa: S311 - retry jitter
             log.info("offset commit of %s on %s raced with another writer (attempt %d); retrying in %.3f s",
                      topic, self.location, attempt, delay)
             time.sleep(delay)

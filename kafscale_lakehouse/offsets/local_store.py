@@ -46,7 +46,7 @@ class LocalOffsetStore(OffsetStore):
     """Offsets and leases in a sqlite file at `path`. `Lease.fence` is the claim token of the lease row."""
 
     def __init__(self, path: str | Path, key_prefix: str = DEFAULT_KEY_PREFIX,
-                 lease_ttl_seconds: int = DEFAULT_LEASE_TTL_SECONDS, busy_timeout_seconds: float = 30):
+                 lease_ttl_seconds: int = DEFAULT_LEASE_TTL_SECONDS, busy_timeout_seconds: float = 30) -> None:
         self.path = Path(path)
         super().__init__(f"sqlite {self.path}", key_prefix, lease_ttl_seconds)
         self.busy_timeout_seconds = busy_timeout_seconds

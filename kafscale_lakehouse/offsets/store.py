@@ -50,7 +50,7 @@ class Lease:
     no renewal succeeded for a whole TTL; a lost lease is never renewed again and cannot commit.
     """
 
-    def __init__(self, store: "OffsetStore", topic: str, partition: int, owner_id: str, fence: Any):
+    def __init__(self, store: OffsetStore, topic: str, partition: int, owner_id: str, fence: Any) -> None:
         self.store = store
         self.topic = topic
         self.partition = partition
@@ -105,10 +105,10 @@ class Lease:
         else:
             log.debug("released lease %s", self.key)
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def _start_keeper(self) -> None:
@@ -154,7 +154,7 @@ def leases_lost_error(lost: Sequence[tuple[Lease, str]]) -> LeaseLostError:
 class OffsetStore(ABC):
     """Committed offsets, watermarks and leases of the processor (kafscale-format.md §7)."""
 
-    def __init__(self, location: str, key_prefix: str, lease_ttl_seconds: int):
+    def __init__(self, location: str, key_prefix: str, lease_ttl_seconds: int) -> None:
         if not isinstance(lease_ttl_seconds, int) or lease_ttl_seconds < 1:
             raise ValueError(f"lease_ttl_seconds: {lease_ttl_seconds!r}, expected an integer >= 1")
         if not key_prefix:
@@ -306,12 +306,12 @@ class OffsetStore(ABC):
     @abstractmethod
     def _live_lease_owner(self, lease_key: str) -> str | None: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook; most stores hold nothing to release
         """Release backend resources (connections); leases must be released by their holders first."""
 
-    def __enter__(self) -> "OffsetStore":
+    def __enter__(self) -> OffsetStore:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 

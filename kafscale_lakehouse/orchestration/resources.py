@@ -41,8 +41,8 @@ SPARK_RESOURCE_KEY = "spark"
 SEGMENT_STORE_RESOURCE_KEY = "segment_store"
 CATALOG_RESOURCE_KEY = "iceberg_catalog"
 OFFSET_STORE_RESOURCE_KEY = "offset_store"
-SECRET_ENV_PREFIX = "KAFSCALE_LAKEHOUSE_SECRET_"
-SECRET_MASK = "**********"  # as pydantic's SecretStr shows a secret
+SECRET_ENV_PREFIX = "KAFSCALE_LAKEHOUSE_SECRET_"  # noqa: S105 - an environment variable prefix, not a secret
+SECRET_MASK = "**********"  # noqa: S105 - the mask shown instead of a secret; as pydantic's SecretStr shows a secret
 # The config sections the connection resources hold (what `connections` reads); no mapping, schema or registry.
 CONNECTION_SECTIONS = ("s3", "segments", "iceberg", "offsets", "discovery", "etcd")
 
@@ -93,7 +93,7 @@ class SparkResource(PySparkResource):
     never touch Spark do not pay its start-up."""
 
     master: str = "local[*]"
-    spark_config: dict[str, Any] = {}
+    spark_config: dict[str, Any] = {}  # noqa: RUF012 - a config field; pydantic copies the default
     remote: str | None = None
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

@@ -41,7 +41,7 @@ from kafscale_lakehouse.schema.json_values import (
     MAX_TIMESTAMP_MICROS,
     MIN_DATE_DAYS,
     MIN_TIMESTAMP_MICROS,
-    NotCoercible,
+    NotCoercibleError,
     coerce_json_value,
     parse_json_object,
 )
@@ -135,7 +135,7 @@ class JsonColumnCoercer:
     `use_arrow_reader=False` applies the reference rules to every row (slow; to verify the fast path).
     """
 
-    def __init__(self, columns: Sequence[ColumnConfig], *, use_arrow_reader: bool = True):
+    def __init__(self, columns: Sequence[ColumnConfig], *, use_arrow_reader: bool = True) -> None:
         self.columns = tuple(columns)
         self._use_arrow_reader = use_arrow_reader
         self._parse_types = {column.name: _PARSE_TYPES[column.type][0] for column in self.columns}
@@ -176,7 +176,8 @@ class JsonColumnCoercer:
                 table = pa_json.read_json(pa.BufferReader(data.slice(int(offsets[start]), size)), read_options=read_options, parse_options=parse_options)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 return None, _rejected_row(exc, stop - start) if one_block else None
-            # Every candidate runs from `{` to `}`, so rows cannot merge: a count mismatch means one held several objects.
+            # Every candidate runs from `{` to `}`, so rows cannot merge: a count mismatch means one held several
+            # objects.
             return (table, None) if table.num_rows == stop - start else (None, None)
 
         whole, _ = parse(0, len(candidates), one_block=False)
@@ -294,10 +295,10 @@ class JsonColumnCoercer:
             for index, column in enumerate(self.columns):
                 try:
                     column_values[index].append(coerce_json_value(document.get(column.name), column.type))
-                except NotCoercible as exc:
+                except NotCoercibleError as exc:
                     column_values[index].append(None)
                     failures[index][position] = str(exc)
-        arrays = [_python_values_to_arrow(values, column.type) for values, column in zip(column_values, self.columns)]
+        arrays = [_python_values_to_arrow(values, column.type) for values, column in zip(column_values, self.columns, strict=False)]
         return _Part(rows=rows, arrays=arrays, failures=failures, value_problems=value_problems)
 
     # ----------------------------------------------------------------------------------------- assembly
@@ -312,7 +313,7 @@ class JsonColumnCoercer:
             if any_required:
                 for position, reason in part.value_problems.items():
                     problems[int(part.rows[position])] = (None, reason)
-            for column, array, failures in zip(self.columns, part.arrays, part.failures):
+            for column, array, failures in zip(self.columns, part.arrays, part.failures, strict=False):
                 if not column.required:
                     nulled_counts[column.name] += len(failures)
                     continue
@@ -421,10 +422,10 @@ def _convert_column(array: pa.Array, column_type: str) -> tuple[pa.Array, dict[i
         return converted, {}
     results: list[object] = []
     failures: dict[int, str] = {}
-    for position, value in zip(positions, array.take(positions).to_pylist()):
+    for position, value in zip(positions, array.take(positions).to_pylist(), strict=False):
         try:
             results.append(coerce_json_value(value, column_type))
-        except NotCoercible as exc:
+        except NotCoercibleError as exc:
             results.append(None)
             failures[int(position)] = str(exc)
     converted = pc.replace_with_mask(converted, delegated, _python_values_to_arrow(results, column_type))
@@ -521,7 +522,9 @@ def _timestamp_shapes(array: pa.Array) -> tuple[pa.BooleanArray, pa.BooleanArray
     return pc.and_(well_formed, has_zone.fill_null(False)), pc.and_(well_formed, pc.invert(has_zone).fill_null(False))
 
 
-def _cast_valid_days(array: pa.Array, well_formed: pa.BooleanArray, target: pa.DataType) -> tuple[pa.Array, pa.BooleanArray]:
+def _cast_valid_days(
+    array: pa.Array, well_formed: pa.BooleanArray, target: pa.DataType,
+) -> tuple[pa.Array, pa.BooleanArray]:
     """Cast the `well_formed` date/timestamp strings; Arrow fails the whole cast on a day the month does not have
     (2023-02-29), so then those are left out (to the reference rules, which say why) and the rest cast."""
     try:

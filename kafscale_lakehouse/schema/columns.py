@@ -92,7 +92,8 @@ def check_column_names(columns: Sequence[ColumnConfig]) -> None:
     for column in columns:
         if column.name in seen:
             which = "a base column" if column.name in BASE_COLUMN_NAMES else "declared twice"
-            raise SchemaMappingError(f"column {column.name!r} is {which}; mapped column names must be unique and not {', '.join(BASE_COLUMN_NAMES)}")
+            raise SchemaMappingError(f"column {column.name!r} is {which}; mapped column names must be unique and not "
+                                     f"{', '.join(BASE_COLUMN_NAMES)}")
         seen.add(column.name)
 
 
@@ -113,9 +114,11 @@ def columns_from_json_schema(document: Mapping[str, Any], topic: str) -> list[Co
             continue
         columns.append(ColumnConfig(name=name, type=column_type, required=name in required))
     if skipped:
-        log.info("registry schema of topic %s: properties %s get no column (not a scalar JSON type, or a base column name)", topic, ", ".join(sorted(skipped)))
+        log.info("registry schema of topic %s: properties %s get no column (not a scalar JSON type, or a base column "
+                 "name)", topic, ", ".join(sorted(skipped)))
     if not columns:
-        raise SchemaMappingError(f"registry schema of topic {topic!r} gives no columns (no top-level integer/number/boolean/string properties)")
+        raise SchemaMappingError(f"registry schema of topic {topic!r} gives no columns (no top-level "
+                                 "integer/number/boolean/string properties)")
     return sorted(columns, key=lambda column: column.name)
 
 

@@ -14,10 +14,10 @@ class SchemaMappingError(SchemaError):
 class SchemaEvolutionError(SchemaError):
     """The table's schema cannot be evolved to the mapping's columns; `problems` has one line per column."""
 
-    def __init__(self, table: str, problems: list[str]):
+    def __init__(self, table: str, problems: list[str]) -> None:
         self.table = table
         self.problems = list(problems)
         super().__init__(f"table {table}: " + "; ".join(self.problems))
 
-    def __reduce__(self):  # keep table/problems when pickled across Spark workers
+    def __reduce__(self) -> tuple[object, ...]:  # keep table/problems when pickled across Spark workers
         return (type(self), (self.table, self.problems))

@@ -32,7 +32,7 @@ import json
 import math
 import re
 import struct
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
@@ -51,13 +51,13 @@ TIMESTAMP_TEXT = re.compile(
     r"(?:([Zz])|([+-])([01][0-9]|2[0-3]):?([0-5][0-9]))?)?"
 )
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 _MICROS_PER_DAY = 86_400_000_000
 _SHOWN_TEXT_CHARS = 40
 
 
-class NotCoercible(ValueError):
+class NotCoercibleError(ValueError):
     """A present JSON value that cannot be stored in the column type; the message says why."""
 
 
@@ -113,11 +113,11 @@ def describe(value: Any) -> str:
 
 def coerce_json_value(value: Any, column_type: str) -> Any:
     """The value for `column_type` as Python: bool, int, float, str, bytes, int microseconds (timestamp) or
-    int days (date); None for a missing value. Raises `NotCoercible` with the reason."""
+    int days (date); None for a missing value. Raises `NotCoercibleError` with the reason."""
     if value is None:
         return None
     if isinstance(value, float) and not math.isfinite(value):
-        raise NotCoercible(f"number beyond the range of a double cannot be stored as {column_type}")
+        raise NotCoercibleError(f"number beyond the range of a double cannot be stored as {column_type}")
     return _COERCERS[column_type](value, column_type)
 
 
@@ -126,7 +126,7 @@ def _to_boolean(value: Any, column_type: str) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise NotCoercible(f"cannot coerce {describe(value)} to boolean")
+    raise NotCoercibleError(f"cannot coerce {describe(value)} to boolean")
 
 
 def _to_integer(value: Any, column_type: str) -> int:
@@ -137,10 +137,10 @@ def _integral(value: Any, column_type: str, low: int, high: int) -> int:
     number = _as_number(value, column_type)
     if isinstance(number, float):
         if not number.is_integer():
-            raise NotCoercible(f"{describe(value)} is not an integer, so it cannot be stored as {column_type}")
+            raise NotCoercibleError(f"{describe(value)} is not an integer, so it cannot be stored as {column_type}")
         number = int(number)
     if not low <= number <= high:
-        raise NotCoercible(f"{describe(value)} is out of range for {column_type} [{low}, {high}]")
+        raise NotCoercibleError(f"{describe(value)} is out of range for {column_type} [{low}, {high}]")
     return number
 
 
@@ -154,21 +154,21 @@ def _to_floating(value: Any, column_type: str) -> float:
     except (OverflowError, struct.error):
         result = math.inf
     if not math.isfinite(result):
-        raise NotCoercible(f"{describe(value)} is out of range for {column_type}")
+        raise NotCoercibleError(f"{describe(value)} is out of range for {column_type}")
     return result
 
 
 def _as_number(value: Any, column_type: str) -> int | float:
     if isinstance(value, bool):
-        raise NotCoercible(f"cannot coerce {describe(value)} to {column_type}")
+        raise NotCoercibleError(f"cannot coerce {describe(value)} to {column_type}")
     if isinstance(value, (int, float)):
         return value
     if isinstance(value, str) and JSON_NUMBER.fullmatch(value):
         number = int(value) if JSON_INTEGER.fullmatch(value) else float(value)
         if isinstance(number, float) and not math.isfinite(number):
-            raise NotCoercible(f"{describe(value)} is out of range for {column_type}")
+            raise NotCoercibleError(f"{describe(value)} is out of range for {column_type}")
         return number
-    raise NotCoercible(f"cannot coerce {describe(value)} to {column_type}")
+    raise NotCoercibleError(f"cannot coerce {describe(value)} to {column_type}")
 
 
 def _to_text(value: Any, column_type: str) -> str:
@@ -179,7 +179,7 @@ def _to_text(value: Any, column_type: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise NotCoercible(f"{describe(value)} contains an unpaired UTF-16 surrogate escape") from exc
+        raise NotCoercibleError(f"{describe(value)} contains an unpaired UTF-16 surrogate escape") from exc
     return text
 
 
@@ -191,12 +191,12 @@ def _to_timestamp(value: Any, column_type: str) -> int:
     if isinstance(value, str):
         return parse_timestamp_text(value, column_type)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise NotCoercible(f"cannot coerce {describe(value)} to timestamp")
+        raise NotCoercibleError(f"cannot coerce {describe(value)} to timestamp")
     # Compare before multiplying: 1e308 * 1000 is no number any more.
     in_range = MIN_TIMESTAMP_MICROS / 1000 <= value <= MAX_TIMESTAMP_MICROS / 1000
     micros = (value * 1000 if isinstance(value, int) else round(value * 1000)) if in_range else None
     if micros is None or not MIN_TIMESTAMP_MICROS <= micros <= MAX_TIMESTAMP_MICROS:
-        raise NotCoercible(f"{describe(value)} epoch milliseconds is outside the years 0001-9999")
+        raise NotCoercibleError(f"{describe(value)} epoch milliseconds is outside the years 0001-9999")
     return micros
 
 
@@ -204,7 +204,7 @@ def _to_date(value: Any, column_type: str) -> int:
     if isinstance(value, str):
         return parse_timestamp_text(value, column_type) // _MICROS_PER_DAY
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise NotCoercible(f"cannot coerce {describe(value)} to date")
+        raise NotCoercibleError(f"cannot coerce {describe(value)} to date")
     return _integral(value, "date (days since 1970-01-01)", MIN_DATE_DAYS, MAX_DATE_DAYS)
 
 
@@ -212,7 +212,8 @@ def parse_timestamp_text(text: str, column_type: str = "timestamp") -> int:
     """Microseconds since the epoch (UTC) of a timestamp string in the accepted grammar."""
     match = TIMESTAMP_TEXT.fullmatch(text)
     if match is None:
-        raise NotCoercible(f"cannot parse {describe(text)} as {column_type} (expected RFC 3339 or YYYY-MM-DD[ HH:MM:SS])")
+        raise NotCoercibleError(f"cannot parse {describe(text)} as {column_type} (expected RFC 3339 or YYYY-MM-DD[ "
+                                "HH:MM:SS])")
     year, month, day, hour, minute, second, fraction, _zulu, sign, offset_hours, offset_minutes = match.groups()
     offset = timedelta(0)
     if sign is not None:
@@ -221,12 +222,12 @@ def parse_timestamp_text(text: str, column_type: str = "timestamp") -> int:
     try:
         moment = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0), tzinfo=timezone(offset))
     except ValueError as exc:
-        raise NotCoercible(f"cannot parse {describe(text)} as {column_type}: {exc}") from exc
+        raise NotCoercibleError(f"cannot parse {describe(text)} as {column_type}: {exc}") from exc
     micros = (moment - _EPOCH) // _ONE_MICROSECOND
     if fraction:
         micros += int(fraction[:6].ljust(6, "0"))
     if not MIN_TIMESTAMP_MICROS <= micros <= MAX_TIMESTAMP_MICROS:
-        raise NotCoercible(f"{describe(text)} is outside the years 0001-9999 in UTC")
+        raise NotCoercibleError(f"{describe(text)} is outside the years 0001-9999 in UTC")
     return micros
 
 

@@ -52,12 +52,12 @@ class InvalidSchemaDocumentError(SchemaError):
 
     A fault of the schema (its source is named), not of any record: it fails the run instead of rejecting records."""
 
-    def __init__(self, source: str, problem: str):
+    def __init__(self, source: str, problem: str) -> None:
         self.source = source
         self.problem = problem
         super().__init__(f"JSON Schema {source}: {problem}")
 
-    def __reduce__(self):  # keep source/problem when pickled across Spark workers
+    def __reduce__(self) -> tuple[object, ...]:  # keep source/problem when pickled across Spark workers
         return (type(self), (self.source, self.problem))
 
 
@@ -87,7 +87,7 @@ class SchemaViolationError(SchemaError):
 
     The message names the schema, the counts and the first violations (record_id, value path, schema path, reason)."""
 
-    def __init__(self, summary: ValidationSummary):
+    def __init__(self, summary: ValidationSummary) -> None:
         self.summary = summary
         shown = "; ".join(record.describe() for record in summary.samples[:_SHOWN_VIOLATIONS])
         more = summary.invalid_count - min(len(summary.samples), _SHOWN_VIOLATIONS)
@@ -96,7 +96,7 @@ class SchemaViolationError(SchemaError):
             + (f"; and {more} more" if more > 0 else "")
         )
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.summary,))
 
 
@@ -184,7 +184,8 @@ class CompiledJsonSchema:
     source: str
     validator: Validator
 
-    def __reduce__(self):  # jsonschema validators do not pickle; Spark workers rebuild from the document
+    # jsonschema validators do not pickle; Spark workers rebuild from the document
+    def __reduce__(self) -> tuple[object, ...]:
         return (compile_json_schema, (self.document, self.source))
 
 
@@ -203,7 +204,8 @@ def _build_validator(document: Any, source: str) -> Validator:
         else:
             found = validator_for(document, default=None) if isinstance(dialect, str) else None
             if found is None:
-                raise InvalidSchemaDocumentError(source, f"$schema {dialect!r} is not a JSON Schema dialect this validator knows (draft 3 to 2020-12)")
+                raise InvalidSchemaDocumentError(source, f"$schema {dialect!r} is not a JSON Schema dialect this "
+                                                         "validator knows (draft 3 to 2020-12)")
             validator_class = found
     else:
         raise InvalidSchemaDocumentError(source, f"a JSON Schema is an object or a boolean, not {json_kind(document)}")
@@ -228,7 +230,9 @@ def validate_values(
     return _validate(schema, [_parse_json_value(raw) for raw in values.to_pylist()], record_ids)
 
 
-def validate_parsed(instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str], schema: CompiledJsonSchema) -> ValidationResult:
+def validate_parsed(
+    instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str], schema: CompiledJsonSchema,
+) -> ValidationResult:
     """Validate values the caller has already parsed from JSON (`json.loads` output; None is JSON null, which the
     schema judges). Same result and errors as `validate_values`, without parsing twice."""
     _check_lengths(len(instances), len(record_ids))
@@ -245,11 +249,13 @@ class _NotJson:
 
     __slots__ = ("reason",)
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str) -> None:
         self.reason = reason
 
 
-def _validate(schema: CompiledJsonSchema, instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> ValidationResult:
+def _validate(
+    schema: CompiledJsonSchema, instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str],
+) -> ValidationResult:
     validator = schema.validator
     valid = [True] * len(instances)
     invalid_records = []
@@ -265,7 +271,8 @@ def _validate(schema: CompiledJsonSchema, instances: Sequence[Any], record_ids: 
                 # best_match weighs all errors, so the rest are only collected for invalid records.
                 error: ValidationError = best_match(itertools.chain([first], errors))
             except referencing.exceptions.Unresolvable as exc:
-                raise InvalidSchemaDocumentError(schema.source, f"$ref {exc.ref!r} cannot be resolved (only references within the document are)") from None
+                raise InvalidSchemaDocumentError(schema.source, f"$ref {exc.ref!r} cannot be resolved (only references "
+                                                                "within the document are)") from None
             except RecursionError:
                 failure = ("value is nested too deeply to validate", "$", None)
             else:

@@ -34,13 +34,13 @@ _INT16 = (-(2**15), 2**15 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
 
 
-class DiscoveryMode(str, Enum):
+class DiscoveryMode(str, Enum):  # noqa: UP042 - StrEnum would change str() of the members
     AUTO = "auto"
     ETCD = "etcd"
     S3 = "s3"
 
     @classmethod
-    def parse(cls, value: str) -> "DiscoveryMode":
+    def parse(cls, value: str) -> DiscoveryMode:
         """`discovery.mode` as the Go processor reads it: case-insensitive, empty means `auto`."""
         text = value.strip().lower() or cls.AUTO.value
         try:

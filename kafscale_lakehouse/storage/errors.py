@@ -9,7 +9,7 @@ from __future__ import annotations
 class StorageError(Exception):
     """A segment store operation failed. `location` is e.g. `s3://lake at http://127.0.0.1:9000`; `key` the object."""
 
-    def __init__(self, message: str, *, location: str | None = None, key: str | None = None):
+    def __init__(self, message: str, *, location: str | None = None, key: str | None = None) -> None:
         super().__init__(message)
         self.location = location
         self.key = key

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kafscale_lakehouse.storage.errors import (
@@ -25,7 +25,7 @@ class LocalSegmentStore(SegmentStore):
     """Keys are `/`-separated paths relative to `root`. Listing pages and order follow S3 (lexicographic keys)."""
 
     def __init__(self, root: str | os.PathLike[str], *, namespace: str = DEFAULT_NAMESPACE,
-                 list_page_size: int = DEFAULT_LIST_PAGE_SIZE, create: bool = False):
+                 list_page_size: int = DEFAULT_LIST_PAGE_SIZE, create: bool = False) -> None:
         super().__init__(namespace=namespace, list_page_size=list_page_size)
         self.root = Path(root).resolve()
         if create:
@@ -93,7 +93,7 @@ class LocalSegmentStore(SegmentStore):
             stat = path.stat()
         except OSError as exc:
             raise self._error(exc, "stat", key) from exc
-        return ObjectInfo(key, stat.st_size, datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc))
+        return ObjectInfo(key, stat.st_size, datetime.fromtimestamp(stat.st_mtime, tz=UTC))
 
     def _get(self, key: str, byte_range: tuple[int, int] | None) -> bytes:
         path = self._path(key)

@@ -71,7 +71,7 @@ class S3SegmentStore(SegmentStore):
         list_page_size: int = DEFAULT_LIST_PAGE_SIZE,
         sse_type: str | None = None,
         sse_kms_key_id: str | None = None,
-    ):
+    ) -> None:
         super().__init__(namespace=namespace, list_page_size=list_page_size)
         if not bucket:
             raise ValueError("bucket: the S3 bucket name is empty")

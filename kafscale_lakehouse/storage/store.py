@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kafscale_lakehouse.format.errors import SegmentFormatError, SegmentMismatchError, TruncatedSegmentError
 from kafscale_lakehouse.format.segment_frame import FOOTER_SIZE, HEADER_SIZE, SegmentFooter, parse_footer
@@ -112,7 +112,7 @@ class SegmentStore(ABC):
     `request_counts` counts requests by kind (`list` per page, `get`, `head`, `put`) since construction.
     """
 
-    def __init__(self, *, namespace: str = DEFAULT_NAMESPACE, list_page_size: int = DEFAULT_LIST_PAGE_SIZE):
+    def __init__(self, *, namespace: str = DEFAULT_NAMESPACE, list_page_size: int = DEFAULT_LIST_PAGE_SIZE) -> None:
         if not 1 <= list_page_size <= DEFAULT_LIST_PAGE_SIZE:
             raise ValueError(f"list_page_size {list_page_size} is outside 1..{DEFAULT_LIST_PAGE_SIZE}")
         self.namespace = namespace
@@ -152,7 +152,7 @@ class SegmentStore(ABC):
         with self._counts_lock:
             return Counter(self._request_counts)
 
-    def _counted(self, kind: str, call: Callable[..., _T], *args, **kwargs) -> _T:
+    def _counted(self, kind: str, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         with self._counts_lock:
             self._request_counts[kind] += 1
         return call(*args, **kwargs)
@@ -268,7 +268,7 @@ class SegmentStore(ABC):
                 candidates.append((base_offset, pair))
 
         segments: list[SegmentRef] = []
-        for (base_offset, pair), footer in zip(candidates, self._read_footers([pair.kfs for _, pair in candidates])):
+        for (base_offset, pair), footer in zip(candidates, self._read_footers([pair.kfs for _, pair in candidates]), strict=False):
             kfs, index = pair.kfs, pair.index
             if isinstance(footer, SegmentFormatError):
                 incomplete.insert(0, _incomplete(topic, partition, base_offset, pair, f"not finished: {footer}"))

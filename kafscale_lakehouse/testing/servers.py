@@ -101,7 +101,7 @@ class SeaweedFS:
     def rest_uri(self) -> str:
         return f"http://127.0.0.1:{self.rest_port}"
 
-    def start(self, attempts: int = 3) -> "SeaweedFS":
+    def start(self, attempts: int = 3) -> SeaweedFS:
         """Start on fresh free ports; another process may grab a port between our probe and weed's bind: retry."""
         for attempt in range(1, attempts + 1):
             try:
@@ -112,7 +112,7 @@ class SeaweedFS:
                 log.warning("SeaweedFS did not come up (attempt %d/%d), retrying on other ports", attempt, attempts)
         raise AssertionError("unreachable")
 
-    def _start_once(self) -> "SeaweedFS":
+    def _start_once(self) -> SeaweedFS:
         # The venv's bin is not on PATH when tests run as `.venv/bin/python -m pytest`.
         weed = shutil.which("weed") or shutil.which("weed", path=str(Path(sys.executable).parent))
         if weed is None:
@@ -184,7 +184,7 @@ class Etcd:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.client_port}"
 
-    def start(self) -> "Etcd":
+    def start(self) -> Etcd:
         etcd = shutil.which("etcd") or "/usr/bin/etcd"
         if not Path(etcd).exists():
             raise RuntimeError("`etcd` not found: run scripts/install-etcd.sh (Debian etcd-server)")

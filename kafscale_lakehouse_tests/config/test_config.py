@@ -98,7 +98,8 @@ def test_go_zero_values_mean_default_and_go_spellings_are_accepted(tmp_path):
           mode: off
         """
     )
-    text = text.replace("    table: prod.orders\n", "    table: prod.orders\n    schema:\n      columns:\n        - {name: id, type: LONG}\n")
+    text = text.replace("    table: prod.orders\n", "    table: prod.orders\n    schema:\n      columns:\n        - "
+                                                    "{name: id, type: LONG}\n")
     config = load_config(write_config(tmp_path, text))
     assert config.s3.endpoint is None
     assert config.s3.namespace == ""  # an empty namespace is meaningful: keys start at the topic
@@ -124,24 +125,36 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (lambda t: t.replace("  bucket: kafscale-data", "  bucket: kafscale-data\n  buckett: x"), "s3.buckett: unknown key (did you mean 'bucket'?)"),
-        (lambda t: t + "offsets:\n  lease_ttl_seconds: soon\n", "offsets.lease_ttl_seconds: expected an integer, got a string 'soon'"),
-        (lambda t: t + "offsets:\n  lease_ttl_seconds: -3\n", "offsets.lease_ttl_seconds: must be greater than 0, got -3"),
+        (lambda t: t.replace("  bucket: kafscale-data", "  bucket: kafscale-data\n  buckett: x"), "s3.buckett: unknown "
+                                                                                                  "key (did you mean 'bucket'?)"),
+        (lambda t: t + "offsets:\n  lease_ttl_seconds: soon\n", "offsets.lease_ttl_seconds: expected an integer, got a "
+                                                                "string 'soon'"),
+        (lambda t: t + "offsets:\n  lease_ttl_seconds: -3\n", "offsets.lease_ttl_seconds: must be greater than 0, got "
+                                                              "-3"),
         (lambda t: t.replace("    uri: http://catalog:8181\n", ""), "iceberg.catalog.uri: is required"),
-        (lambda t: t.replace("  bucket: kafscale-data", "  region: x"), "s3.bucket: is required (or set segments.local_root to read segments from a local directory)"),
+        (lambda t: t.replace("  bucket: kafscale-data", "  region: x"), "s3.bucket: is required (or set "
+                                                                        "segments.local_root to read segments from a local directory)"),
         (lambda t: t.replace("type: rest", "type: hive"), "iceberg.catalog.type: 'hive' is not one of rest, sql"),
         (lambda t: t + "s3x: 1\n", "s3x: unknown key (did you mean 's3'?)"),
         (lambda t: t.replace("[http://etcd:2379]", "http://etcd:2379"), "etcd.endpoints: expected a list, got a string 'http://etcd:2379'"),
-        (lambda t: t.replace("table: prod.orders", "table: orders"), "mappings[0].table: 'orders' is not a table identifier namespace.table"),
-        (lambda t: t.replace("table: prod.orders", "table: prod.1orders"), "mappings[0].table: 'prod.1orders' is not a table identifier"),
-        (lambda t: t.replace("topic: orders", "topic: 'bad topic'"), "mappings[0].topic: 'bad topic' is not a valid Kafka topic name"),
-        (lambda t: t + "  - topic: orders\n    table: prod.orders2\n", "mappings[1].topic: topic 'orders' is already mapped by mappings[0]"),
-        (lambda t: t + "  - topic: orders2\n    table: prod.orders\n", "mappings[1].table: table 'prod.orders' is already the target of mappings[0]"),
+        (lambda t: t.replace("table: prod.orders", "table: orders"), "mappings[0].table: 'orders' is not a table "
+                                                                     "identifier namespace.table"),
+        (lambda t: t.replace("table: prod.orders", "table: prod.1orders"), "mappings[0].table: 'prod.1orders' is not a "
+                                                                           "table identifier"),
+        (lambda t: t.replace("topic: orders", "topic: 'bad topic'"), "mappings[0].topic: 'bad topic' is not a valid "
+                                                                     "Kafka topic name"),
+        (lambda t: t + "  - topic: orders\n    table: prod.orders2\n", "mappings[1].topic: topic 'orders' is already "
+                                                                       "mapped by mappings[0]"),
+        (lambda t: t + "  - topic: orders2\n    table: prod.orders\n", "mappings[1].table: table 'prod.orders' is "
+                                                                       "already the target of mappings[0]"),
         (lambda t: t + "    mode: upsert\n", "mappings[0].mode: 'upsert' is not one of append"),
-        (lambda t: t.replace("etcd:\n  endpoints: [http://etcd:2379]\n", ""), "etcd.endpoints: is required for offsets.backend etcd"),
+        (lambda t: t.replace("etcd:\n  endpoints: [http://etcd:2379]\n", ""), "etcd.endpoints: is required for "
+                                                                              "offsets.backend etcd"),
         (lambda t: t + "schema:\n  mode: strict\n", "schema.registry.base_url: is required when schema.mode is strict"),
-        (lambda t: t + "    schema:\n      source: registry\n", "schema.registry.base_url: is required for mappings[0].schema.source registry"),
-        (lambda t: t + "    schema:\n      source: mapping\n", "mappings[0].schema.columns: is required for schema.source mapping"),
+        (lambda t: t + "    schema:\n      source: registry\n", "schema.registry.base_url: is required for "
+                                                                "mappings[0].schema.source registry"),
+        (lambda t: t + "    schema:\n      source: mapping\n", "mappings[0].schema.columns: is required for "
+                                                               "schema.source mapping"),
         # yaml.v3 takes `yes`/`on` for a bool, but a quoted "true" is a string it refuses, and so do we.
         (lambda t: t + "    create_table_if_missing: 'true'\n",
          "mappings[0].create_table_if_missing: expected true or false, got a string 'true'"),
@@ -168,13 +181,17 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
             lambda t: t + "    partition_spec: [{source: record_id, transform: 'truncate[4]', name: offset}]\n",
             "mappings[0].partition_spec[0].name: partition field name 'offset' is already a column name",
         ),
-        (lambda t: t + "    dead_letter_table: prod.orders\n", "mappings[0].dead_letter_table: must differ from the mapping's table"),
+        (lambda t: t + "    dead_letter_table: prod.orders\n", "mappings[0].dead_letter_table: must differ from the "
+                                                               "mapping's table"),
         (lambda t: t + "offsets:\n  backend: local\n", "offsets.local_path: is required for offsets.backend local"),
-        (lambda t: t + "segments:\n  local_root: /data\n", "segments.local_root: and s3.bucket both say where segments are; set only one"),
+        (lambda t: t + "segments:\n  local_root: /data\n", "segments.local_root: and s3.bucket both say where segments "
+                                                           "are; set only one"),
         (lambda t: t.replace("iceberg:", "iceberg:\n  warehouse: file://var/w").replace("type: rest", "type: sql"), "iceberg.warehouse: 'file://var/w' is not an absolute file URI"),
-        (lambda t: t.replace("  bucket: kafscale-data", "  bucket: kafscale-data\n  bucket: other"), "not valid YAML: found duplicate key 'bucket' at line 4"),
+        (lambda t: t.replace("  bucket: kafscale-data", "  bucket: kafscale-data\n  bucket: other"), "not valid YAML: "
+                                                                                                     "found duplicate key 'bucket' at line 4"),
         (lambda t: t + "spark:\n  conf:\n    spark.x: [1]\n", "spark.conf.spark.x: expected a string, got a list"),
-        (lambda t: t + "spark:\n  remote: http://engine:15002\n", "spark.remote: 'http://engine:15002' is not a Spark Connect URL"),
+        (lambda t: t + "spark:\n  remote: http://engine:15002\n", "spark.remote: 'http://engine:15002' is not a Spark "
+                                                                  "Connect URL"),
     ],
 )
 def test_each_problem_names_its_key(tmp_path, change, expected):
@@ -262,7 +279,8 @@ def test_secrets_never_show_in_repr_str_or_dump(tmp_path, monkeypatch):
 
 
 def test_secret_with_wrong_type_is_not_echoed(tmp_path):
-    (problem,) = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: root\n  password: [hunter2-secret]"))
+    (problem,) = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: "
+                                                                                "root\n  password: [hunter2-secret]"))
     assert problem == "etcd.password: expected a string, got a list"
     etcd = "[http://etcd:2379]\n  username: root\n  password: "
     (problem,) = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", etcd + "{p: 987654321}"))
@@ -275,7 +293,8 @@ def test_secret_with_wrong_type_is_not_echoed(tmp_path):
 def test_environment_expansion(tmp_path, monkeypatch):
     monkeypatch.setenv("LAKE_BUCKET", "from-env")
     monkeypatch.setenv("LAKE_NS", "ns1")
-    text = MINIMAL_GO.replace("bucket: kafscale-data", "bucket: ${LAKE_BUCKET}\n  namespace: prefix-${LAKE_NS}-$${LITERAL}")
+    text = MINIMAL_GO.replace("bucket: kafscale-data", "bucket: ${LAKE_BUCKET}\n  namespace: "
+                                                       "prefix-${LAKE_NS}-$${LITERAL}")
     config = load_config(write_config(tmp_path, text))
     assert config.s3.bucket == "from-env"
     assert config.s3.namespace == "prefix-ns1-${LITERAL}"
@@ -283,7 +302,8 @@ def test_environment_expansion(tmp_path, monkeypatch):
 
 def test_missing_environment_variable_names_key_and_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
-    problems = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: u\n  password: ${NOT_SET_ANYWHERE}"))
+    problems = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: u\n  "
+                                                                              "password: ${NOT_SET_ANYWHERE}"))
     assert problems == ["etcd.password: environment variable NOT_SET_ANYWHERE is not set"]
     problems = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "['${NOT_SET_ANYWHERE}']"))
     assert problems == ["etcd.endpoints[0]: environment variable NOT_SET_ANYWHERE is not set"]
@@ -327,7 +347,8 @@ def test_production_example_loads(monkeypatch):
 
 
 def test_warehouse_s3_falls_back_to_s3_settings(tmp_path):
-    config = load_config(write_config(tmp_path, MINIMAL_GO.replace("bucket: kafscale-data", "bucket: b\n  endpoint: http://s3:9000\n  path_style: true")))
+    config = load_config(write_config(tmp_path, MINIMAL_GO.replace("bucket: kafscale-data", "bucket: b\n  endpoint: "
+                                                                                            "http://s3:9000\n  path_style: true")))
     assert (config.warehouse_s3.endpoint, config.warehouse_s3.path_style) == ("http://s3:9000", True)
     config = load_config(write_config(tmp_path, MINIMAL_GO.replace("iceberg:", "iceberg:\n  s3:\n    endpoint: http://other:9000")))
     assert (config.warehouse_s3.endpoint, config.warehouse_s3.path_style) == ("http://other:9000", False)

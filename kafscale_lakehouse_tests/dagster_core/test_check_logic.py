@@ -60,8 +60,8 @@ def committed_run(table, run_id: str, ranges: list[OffsetRange]) -> dict:
 
 
 def test_committed_ranges_are_those_the_run_recorded_else_of_the_latest_commit(table):
-    append(table, 0, range(0, 10), next_offsets={0: 10}, run_id="first")
-    append(table, 1, range(0, 5), next_offsets={0: 10, 1: 5}, run_id="second")
+    append(table, 0, range(10), next_offsets={0: 10}, run_id="first")
+    append(table, 1, range(5), next_offsets={0: 10, 1: 5}, run_id="second")
     second = committed_run(table, "second", [OffsetRange(1, 0, 5)])
     append(table, 0, range(10, 30), next_offsets={0: 30, 1: 5}, run_id="third")
 
@@ -82,7 +82,7 @@ def test_committed_ranges_of_an_empty_table(table):
 
 
 def test_record_id_unique_finds_a_duplicate_in_the_run_range_only(table):
-    append(table, 0, range(0, 10), next_offsets={0: 10}, run_id="first")
+    append(table, 0, range(10), next_offsets={0: 10}, run_id="first")
     first = committed_run(table, "first", [OffsetRange(0, 0, 10)])
     append(table, 0, range(3, 4))  # another writer duplicates offset 3, outside the next run's range
     append(table, 0, range(10, 20), next_offsets={0: 20}, run_id="second")
@@ -98,7 +98,7 @@ def test_record_id_unique_finds_a_duplicate_in_the_run_range_only(table):
 
 
 def test_offsets_contiguous_passes_for_commits_that_only_move_forward(table):
-    append(table, 0, range(0, 10), next_offsets={0: 10})
+    append(table, 0, range(10), next_offsets={0: 10})
     append(table, 0, range(10, 20), next_offsets={0: 20})
 
     result = evaluate_offsets_contiguous(table, TOPIC)
@@ -108,8 +108,8 @@ def test_offsets_contiguous_passes_for_commits_that_only_move_forward(table):
 
 
 def test_offsets_contiguous_fails_when_a_commit_moves_offsets_back(table):
-    append(table, 0, range(0, 20), next_offsets={0: 20})
-    append(table, 1, range(0, 5), next_offsets={0: 12, 1: 5})
+    append(table, 0, range(20), next_offsets={0: 20})
+    append(table, 1, range(5), next_offsets={0: 12, 1: 5})
     snapshot_back = table.current_snapshot().snapshot_id
 
     result = evaluate_offsets_contiguous(table, TOPIC)
@@ -119,9 +119,9 @@ def test_offsets_contiguous_fails_when_a_commit_moves_offsets_back(table):
 
 
 def test_offsets_contiguous_fails_for_rows_beyond_the_committed_offsets(table):
-    append(table, 0, range(0, 10), next_offsets={0: 10})
+    append(table, 0, range(10), next_offsets={0: 10})
     append(table, 0, range(10, 12))  # rows nobody committed offsets for: the next run ingests them again
-    append(table, 2, range(0, 1))  # a partition without committed offsets at all
+    append(table, 2, range(1))  # a partition without committed offsets at all
 
     result = evaluate_offsets_contiguous(table, TOPIC)
 
@@ -131,7 +131,7 @@ def test_offsets_contiguous_fails_for_rows_beyond_the_committed_offsets(table):
 
 
 def test_offsets_contiguous_warns_about_a_gap_the_latest_commit_skipped(table):
-    append(table, 0, range(0, 10), next_offsets={0: 10})
+    append(table, 0, range(10), next_offsets={0: 10})
     append(table, 0, range(40, 50), next_offsets={0: 50}, skipped={0: (10, 40)})
 
     result = evaluate_offsets_contiguous(table, TOPIC)

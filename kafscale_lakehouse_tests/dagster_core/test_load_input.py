@@ -19,11 +19,11 @@ def test_downstream_assets_read_the_table_as_a_spark_dataframe(embedded_world, s
     table_key = table_asset_key(world.table_name)
 
     @dg.asset(ins={"orders": dg.AssetIn(key=table_key)})
-    def orders_per_partition(orders) -> dict[int, int]:  # noqa: ANN001 - a pyspark DataFrame
+    def orders_per_partition(orders) -> dict[int, int]:
         return {row["partition"]: row["count"] for row in orders.groupBy("partition").count().collect()}
 
     @dg.asset(ins={"orders": dg.AssetIn(key=table_key)}, partitions_def=topic_partitions_def(world.topic))
-    def order_ids_of_partition(orders) -> list[str]:  # noqa: ANN001 - a pyspark DataFrame
+    def order_ids_of_partition(orders) -> list[str]:
         return sorted({row["record_id"].rsplit(":", 2)[1] for row in orders.select("record_id").collect()})
 
     definitions = dg.Definitions.merge(build_definitions(config), dg.Definitions(

@@ -18,7 +18,7 @@ from kafscale_lakehouse.orchestration.resources import (
 )
 
 
-def unset_until_the_test_ends(monkeypatch, name: str) -> None:  # noqa: ANN001 - pytest's monkeypatch
+def unset_until_the_test_ends(monkeypatch, name: str) -> None:
     monkeypatch.setenv(name, "placeholder")  # so that monkeypatch removes what the test exports
     monkeypatch.delenv(name)
 
@@ -39,7 +39,7 @@ def test_two_configs_with_different_values_for_one_secret_are_refused(monkeypatc
     secret_reference("iceberg.catalog.token", "first")
     assert secret_reference("iceberg.catalog.token", "first") is not None  # the same config loaded again
 
-    with pytest.raises(SecretConflictError, match="iceberg.catalog.token: a config loaded earlier"):
+    with pytest.raises(SecretConflictError, match=r"iceberg\.catalog\.token: a config loaded earlier"):
         secret_reference("iceberg.catalog.token", "second")
 
 

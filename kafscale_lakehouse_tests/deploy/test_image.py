@@ -129,7 +129,7 @@ def _wait_until_serving(client: DagsterGrpcClient, server: subprocess.Popen, log
         try:
             client.ping("ready?")
             return
-        except Exception:  # noqa: BLE001 - not listening yet
+        except Exception:
             time.sleep(0.3)
     raise AssertionError(f"the code server did not answer within {SERVER_START_TIMEOUT_SECONDS}s:\n{log.read_text()}")
 

@@ -12,7 +12,7 @@ FOREIGN_TOPIC = "written-by-another-engine"
 
 
 def foreign_rows(schema: pa.Schema) -> pa.Table:
-    row = {name: None for name in schema.names}
+    row = dict.fromkeys(schema.names)
     row.update(record_id=f"{FOREIGN_TOPIC}:0:0", topic=FOREIGN_TOPIC, partition=0, offset=0, timestamp_ms=0,
                order_id="not-from-kafscale")
     return pa.Table.from_pylist([row], schema=schema)

@@ -3,7 +3,7 @@ the offsets kept, and only the table's own unreferenced old files removed."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -84,14 +84,13 @@ def test_expiry_keeps_the_snapshots_that_carry_the_offsets(production_world, spa
     _land_in_rounds(world, spark, rounds=2)
     table = world.table()
     for _ in range(3):  # another engine's commits without our offsets
-        with table.transaction() as transaction:
-            with transaction.update_snapshot().fast_append():
-                pass
+        with table.transaction() as transaction, transaction.update_snapshot().fast_append():
+            pass
     table = world.table()
     offsets = read_topic_offsets(table, world.topic)
     [first_run, latest_run] = world.our_snapshots(table)
 
-    expired = expire_snapshots(table, older_than=datetime.now(timezone.utc) + timedelta(minutes=1), retain_last=1)
+    expired = expire_snapshots(table, older_than=datetime.now(UTC) + timedelta(minutes=1), retain_last=1)
 
     table = world.table()
     assert first_run.snapshot_id in expired and latest_run.snapshot_id not in expired
@@ -121,10 +120,10 @@ def test_orphan_removal_keeps_young_files_referenced_files_and_other_tables(embe
     referenced = world.referenced_data_files(table)
     rows = len(world.table_rows(table))
 
-    assert remove_orphan_files(table, older_than=datetime.now(timezone.utc) - timedelta(hours=1)) == []
+    assert remove_orphan_files(table, older_than=datetime.now(UTC) - timedelta(hours=1)) == []
     assert table.io.new_input(orphan).exists(), "a young file is kept (a writer may still commit it)"
 
-    deleted = remove_orphan_files(table, older_than=datetime.now(timezone.utc) + timedelta(minutes=1))
+    deleted = remove_orphan_files(table, older_than=datetime.now(UTC) + timedelta(minutes=1))
 
     assert deleted == [orphan]
     table = world.table()

@@ -80,16 +80,16 @@ class CommitProxy:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 self._relay("GET")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._relay("POST")
 
-            def do_HEAD(self) -> None:  # noqa: N802
+            def do_HEAD(self) -> None:
                 self._relay("HEAD")
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 self._relay("DELETE")
 
         return Handler

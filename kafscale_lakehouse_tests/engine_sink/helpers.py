@@ -39,11 +39,11 @@ def lakehouse_schema() -> Schema:
 
 
 def rest_settings(seaweedfs, **overrides) -> CatalogSettings:
-    values = dict(
-        type="rest", uri=seaweedfs.rest_uri, warehouse=f"s3://{TABLE_BUCKET}", username=ACCESS_KEY,
-        password=SECRET_KEY, s3_endpoint=seaweedfs.s3_endpoint, s3_region=REGION, s3_path_style=True,
-        s3_access_key_id=ACCESS_KEY, s3_secret_access_key=SECRET_KEY,
-    )
+    values = {
+        "type": "rest", "uri": seaweedfs.rest_uri, "warehouse": f"s3://{TABLE_BUCKET}", "username": ACCESS_KEY,
+        "password": SECRET_KEY, "s3_endpoint": seaweedfs.s3_endpoint, "s3_region": REGION, "s3_path_style": True,
+        "s3_access_key_id": ACCESS_KEY, "s3_secret_access_key": SECRET_KEY,
+    }
     values.update(overrides)
     return CatalogSettings(**values)
 

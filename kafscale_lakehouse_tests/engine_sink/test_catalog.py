@@ -64,7 +64,7 @@ def test_table_definition_errors_name_the_column(sql_catalog):
     with pytest.raises(TableDefinitionError, match="'nope' is not in the schema"):
         open_table(sql_catalog, "ns.bad_column", schema=lakehouse_schema(), create_if_missing=True,
                    partition_fields=(PartitionFieldSpec("nope"),))
-    with pytest.raises(TableDefinitionError, match="write.format.default='orc'"):
+    with pytest.raises(TableDefinitionError, match=r"write\.format\.default='orc'"):
         open_table(sql_catalog, "ns.orc", schema=lakehouse_schema(), create_if_missing=True,
                    properties={"write.format.default": "orc"})
     with pytest.raises(TableDefinitionError, match="needs a namespace"):

@@ -161,7 +161,7 @@ def test_mapped_column_types_round_trip(catalog, namespace):
         NestedField(5, "flag", BooleanType()), NestedField(6, "ratio", FloatType()),
     )
     table = open_table(catalog, f"{namespace}.typed", schema=schema, create_if_missing=True)
-    at = dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=dt.timezone.utc)
+    at = dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=dt.UTC)
     arrow = pa.table({
         "id": [1, 2], "at": pa.array([at, None], pa.timestamp("us", "UTC")),
         "local_at": pa.array([at.replace(tzinfo=None), None], pa.timestamp("us")),
@@ -184,7 +184,7 @@ def test_mapped_column_types_round_trip(catalog, namespace):
 def test_timestamps_labelled_with_another_time_zone_are_stored_as_the_same_instant(catalog, namespace):
     schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "at", TimestamptzType()))
     table = open_table(catalog, f"{namespace}.zoned", schema=schema, create_if_missing=True)
-    at = dt.datetime(2024, 7, 1, 6, 30, tzinfo=dt.timezone.utc)
+    at = dt.datetime(2024, 7, 1, 6, 30, tzinfo=dt.UTC)
     # A zone label other than UTC (Spark's `mapInArrow` labels batches with its session time zone) names the same
     # instant; the writer relabels it (the schema check of the driver sees Spark's schema as UTC).
     rows = pa.table({"id": [1], "at": pa.array([at], pa.timestamp("us", "UTC")).cast(

@@ -6,7 +6,7 @@ import os
 import sys
 
 import pytest
-from pyspark.sql import functions as F
+from pyspark.sql import functions as F  # noqa: N812 - pyspark's conventional alias
 from pyspark.sql.types import StringType
 
 from kafscale_lakehouse.engine.spark import get_spark_session

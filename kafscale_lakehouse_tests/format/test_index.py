@@ -77,7 +77,7 @@ def test_check_against_segment_rejects_entries_that_miss_batches():
     entries = parse_index(encoded.index, key=KEY)
     assert len(entries) == 5
     check_index_matches_segment(entries, segment.batches, index_key=KEY)
-    shifted = entries[:2] + [IndexEntry(entries[2].offset, entries[2].position + 1)] + entries[3:]
+    shifted = [*entries[:2], IndexEntry(entries[2].offset, entries[2].position + 1), *entries[3:]]
     with pytest.raises(BadIndexError) as caught:
         check_index_matches_segment(shifted, segment.batches, index_key=KEY)
     assert caught.value.position == 16 + 2 * 12

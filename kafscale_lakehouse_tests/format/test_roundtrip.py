@@ -49,7 +49,7 @@ def expected_rows(batch_records, encoded, log_append_time_ms):
         "key": record.key, "value": record.value,
         # Decoded independently of our JSON encoder: the column must parse back to the header pairs.
         "headers": [{"key": name, "value": "" if value is None else value.decode()} for name, value in record.headers],
-    } for record, offset in zip(batch_records, encoded.record_offsets)]
+    } for record, offset in zip(batch_records, encoded.record_offsets, strict=False)]
 
 
 def parsed_headers(rows):

@@ -94,7 +94,7 @@ def test_metrics_carry_the_go_processor_series_with_the_values_of_an_ingest_run(
         # Go's `last_timestamp_ms` is the wall-clock time of the commit, written with `updated_at`.
         assert before_ms <= stored["last_timestamp_ms"] <= stored["updated_at"] <= after_ms
     assert value(samples, "kafscale_processor_last_offset", topic=topic, partition="2") is None
-    assert {labels: lag for labels, lag in samples["kafscale_processor_lag"].items()} == {
+    assert dict(samples["kafscale_processor_lag"].items()) == {
         (("partition", "0"), ("topic", topic)): BROKER_NEXT[0] - PARTITION_0_RECORDS,
         (("partition", "1"), ("topic", topic)): 0,
         (("partition", "2"), ("topic", topic)): BROKER_NEXT[2],

@@ -187,17 +187,15 @@ def test_lease_lost_while_keeper_is_paused_fences_the_whole_commit(backend, topi
 
 def test_lease_is_released_when_the_block_raises(backend, topic):
     store_a, store_b = backend.open(), backend.open()
-    with pytest.raises(RuntimeError):
-        with store_a.acquire_lease(topic, 0, "worker-a"):
-            raise RuntimeError("ingest failed")
+    with pytest.raises(RuntimeError), store_a.acquire_lease(topic, 0, "worker-a"):
+        raise RuntimeError("ingest failed")
     store_b.acquire_lease(topic, 0, "worker-b").release()
 
 
 def test_lease_is_released_on_keyboard_interrupt(backend, topic):
     store_a, store_b = backend.open(), backend.open()
-    with pytest.raises(KeyboardInterrupt):
-        with held_leases(store_a, topic, [0, 1], "worker-a"):
-            signal.raise_signal(signal.SIGINT)  # a real Ctrl-C, delivered to the main thread
+    with pytest.raises(KeyboardInterrupt), held_leases(store_a, topic, [0, 1], "worker-a"):
+        signal.raise_signal(signal.SIGINT)  # a real Ctrl-C, delivered to the main thread
     with held_leases(store_b, topic, [0, 1], "worker-b"):
         pass
 
@@ -213,9 +211,9 @@ def test_released_lease_cannot_commit(backend, topic):
 
 def test_commit_needs_a_lease_for_every_partition(backend, topic):
     store = backend.open()
-    with store.acquire_lease(topic, 0, "worker-a") as lease:
-        with pytest.raises(ValueError, match=r"no lease given for partitions \[1\]"):
-            store.commit_offsets([lease], {0: (2, 1), 1: (2, 1)})
+    with (store.acquire_lease(topic, 0, "worker-a") as lease,
+          pytest.raises(ValueError, match=r"no lease given for partitions \[1\]")):
+        store.commit_offsets([lease], {0: (2, 1), 1: (2, 1)})
     assert store.committed_offsets(topic) == {}
 
 
@@ -240,7 +238,7 @@ def test_concurrent_commits_on_one_topic_keep_the_topic_watermark_exact(backend,
             with store.acquire_lease(topic, partition, owner) as lease:
                 for offset in range(15):
                     store.commit_offsets([lease], {partition: (offset * (partition + 1) + 1, offset)})
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=commit_many, args=(stores[p], p, f"worker-{p}")) for p in (0, 1)]

@@ -21,7 +21,7 @@ def test_offset_ranges_are_exclusive_at_the_end_and_round_trip_through_json():
 
 @pytest.mark.parametrize("text", ['{"0": [5, 1]}', '{"0": [1]}', '{"x": [0, 1]}', '[0, 1]', '{"0": [-1, 3]}', "{"])
 def test_bad_range_text_names_where_it_came_from(text):
-    with pytest.raises(ValueError, match="^run tag kafscale/planned_ranges: "):
+    with pytest.raises(ValueError, match=r"^run tag kafscale/planned_ranges: "):
         parse_ranges(text, where="run tag kafscale/planned_ranges")
 
 

@@ -48,7 +48,8 @@ def main(record_count: int = 200_000) -> None:
     reader = best_seconds(lambda: baseline(values))
     print(f"{record_count} pizza values ({values.nbytes / 1e6:.1f} MB)")
     print(f"pyarrow JSON reader baseline: {reader * 1000:8.1f} ms  {record_count / reader:12,.0f} records/s")
-    print(f"JsonColumnCoercer:            {ours * 1000:8.1f} ms  {record_count / ours:12,.0f} records/s  ({ours / reader:.2f}x baseline)")
+    print(f"JsonColumnCoercer:            {ours * 1000:8.1f} ms  {record_count / ours:12,.0f} records/s  "
+          f"({ours / reader:.2f}x baseline)")
 
 
 if __name__ == "__main__":

@@ -215,7 +215,7 @@ def test_rows_stay_aligned_when_bad_rows_are_isolated_from_a_large_batch():
             values.append(b'{"id":%d,"at":"2024-01-01T00:00:00Z"}' % row)
     result = run(values, columns)
     ids = result.columns["id"].to_pylist()
-    invalid = set(i for i, flag in enumerate(result.invalid_mask.to_pylist()) if flag)
+    invalid = {i for i, flag in enumerate(result.invalid_mask.to_pylist()) if flag}
     assert invalid == {row for row in range(5000) if row % 613 == 0}
     assert all(ids[row] == row for row in range(5000) if row not in invalid)
     at = result.columns["at"].to_pylist()

@@ -59,7 +59,8 @@ def test_new_columns_are_added_optional_keeping_rows_and_field_ids(catalog):
     append_rows(table, [{**base_row(0), "order_id": 7, "amount": 1.5, "qty": 2}])
     desired = [*ORDERS, ColumnConfig(name="status", type="string"), ColumnConfig(name="dotted.name", type="date")]
     plan = evolve_table_schema(table, desired, allow_type_widening=False)
-    assert [str(change) for change in plan.changes] == ["add optional column 'status' (string)", "add optional column 'dotted.name' (date)"]
+    assert [str(change) for change in plan.changes] == ["add optional column 'status' (string)", "add optional column "
+                                                                                                 "'dotted.name' (date)"]
     fields = {field.name: field for field in catalog.load_table("prod.orders").schema().fields}
     assert (fields["status"].field_id, fields["status"].required) == (12, False)
     assert fields["dotted.name"].field_id == 13
@@ -83,7 +84,8 @@ def test_widening_only_with_allow_type_widening(catalog, column, old_type, new_t
 @pytest.mark.parametrize(
     ("column", "new_type", "message"),
     [
-        ("order_id", "int", "column 'order_id' is long in the table and cannot become int (only int→long and float→double widen)"),
+        ("order_id", "int", "column 'order_id' is long in the table and cannot become int (only int→long and "
+                            "float→double widen)"),
         ("amount", "string", "column 'amount' is float in the table and cannot become string"),
         ("qty", "timestamp", "column 'qty' is int in the table and cannot become timestamp"),
     ],
@@ -103,9 +105,11 @@ def test_required_ness(catalog):
     assert [(c.action, c.name) for c in plan.changes] == [("make_optional", "order_id")]
     assert not catalog.load_table("prod.orders").schema().find_field("order_id").required
 
-    with pytest.raises(SchemaEvolutionError, match="column 'order_id' is optional in the table and cannot become required"):
+    with pytest.raises(SchemaEvolutionError, match="column 'order_id' is optional in the table and cannot become "
+                                                   "required"):
         evolve_table_schema(table, ORDERS, allow_type_widening=False)
-    with pytest.raises(SchemaEvolutionError, match="column 'new' is new and declared required, but existing rows have no value for it"):
+    with pytest.raises(SchemaEvolutionError, match="column 'new' is new and declared required, but existing rows have "
+                                                   "no value for it"):
         evolve_table_schema(table, [*loosened, ColumnConfig(name="new", type="string", required=True)], allow_type_widening=False)
 
 

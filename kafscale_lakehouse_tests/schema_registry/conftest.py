@@ -74,7 +74,7 @@ class RegistryServer:
         registry = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 with registry._lock:
                     registry.requests.append(SeenRequest(self.path, self.headers.get("Authorization"), self.headers.get("Accept")))
                 answer = registry._next_answer(self.path)
@@ -88,7 +88,7 @@ class RegistryServer:
                 self.end_headers()
                 self.wfile.write(answer.body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         return Handler

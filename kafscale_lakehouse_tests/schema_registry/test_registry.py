@@ -224,7 +224,7 @@ def test_concurrent_callers_share_one_fetch(registry):
     def fetch() -> None:
         try:
             results.append(client.get_schema("completed-pizzas"))
-        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=fetch) for _ in range(8)]
@@ -261,7 +261,8 @@ def test_registry_columns_follow_the_go_processor_mapping(registry):
 
     columns = client.columns("completed-pizzas")
 
-    # Sorted by name; strings stay strings whatever their format; `toppings` (array) and `sauce` (enum, no type) get none.
+    # Sorted by name; strings stay strings whatever their format; `toppings` (array) and `sauce` (enum, no type) get
+    # none.
     assert columns == [
         ColumnConfig(name="cheese", type="string"),
         ColumnConfig(name="date_ordered", type="string", required=True),

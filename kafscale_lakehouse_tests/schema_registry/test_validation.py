@@ -48,11 +48,14 @@ def test_workload_pizzas_are_valid():
     ("order", "instance_path", "schema_path", "reason"),
     [
         ({**GOOD_ORDER, "store_id": "7"}, "$.store_id", "#/properties/store_id/type", "'7' is not of type 'integer'"),
-        ({**GOOD_ORDER, "store_id": 2**70}, "$.store_id", "#/properties/store_id/maximum", "is greater than the maximum of 100"),
+        ({**GOOD_ORDER, "store_id": 2**70}, "$.store_id", "#/properties/store_id/maximum", "is greater than the "
+                                                                                           "maximum of 100"),
         ({**GOOD_ORDER, "sauce": "ketchup"}, "$.sauce", "#/properties/sauce/enum", "'ketchup' is not one of"),
-        ({k: v for k, v in GOOD_ORDER.items() if k != "store_id"}, "$", "#/required", "'store_id' is a required property"),
+        ({k: v for k, v in GOOD_ORDER.items() if k != "store_id"}, "$", "#/required", "'store_id' is a required "
+                                                                                      "property"),
         ({**GOOD_ORDER, "pineapple": True}, "$", "#/additionalProperties", "'pineapple' was unexpected"),
-        ({**GOOD_ORDER, "toppings": ["ham", 3]}, "$.toppings[1]", "#/properties/toppings/items/type", "3 is not of type 'string'"),
+        ({**GOOD_ORDER, "toppings": ["ham", 3]}, "$.toppings[1]", "#/properties/toppings/items/type", "3 is not of "
+                                                                                                      "type 'string'"),
         ({**GOOD_ORDER, "date_ordered": "2024-01-01T00:00:01Z"}, "$.date_ordered", "#/properties/date_ordered/pattern", "does not match"),
         (["not", "an", "object"], "$", "#/type", "is not of type 'object'"),
     ],
@@ -95,7 +98,8 @@ def test_chunked_values_and_arrow_record_ids():
 
     assert result.valid.to_pylist() == [True, False, False, True]
     assert [record.record_id for record in result.invalid_records] == [f"{TOPIC}:0:1", f"{TOPIC}:0:2"]
-    assert result.reasons().to_pylist() == [None, "$.sauce: 1 is not one of ['regular', 'light', 'extra', 'none', 'bbq', 'alfredo']", "$: value is null", None]
+    assert result.reasons().to_pylist() == [None, "$.sauce: 1 is not one of ['regular', 'light', 'extra', 'none', "
+                                                  "'bbq', 'alfredo']", "$: value is null", None]
 
 
 def test_string_values_are_accepted_like_binary():
@@ -183,7 +187,7 @@ def test_local_refs_resolve_and_remote_refs_fail_the_schema_not_the_record():
     assert result.invalid_records[0].schema_path == "#/properties/store_id/type"
 
     remote = compile_json_schema({"properties": {"a": {"$ref": "https://example.com/a.json"}}}, "inline")
-    with pytest.raises(InvalidSchemaDocumentError, match="https://example.com/a.json"):
+    with pytest.raises(InvalidSchemaDocumentError, match=r"https://example\.com/a\.json"):
         validate_parsed([{"a": 1}], ["r0"], remote)
 
 

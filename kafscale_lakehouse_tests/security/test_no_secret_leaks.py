@@ -146,7 +146,7 @@ def test_repr_and_str_of_the_config_resources_and_clients_hold_no_secret(secured
             if key != "spark":
                 texts[f"resolved resource {key}"] = repr(getattr(resolved, key))
     definitions = build_definitions(config)
-    texts["definitions' resource config"] = repr({key: resource for key, resource in definitions.resources.items()})
+    texts["definitions' resource config"] = repr(dict(definitions.resources.items()))
     for where, text in texts.items():
         assert_no_secret(text, credentials, where)
 

@@ -37,7 +37,7 @@ def objects_under(seaweedfs: SeaweedFS, location: str) -> dict[str, str | None]:
 def test_segments_data_files_and_manifests_of_a_run_are_stored_encrypted(secured_run: SecuredRun):
     seaweedfs = secured_run.world.seaweedfs
     segments = objects_under(seaweedfs, f"s3://{S3_BUCKET}/{secured_run.world.name}/")
-    assert len(segments) == 4 and set(segments.values()) == {"AES256"}, segments  # 2 × (.kfs, .index)
+    assert len(segments) == 4 and set(segments.values()) == {"AES256"}, segments  # 2 x (.kfs, .index)
 
     catalog = load_catalog(catalog_settings(secured_run.config))
     for identifier in (secured_run.world.table_name, secured_run.dead_letter_table):
@@ -98,7 +98,7 @@ def test_the_executors_file_io_properties_carry_sse(secured_run: SecuredRun):
     assert properties["py-io-impl"] == "pyiceberg.io.fsspec.FsspecFileIO"
 
 
-class _Sent(Exception):
+class _SentError(Exception):
     """Raised by the event hook once the request's parameters are seen, so nothing reaches the server."""
 
 
@@ -116,10 +116,10 @@ def test_the_segment_store_sends_kms_parameters_with_every_put(seaweedfs, tmp_pa
 
     def capture(request, **_: object) -> None:
         sent.append({k: v.decode() for k, v in request.headers.items() if k.lower().startswith("x-amz-server-side")})
-        raise _Sent
+        raise _SentError
 
     store._client().meta.events.register("before-send.s3.PutObject", capture)
-    with pytest.raises(_Sent):
+    with pytest.raises(_SentError):
         store.put(f"{tmp_path.name}/k", b"data")
     assert sent == [{"x-amz-server-side-encryption": "aws:kms",
                      "x-amz-server-side-encryption-aws-kms-key-id": KMS_KEY_ID}]

@@ -25,8 +25,8 @@ def write_segments(store: SegmentStore, topic: str, partition: int, bases: list[
 
 
 def make_s3_store(seaweedfs: SeaweedFS, namespace: str, **overrides) -> S3SegmentStore:
-    options = dict(namespace=namespace, endpoint=seaweedfs.s3_endpoint, region=REGION, path_style=True,
-                   access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
+    options = {"namespace": namespace, "endpoint": seaweedfs.s3_endpoint, "region": REGION, "path_style": True,
+                   "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
     options.update(overrides)
     return S3SegmentStore(S3_BUCKET, **options)
 

@@ -52,5 +52,5 @@ def test_offsets_settings_the_store_refuses_name_their_config_key(tmp_path):
     config = parse_config({"s3": {"bucket": "lake"}, "iceberg": ICEBERG, "offsets": OFFSETS}, base_dir=tmp_path)
     config.offsets.key_prefix = ""
 
-    with pytest.raises(ConfigError, match="offsets.key_prefix: must not be empty"):
+    with pytest.raises(ConfigError, match=r"offsets\.key_prefix: must not be empty"):
         offset_store_from_config(config)

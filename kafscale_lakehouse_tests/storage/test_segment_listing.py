@@ -203,7 +203,7 @@ def test_same_base_offset_in_padded_and_unpadded_keys_is_an_error(store):
 def test_cursor_must_be_a_kfs_key_of_the_partition(store):
     write_segments(store, TOPIC, 0, [0])
     for wrong in [kfs_key(store, 0, partition=1), index_key(store, 0), kfs_key(store, 0, topic="other"), "junk"]:
-        with pytest.raises(ValueError, match="is not a .kfs key of topic"):
+        with pytest.raises(ValueError, match=r"is not a \.kfs key of topic"):
             store.list_segments(TOPIC, 0, after=wrong)
 
 

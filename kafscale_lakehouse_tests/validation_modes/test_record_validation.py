@@ -92,6 +92,6 @@ def test_a_default_dead_letter_table_that_is_another_mappings_table_is_a_config_
     other = lakehouse.mappings[0].model_copy(update={"topic": "other", "table": "rpc.pizzas_dead_letters"})
     lakehouse.mappings.append(other)
 
-    with pytest.raises(ConfigError, match="the default 'rpc.pizzas_dead_letters' is the table of the mapping of "
-                                          "topic other"):
+    with pytest.raises(ConfigError, match=r"the default 'rpc\.pizzas_dead_letters' is the table of the mapping of "
+                                          r"topic other"):
         resolve_record_validation(lakehouse, lakehouse.mappings[0], schema_registry_client(lakehouse))
