@@ -28,19 +28,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import pyarrow.compute as pc  # noqa: E402
-from ingest import ProcessTreeSampler  # noqa: E402
+import pyarrow.compute as pc
+from ingest import ProcessTreeSampler
 
-from kafscale_lakehouse.apps.workload import pizza_orders  # noqa: E402
-from kafscale_lakehouse.config import parse_config  # noqa: E402
-from kafscale_lakehouse.connections import catalog_settings  # noqa: E402
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table  # noqa: E402
-from kafscale_lakehouse.engine.ingest import IngestContext, ingest_mapping  # noqa: E402
-from kafscale_lakehouse.engine.spark import get_spark_session  # noqa: E402
-from kafscale_lakehouse.format import encode_segment  # noqa: E402
-from kafscale_lakehouse.format.lfs import encode_envelope  # noqa: E402
-from kafscale_lakehouse.storage import ObjectKind, segment_key  # noqa: E402
-from kafscale_lakehouse.testing.servers import (  # noqa: E402
+from kafscale_lakehouse.apps.workload import pizza_orders
+from kafscale_lakehouse.config import parse_config
+from kafscale_lakehouse.connections import catalog_settings
+from kafscale_lakehouse.engine.catalog import load_catalog, open_table
+from kafscale_lakehouse.engine.ingest import IngestContext, ingest_mapping
+from kafscale_lakehouse.engine.spark import get_spark_session
+from kafscale_lakehouse.format import encode_segment
+from kafscale_lakehouse.format.lfs import encode_envelope
+from kafscale_lakehouse.storage import ObjectKind, segment_key
+from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,
@@ -146,12 +146,15 @@ def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, workdir: Path, nam
         .to_arrow()
     assert landed.num_rows == len(written["blobs"]), f"{landed.num_rows} resolved rows"
     assert pc.sum(pc.binary_length(landed.column("value"))).as_py() == blob_total
-    for partition, offset, value in zip(*(landed.column(n).to_pylist() for n in ("partition", "offset", "value"))):
+    columns = (landed.column(n).to_pylist() for n in ("partition", "offset", "value"))
+    for partition, offset, value in zip(*columns, strict=True):
         assert hashlib.sha256(value).hexdigest() == written["blobs"][(partition, offset)]
     usage = sampler.usage
     total_mb = (blob_total + written["segment_bytes"]) / 1e6
-    print(f"resolve run: {seconds:.1f} s wall, {args.records / seconds:,.0f} records/s, "
-          f"{blob_total / 1e6 / seconds:.1f} MB/s of blobs ({total_mb / seconds:.1f} MB/s with the segments)")
+    print(
+        f"resolve run: {seconds:.1f} s wall, {args.records / seconds:,.0f} records/s, "
+        f"{blob_total / 1e6 / seconds:.1f} MB/s of blobs ({total_mb / seconds:.1f} MB/s with the segments)"
+    )
     print(f"peak RSS: driver {usage.peak_driver_rss / 2**20:.0f} MB, whole tree {usage.peak_tree_rss / 2**20:.0f} MB")
     for kind, (processes, rss) in sorted(usage.peak_tree_rss_by_kind.items(), key=lambda item: -item[1][1]):
         print(f"  {kind:<32} {rss / 2**20:6.0f} MB in {processes} process(es)")

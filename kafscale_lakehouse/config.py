@@ -519,7 +519,8 @@ class LakehouseConfig(_ConfigModel):
         """S3 settings for the Iceberg warehouse FileIO: `iceberg.s3` when given (as a whole), else those of `s3`."""
         if self.iceberg.s3 is not None:
             return self.iceberg.s3
-        return S3ConnectionConfig.model_construct(**{name: getattr(self.s3, name) for name in S3ConnectionConfig.model_fields})
+        fields = {name: getattr(self.s3, name) for name in S3ConnectionConfig.model_fields}
+        return S3ConnectionConfig.model_construct(**fields)
 
 
 # --------------------------------------------------------------------------------------------------- loading
@@ -548,7 +549,9 @@ def load_config(path: str | os.PathLike[str] | None = None) -> LakehouseConfig:
 
 
 def parse_config(
-    mapping: Mapping[str, Any], source: str = "<config>", base_dir: str | os.PathLike[str] | None = None,
+    mapping: Mapping[str, Any],
+    source: str = "<config>",
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> LakehouseConfig:
     """Validate an already-parsed config document. Relative paths resolve against `base_dir` (default: cwd)."""
     if not isinstance(mapping, Mapping):
@@ -582,8 +585,13 @@ def _without_helm_chart_keys(mapping: Mapping[str, Any], source: str) -> dict[st
     for key, meaning in HELM_CHART_KEYS.items():
         if key in document:
             value = _plain(document.pop(key))
-            log.info("%s: ignoring top-level key %r = %r (%s; it carries nothing for kafscale-lakehouse)", source, key,
-                     value, meaning)
+            log.info(
+                "%s: ignoring top-level key %r = %r (%s; it carries nothing for kafscale-lakehouse)",
+                source,
+                key,
+                value,
+                meaning,
+            )
     return document
 
 
@@ -618,8 +626,10 @@ def _apply_lfs_env_overrides(document: dict, environ: Mapping[str, str], problem
 
 
 # Go's strconv.ParseBool.
-_GO_PARSE_BOOL = {**dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True),
-                  **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False)}
+_GO_PARSE_BOOL = {
+    **dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True),
+    **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False),
+}
 
 
 class _ConfigYamlLoader(yaml.SafeLoader):
@@ -642,12 +652,16 @@ def _construct_go_scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode, constru
     return YamlScalar(construct(loader, node), node.value)
 
 
-for _tag, _construct in (("int", yaml.SafeLoader.construct_yaml_int), ("float", yaml.SafeLoader.construct_yaml_float),
-                         ("bool", yaml.SafeLoader.construct_yaml_bool),
-                         ("timestamp", yaml.SafeLoader.construct_yaml_timestamp)):
-    _ConfigYamlLoader.add_constructor(f"tag:yaml.org,2002:{_tag}",
-                                      lambda loader, node, construct=_construct: _construct_go_scalar(loader, node,
-                                                                                                     construct))
+for _tag, _construct in (
+    ("int", yaml.SafeLoader.construct_yaml_int),
+    ("float", yaml.SafeLoader.construct_yaml_float),
+    ("bool", yaml.SafeLoader.construct_yaml_bool),
+    ("timestamp", yaml.SafeLoader.construct_yaml_timestamp),
+):
+    _ConfigYamlLoader.add_constructor(
+        f"tag:yaml.org,2002:{_tag}",
+        lambda loader, node, construct=_construct: _construct_go_scalar(loader, node, construct),
+    )
 
 _ConfigYamlLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
@@ -753,7 +767,9 @@ def _describe_validation_error(error: Mapping[str, Any]) -> str:
     if kind == "greater_than":
         return f"{path}: must be greater than {error['ctx']['gt']}, got {shown}"
     if kind in _TYPE_NAMES:
-        return f"{path}: expected {_TYPE_NAMES[kind]}, got {_json_kind(value)}" + ("" if secret or isinstance(value, (dict, list)) else f" {shown}")
+        return f"{path}: expected {_TYPE_NAMES[kind]}, got {_json_kind(value)}" + (
+            "" if secret or isinstance(value, (dict, list)) else f" {shown}"
+        )
     return f"{path}: {error['msg']} (got {shown})"
 
 
@@ -805,8 +821,10 @@ def _resolve_paths_and_defaults(config: LakehouseConfig, base_dir: Path) -> list
         if config.iceberg.warehouse is not None:
             warehouse = _resolve_warehouse(config.iceberg.warehouse, base_dir)
             if warehouse is None:
-                problems.append(f"iceberg.warehouse: {config.iceberg.warehouse!r} is not an absolute file URI; write a "
-                                "path or file:///absolute/path")
+                problems.append(
+                    f"iceberg.warehouse: {config.iceberg.warehouse!r} is not an absolute file URI; write a "
+                    "path or file:///absolute/path"
+                )
             else:
                 config.iceberg.warehouse = warehouse
     if config.segments.local_root is not None:
@@ -855,13 +873,16 @@ def _check_rules(config: LakehouseConfig) -> list[str]:
 
     catalog = config.iceberg.catalog
     if catalog.credential is not None and (catalog.username is not None or catalog.password is not None):
-        problem("iceberg.catalog.credential", "and iceberg.catalog.username/password are two ways to set the same "
-                                              "credential; set only one")
+        problem(
+            "iceberg.catalog.credential",
+            "and iceberg.catalog.username/password are two ways to set the same credential; set only one",
+        )
     if catalog.password is not None and catalog.username is None:
         problem("iceberg.catalog.username", "is required when iceberg.catalog.password is set")
     if catalog.type == "sql" and config.iceberg.warehouse is None:
-        problem("iceberg.warehouse", "is required for iceberg.catalog.type sql (a local directory or an object-store "
-                                     "URI)")
+        problem(
+            "iceberg.warehouse", "is required for iceberg.catalog.type sql (a local directory or an object-store URI)"
+        )
 
     if config.spark.remote is not None:
         from kafscale_lakehouse.engine.spark_engine import parse_remote_url  # stdlib only
@@ -900,8 +921,11 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
         problem(f"{at}.topic", f"{mapping.topic!r} is not a valid Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)")
     for key, identifier in (("table", mapping.table), ("dead_letter_table", mapping.dead_letter_table)):
         if identifier is not None and not _is_table_identifier(identifier):
-            problem(f"{at}.{key}", f"{identifier!r} is not a table identifier namespace.table (each part a letter or _ "
-                                   "then letters, digits, _)")
+            problem(
+                f"{at}.{key}",
+                f"{identifier!r} is not a table identifier namespace.table (each part a letter or _ "
+                "then letters, digits, _)",
+            )
     if mapping.dead_letter_table is not None and mapping.dead_letter_table == mapping.table:
         problem(f"{at}.dead_letter_table", "must differ from the mapping's table")
 
@@ -910,15 +934,20 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
     if mapping.lfs.store_metadata:
         for column_index, column in enumerate(mapping.schema_config.columns):
             if column.name in LFS_METADATA_COLUMNS:
-                problem(f"{at}.schema.columns[{column_index}].name", f"{column.name!r} is a column lfs.store_metadata "
-                        "adds; rename the mapped column or turn store_metadata off")
+                problem(
+                    f"{at}.schema.columns[{column_index}].name",
+                    f"{column.name!r} is a column lfs.store_metadata "
+                    "adds; rename the mapped column or turn store_metadata off",
+                )
 
     schema = mapping.schema_config
     if schema.source == "mapping" and not schema.columns:
         problem(f"{at}.schema.columns", "is required for schema.source mapping")
     if schema.source != "mapping" and schema.columns:
-        problem(f"{at}.schema.columns", "is only used with schema.source mapping (this mapping has schema.source "
-                                        f"{schema.source})")
+        problem(
+            f"{at}.schema.columns",
+            f"is only used with schema.source mapping (this mapping has schema.source {schema.source})",
+        )
     if schema.source == "registry" and config.schema_config.registry.base_url is None:
         problem("schema.registry.base_url", f"is required for {at}.schema.source registry")
 
@@ -937,19 +966,25 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
     for field_index, field in enumerate(mapping.partition_spec):
         field_at = f"{at}.partition_spec[{field_index}]"
         if not PARTITION_TRANSFORM_PATTERN.match(field.transform):
-            problem(f"{field_at}.transform", f"{field.transform!r} is not one of identity, year, month, day, hour, "
-                                             "bucket[N], truncate[W]")
+            problem(
+                f"{field_at}.transform",
+                f"{field.transform!r} is not one of identity, year, month, day, hour, bucket[N], truncate[W]",
+            )
             continue
         source_type = column_types.get(field.source)
         if source_type is None:
             # Registry columns are only known when the table is created; base columns always are.
             if schema.source != "registry":
-                problem(f"{field_at}.source", f"{field.source!r} is not a column of this mapping "
-                                              f"({', '.join(column_types)})")
+                problem(
+                    f"{field_at}.source",
+                    f"{field.source!r} is not a column of this mapping ({', '.join(column_types)})",
+                )
         elif source_type not in PARTITION_TRANSFORM_SOURCE_TYPES[field.transform_name]:
             allowed = ", ".join(sorted(PARTITION_TRANSFORM_SOURCE_TYPES[field.transform_name]))
-            problem(f"{field_at}.transform", f"{field.transform} cannot partition {field.source!r} of type "
-                                             f"{source_type} (it takes {allowed})")
+            problem(
+                f"{field_at}.transform",
+                f"{field.transform} cannot partition {field.source!r} of type {source_type} (it takes {allowed})",
+            )
         name = field.field_name
         if name in partition_names:
             problem(f"{field_at}.name", f"partition field name {name!r} is used twice")
@@ -964,17 +999,23 @@ def _check_unique(config: LakehouseConfig, problem) -> None:  # noqa: ANN001
     first_by_table: dict[str, int] = {}
     for index, mapping in enumerate(config.mappings):
         if mapping.topic in first_by_topic:
-            problem(f"mappings[{index}].topic", f"topic {mapping.topic!r} is already mapped by "
-                                                f"mappings[{first_by_topic[mapping.topic]}]")
+            problem(
+                f"mappings[{index}].topic",
+                f"topic {mapping.topic!r} is already mapped by mappings[{first_by_topic[mapping.topic]}]",
+            )
         first_by_topic.setdefault(mapping.topic, index)
         if mapping.table in first_by_table:
-            problem(f"mappings[{index}].table", f"table {mapping.table!r} is already the target of "
-                                                f"mappings[{first_by_table[mapping.table]}]")
+            problem(
+                f"mappings[{index}].table",
+                f"table {mapping.table!r} is already the target of mappings[{first_by_table[mapping.table]}]",
+            )
         first_by_table.setdefault(mapping.table, index)
     for index, mapping in enumerate(config.mappings):
         if mapping.dead_letter_table is not None and mapping.dead_letter_table in first_by_table:
-            problem(f"mappings[{index}].dead_letter_table", f"{mapping.dead_letter_table!r} is the table of "
-                                                            f"mappings[{first_by_table[mapping.dead_letter_table]}]")
+            problem(
+                f"mappings[{index}].dead_letter_table",
+                f"{mapping.dead_letter_table!r} is the table of mappings[{first_by_table[mapping.dead_letter_table]}]",
+            )
 
 
 def _is_table_identifier(identifier: str) -> bool:
@@ -992,7 +1033,7 @@ def _resolve_sqlite_uri(uri: str, base_dir: Path) -> str:
     prefix = "sqlite:///"
     if not uri.startswith(prefix):
         return uri
-    location, question, query = uri[len(prefix):].partition("?")
+    location, question, query = uri[len(prefix) :].partition("?")
     if not location or location == ":memory:" or location.startswith("/"):
         return uri
     return f"{prefix}{_resolve_path(Path(location), base_dir)}{question}{query}"

@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Never, TextIO
 
 from kafscale_lakehouse.config import ConfigError
 from kafscale_lakehouse.engine.spark_engine import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
@@ -218,7 +218,8 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
     mappings = [m for m in config.mappings if tables is None or m.table in tables]
     missing = sorted(set(tables or ()) - {m.table for m in mappings})
     if missing:
-        raise CommandError(f"no mapping lands in table(s) {missing}; mapped tables: {[m.table for m in config.mappings]}")
+        mapped = [m.table for m in config.mappings]
+        raise CommandError(f"no mapping lands in table(s) {missing}; mapped tables: {mapped}")
     steps = steps or list(MAINTENANCE_STEPS)
     spark = get_spark_session(config.spark.master, dict(config.spark.conf)) if "compact" in steps else None
     failed = 0
@@ -271,27 +272,34 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parent = os.getppid()
     try:
-        server = start_connect_server(engine_address, env_master or config.spark.master,
-                                      {**config.spark.conf, **env_conf})
+        server = start_connect_server(
+            engine_address, env_master or config.spark.master, {**config.spark.conf, **env_conf}
+        )
     except SparkEngineError as err:
         raise CommandError(str(err)) from None
-    client_url = (f"sc://127.0.0.1:{engine_address.port}" if engine_address.host in ("0.0.0.0", "::")
-                  else engine_address.url)
+    wildcard = engine_address.host in ("0.0.0.0", "::")  # noqa: S104 - a wildcard server is reached on loopback
+    client_url = f"sc://127.0.0.1:{engine_address.port}" if wildcard else engine_address.url
     os.environ.pop(SPARK_REMOTE_VARIABLE, None)  # this process is a client of its own engine only
     try:
         # Runs share one session of the engine: warm its Python workers now rather than in the first run.
         session = get_spark_session(remote=client_url)
         try:
             seconds = warm_up(session, os.cpu_count() or 1)
-        except Exception as err:  # noqa: BLE001 - a Spark error from the workers, named below
-            raise CommandError(f"the Spark engine on {engine_address.url} cannot run the ingestion job's Python "
-                               f"code (its workers import kafscale_lakehouse with {sys.executable}): {err}") from err
+        except Exception as err:
+            raise CommandError(
+                f"the Spark engine on {engine_address.url} cannot run the ingestion job's Python "
+                f"code (its workers import kafscale_lakehouse with {sys.executable}): {err}"
+            ) from err
         finally:
             # Close this client now (the shared session stays): at exit it would otherwise retry its pending
             # requests against the stopped server for minutes.
             session.stop()
-        log.info("Spark engine serving on %s (Python workers warmed up in %.1f s); runs connect with SPARK_REMOTE=%s",
-                 engine_address.url, seconds, client_url)
+        log.info(
+            "Spark engine serving on %s (Python workers warmed up in %.1f s); runs connect with SPARK_REMOTE=%s",
+            engine_address.url,
+            seconds,
+            client_url,
+        )
         while server.poll() is None and os.getppid() == parent:
             time.sleep(1)
         if server.returncode is not None:
@@ -304,7 +312,7 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
     return 0
 
 
-def _exit_on_sigterm(signum, frame):  # noqa: ANN001 - signal handler signature
+def _exit_on_sigterm(signum, frame) -> Never:  # noqa: ANN001 - signal handler signature
     raise SystemExit(128 + signum)
 
 
@@ -321,68 +329,102 @@ def _build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--partition", type=int, help="partition id, likewise")
 
     ingest = commands.add_parser("ingest", help="ingest completed segments into Iceberg (the Go processor's loop)")
-    ingest.add_argument("--config", default=None,
-                        help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
+    ingest.add_argument(
+        "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
+    )
     ingest.add_argument("--topic", action="append", help="only this mapping's topic (repeatable)")
-    ingest.add_argument("--once", action="store_true",
-                        help="ingest what is completed now and exit (0 = all ingested, 1 = a partition failed)")
+    ingest.add_argument(
+        "--once",
+        action="store_true",
+        help="ingest what is completed now and exit (0 = all ingested, 1 = a partition failed)",
+    )
 
     producer = commands.add_parser("demo-producer", help="write pizza-order segments like a KafScale broker (demo)")
-    producer.add_argument("--config", default=None,
-                          help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
+    producer.add_argument(
+        "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
+    )
     # Unset options keep run_demo_producer's defaults (one place for them).
     producer.add_argument("--topic", default=argparse.SUPPRESS, help="topic to write (default: the first mapping's)")
     producer.add_argument("--partitions", type=int, default=argparse.SUPPRESS, help="write partitions 0..N-1")
-    producer.add_argument("--interval-seconds", type=float, default=argparse.SUPPRESS,
-                          help="seconds between two segments of a partition")
+    producer.add_argument(
+        "--interval-seconds", type=float, default=argparse.SUPPRESS, help="seconds between two segments of a partition"
+    )
     producer.add_argument("--records-per-segment", type=int, default=argparse.SUPPRESS, help="orders per segment")
-    producer.add_argument("--lfs", action="store_true", default=argparse.SUPPRESS,
-                          help="send some orders (with a photo) as KafScale LFS blobs + envelopes")
-    producer.add_argument("--rounds", type=int, default=argparse.SUPPRESS,
-                          help="stop after this many segments per partition (default: run until stopped)")
+    producer.add_argument(
+        "--lfs",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="send some orders (with a photo) as KafScale LFS blobs + envelopes",
+    )
+    producer.add_argument(
+        "--rounds",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="stop after this many segments per partition (default: run until stopped)",
+    )
 
     report = commands.add_parser("report", help="write a table's data-owner report (self-contained HTML)")
     report.add_argument("--table", required=True, help="Iceberg table of a mapping (namespace.table)")
-    report.add_argument("--config", default=None,
-                        help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
+    report.add_argument(
+        "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
+    )
     report.add_argument("--output", default="report.html", help="HTML file to write (default: report.html)")
 
     maintain = commands.add_parser(
-        "maintain", help="table maintenance: bounded-metadata properties, compaction, snapshot expiry, orphan files")
-    maintain.add_argument("--config", default=None,
-                          help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
+        "maintain", help="table maintenance: bounded-metadata properties, compaction, snapshot expiry, orphan files"
+    )
+    maintain.add_argument(
+        "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
+    )
     maintain.add_argument("--table", action="append", help="only this mapped table (repeatable; default: all)")
-    maintain.add_argument("--step", action="append", choices=["properties", "compact", "expire", "orphans"],
-                          help="only this step (repeatable; default: all, in that order)")
+    maintain.add_argument(
+        "--step",
+        action="append",
+        choices=["properties", "compact", "expire", "orphans"],
+        help="only this step (repeatable; default: all, in that order)",
+    )
 
     serve_metrics = commands.add_parser(
-        "serve-metrics", help="serve the Go processor's Prometheus metrics (read from etcd and the catalog), "
-                              "/healthz and /readyz")
-    serve_metrics.add_argument("--config", default=None,
-                               help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)")
-    serve_metrics.add_argument("--address", default=None,
-                               help="HOST:PORT or :PORT to listen on (default: $KAFSCALE_METRICS_ADDR, then :9093)")
+        "serve-metrics",
+        help="serve the Go processor's Prometheus metrics (read from etcd and the catalog), /healthz and /readyz",
+    )
+    serve_metrics.add_argument(
+        "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
+    )
+    serve_metrics.add_argument(
+        "--address", default=None, help="HOST:PORT or :PORT to listen on (default: $KAFSCALE_METRICS_ADDR, then :9093)"
+    )
 
     engine = commands.add_parser(
-        "spark-engine", help="run the long-lived Spark engine (a Spark Connect server) that runs connect to "
-                             "with SPARK_REMOTE=sc://HOST:PORT, so no run starts a JVM")
-    engine.add_argument("--config", default=None,
-                        help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml); its "
-                             "spark.master and spark.conf configure the engine")
-    engine.add_argument("--address", default=os.environ.get(ENGINE_ADDRESS_VARIABLE, DEFAULT_ENGINE_ADDRESS),
-                        help=f"HOST:PORT to listen on (default: ${ENGINE_ADDRESS_VARIABLE}, then "
-                             f"{DEFAULT_ENGINE_ADDRESS}; 0.0.0.0:15002 in a pod)")
+        "spark-engine",
+        help="run the long-lived Spark engine (a Spark Connect server) that runs connect to "
+        "with SPARK_REMOTE=sc://HOST:PORT, so no run starts a JVM",
+    )
+    engine.add_argument(
+        "--config",
+        default=None,
+        help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml); its "
+        "spark.master and spark.conf configure the engine",
+    )
+    engine.add_argument(
+        "--address",
+        default=os.environ.get(ENGINE_ADDRESS_VARIABLE, DEFAULT_ENGINE_ADDRESS),
+        help=f"HOST:PORT to listen on (default: ${ENGINE_ADDRESS_VARIABLE}, then "
+        f"{DEFAULT_ENGINE_ADDRESS}; 0.0.0.0:15002 in a pod)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     try:
         if args.command == "segment" and args.segment_command == "inspect":
-            return inspect_segment(args.location, records=args.records, out=sys.stdout, topic=args.topic,
-                                   partition=args.partition)
+            return inspect_segment(
+                args.location, records=args.records, out=sys.stdout, topic=args.topic, partition=args.partition
+            )
         if args.command == "ingest":
             return run_ingest(args.config, topics=args.topic, once=args.once)
         if args.command == "demo-producer":

@@ -64,7 +64,7 @@ class DemoProducer:
     """Appends one segment per partition per `produce_round`, continuing after the segments already in `store`."""
 
     def __init__(self, store: SegmentStore, publish_watermark: WatermarkPublisher, *, topic: str, partitions: int,
-                 records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, seed: int = 0, lfs: bool = False):
+                 records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, seed: int = 0, lfs: bool = False) -> None:
         if partitions < 1 or records_per_segment < 1:
             raise ValueError(f"partitions ({partitions}) and records_per_segment ({records_per_segment}) must be "
                              f"at least 1")

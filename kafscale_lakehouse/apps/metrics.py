@@ -10,9 +10,10 @@ Prometheus scrapes it, under the Go processor's names and labels, and dashboards
 | `kafscale_processor_records_total{topic,result="invalid"}` | sum of `kafscale.dead-letter.records` of our snapshots |
 | `kafscale_processor_records_total{topic,result="dropped"}` | always 0 (see below) |
 | `kafscale_processor_records_total{topic,result="skipped_lfs"}` | sum of `kafscale.lfs.skipped` (lfs mode skip) |
-| `kafscale_processor_lfs_resolved_total{topic}`, `_lfs_resolved_bytes_total{topic}` | sums of `kafscale.lfs.resolved`, `kafscale.lfs.resolved-bytes` |
-| `kafscale_processor_lfs_resolution_errors_total{topic,reason}` | sums of `kafscale.lfs.errors.<reason>` (decode, resolve) |
-| `kafscale_processor_lfs_resolution_duration_seconds{topic}` | histogram of `kafscale.lfs.resolution-buckets` / `-seconds` |
+| `kafscale_processor_lfs_resolved_total{topic}` | sum of `kafscale.lfs.resolved` |
+| `kafscale_processor_lfs_resolved_bytes_total{topic}` | sum of `kafscale.lfs.resolved-bytes` |
+| `kafscale_processor_lfs_resolution_errors_total{topic,reason}` | sums of `kafscale.lfs.errors.<reason>` |
+| `kafscale_processor_lfs_resolution_duration_seconds{topic}` | from `kafscale.lfs.resolution-buckets`, `-seconds` |
 | `kafscale_processor_batches_total{topic}` | number of our snapshots (one per commit, as Go counts a write + commit) |
 | `kafscale_processor_write_latency_ms{topic}` | histogram of `kafscale.write-latency-ms` of our snapshots |
 | `kafscale_processor_last_offset{topic,partition}` | last committed offset in etcd / the offsets store |
@@ -38,7 +39,8 @@ that property (or was made by the Go processor) has no `watermark_timestamp_ms` 
 table: `sink`; with `discovery.mode` etcd or auto, the broker's metadata snapshot: `discover`, when it is missing in
 etcd mode or unreadable in either, where Go counts `discover` only in etcd mode and falls back to S3 in auto mode),
 across scrapes. Go's `decode`, `lfs` and `schema` stages are failures of ingest runs, which are not counted here:
-they are in Dagster (run status, asset checks) or the exit code of `kafscale-lakehouse ingest`. When etcd or the catalog is down, `/metrics` still answers:
+they are in Dagster (run status, asset checks) or the exit code of `kafscale-lakehouse ingest`. When etcd or the
+catalog is down, `/metrics` still answers:
 the series of the failing source are left out of that scrape and `errors_total` goes up.
 
 Endpoints: `/metrics`, `/healthz` (200 `ok` while the process runs: liveness) and `/readyz` (200 when etcd and the
@@ -158,8 +160,9 @@ class _BoundedCaller:
     def call(self, fn: Callable[[], T]) -> T:
         deadline = time.monotonic() + self.timeout_seconds
         if not self._slot.acquire(timeout=self.timeout_seconds):
-            raise SourceTimeoutError(f"{self.name}: an earlier request has not returned after "
-                                     f"{self.timeout_seconds:g}s")
+            raise SourceTimeoutError(
+                f"{self.name}: an earlier request has not returned after {self.timeout_seconds:g}s"
+            )
         finished = threading.Event()
         outcome: list[tuple[bool, object]] = []
 
@@ -217,7 +220,9 @@ class TopicTotals:
     def cumulative_buckets(self) -> list[tuple[str, float]]:
         """Prometheus `le` buckets (cumulative), ending with `+Inf`."""
         buckets, running = [], 0
-        for bound, count in zip((*map(str, WRITE_LATENCY_BUCKETS_MS), "+Inf"), self.latency_bucket_counts, strict=False):
+        for bound, count in zip(
+            (*map(str, WRITE_LATENCY_BUCKETS_MS), "+Inf"), self.latency_bucket_counts, strict=False
+        ):
             running += count
             buckets.append((bound, float(running)))
         return buckets
@@ -251,17 +256,26 @@ class TopicTotals:
         self.metadata_location = table.metadata_location
 
     def observe_latency(self, latency_ms: float) -> None:
-        index = next((i for i, bound in enumerate(WRITE_LATENCY_BUCKETS_MS) if latency_ms <= bound),
-                     len(WRITE_LATENCY_BUCKETS_MS))
+        index = next(
+            (i for i, bound in enumerate(WRITE_LATENCY_BUCKETS_MS) if latency_ms <= bound),
+            len(WRITE_LATENCY_BUCKETS_MS),
+        )
         self.latency_bucket_counts[index] += 1
         self.latency_sum_ms += latency_ms
 
     def copy(self) -> TopicTotals:
         lfs = LfsStats()
         lfs.add(self.lfs)
-        return TopicTotals(self.written, self.invalid, self.batches, list(self.latency_bucket_counts),
-                           self.latency_sum_ms, dict(self.watermark_timestamps), lfs,
-                           metadata_location=self.metadata_location)
+        return TopicTotals(
+            self.written,
+            self.invalid,
+            self.batches,
+            list(self.latency_bucket_counts),
+            self.latency_sum_ms,
+            dict(self.watermark_timestamps),
+            lfs,
+            metadata_location=self.metadata_location,
+        )
 
 
 class LakehouseStateCollector:
@@ -309,14 +323,19 @@ class LakehouseStateCollector:
         found: dict[str, TopicOffsets] = {}
         for topic, _table in self._topics:
             try:
-                found[topic] = TopicOffsets(self._offsets.committed_offsets(topic),
-                                            self._offsets.broker_watermarks(topic))
+                found[topic] = TopicOffsets(
+                    self._offsets.committed_offsets(topic), self._offsets.broker_watermarks(topic)
+                )
             except (EtcdUnavailableError, OffsetStoreUnavailableError):
                 raise  # the other topics would only wait for the same unreachable store
             except (EtcdError, OffsetStoreError) as exc:
                 self._count_error(STAGE_CHECKPOINT)
-                log.warning("cannot read the offsets of topic %s from %s: %s", topic, self._offsets.location,
-                            describe_failure(exc))
+                log.warning(
+                    "cannot read the offsets of topic %s from %s: %s",
+                    topic,
+                    self._offsets.location,
+                    describe_failure(exc),
+                )
         if STAGE_DISCOVER in self._errors:
             self._check_metadata_snapshot()
         return found
@@ -361,8 +380,13 @@ class LakehouseStateCollector:
                 raise
             except Exception as exc:
                 self._count_error(STAGE_SINK)
-                log.warning("cannot read table %s of topic %s from the catalog at %s: %s", table_name, topic,
-                            endpoint, describe_failure(exc))
+                log.warning(
+                    "cannot read table %s of topic %s from the catalog at %s: %s",
+                    table_name,
+                    topic,
+                    endpoint,
+                    describe_failure(exc),
+                )
                 log.debug("reading table %s failed", table_name, exc_info=True)
                 continue
             found[topic] = totals.copy()
@@ -380,16 +404,24 @@ class LakehouseStateCollector:
     # ---- prometheus_client Collector ---------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
-        offsets = self._read_source(self._offsets_caller, self._read_offsets, STAGE_CHECKPOINT,
-                                    f"offsets from {self._offsets.location}")
-        totals = self._read_source(self._catalog_caller, self._read_tables, STAGE_SINK,
-                                   f"tables from the {self._catalog_settings.type} catalog")
+        offsets = self._read_source(
+            self._offsets_caller, self._read_offsets, STAGE_CHECKPOINT, f"offsets from {self._offsets.location}"
+        )
+        totals = self._read_source(
+            self._catalog_caller,
+            self._read_tables,
+            STAGE_SINK,
+            f"tables from the {self._catalog_settings.type} catalog",
+        )
         yield from _table_families(totals)
         yield from _offset_families(offsets, totals)
-        errors = CounterMetricFamily(f"{NAMESPACE}_errors_total",
-                                     "Failures of serve-metrics to read etcd/offsets (checkpoint), the catalog "
-                                     "(sink) or the broker's metadata snapshot (discover); failed ingest runs are in "
-                                     "Dagster.", labels=["stage"])
+        errors = CounterMetricFamily(
+            f"{NAMESPACE}_errors_total",
+            "Failures of serve-metrics to read etcd/offsets (checkpoint), the catalog "
+            "(sink) or the broker's metadata snapshot (discover); failed ingest runs are in "
+            "Dagster.",
+            labels=["stage"],
+        )
         for stage, count in sorted(self.errors().items()):
             errors.add_metric([stage], count)
         yield errors
@@ -399,8 +431,10 @@ class LakehouseStateCollector:
     def readiness_problems(self) -> dict[str, str]:
         """`{dependency: what failed}` for etcd (or the offsets store) and the catalog; empty when both answer."""
         problems: dict[str, str] = {}
-        checks = ((self._offsets_name, self._offsets_caller, self._probe_offsets),
-                  ("catalog", self._catalog_caller, self._probe_catalog))
+        checks = (
+            (self._offsets_name, self._offsets_caller, self._probe_offsets),
+            ("catalog", self._catalog_caller, self._probe_catalog),
+        )
         for name, caller, probe in checks:
             try:
                 caller.call(probe)
@@ -435,20 +469,29 @@ class LakehouseStateCollector:
 
 
 def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
-    records = CounterMetricFamily(f"{NAMESPACE}_records_total", "Records processed, by result.",
-                                  labels=["topic", "result"])
-    batches = CounterMetricFamily(f"{NAMESPACE}_batches_total", "Batches committed (one per Iceberg commit).",
-                                  labels=["topic"])
-    latency = HistogramMetricFamily(f"{NAMESPACE}_write_latency_ms",
-                                    "Milliseconds from the start of a run's write to its commit.", labels=["topic"])
-    lfs_resolved = CounterMetricFamily(f"{NAMESPACE}_lfs_resolved_total", "Total LFS blobs resolved per topic.",
-                                       labels=["topic"])
-    lfs_bytes = CounterMetricFamily(f"{NAMESPACE}_lfs_resolved_bytes_total",
-                                    "Total bytes resolved from LFS per topic.", labels=["topic"])
-    lfs_errors = CounterMetricFamily(f"{NAMESPACE}_lfs_resolution_errors_total",
-                                     "Total LFS resolution errors per topic and reason.", labels=["topic", "reason"])
-    lfs_duration = HistogramMetricFamily(f"{NAMESPACE}_lfs_resolution_duration_seconds",
-                                         "LFS resolution duration in seconds.", labels=["topic"])
+    records = CounterMetricFamily(
+        f"{NAMESPACE}_records_total", "Records processed, by result.", labels=["topic", "result"]
+    )
+    batches = CounterMetricFamily(
+        f"{NAMESPACE}_batches_total", "Batches committed (one per Iceberg commit).", labels=["topic"]
+    )
+    latency = HistogramMetricFamily(
+        f"{NAMESPACE}_write_latency_ms", "Milliseconds from the start of a run's write to its commit.", labels=["topic"]
+    )
+    lfs_resolved = CounterMetricFamily(
+        f"{NAMESPACE}_lfs_resolved_total", "Total LFS blobs resolved per topic.", labels=["topic"]
+    )
+    lfs_bytes = CounterMetricFamily(
+        f"{NAMESPACE}_lfs_resolved_bytes_total", "Total bytes resolved from LFS per topic.", labels=["topic"]
+    )
+    lfs_errors = CounterMetricFamily(
+        f"{NAMESPACE}_lfs_resolution_errors_total",
+        "Total LFS resolution errors per topic and reason.",
+        labels=["topic", "reason"],
+    )
+    lfs_duration = HistogramMetricFamily(
+        f"{NAMESPACE}_lfs_resolution_duration_seconds", "LFS resolution duration in seconds.", labels=["topic"]
+    )
     for topic, topic_totals in sorted(totals.items()):
         records.add_metric([topic, RESULT_WRITTEN], topic_totals.written)
         records.add_metric([topic, RESULT_INVALID], topic_totals.invalid)
@@ -462,7 +505,7 @@ def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
         for reason in (ERROR_DECODE, ERROR_RESOLVE):
             lfs_errors.add_metric([topic, reason], lfs.errors.get(reason, 0))
         running, buckets = 0, []
-        for bound, count in zip((*map(str, LFS_DURATION_BUCKETS_SECONDS), "+Inf"), lfs.duration_buckets):
+        for bound, count in zip((*map(str, LFS_DURATION_BUCKETS_SECONDS), "+Inf"), lfs.duration_buckets, strict=False):
             running += count
             buckets.append((bound, float(running)))
         lfs_duration.add_metric([topic], buckets, lfs.resolution_seconds)
@@ -471,17 +514,23 @@ def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
 
 def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTotals]) -> Iterable[Metric]:
     labels = ["topic", "partition"]
-    last_offset = GaugeMetricFamily(f"{NAMESPACE}_last_offset", "Last committed offset per topic/partition.",
-                                    labels=labels)
-    watermark_offset = GaugeMetricFamily(f"{NAMESPACE}_watermark_offset", "Watermark offset per topic/partition.",
-                                         labels=labels)
-    watermark_timestamp = GaugeMetricFamily(f"{NAMESPACE}_watermark_timestamp_ms",
-                                            "Kafka timestamp (unix ms) of the last committed record per "
-                                            "topic/partition.",
-                                            labels=labels)
-    lag = GaugeMetricFamily(f"{NAMESPACE}_lag",
-                            "Records the broker has that are not committed: broker next offset - committed next "
-                            "offset (kafscale-lakehouse addition).", labels=labels)
+    last_offset = GaugeMetricFamily(
+        f"{NAMESPACE}_last_offset", "Last committed offset per topic/partition.", labels=labels
+    )
+    watermark_offset = GaugeMetricFamily(
+        f"{NAMESPACE}_watermark_offset", "Watermark offset per topic/partition.", labels=labels
+    )
+    watermark_timestamp = GaugeMetricFamily(
+        f"{NAMESPACE}_watermark_timestamp_ms",
+        "Kafka timestamp (unix ms) of the last committed record per topic/partition.",
+        labels=labels,
+    )
+    lag = GaugeMetricFamily(
+        f"{NAMESPACE}_lag",
+        "Records the broker has that are not committed: broker next offset - committed next "
+        "offset (kafscale-lakehouse addition).",
+        labels=labels,
+    )
     for topic, topic_offsets in sorted(offsets.items()):
         timestamps = totals[topic].watermark_timestamps if topic in totals else {}
         for partition, committed in sorted(topic_offsets.committed.items()):
@@ -587,8 +636,14 @@ def serve_metrics(config: LakehouseConfig, host: str, port: int) -> None:
     try:
         server = MetricsServer(collector, host, port)
         try:
-            log.info("serving Prometheus metrics on %s%s (liveness %s, readiness %s) for %d mapping(s)", server.url,
-                     METRICS_PATH, HEALTH_PATH, READY_PATH, len(config.mappings))
+            log.info(
+                "serving Prometheus metrics on %s%s (liveness %s, readiness %s) for %d mapping(s)",
+                server.url,
+                METRICS_PATH,
+                HEALTH_PATH,
+                READY_PATH,
+                len(config.mappings),
+            )
             server.serve_forever()
         finally:
             server.close()

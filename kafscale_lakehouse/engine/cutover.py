@@ -103,14 +103,31 @@ def handover_start(table: Table, topic: str, partition: int, committed: Committe
     if len(offsets):
         last = pc.max(offsets).as_py()
         if pc.min(offsets).as_py() != start or len(offsets) != last - committed.offset:
-            raise HandoverConflictError(f"topic {topic} partition {partition}: {location} says offset "
-                             f"{committed.offset} was the last committed, but the table {'.'.join(table.name())} holds {len(offsets)} "
-                             f"offsets in {pc.min(offsets).as_py()}..{last} beyond it, not one run after it; the "
-                             f"table and etcd disagree, resolve by hand before ingesting")
-        log.warning("topic %s partition %d: the table already holds offsets %d..%d beyond %s's offset %d (the Go "
-                    "processor wrote them and stopped before committing); continuing after them", topic, partition,
-                    start, last, location, committed.offset)
+            raise HandoverConflictError(
+                f"topic {topic} partition {partition}: {location} says offset "
+                f"{committed.offset} was the last committed, but the table {'.'.join(table.name())} holds "
+                f"{len(offsets)} "
+                f"offsets in {pc.min(offsets).as_py()}..{last} beyond it, not one run after it; the "
+                f"table and etcd disagree, resolve by hand before ingesting"
+            )
+        log.warning(
+            "topic %s partition %d: the table already holds offsets %d..%d beyond %s's offset %d (the Go "
+            "processor wrote them and stopped before committing); continuing after them",
+            topic,
+            partition,
+            start,
+            last,
+            location,
+            committed.offset,
+        )
         start = last + 1
-    log.info("topic %s partition %d: hand-over from the Go processor: the table has no offsets of ours, continuing "
-             "from %s's offset %d at offset %d", topic, partition, location, committed.offset, start)
+    log.info(
+        "topic %s partition %d: hand-over from the Go processor: the table has no offsets of ours, continuing "
+        "from %s's offset %d at offset %d",
+        topic,
+        partition,
+        location,
+        committed.offset,
+        start,
+    )
     return start

@@ -296,8 +296,12 @@ def _record_lost(dead_letter_table: Table, staged: StagedDeadLetters, table: Tab
                f"snapshot {snapshot.snapshot_id}; its invalid records lie in the offsets "
                f"{ranges or 'of that snapshot'}: replay them to recover them")
     log.error("%s", message)
-    properties = {STAGED_SNAPSHOT_PROPERTY: str(staged.snapshot_id), SOURCE_SNAPSHOT_PROPERTY: str(snapshot.snapshot_id),
-                  LOST_RECORDS_PROPERTY: str(staged.records), SOURCE_TABLE_PROPERTY: ".".join(table.name())}
+    properties = {
+        STAGED_SNAPSHOT_PROPERTY: str(staged.snapshot_id),
+        SOURCE_SNAPSHOT_PROPERTY: str(snapshot.snapshot_id),
+        LOST_RECORDS_PROPERTY: str(staged.records),
+        SOURCE_TABLE_PROPERTY: ".".join(table.name()),
+    }
     with catalog_errors(catalog_endpoint(dead_letter_table.catalog)):
         dead_letter_table.refresh()
         append_without_client_retries(dead_letter_table, [], properties)
@@ -309,16 +313,22 @@ def _committed_ranges(table: Table, snapshot: Snapshot) -> dict[str, dict[int, l
     table_name = ".".join(table.name())
     newer = parse_commit(snapshot, table_name=table_name)
     older: CommittedOffsets = {}
-    parent = (table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
-              if snapshot.parent_snapshot_id is not None else None)
+    parent = (
+        table.metadata.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id is not None else None
+    )
     for ancestor in ancestors_of(parent, table.metadata):
         commit = parse_commit(ancestor, table_name=table_name)
         if commit is not None:
             older = commit.offsets
             break
-    return {topic: {p: [older.get(topic, {}).get(p, 0), end] for p, end in offsets.items()
-                    if older.get(topic, {}).get(p, 0) != end}
-            for topic, offsets in (newer.offsets if newer is not None else {}).items()}
+    return {
+        topic: {
+            p: [older.get(topic, {}).get(p, 0), end]
+            for p, end in offsets.items()
+            if older.get(topic, {}).get(p, 0) != end
+        }
+        for topic, offsets in (newer.offsets if newer is not None else {}).items()
+    }
 
 
 def _published_snapshot(table: Table, staged_snapshot_id: int) -> Snapshot | None:
@@ -329,6 +339,9 @@ def _published_snapshot(table: Table, staged_snapshot_id: int) -> Snapshot | Non
 
 
 def _added_files(table: Table, snapshot: Snapshot) -> list[DataFile]:
-    return [entry.data_file for manifest in snapshot.manifests(table.io)
-            for entry in manifest.fetch_manifest_entry(table.io)
-            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id]
+    return [
+        entry.data_file
+        for manifest in snapshot.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io)
+        if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id
+    ]

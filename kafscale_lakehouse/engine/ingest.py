@@ -5,7 +5,8 @@
 
 A run: claim a lease per Kafka partition → start offsets from the table (etcd repaired from it) → plan whole
 completed segments up to the run's byte budget → one Spark job reads them and writes Parquet data files
-(`spark_ingestion.run_ingestion_spark_job`: each task decodes its segments and writes its files, no record goes through the JVM)
+(`spark_ingestion.run_ingestion_spark_job`: each task decodes its segments and writes its files, no record goes
+through the JVM)
 → keep, per partition, only the files below the first segment that could not be read → one
 Iceberg commit that re-checks the start offsets → etcd offsets, fenced by the leases → leases released.
 A partition that cannot advance (corrupt segment, gap, lease held elsewhere) does not stop the others; the run then
@@ -96,7 +97,6 @@ from kafscale_lakehouse.storage import (
 log = logging.getLogger(__name__)
 
 
-
 class IngestFailedError(RuntimeError):
     """Some partitions could not advance; `result` says which and why (what was complete is committed)."""
 
@@ -169,9 +169,15 @@ class IngestContext:
     @classmethod
     def from_config(cls, config: LakehouseConfig, spark: SparkSession) -> IngestContext:
         etcd = etcd_client_from_config(config) if config.etcd.endpoints else None
-        return cls(config=config, spark=spark, store=segment_store_from_config(config),
-                   offsets=offset_store_from_config(config, etcd), catalog_settings=catalog_settings(config),
-                   etcd=etcd, registry=schema_registry_client(config))
+        return cls(
+            config=config,
+            spark=spark,
+            store=segment_store_from_config(config),
+            offsets=offset_store_from_config(config, etcd),
+            catalog_settings=catalog_settings(config),
+            etcd=etcd,
+            registry=schema_registry_client(config),
+        )
 
     def close(self) -> None:
         self.offsets.close()
@@ -189,7 +195,9 @@ class IngestContext:
 def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[ColumnConfig]) -> Table:
     """The mapping's table, created when allowed, with its schema evolved to the mapped columns."""
     table = open_table(
-        load_catalog(context.catalog_settings), mapping.table, schema=table_schema(columns),
+        load_catalog(context.catalog_settings),
+        mapping.table,
+        schema=table_schema(columns),
         create_if_missing=mapping.create_table_if_missing,
         partition_fields=[PartitionFieldSpec(f.source, f.transform, f.field_name) for f in mapping.partition_spec],
         properties=mapping.table_properties,
@@ -198,8 +206,13 @@ def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: 
     return table
 
 
-def ingest(config: LakehouseConfig, spark: SparkSession, *, topics: Iterable[str] | None = None,
-           context: IngestContext | None = None) -> list[IngestResult]:
+def ingest(
+    config: LakehouseConfig,
+    spark: SparkSession,
+    *,
+    topics: Iterable[str] | None = None,
+    context: IngestContext | None = None,
+) -> list[IngestResult]:
     """Run every mapping (or those of `topics`) once; raises `IngestFailedError` for the first failed mapping
     after all mappings ran. A polling caller passes its long-lived `context`; otherwise one is opened and closed."""
     if context is None:
@@ -227,8 +240,13 @@ def discover_topic_partitions(context: IngestContext, topic: str) -> list[int]:
     return discover_partitions(mode, context.store, context.etcd, topics=[topic]).partitions.get(topic, [])
 
 
-def ingest_mapping(context: IngestContext, mapping: MappingConfig, *, partitions: Sequence[int] | None = None,
-                   run_id: str | None = None) -> IngestResult:
+def ingest_mapping(
+    context: IngestContext,
+    mapping: MappingConfig,
+    *,
+    partitions: Sequence[int] | None = None,
+    run_id: str | None = None,
+) -> IngestResult:
     """One run for one mapping over `partitions` (default: every discovered partition). See the module docstring."""
     return commit_ingest(prepare_ingest(context, mapping, partitions=partitions, run_id=run_id))
 
@@ -266,10 +284,13 @@ class PreparedIngest:
     def input_partitions(self) -> list[SegmentRunPartition]:
         """The planned segments in groups of at most `processor.target_file_size_bytes`: one Spark task each."""
         max_bytes = self.context.config.processor.target_file_size_bytes
-        return [run for partition, plan in sorted(self.plans.items())
-                for run in segment_run_partitions(self.mapping.topic, partition,
-                                                  TaskOffsets(plan.read.start, plan.read.end), plan.segments,
-                                                  max_bytes)]
+        return [
+            run
+            for partition, plan in sorted(self.plans.items())
+            for run in segment_run_partitions(
+                self.mapping.topic, partition, TaskOffsets(plan.read.start, plan.read.end), plan.segments, max_bytes
+            )
+        ]
 
     def release_leases(self) -> None:
         for lease in self.leases.values():
@@ -281,8 +302,14 @@ class PreparedIngest:
             self.registered = False
 
 
-def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions: Sequence[int] | None = None,
-                   run_id: str | None = None, planned: Mapping[int, OffsetRange] | None = None) -> PreparedIngest:
+def prepare_ingest(
+    context: IngestContext,
+    mapping: MappingConfig,
+    *,
+    partitions: Sequence[int] | None = None,
+    run_id: str | None = None,
+    planned: Mapping[int, OffsetRange] | None = None,
+) -> PreparedIngest:
     """Phase one. `planned` is what the sensor planned to ingest per partition: re-checked against the table's
     committed offsets (the table wins; a difference is logged), not used in their place."""
     run_id = run_id or uuid.uuid4().hex
@@ -301,8 +328,17 @@ def prepare_ingest(context: IngestContext, mapping: MappingConfig, *, partitions
         result.dead_letter_table = validation.dead_letter_table
     wanted = sorted(partitions) if partitions is not None else discover_topic_partitions(context, topic)
     leases: dict[int, Lease] = {}
-    prepared = PreparedIngest(context, mapping, validation, table, dead_letters, result, leases, {},
-                              pending_dead_letters.published_through_properties())
+    prepared = PreparedIngest(
+        context,
+        mapping,
+        validation,
+        table,
+        dead_letters,
+        result,
+        leases,
+        {},
+        pending_dead_letters.published_through_properties(),
+    )
     try:
         # Partitions the Go processor wrote: its lease may still be on its way out (cutover.py).
         handover = handover_partitions(read_topic_offsets(table, topic), context.offsets.committed_offsets(topic))
@@ -367,8 +403,9 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange]) -> None:
         elif partition in etcd_committed:
             # The table has never been written by us: continue where the Go processor's etcd offsets stopped.
             try:
-                start = handover_start(prepared.table, topic, partition, etcd_committed[partition],
-                                       context.offsets.location)
+                start = handover_start(
+                    prepared.table, topic, partition, etcd_committed[partition], context.offsets.location
+                )
             except HandoverConflictError as exc:
                 prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
                 continue
@@ -385,9 +422,14 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange]) -> None:
 def _recheck_planned(topic: str, partition: int, planned: OffsetRange | None, start: int | None) -> None:
     """The sensor planned from the offsets store; the table is the truth (a run or repair may have moved it since)."""
     if planned is not None and planned.start != (start or 0):
-        log.warning("topic %s partition %d: planned from next offset %d, but the committed offsets say %s (the "
-                    "table's, else the offsets store's); they win",
-                    topic, partition, planned.start, "nothing committed" if start is None else start)
+        log.warning(
+            "topic %s partition %d: planned from next offset %d, but the committed offsets say %s (the "
+            "table's, else the offsets store's); they win",
+            topic,
+            partition,
+            planned.start,
+            "nothing committed" if start is None else start,
+        )
 
 
 def _record_lag(prepared: PreparedIngest) -> None:
@@ -397,8 +439,13 @@ def _record_lag(prepared: PreparedIngest) -> None:
             outcome.lag = lag(watermarks.get(outcome.partition), outcome.end_offset)
 
 
-def _repair_etcd(context: IngestContext, topic: str, table_next_offsets: dict[int, int],
-                 etcd_committed: dict, leases: dict[int, Lease]) -> None:
+def _repair_etcd(
+    context: IngestContext,
+    topic: str,
+    table_next_offsets: dict[int, int],
+    etcd_committed: dict,
+    leases: dict[int, Lease],
+) -> None:
     """etcd is a cache of the table's offsets: bring it in line (either direction) before anything else."""
     repairs = {}
     for partition in leases:
@@ -408,18 +455,35 @@ def _repair_etcd(context: IngestContext, topic: str, table_next_offsets: dict[in
         cached_next = cached.next_offset if cached is not None else None
         if cached_next != table_next_offsets[partition]:
             if cached_next is not None and cached_next > table_next_offsets[partition]:
-                log.warning("topic %s partition %d: %s says next offset %d but table says %d; the table wins",
-                            topic, partition, context.offsets.location, cached_next, table_next_offsets[partition])
+                log.warning(
+                    "topic %s partition %d: %s says next offset %d but table says %d; the table wins",
+                    topic,
+                    partition,
+                    context.offsets.location,
+                    cached_next,
+                    table_next_offsets[partition],
+                )
             repairs[partition] = (table_next_offsets[partition], cached.last_timestamp_ms if cached else 0)
     if repairs:
-        log.info("topic %s: repairing offsets in %s from the table: %s", topic, context.offsets.location,
-                 {p: o for p, (o, _) in repairs.items()})
+        log.info(
+            "topic %s: repairing offsets in %s from the table: %s",
+            topic,
+            context.offsets.location,
+            {p: o for p, (o, _) in repairs.items()},
+        )
         context.offsets.repair_offsets([leases[p] for p in repairs], repairs)
 
 
 @timed("plan (list segments, footers)")
-def _plan_partition(store: SegmentStore, topic: str, partition: int, start: int | None, budget: int,
-                    allow_gaps: bool, outcome: PartitionOutcome) -> _PartitionPlan | None:
+def _plan_partition(
+    store: SegmentStore,
+    topic: str,
+    partition: int,
+    start: int | None,
+    budget: int,
+    allow_gaps: bool,
+    outcome: PartitionOutcome,
+) -> _PartitionPlan | None:
     segments = segments_from(store, topic, partition, start).segments
     if not segments:
         return None
@@ -429,15 +493,24 @@ def _plan_partition(store: SegmentStore, topic: str, partition: int, start: int 
     if gaps and gaps[0].expected_offset == read_start and allow_gaps:
         gap = gaps.pop(0)
         outcome.skipped = OffsetRange(partition, gap.expected_offset, gap.found_offset)
-        log.warning("topic %s partition %d: offsets %d..%d were deleted before ingestion (%s); skipping them as "
-                    "allow_gaps says", topic, partition, gap.expected_offset, gap.found_offset - 1, gap.kfs_key)
+        log.warning(
+            "topic %s partition %d: offsets %d..%d were deleted before ingestion (%s); skipping them as "
+            "allow_gaps says",
+            topic,
+            partition,
+            gap.expected_offset,
+            gap.found_offset - 1,
+            gap.kfs_key,
+        )
         read_start = gap.found_offset
         segments = [s for s in segments if s.last_offset >= read_start]
     if gaps:
         gap: Gap = gaps[0]
         if not allow_gaps:  # reported from the first run that sees it, not only once the partition reaches it
-            outcome.error = (f"gap: offsets {gap.expected_offset}..{gap.found_offset - 1} are missing before "
-                             f"{gap.kfs_key} (deleted before ingestion?); set allow_gaps to skip them")
+            outcome.error = (
+                f"gap: offsets {gap.expected_offset}..{gap.found_offset - 1} are missing before "
+                f"{gap.kfs_key} (deleted before ingestion?); set allow_gaps to skip them"
+            )
         if gap.expected_offset == read_start:
             return None
         segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
@@ -454,17 +527,36 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     context, mapping, table, result = prepared.context, prepared.mapping, prepared.table, prepared.result
     plans, leases = prepared.plans, prepared.leases
     topic, run_id, config = mapping.topic, result.run_id, context.config
-    log.info("topic %s → %s run %s: reading %s", topic, mapping.table, run_id,
-             {p: f"{plan.read} ({len(plan.segments)} segments)" for p, plan in plans.items()})
+    log.info(
+        "topic %s → %s run %s: reading %s",
+        topic,
+        mapping.table,
+        run_id,
+        {p: f"{plan.read} ({len(plan.segments)} segments)" for p, plan in plans.items()},
+    )
     write_started = time.monotonic()
     dead_letters = prepared.dead_letters
-    target = None if dead_letters is None else (dead_letters, dead_letter_target(
-        dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes))
-    messages = run_ingestion_spark_job(context.spark, table, run_id, context.store, topic, prepared.input_partitions(),
-                                       columns=prepared.validation.columns, json_schema=prepared.validation.json_schema,
-                                       target_file_size_bytes=config.processor.target_file_size_bytes,
-                                       dead_letters=target,
-                                       lfs=lfs_read_settings(mapping.lfs, prepared.validation.mode))
+    target = (
+        None
+        if dead_letters is None
+        else (
+            dead_letters,
+            dead_letter_target(dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes),
+        )
+    )
+    messages = run_ingestion_spark_job(
+        context.spark,
+        table,
+        run_id,
+        context.store,
+        topic,
+        prepared.input_partitions(),
+        columns=prepared.validation.columns,
+        json_schema=prepared.validation.json_schema,
+        target_file_size_bytes=config.processor.target_file_size_bytes,
+        dead_letters=target,
+        lfs=lfs_read_settings(mapping.lfs, prepared.validation.mode),
+    )
     keep, drop, failures = _files_to_commit(messages, plans)
     for message in messages:
         stats = message.source_stats
@@ -479,8 +571,11 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     ends = {p: plan.read.end for p, plan in plans.items()}
     for partition, failure in failures.items():
         ends[partition] = min(ends[partition], failure.next_offset)
-        plans[partition].outcome.error = failure.message if failure.error_type == LFS_ERROR_TYPE else \
-            f"segment {failure.key} could not be read: {failure.message}"
+        plans[partition].outcome.error = (
+            failure.message
+            if failure.error_type == LFS_ERROR_TYPE
+            else f"segment {failure.key} could not be read: {failure.message}"
+        )
     committing = {p: plan for p, plan in plans.items() if ends[p] > plan.commit_start}
     for p in list(committing):
         try:
@@ -499,8 +594,11 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         return
     for p, plan in committing.items():
         _fill_outcome(plan, ends[p], messages)
-    skipped = {p: (plan.outcome.skipped.start, plan.outcome.skipped.end) for p, plan in committing.items()
-               if plan.outcome.skipped}
+    skipped = {
+        p: (plan.outcome.skipped.start, plan.outcome.skipped.end)
+        for p, plan in committing.items()
+        if plan.outcome.skipped
+    }
     properties = skipped_summary_properties(topic, skipped)
     properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - write_started) * 1000))
     properties.update(prepared.commit_properties)
@@ -510,39 +608,61 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     if dead_letters is not None:
         # Staged before the table commit, published right after it (dead_letter.py: why nothing is lost or doubled).
         ranges = {p: (plans[p].commit_start, ends[p]) for p in committing}
-        staged = stage_dead_letters(dead_letters, dead_letter_files.keep, run_id=run_id, source_table=mapping.table,
-                                    topic=topic, offset_ranges=ranges)
+        staged = stage_dead_letters(
+            dead_letters,
+            dead_letter_files.keep,
+            run_id=run_id,
+            source_table=mapping.table,
+            topic=topic,
+            offset_ranges=ranges,
+        )
         if staged is not None:
             properties.update(staged.summary_properties())
         for p in committing:
             plans[p].outcome.dead_lettered = dead_letter_files.records.get(p, 0)
-    commit = commit_append(table, [f for p in committing for f in keep.get(p, [])], topic,
-                           {p: plans[p].commit_start for p in committing}, {p: ends[p] for p in committing}, run_id,
-                           snapshot_properties=properties)
+    commit = commit_append(
+        table,
+        [f for p in committing for f in keep.get(p, [])],
+        topic,
+        {p: plans[p].commit_start for p in committing},
+        {p: ends[p] for p in committing},
+        run_id,
+        snapshot_properties=properties,
+    )
     result.snapshot_id = commit.snapshot_id
     if staged is not None:
-        result.dead_letter_snapshot_id = publish_dead_letters(dead_letters, staged,
-                                                              source_snapshot_id=commit.snapshot_id)
+        result.dead_letter_snapshot_id = publish_dead_letters(
+            dead_letters, staged, source_snapshot_id=commit.snapshot_id
+        )
     try:
         # Go's `last_timestamp_ms` is the wall-clock time of the commit (checkpoint.OffsetState.Timestamp).
         committed_at_ms = time.time_ns() // 1_000_000
-        context.offsets.commit_offsets([leases[p] for p in committing], {p: (ends[p], committed_at_ms) for p in committing})
+        context.offsets.commit_offsets(
+            [leases[p] for p in committing], {p: (ends[p], committed_at_ms) for p in committing}
+        )
     except LeaseLostError as exc:
         # The table has the data and the offsets; the next run repairs etcd from it.
-        log.warning("topic %s: committed snapshot %d but could not update %s: %s", topic, commit.snapshot_id,
-                    context.offsets.location, exc)
+        log.warning(
+            "topic %s: committed snapshot %d but could not update %s: %s",
+            topic,
+            commit.snapshot_id,
+            context.offsets.location,
+            exc,
+        )
 
 
 def _files_to_commit(
-    messages: list[IngestionTaskOutput], plans: dict[int, _PartitionPlan],
+    messages: list[IngestionTaskOutput],
+    plans: dict[int, _PartitionPlan],
 ) -> tuple[dict[int, list[DataFile]], list[DataFile], dict[int, SegmentReadFailure]]:
     """Split the written files into those below each partition's first failed segment (by Kafka partition) and
     the rest."""
     failures: dict[int, SegmentReadFailure] = {}
     for message in messages:
         failure = message.failure
-        if failure is not None and (failure.partition not in failures
-                                    or failure.next_offset < failures[failure.partition].next_offset):
+        if failure is not None and (
+            failure.partition not in failures or failure.next_offset < failures[failure.partition].next_offset
+        ):
             failures[failure.partition] = failure
     keep: dict[int, list[DataFile]] = {}
     drop: list[DataFile] = []
@@ -574,8 +694,9 @@ def _fill_outcome(plan: _PartitionPlan, end: int, messages: list[IngestionTaskOu
     outcome.committed = OffsetRange(p, plan.commit_start, end)
 
 
-def _last_record_timestamps(messages: list[IngestionTaskOutput], committing: Iterable[int],
-                            ends: dict[int, int]) -> dict[str, int]:
+def _last_record_timestamps(
+    messages: list[IngestionTaskOutput], committing: Iterable[int], ends: dict[int, int]
+) -> dict[str, int]:
     """`{"<partition>": timestamp}` of the last valid record committed per partition (partitions with one)."""
     last: dict[int, tuple[int, int]] = {}
     for message in messages:
@@ -587,8 +708,9 @@ def _last_record_timestamps(messages: list[IngestionTaskOutput], committing: Ite
     return {str(p): timestamp for p, (_, timestamp) in sorted(last.items())}
 
 
-def _committed_lfs_stats(prepared: PreparedIngest, messages: list[IngestionTaskOutput], ends: dict[int, int],
-                         committing: dict) -> LfsStats:
+def _committed_lfs_stats(
+    prepared: PreparedIngest, messages: list[IngestionTaskOutput], ends: dict[int, int], committing: dict
+) -> LfsStats:
     """LFS counts of the tasks whose records this commit covers (a dropped task's records are read again)."""
     total = LfsStats()
     runs = prepared.input_partitions()
@@ -601,13 +723,23 @@ def _committed_lfs_stats(prepared: PreparedIngest, messages: list[IngestionTaskO
 
 def _describe_invalid(result: IngestResult) -> str:
     samples = ", ".join(s.describe() for s in result.invalid_samples[:5])
-    return (f"{result.invalid_count} invalid records, nothing committed (configure a dead-letter table to divert "
-            f"them): {samples}")
+    return (
+        f"{result.invalid_count} invalid records, nothing committed (configure a dead-letter table to divert "
+        f"them): {samples}"
+    )
 
 
 def _log_result(result: IngestResult) -> None:
     for outcome in result.partitions.values():
-        log.info("topic %s partition %d → %s: offsets %s..%s, %d records, %d data files%s%s", result.topic,
-                 outcome.partition, result.table, outcome.start_offset, outcome.end_offset, outcome.records,
-                 outcome.data_files, f", lag {outcome.lag}" if outcome.lag is not None else "",
-                 f", ERROR {outcome.error}" if outcome.error else "")
+        log.info(
+            "topic %s partition %d → %s: offsets %s..%s, %d records, %d data files%s%s",
+            result.topic,
+            outcome.partition,
+            result.table,
+            outcome.start_offset,
+            outcome.end_offset,
+            outcome.records,
+            outcome.data_files,
+            f", lag {outcome.lag}" if outcome.lag is not None else "",
+            f", ERROR {outcome.error}" if outcome.error else "",
+        )

@@ -152,12 +152,13 @@ class SegmentReadFailure:
 class SegmentReadError(KafscaleSourceError):
     """A segment of an input partition could not be read; `failure` says where its Kafka partition stops."""
 
-    def __init__(self, failure: SegmentReadFailure):
+    def __init__(self, failure: SegmentReadFailure) -> None:
         super().__init__(f"topic {failure.topic} partition {failure.partition} stops at offset {failure.next_offset}: "
                          f"{failure.error_type}: {failure.message}")
         self.failure = failure
 
-    def __reduce__(self):  # pickles (Spark ships executor errors) with its failure
+    def __reduce__(self) -> tuple[type[SegmentReadError], tuple[SegmentReadFailure]]:
+        # Spark ships executor errors pickled: keep the failure
         return (type(self), (self.failure,))
 
 

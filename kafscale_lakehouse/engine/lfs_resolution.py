@@ -113,7 +113,7 @@ class LfsBlobFetchError(Exception):
 class BlobReader:
     """Reads blobs with the segment store's settings, from any bucket. Thread-safe (one boto3 client per bucket)."""
 
-    def __init__(self, store: SegmentStore):
+    def __init__(self, store: SegmentStore) -> None:
         self._store = store
         self._buckets: dict[str, SegmentStore] = {}
 
@@ -167,7 +167,7 @@ class BlobReader:
 class LfsResolver:
     """One per task: turns batches of decoded records into `LfsBatch`es (module docstring); `stats` accumulates."""
 
-    def __init__(self, settings: LfsReadSettings, store: SegmentStore, stats: LfsStats | None = None):
+    def __init__(self, settings: LfsReadSettings, store: SegmentStore, stats: LfsStats | None = None) -> None:
         self.settings = settings
         self.stats = stats if stats is not None else LfsStats()
         self._reader = BlobReader(store)
@@ -280,7 +280,7 @@ class LfsResolver:
                                             thread_name_prefix="lfs-resolve")
         return list(self._pool.map(lambda envelope: self._fetch(envelope, limit), envelopes))
 
-    def _fetch(self, envelope: LfsEnvelope, limit: int | None):
+    def _fetch(self, envelope: LfsEnvelope, limit: int | None) -> tuple[bytes, float] | LfsFailure:
         started = time.perf_counter()
         try:
             verifier = ChecksumVerifier(envelope, enabled=self.settings.config.validate_checksum)

@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 from pyarrow.fs import FileSelector, FileType
@@ -45,6 +45,7 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyspark.sql import SparkSession
 
+from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.catalog import BOUNDED_METADATA_PROPERTIES, catalog_endpoint, catalog_errors
 from kafscale_lakehouse.engine.dead_letter import StagedDeadLetters
 from kafscale_lakehouse.engine.iceberg_sink import RollingDataFiles, SinkJob, delete_data_files
@@ -133,7 +134,7 @@ def maintain_table(spark: SparkSession | None, table: Table, settings: Maintenan
     """Properties, compaction, snapshot expiry and orphan-file removal, in that order (expiry after compaction so
     the compacted files' old snapshots can go; orphan removal last so their files can go once old enough)."""
     started = time.monotonic()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     summary = MaintenanceSummary(".".join(table.name()))
     summary.before = table_files(table)
     if properties:
@@ -171,9 +172,8 @@ def apply_bounded_metadata_properties(table: Table) -> dict[str, str]:
     """Set the properties that keep metadata bounded where the table has none; returns what was set."""
     missing = {k: v for k, v in BOUNDED_METADATA_PROPERTIES.items() if k not in table.properties}
     if missing:
-        with catalog_errors(catalog_endpoint(table.catalog)):
-            with table.transaction() as transaction:
-                transaction.set_properties(missing)
+        with catalog_errors(catalog_endpoint(table.catalog)), table.transaction() as transaction:
+            transaction.set_properties(missing)
         log.info("table %s: set %s", ".".join(table.name()), missing)
     return missing
 
@@ -292,7 +292,7 @@ def _refuse_shared_location(table: Table, io: PyArrowFileIO, unreferenced: Seque
         try:
             with io.new_input(path).open() as stream:
                 other = TableMetadataUtil.parse_raw(stream.read())
-        except Exception:  # noqa: BLE001 - unreadable: not evidence of another table
+        except Exception:  # noqa: BLE001, S112 - unreadable: not evidence of another table
             continue
         if str(other.table_uuid) != own_uuid:
             raise MaintenanceError(
@@ -396,7 +396,7 @@ def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, m
              len(groups), compaction_id)
     job = spark.range(0, len(groups), 1, numPartitions=len(groups)).mapInArrow(tasks, _OUTPUT_SCHEMA)
     try:
-        written = [f for row in job.collect() for f in pickle.loads(row.task_output)]
+        written = [f for row in job.collect() for f in pickle.loads(row.task_output)]  # noqa: S301 - our own tasks' output
     except Exception:
         remove_run_files(table, run_table(table, compaction_id).data_dir)
         raise
@@ -455,8 +455,8 @@ def _commit_rewrite(table: Table, inputs: Sequence[DataFile], outputs: Sequence[
 MAINTENANCE_STEPS = ("properties", "compact", "expire", "orphans")
 
 
-def mapping_settings(config, mapping) -> MaintenanceSettings:
-    """`mappings[].maintenance` as settings (`config`: LakehouseConfig, `mapping`: MappingConfig)."""
+def mapping_settings(config: LakehouseConfig, mapping: MappingConfig) -> MaintenanceSettings:
+    """`mappings[].maintenance` as settings."""
     block = mapping.maintenance
     return MaintenanceSettings(
         snapshot_max_age=timedelta(hours=block.snapshot_max_age_hours), retain_last=block.retain_last,
@@ -465,7 +465,7 @@ def mapping_settings(config, mapping) -> MaintenanceSettings:
         min_input_files=block.min_input_files)
 
 
-def maintain_mapping(config, spark: SparkSession | None, mapping, *,
+def maintain_mapping(config: LakehouseConfig, spark: SparkSession | None, mapping: MappingConfig, *,
                      steps: Sequence[str] = MAINTENANCE_STEPS) -> MaintenanceSummary:
     """Maintain the table of `mapping` (an existing table; nothing is created) with its `maintenance:` settings."""
     from kafscale_lakehouse.engine.catalog import load_catalog, open_table

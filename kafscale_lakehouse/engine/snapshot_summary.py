@@ -144,7 +144,7 @@ class LfsStats:
         self.skipped += other.skipped
         self.errors.update(other.errors)
         self.resolution_seconds += other.resolution_seconds
-        self.duration_buckets = [a + b for a, b in zip(self.duration_buckets, other.duration_buckets)]
+        self.duration_buckets = [a + b for a, b in zip(self.duration_buckets, other.duration_buckets, strict=False)]
 
     @property
     def empty(self) -> bool:

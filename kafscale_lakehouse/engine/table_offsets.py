@@ -192,7 +192,8 @@ def _check_offset_ranges(
     for partition, start in start_offsets.items():
         if not 0 <= start <= end_offsets[partition]:
             raise ValueError(
-                f"table {table_name} topic {topic} partition {partition}: offset range {start}..{end_offsets[partition]} "
+                f"table {table_name} topic {topic} partition {partition}: offset range "
+                f"{start}..{end_offsets[partition]} "
                 "is not a valid range"
             )
     reserved = [k for k in snapshot_properties if is_reserved_property(k)]
@@ -211,7 +212,8 @@ def _refuse_changed_spec(table: Table, data_files: Sequence[DataFile], paths: li
         raise TableChangedDuringRunError(
             f"table {table_name}: its partition spec changed to spec {current} ({table.spec()}) while run {run_id} "
             f"wrote its data files for spec {', '.join(map(str, stale))}; nothing committed, the files are deleted "
-            "and the next run writes the same offsets under the new spec")
+            "and the next run writes the same offsets under the new spec"
+        )
 
 
 def _written_spec_id(data_file: DataFile) -> int | None:
@@ -248,8 +250,13 @@ def without_client_retries(table: Table) -> Table:
     on the new metadata with the old summary and the old plan: our writers re-check offsets or re-plan deletes and
     retry themselves. Only the client reads the property; the catalog commits against its own metadata."""
     no_retries = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
-    return Table(identifier=table.name(), metadata=table.metadata.model_copy(update={"properties": no_retries}),
-                 metadata_location=table.metadata_location, io=table.io, catalog=table.catalog)
+    return Table(
+        identifier=table.name(),
+        metadata=table.metadata.model_copy(update={"properties": no_retries}),
+        metadata_location=table.metadata_location,
+        io=table.io,
+        catalog=table.catalog,
+    )
 
 
 def commit_settled(transaction: Transaction) -> Table:
@@ -272,8 +279,7 @@ def commit_settled(transaction: Transaction) -> Table:
             for producer in producers:
                 type(producer)._clean_all_uncommitted(producer)
             raise
-        log.warning("table %s: a commit answered as refused had landed (a retried request?)",
-                    ".".join(view.name()))
+        log.warning("table %s: a commit answered as refused had landed (a retried request?)", ".".join(view.name()))
         return view
 
 
@@ -297,6 +303,9 @@ def _delete_uncommitted(table: Table, paths: Iterable[str], table_name: str, run
     paths = list(paths)
     failed = delete_data_files(table.io, paths)
     log.warning(
-        "table %s: deleted %d uncommitted data files of run %s%s", table_name, len(paths) - len(failed), run_id,
+        "table %s: deleted %d uncommitted data files of run %s%s",
+        table_name,
+        len(paths) - len(failed),
+        run_id,
         f" ({len(failed)} could not be deleted; orphan-file removal removes them later)" if failed else "",
     )

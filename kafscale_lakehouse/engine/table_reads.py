@@ -190,9 +190,14 @@ def count_rows_equal(table: Table, column: str, value: object) -> int:
     scan = table.scan(row_filter=EqualTo(column, value), selected_fields=(column,))
     total = 0
     for task in scan.plan_files():
-        lower, upper = (task.file.lower_bounds or {}).get(field.field_id), (task.file.upper_bounds or {}).get(field.field_id)
-        if (not task.delete_files and lower is not None and lower == upper
-                and from_bytes(field.field_type, lower) == value):
+        lower, upper = (task.file.lower_bounds or {}).get(field.field_id), (task.file.upper_bounds or
+        {}).get(field.field_id)
+        if (
+            not task.delete_files
+            and lower is not None
+            and lower == upper
+            and from_bytes(field.field_type, lower) == value
+        ):
             total += task.file.record_count
         else:
             rows = ArrowScan(table.metadata, table.io, table.schema().select(column), EqualTo(column, value))

@@ -115,7 +115,7 @@ def write_dataframe(catalog: Catalog, df: DataFrame, write: TableWrite) -> Table
         remove_run_files(table, run_table(table, write.run_id).data_dir)
         raise TableWriteError(f"writing data files for table {write.identifier} (run {write.run_id}) failed: "
                               f"{root_cause(exc)}") from exc
-    data_files = [f for row in rows for f in pickle.loads(row.data_files)]
+    data_files = [f for row in rows for f in pickle.loads(row.data_files)]  # noqa: S301 - our own tasks' output
     return commit_files(table, data_files, write, created=created, added=added)
 
 
@@ -144,7 +144,7 @@ class _WriteTask:
 
 def iceberg_schema_of(arrow_schema: pa.Schema) -> Schema:
     """The Iceberg schema of Arrow data, with fresh field ids (nullable fields become optional columns)."""
-    converted = Catalog._convert_schema_if_needed(arrow_schema)  # noqa: SLF001 - pyiceberg's own conversion, pinned
+    converted = Catalog._convert_schema_if_needed(arrow_schema)
     return assign_fresh_schema_ids(converted)  # converted fields carry no ids yet, so lookups by name would mix up
 
 

@@ -121,7 +121,7 @@ def parse_envelope(data: bytes) -> LfsEnvelope:
         if type(value) is not expected:
             what = {int: "an integer", str: "a string", dict: "an object"}[expected]
             raise LfsEnvelopeError(f"invalid LFS envelope: {name} is {json.dumps(value)[:40]}, expected {what}")
-        if expected is dict:
+        if isinstance(value, dict):
             if not all(isinstance(v, str) for v in value.values()):
                 raise LfsEnvelopeError("invalid LFS envelope: original_headers values must be strings")
             value = tuple(value.items())
@@ -168,7 +168,7 @@ class ChecksumVerifier:
     """Feed a blob chunk by chunk (`update`), then `verify()`; with `enabled=False` or algorithm `none`, nothing is
     computed. The envelope's algorithm is checked on construction (`LfsEnvelopeError`)."""
 
-    def __init__(self, envelope: LfsEnvelope, *, enabled: bool = True):
+    def __init__(self, envelope: LfsEnvelope, *, enabled: bool = True) -> None:
         self.algorithm, self.expected = envelope_checksum(envelope)
         self._hasher: Any = None
         if enabled and self.expected is not None:
@@ -204,9 +204,8 @@ def encode_envelope(bucket: str, key: str, blob: bytes, *, content_type: str = "
     else:
         envelope["checksum"] = envelope["sha256"]
     envelope["checksum_alg"] = checksum_alg
-    for name, value in (("content_type", content_type), ("created_at", created_at), ("proxy_id", proxy_id)):
-        if value:
-            envelope[name] = value
+    envelope.update({name: value for name, value in (("content_type", content_type), ("created_at", created_at),
+                                                      ("proxy_id", proxy_id)) if value})
     if not envelope["checksum"]:
         del envelope["checksum"]
     return json.dumps(envelope, separators=(",", ":")).encode()

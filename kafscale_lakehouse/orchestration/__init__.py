@@ -1,1 +1,2 @@
-"""Dagster orchestration: thin definitions over `kafscale_lakehouse.engine` (names, resources, assets, IO manager, checks, sensors)."""
+"""Dagster orchestration: thin definitions over `kafscale_lakehouse.engine` (names, resources, assets, IO manager,
+checks, sensors, maintenance jobs)."""

@@ -158,20 +158,28 @@ def evaluate_schema_valid(metadata: Mapping[str, dg.MetadataValue] | None,
         return dg.AssetCheckResult(passed=True, metadata=result_metadata,
                                    description="every record of the run was valid")
     where = f"in dead-letter table {dead_letter_table}" if dead_letter_table else "not committed"
-    reasons = "; ".join(f"{s['record_id']}: {s['reason']}" + (f" (schema {s['schema_path']})" if s.get("schema_path") else "")
-                        for s in samples[:3])
-    return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=result_metadata,
-                               description=f"{invalid} invalid records ({where}), e.g. {reasons}")
+    reasons = "; ".join(
+        f"{s['record_id']}: {s['reason']}" + (f" (schema {s['schema_path']})" if s.get("schema_path") else "")
+        for s in samples[:3]
+    )
+    return dg.AssetCheckResult(
+        passed=False,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata=result_metadata,
+        description=f"{invalid} invalid records ({where}), e.g. {reasons}",
+    )
 
 
 # ------------------------------------------------------------------------------------------ definitions
 
 
-def _run_materialization_metadata(context: dg.AssetCheckExecutionContext,
-                                   asset_key: dg.AssetKey) -> Mapping[str, dg.MetadataValue] | None:
+def _run_materialization_metadata(
+    context: dg.AssetCheckExecutionContext, asset_key: dg.AssetKey
+) -> Mapping[str, dg.MetadataValue] | None:
     """Metadata of this run's materialization of the asset, else of its latest materialization."""
     records = context.instance.get_records_for_run(
-        context.run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION, ascending=False).records
+        context.run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION, ascending=False
+    ).records
     for record in records:
         materialization = record.event_log_entry.asset_materialization
         if materialization is not None and materialization.asset_key == asset_key:
@@ -194,28 +202,46 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
     topic, table_name = mapping.topic, mapping.table
     no_table = dg.AssetCheckResult(passed=True, description=f"table {table_name} does not exist yet")
 
-    @dg.asset_check(asset=asset_key, name=SCHEMA_VALID, blocking=True,
-                    description="Records of the run that failed validation (schema.mode) or a required column.")
+    @dg.asset_check(
+        asset=asset_key,
+        name=SCHEMA_VALID,
+        blocking=True,
+        description="Records of the run that failed validation (schema.mode) or a required column.",
+    )
     def schema_valid(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        return evaluate_schema_valid(_run_materialization_metadata(context, asset_key),
-                                     config.schema_config.mode)
+        return evaluate_schema_valid(_run_materialization_metadata(context, asset_key), config.schema_config.mode)
 
-    @dg.asset_check(asset=asset_key, name=RECORD_ID_UNIQUE, blocking=True,
-                    description="No record_id twice in the offset ranges the run committed (pruned by offset stats).")
-    def record_id_unique(context: dg.AssetCheckExecutionContext,
-                         iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
+    @dg.asset_check(
+        asset=asset_key,
+        name=RECORD_ID_UNIQUE,
+        blocking=True,
+        description="No record_id twice in the offset ranges the run committed (pruned by offset stats).",
+    )
+    def record_id_unique(
+        context: dg.AssetCheckExecutionContext, iceberg_catalog: IcebergCatalogResource
+    ) -> dg.AssetCheckResult:
         table = _table_or_none(iceberg_catalog, table_name)
-        return no_table if table is None else evaluate_record_id_unique(
-            table, topic, _run_materialization_metadata(context, asset_key))
+        return (
+            no_table
+            if table is None
+            else evaluate_record_id_unique(table, topic, _run_materialization_metadata(context, asset_key))
+        )
 
-    @dg.asset_check(asset=asset_key, name=OFFSETS_CONTIGUOUS, blocking=True,
-                    description="Committed offsets only move forward, no rows beyond them; skipped gaps reported.")
+    @dg.asset_check(
+        asset=asset_key,
+        name=OFFSETS_CONTIGUOUS,
+        blocking=True,
+        description="Committed offsets only move forward, no rows beyond them; skipped gaps reported.",
+    )
     def offsets_contiguous(iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
         table = _table_or_none(iceberg_catalog, table_name)
         return no_table if table is None else evaluate_offsets_contiguous(table, topic)
 
-    @dg.asset_check(asset=asset_key, name=FRESHNESS,
-                    description=f"Lag behind the broker watermark; warns above {max_lag_records} records.")
+    @dg.asset_check(
+        asset=asset_key,
+        name=FRESHNESS,
+        description=f"Lag behind the broker watermark; warns above {max_lag_records} records.",
+    )
     def freshness(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource) -> dg.AssetCheckResult:
         scan = scan_topic_now(config, topic, segment_store, offset_store)
         return evaluate_freshness(scan.partitions, max_lag_records)

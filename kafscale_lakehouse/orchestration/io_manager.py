@@ -15,8 +15,10 @@ input or the upstream asset), pinned to the `snapshot_id` of the upstream asset'
 Landed tables:
 
 `handle_output` runs `engine.ingest.commit_ingest`: one Spark job whose tasks decode the planned segments and write
-them as Parquet data files (`engine.spark_ingestion`), then one Iceberg commit re-checks the start offsets, then etcd offsets; the
-run's leases are released on every exit path (as `PreparedIngest.release_leases` does). Each Kafka partition's materialization
+them as Parquet data files (`engine.spark_ingestion`), then one Iceberg commit re-checks the start offsets, then etcd
+offsets; the
+run's leases are released on every exit path (as `PreparedIngest.release_leases` does). Each Kafka partition's
+materialization
 gets its own offset range, records, bytes, data files and lag; all of them carry the run's snapshot id, a
 per-partition table and the invalid records. A run that could commit only some partitions records materializations
 for those, then fails naming the rest.
@@ -83,23 +85,29 @@ DAGSTER_RUN_PROPERTY = "dagster.run-id"
 DAGSTER_ASSET_PROPERTY = "dagster.asset-key"
 DAGSTER_PARTITIONS_PROPERTY = "dagster.partition-keys"
 
-_PARTITION_TABLE_SCHEMA = dg.TableSchema(columns=[
-    dg.TableColumn("partition", "int"),
-    dg.TableColumn("start_offset", "int", description="next offset before the run"),
-    dg.TableColumn("end_offset", "int", description="next offset after the run (exclusive end)"),
-    dg.TableColumn("records", "int"),
-    dg.TableColumn("value_bytes", "int"),
-    dg.TableColumn("data_files", "int"),
-    dg.TableColumn("segments", "int"),
-    dg.TableColumn("lag", "int", description="broker next offset - end_offset"),
-    dg.TableColumn("skipped", "string", description="offsets deleted before ingestion, skipped by allow_gaps"),
-    dg.TableColumn("error", "string"),
-])
-INVALID_SAMPLES_SCHEMA = dg.TableSchema(columns=[
-    dg.TableColumn("record_id", "string"),
-    dg.TableColumn("reason", "string"),
-    dg.TableColumn("schema_path", "string", description="the violated JSON Schema keyword (none: a coercion failure)"),
-])
+_PARTITION_TABLE_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("partition", "int"),
+        dg.TableColumn("start_offset", "int", description="next offset before the run"),
+        dg.TableColumn("end_offset", "int", description="next offset after the run (exclusive end)"),
+        dg.TableColumn("records", "int"),
+        dg.TableColumn("value_bytes", "int"),
+        dg.TableColumn("data_files", "int"),
+        dg.TableColumn("segments", "int"),
+        dg.TableColumn("lag", "int", description="broker next offset - end_offset"),
+        dg.TableColumn("skipped", "string", description="offsets deleted before ingestion, skipped by allow_gaps"),
+        dg.TableColumn("error", "string"),
+    ]
+)
+INVALID_SAMPLES_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("record_id", "string"),
+        dg.TableColumn("reason", "string"),
+        dg.TableColumn(
+            "schema_path", "string", description="the violated JSON Schema keyword (none: a coercion failure)"
+        ),
+    ]
+)
 
 
 class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
@@ -116,9 +124,11 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
         elif isinstance(obj, (DataFrame, pa.Table)):
             self._write_table(context, obj)
         else:
-            raise TypeError(f"asset {context.asset_key.to_user_string()}: the Iceberg IO manager stores a Spark "
-                            f"DataFrame, a pyarrow Table or a landed table's PreparedIngest, not "
-                            f"{type(obj).__name__}")
+            raise TypeError(
+                f"asset {context.asset_key.to_user_string()}: the Iceberg IO manager stores a Spark "
+                f"DataFrame, a pyarrow Table or a landed table's PreparedIngest, not "
+                f"{type(obj).__name__}"
+            )
 
     def _commit_ingest(self, context: dg.OutputContext, obj: PreparedIngest) -> None:
         try:
@@ -133,39 +143,61 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
             if outcome is not None:
                 rows = count_rows_equal(table, "partition", outcome.partition)
                 context.step_context.add_asset_metadata(
-                    {**partition_metadata(outcome), "dagster/partition_row_count": rows},
-                    partition_key=partition_key)
-        context.log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table,
-                         result.run_id, result.records, result.topic, result.snapshot_id)
+                    {**partition_metadata(outcome), "dagster/partition_row_count": rows}, partition_key=partition_key
+                )
+        context.log.info(
+            "table %s: run %s committed %d records of topic %s in snapshot %s",
+            result.table,
+            result.run_id,
+            result.records,
+            result.topic,
+            result.snapshot_id,
+        )
 
     def _write_table(self, context: dg.OutputContext, obj: DataFrame | pa.Table) -> None:
         metadata = plain_metadata(context.definition_metadata)
         identifier = table_identifier(context.asset_key, metadata)
         mode = metadata.get(WRITE_MODE_KEY, "overwrite")
         if mode not in WRITE_MODES:
-            raise ValueError(f"asset {context.asset_key.to_user_string()}: metadata {WRITE_MODE_KEY}={mode!r} is "
-                             f"not one of {WRITE_MODES}")
+            raise ValueError(
+                f"asset {context.asset_key.to_user_string()}: metadata {WRITE_MODE_KEY}={mode!r} is "
+                f"not one of {WRITE_MODES}"
+            )
         arrow_schema = obj.schema if isinstance(obj, pa.Table) else _spark_arrow_schema(obj)
         replace = None
         if mode == "overwrite" and context.has_asset_partitions:
-            replace = partition_row_filter(context, iceberg_schema_of(arrow_schema), metadata.get(PARTITION_EXPR_KEY),
-                                           f"asset {context.asset_key.to_user_string()}")
+            replace = partition_row_filter(
+                context,
+                iceberg_schema_of(arrow_schema),
+                metadata.get(PARTITION_EXPR_KEY),
+                f"asset {context.asset_key.to_user_string()}",
+            )
         partition_keys = list(context.asset_partition_keys) if context.has_asset_partitions else []
         write = TableWrite(
-            identifier=identifier, run_id=context.run_id, mode=mode, replace_filter=replace,
-            partition_fields=parse_partition_spec(metadata[PARTITION_SPEC_KEY]) if PARTITION_SPEC_KEY in metadata
+            identifier=identifier,
+            run_id=context.run_id,
+            mode=mode,
+            replace_filter=replace,
+            partition_fields=parse_partition_spec(metadata[PARTITION_SPEC_KEY])
+            if PARTITION_SPEC_KEY in metadata
             else (),
-            snapshot_properties={DAGSTER_RUN_PROPERTY: context.run_id,
-                                 DAGSTER_ASSET_PROPERTY: context.asset_key.to_user_string(),
-                                 **({DAGSTER_PARTITIONS_PROPERTY: json.dumps(partition_keys)} if partition_keys
-                                    else {})},
-            target_file_size_bytes=self.target_file_size_bytes)
+            snapshot_properties={
+                DAGSTER_RUN_PROPERTY: context.run_id,
+                DAGSTER_ASSET_PROPERTY: context.asset_key.to_user_string(),
+                **({DAGSTER_PARTITIONS_PROPERTY: json.dumps(partition_keys)} if partition_keys else {}),
+            },
+            target_file_size_bytes=self.target_file_size_bytes,
+        )
         catalog = load_catalog(self.iceberg_catalog.settings())
-        result = (write_arrow(catalog, obj, write) if isinstance(obj, pa.Table)
-                  else write_dataframe(catalog, obj, write))
+        result = write_arrow(catalog, obj, write) if isinstance(obj, pa.Table) else write_dataframe(catalog, obj, write)
         context.add_output_metadata(write_metadata(result, mode, partition_scoped=replace is not None))
-        context.log.info("table %s: %s of %d rows committed in snapshot %s", identifier, mode, result.rows_written,
-                         result.snapshot_id)
+        context.log.info(
+            "table %s: %s of %d rows committed in snapshot %s",
+            identifier,
+            mode,
+            result.rows_written,
+            result.snapshot_id,
+        )
 
     def _record_partial_commit(self, context: dg.OutputContext, result: IngestResult) -> None:
         """Materializations for the partitions committed before the run failed on others. Events logged through
@@ -176,9 +208,13 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
         shared = {**run_metadata(result), "run_id": dg.MetadataValue.text(result.run_id)}
         for outcome in result.partitions.values():
             if outcome.error is None and outcome.records > 0:
-                context.step_context.instance.report_runless_asset_event(dg.AssetMaterialization(
-                    asset_key=context.asset_key, partition=kafka_partition_key(outcome.partition),
-                    metadata={**shared, **partition_metadata(outcome)}))
+                context.step_context.instance.report_runless_asset_event(
+                    dg.AssetMaterialization(
+                        asset_key=context.asset_key,
+                        partition=kafka_partition_key(outcome.partition),
+                        metadata={**shared, **partition_metadata(outcome)},
+                    )
+                )
 
     def load_input(self, context: dg.InputContext) -> DataFrame:
         upstream = context.upstream_output
@@ -192,7 +228,9 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
             what = f"input {context.asset_key.to_user_string()}"
             if TOPIC_KEY in upstream_metadata:
                 partitions = sorted(kafka_partition_id(key) for key in context.asset_partition_keys)
-                row_filter = EqualTo("partition", partitions[0]) if len(partitions) == 1 else In("partition", partitions)
+                row_filter = (
+                    EqualTo("partition", partitions[0]) if len(partitions) == 1 else In("partition", partitions)
+                )
             else:
                 expr = input_metadata.get(PARTITION_EXPR_KEY, upstream_metadata.get(PARTITION_EXPR_KEY))
                 row_filter = partition_row_filter(context, table.schema(), expr, what)
@@ -200,8 +238,9 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
             # An unpartitioned upstream read by a partitioned asset: the downstream partition is the filter.
             row_filter = run_partition_filter(context, table.schema(), input_metadata[PARTITION_EXPR_KEY])
         snapshot_id = upstream_snapshot_id(context, table)
-        return read_table(self.spark.spark_session, table, columns=columns, row_filter=row_filter,
-                          snapshot_id=snapshot_id)
+        return read_table(
+            self.spark.spark_session, table, columns=columns, row_filter=row_filter, snapshot_id=snapshot_id
+        )
 
 
 def plain_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -215,23 +254,30 @@ def table_identifier(asset_key: dg.AssetKey, metadata: Mapping[str, Any]) -> str
     if name is not None:
         return str(name)
     if len(asset_key.path) < 2:
-        raise ValueError(f"asset {asset_key.to_user_string()}: its table needs a namespace; give the asset a key "
-                         f"prefix (key_prefix=['rpc']) or {TABLE_NAME_KEY} metadata ('rpc.{asset_key.path[-1]}')")
+        raise ValueError(
+            f"asset {asset_key.to_user_string()}: its table needs a namespace; give the asset a key "
+            f"prefix (key_prefix=['rpc']) or {TABLE_NAME_KEY} metadata ('rpc.{asset_key.path[-1]}')"
+        )
     return ".".join(asset_key.path)
 
 
-def partition_row_filter(context: dg.InputContext | dg.OutputContext, schema: Schema, partition_expr: Any,
-                         what: str) -> BooleanExpression:
+def partition_row_filter(
+    context: dg.InputContext | dg.OutputContext, schema: Schema, partition_expr: Any, what: str
+) -> BooleanExpression:
     """The rows of the context's partitions: a time window through the `partition_expr` column, static keys as
     `column IN (keys)`, multi partitions per dimension (`partition_expr` = `{dimension: column}`)."""
     partitions_def = context.asset_partitions_def
     if partition_expr is None:
-        raise ValueError(f"{what} is partitioned: set metadata {PARTITION_EXPR_KEY!r} to the column its partitions "
-                         "map to (for multi partitions, a mapping of dimension name to column)")
+        raise ValueError(
+            f"{what} is partitioned: set metadata {PARTITION_EXPR_KEY!r} to the column its partitions "
+            "map to (for multi partitions, a mapping of dimension name to column)"
+        )
     if isinstance(partitions_def, dg.MultiPartitionsDefinition):
         if not isinstance(partition_expr, Mapping):
-            raise ValueError(f"{what}: {PARTITION_EXPR_KEY} must map each dimension "
-                             f"({', '.join(d.name for d in partitions_def.partitions_defs)}) to a column")
+            raise ValueError(
+                f"{what}: {PARTITION_EXPR_KEY} must map each dimension "
+                f"({', '.join(d.name for d in partitions_def.partitions_defs)}) to a column"
+            )
         clauses = []
         for key in context.asset_partition_keys:
             parts = partitions_def.get_partition_key_from_str(key).keys_by_dimension
@@ -247,8 +293,10 @@ def partition_row_filter(context: dg.InputContext | dg.OutputContext, schema: Sc
                 else:
                     dimension_clauses.append(values_filter(schema, column, [parts[dimension.name]], what=what))
             if not dimension_clauses:
-                raise ValueError(f"{what}: {PARTITION_EXPR_KEY} names no dimension of "
-                                 f"{[d.name for d in partitions_def.partitions_defs]}")
+                raise ValueError(
+                    f"{what}: {PARTITION_EXPR_KEY} names no dimension of "
+                    f"{[d.name for d in partitions_def.partitions_defs]}"
+                )
             clauses.append(all_of(dimension_clauses))
         return any_of(clauses)
     if not isinstance(partition_expr, str):
@@ -265,8 +313,10 @@ def run_partition_filter(context: dg.InputContext, schema: Schema, partition_exp
     partitions_def = step.run_partitions_def
     what = f"input {context.asset_key.to_user_string()} ({PARTITION_EXPR_KEY} {partition_expr!r})"
     if not isinstance(partition_expr, str) or isinstance(partitions_def, dg.MultiPartitionsDefinition):
-        raise ValueError(f"{what}: filtering an unpartitioned upstream by a multi-partitioned asset is not supported; "
-                         "drop partition_expr from the input and filter in the asset")
+        raise ValueError(
+            f"{what}: filtering an unpartitioned upstream by a multi-partitioned asset is not supported; "
+            "drop partition_expr from the input and filter in the asset"
+        )
     if isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
         window = step.partition_time_window
         return time_window_filter(schema, partition_expr, window.start, window.end, what=what)
@@ -283,9 +333,13 @@ def upstream_snapshot_id(context: dg.InputContext, table: Table) -> int | None:
     if snapshot_id is None:
         return None
     if table.metadata.snapshot_by_id(snapshot_id) is None:
-        context.log.warning("table %s: snapshot %s of the latest materialization of %s is no longer in the table "
-                            "(expired); reading the current snapshot", ".".join(table.name()), snapshot_id,
-                            context.asset_key.to_user_string())
+        context.log.warning(
+            "table %s: snapshot %s of the latest materialization of %s is no longer in the table "
+            "(expired); reading the current snapshot",
+            ".".join(table.name()),
+            snapshot_id,
+            context.asset_key.to_user_string(),
+        )
         return None
     return snapshot_id
 
@@ -308,7 +362,8 @@ def write_metadata(result: TableWriteResult, mode: str, *, partition_scoped: boo
         "dagster/column_schema": column_schema(result.schema),
         "dagster/row_count": result.table_rows if result.table_rows is not None else dg.MetadataValue.null(),
         "dagster/uri": dg.MetadataValue.path(result.location),
-        SNAPSHOT_ID_KEY: dg.MetadataValue.int(result.snapshot_id) if result.snapshot_id is not None
+        SNAPSHOT_ID_KEY: dg.MetadataValue.int(result.snapshot_id)
+        if result.snapshot_id is not None
         else dg.MetadataValue.null(),
         WRITE_MODE_KEY: mode,
         "rows_written": result.rows_written,
@@ -324,10 +379,19 @@ def write_metadata(result: TableWriteResult, mode: str, *, partition_scoped: boo
 
 
 def column_schema(schema: Schema) -> dg.TableSchemaMetadataValue:
-    return dg.MetadataValue.table_schema(dg.TableSchema(columns=[
-        dg.TableColumn(f.name, str(f.field_type), description=f.doc,
-                       constraints=dg.TableColumnConstraints(nullable=not f.required))
-        for f in schema.fields]))
+    return dg.MetadataValue.table_schema(
+        dg.TableSchema(
+            columns=[
+                dg.TableColumn(
+                    f.name,
+                    str(f.field_type),
+                    description=f.doc,
+                    constraints=dg.TableColumnConstraints(nullable=not f.required),
+                )
+                for f in schema.fields
+            ]
+        )
+    )
 
 
 def _spark_arrow_schema(df: DataFrame) -> pa.Schema:
@@ -338,25 +402,44 @@ def _spark_arrow_schema(df: DataFrame) -> pa.Schema:
 
 def run_metadata(result: IngestResult) -> dict[str, dg.MetadataValue]:
     """What every partition's materialization of a run carries: snapshot, per-partition table, invalid records."""
-    rows = [dg.TableRecord({
-        "partition": o.partition, "start_offset": o.start_offset, "end_offset": o.end_offset, "records": o.records,
-        "value_bytes": o.value_bytes, "data_files": o.data_files, "segments": o.segments, "lag": o.lag,
-        "skipped": _skipped_text(o), "error": o.error,
-    }) for o in sorted(result.partitions.values(), key=lambda o: o.partition)]
-    samples = [dg.TableRecord({"record_id": s.record_id, "reason": s.reason, "schema_path": s.schema_path})
-               for s in result.invalid_samples]
-    lost = ({"dead_letters_lost": dg.MetadataValue.md("\n".join(f"- {m}" for m in result.dead_letters_lost))}
-            if result.dead_letters_lost else {})
+    rows = [
+        dg.TableRecord(
+            {
+                "partition": o.partition,
+                "start_offset": o.start_offset,
+                "end_offset": o.end_offset,
+                "records": o.records,
+                "value_bytes": o.value_bytes,
+                "data_files": o.data_files,
+                "segments": o.segments,
+                "lag": o.lag,
+                "skipped": _skipped_text(o),
+                "error": o.error,
+            }
+        )
+        for o in sorted(result.partitions.values(), key=lambda o: o.partition)
+    ]
+    samples = [
+        dg.TableRecord({"record_id": s.record_id, "reason": s.reason, "schema_path": s.schema_path})
+        for s in result.invalid_samples
+    ]
+    lost = (
+        {"dead_letters_lost": dg.MetadataValue.md("\n".join(f"- {m}" for m in result.dead_letters_lost))}
+        if result.dead_letters_lost
+        else {}
+    )
     return {
         **lost,
-        SNAPSHOT_ID_KEY: dg.MetadataValue.int(result.snapshot_id) if result.snapshot_id is not None
+        SNAPSHOT_ID_KEY: dg.MetadataValue.int(result.snapshot_id)
+        if result.snapshot_id is not None
         else dg.MetadataValue.null(),
         "kafka_partitions": dg.MetadataValue.table(rows, schema=_PARTITION_TABLE_SCHEMA),
         "records_in_run": dg.MetadataValue.int(result.records),
         COMMITTED_RANGES_KEY: dg.MetadataValue.json(json.loads(format_ranges(result.committed_ranges()))),
         INVALID_RECORDS_KEY: dg.MetadataValue.int(result.invalid_count),
         INVALID_SAMPLES_KEY: dg.MetadataValue.table(samples, schema=INVALID_SAMPLES_SCHEMA),
-        DEAD_LETTER_TABLE_KEY: dg.MetadataValue.text(result.dead_letter_table) if result.dead_letter_table
+        DEAD_LETTER_TABLE_KEY: dg.MetadataValue.text(result.dead_letter_table)
+        if result.dead_letter_table
         else dg.MetadataValue.null(),
     }
 
@@ -365,8 +448,9 @@ def partition_metadata(outcome: PartitionOutcome) -> dict[str, dg.MetadataValue]
     """One Kafka partition's part of a run, for that partition's materialization."""
     metadata: dict[str, dg.MetadataValue] = {
         "kafka_partition": dg.MetadataValue.int(outcome.partition),
-        "offset_range": dg.MetadataValue.text(f"[{_offset_text(outcome.start_offset)}, "
-                                              f"{_offset_text(outcome.end_offset)})"),
+        "offset_range": dg.MetadataValue.text(
+            f"[{_offset_text(outcome.start_offset)}, {_offset_text(outcome.end_offset)})"
+        ),
         "records": dg.MetadataValue.int(outcome.records),
         "value_bytes": dg.MetadataValue.int(outcome.value_bytes),
         "data_files": dg.MetadataValue.int(outcome.data_files),

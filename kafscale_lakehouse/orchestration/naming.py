@@ -34,7 +34,7 @@ def table_asset_key(table: str) -> dg.AssetKey:
 
 
 def topic_asset_key(topic: str) -> dg.AssetKey:
-    """The observable source asset of a KafScale topic: `["kafscale", <topic>]` (asset key parts may hold `.` and `-`)."""
+    """The observable source asset of a KafScale topic: `["kafscale", <topic>]` (key parts may hold `.` and `-`)."""
     return dg.AssetKey(["kafscale", topic])
 
 
@@ -65,7 +65,10 @@ def kafka_partition_key(partition: int) -> str:
 
 
 def kafka_partition_id(partition_key: str) -> int:
-    """The Kafka partition id of a Dagster partition key; a key that is not a non-negative integer is an error naming it."""
+    """The Kafka partition id of a Dagster partition key; a key that is no non-negative integer is an error naming
+    it."""
     if not (partition_key.isascii() and partition_key.isdigit()):
-        raise ValueError(f"Dagster partition key {partition_key!r} is not a Kafka partition id (a non-negative integer)")
+        raise ValueError(
+            f"Dagster partition key {partition_key!r} is not a Kafka partition id (a non-negative integer)"
+        )
     return int(partition_key)

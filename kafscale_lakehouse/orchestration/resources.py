@@ -158,7 +158,8 @@ def _set_path(document: dict[str, Any], key: str, value: str | None) -> None:
 
 
 class SegmentStoreResource(_ConnectionResource):
-    """Where KafScale segments are: `segments.local_root` or the `s3` bucket (`connections.segment_store_from_config`)."""
+    """Where KafScale segments are: `segments.local_root` or the `s3` bucket (`connections.segment_store_from_config`).
+    """
 
     _SECRET_KEYS: ClassVar[tuple[str, ...]] = ("s3.secret_access_key",)
     _SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset(map(_secret_field, _SECRET_KEYS))
@@ -173,9 +174,13 @@ class SegmentStoreResource(_ConnectionResource):
 class IcebergCatalogResource(_ConnectionResource):
     """The Iceberg catalog (`iceberg.*`) and the S3 settings of its FileIO (`connections.catalog_settings`)."""
 
-    _SECRET_KEYS: ClassVar[tuple[str, ...]] = ("iceberg.catalog.token", "iceberg.catalog.password",
-                                               "iceberg.catalog.credential", "iceberg.s3.secret_access_key",
-                                               "s3.secret_access_key")
+    _SECRET_KEYS: ClassVar[tuple[str, ...]] = (
+        "iceberg.catalog.token",
+        "iceberg.catalog.password",
+        "iceberg.catalog.credential",
+        "iceberg.s3.secret_access_key",
+        "s3.secret_access_key",
+    )
     _SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset(map(_secret_field, _SECRET_KEYS))
 
     iceberg_catalog_token: str | None = None
@@ -230,18 +235,29 @@ class OffsetStoreResource(_ConnectionResource):
 def lakehouse_resources(config: LakehouseConfig) -> dict[str, dg.ConfigurableResource]:
     """The resources of a config under their keys (`SPARK_RESOURCE_KEY`, ...), secrets as `EnvVar` references."""
     return {
-        SPARK_RESOURCE_KEY: SparkResource(master=config.spark.master, spark_config=dict(config.spark.conf),
-                                           remote=config.spark.remote),
+        SPARK_RESOURCE_KEY: SparkResource(
+            master=config.spark.master, spark_config=dict(config.spark.conf), remote=config.spark.remote
+        ),
         SEGMENT_STORE_RESOURCE_KEY: SegmentStoreResource.of(config),
         CATALOG_RESOURCE_KEY: IcebergCatalogResource.of(config),
         OFFSET_STORE_RESOURCE_KEY: OffsetStoreResource.of(config),
     }
 
 
-def ingest_context(config: LakehouseConfig, spark: SparkResource, segment_store: SegmentStoreResource,
-                   offset_store: OffsetStoreResource, catalog: IcebergCatalogResource) -> IngestContext:
+def ingest_context(
+    config: LakehouseConfig,
+    spark: SparkResource,
+    segment_store: SegmentStoreResource,
+    offset_store: OffsetStoreResource,
+    catalog: IcebergCatalogResource,
+) -> IngestContext:
     """The engine's run context over the step's resources (the engine's own `from_config` is for the CLI)."""
-    return IngestContext(config=config, spark=spark.spark_session, store=segment_store.open_store(),
-                         offsets=offset_store.offset_store(),
-                         catalog_settings=catalog.settings(), etcd=offset_store.etcd_client(),
-                         registry=schema_registry_client(config))
+    return IngestContext(
+        config=config,
+        spark=spark.spark_session,
+        store=segment_store.open_store(),
+        offsets=offset_store.offset_store(),
+        catalog_settings=catalog.settings(),
+        etcd=offset_store.etcd_client(),
+        registry=schema_registry_client(config),
+    )

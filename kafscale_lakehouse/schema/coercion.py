@@ -171,9 +171,14 @@ class JsonColumnCoercer:
             """The rows' table, or None and (when the reader says) which row, counted from `start`, it rejected.
             Only a single block numbers rows from the start: parallel blocks number them from each block's start."""
             size = int(offsets[stop] - offsets[start])
-            read_options = pa_json.ReadOptions(block_size=size + 1 if one_block else parallel_block_bytes, use_threads=not one_block)
+            read_options = pa_json.ReadOptions(block_size=size + 1 if one_block else parallel_block_bytes,
+            use_threads=not one_block)
             try:
-                table = pa_json.read_json(pa.BufferReader(data.slice(int(offsets[start]), size)), read_options=read_options, parse_options=parse_options)
+                table = pa_json.read_json(
+                    pa.BufferReader(data.slice(int(offsets[start]), size)),
+                    read_options=read_options,
+                    parse_options=parse_options,
+                )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 return None, _rejected_row(exc, stop - start) if one_block else None
             # Every candidate runs from `{` to `}`, so rows cannot merge: a count mismatch means one held several
@@ -193,7 +198,9 @@ class JsonColumnCoercer:
             if suspicious.any():
                 parts = [self._python_part(rows[suspicious], candidates.filter(pa.array(suspicious)).to_pylist())]
                 if not suspicious.all():
-                    parts += self._fast_parts(candidates.filter(pa.array(~suspicious)), rows[~suspicious], screened=True)
+                    parts += self._fast_parts(
+                        candidates.filter(pa.array(~suspicious)), rows[~suspicious], screened=True
+                    )
                 return parts
 
         # Isolate the rows the reader rejects, window by window (a read costs time in proportion to its input even
@@ -201,7 +208,10 @@ class JsonColumnCoercer:
         # reference path, and so do the next rows when rejected rows come thick (a read per few rows costs more
         # than the reference rules). Other errors name no row: halve the range.
         tables, table_rows, python_positions = [], [], []
-        pending = [(start, min(start + _SCAN_WINDOW_ROWS, len(candidates))) for start in range(0, len(candidates), _SCAN_WINDOW_ROWS)][::-1]
+        pending = [
+            (start, min(start + _SCAN_WINDOW_ROWS, len(candidates)))
+            for start in range(0, len(candidates), _SCAN_WINDOW_ROWS)
+        ][::-1]
         reference_run = _PYTHON_BLOCK_ROWS
         while pending:
             start, stop = pending.pop()
@@ -226,8 +236,12 @@ class JsonColumnCoercer:
                     stop = pending[-1][0]
                     reference_run = min(2 * reference_run, _SCAN_WINDOW_ROWS)
             python_positions.append(np.arange(start, stop, dtype=np.int64))
-        log.debug("JSON batch of %d values: %d blocks on the Arrow reader, %d values by the reference rules",
-                  len(candidates), len(tables), sum(map(len, python_positions)))
+        log.debug(
+            "JSON batch of %d values: %d blocks on the Arrow reader, %d values by the reference rules",
+            len(candidates),
+            len(tables),
+            sum(map(len, python_positions)),
+        )
         parts = [self._arrow_part(pa.concat_tables(tables), np.concatenate(table_rows))] if tables else []
         if python_positions:
             positions = np.concatenate(python_positions)
@@ -249,7 +263,9 @@ class JsonColumnCoercer:
         # newlines_in_values=True aborts the process on some invalid input (pyarrow 26: std::out_of_range in its
         # chunker). Without it, a pretty-printed value fails a parallel read when it straddles a block boundary
         # (and only then), and parses in the single-block re-read.
-        return pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=False)
+        return pa_json.ParseOptions(
+            explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=False
+        )
 
     def _learn_parse_types(self, candidates: pa.BinaryArray) -> bool:
         """Declare each key with the JSON type most of a sample of values has; True if anything changed."""
@@ -298,7 +314,10 @@ class JsonColumnCoercer:
                 except NotCoercibleError as exc:
                     column_values[index].append(None)
                     failures[index][position] = str(exc)
-        arrays = [_python_values_to_arrow(values, column.type) for values, column in zip(column_values, self.columns, strict=False)]
+        arrays = [
+            _python_values_to_arrow(values, column.type)
+            for values, column in zip(column_values, self.columns, strict=False)
+        ]
         return _Part(rows=rows, arrays=arrays, failures=failures, value_problems=value_problems)
 
     # ----------------------------------------------------------------------------------------- assembly
@@ -324,14 +343,20 @@ class JsonColumnCoercer:
                         if position not in failures and position not in part.value_problems:
                             problems.setdefault(int(part.rows[position]), (column.name, MISSING_REQUIRED_REASON))
 
-        columns = {column.name: _in_row_order(parts, index, column.type, row_count) for index, column in enumerate(self.columns)}
+        columns = {
+            column.name: _in_row_order(parts, index, column.type, row_count)
+            for index, column in enumerate(self.columns)
+        }
         if problems:
             invalid_columns: list[str | None] = [None] * row_count
             invalid_reasons: list[str | None] = [None] * row_count
             for row, (column_name, reason) in problems.items():
                 invalid_columns[row] = column_name
                 invalid_reasons[row] = reason
-            invalid_column, invalid_reason = pa.array(invalid_columns, pa.string()), pa.array(invalid_reasons, pa.string())
+            invalid_column, invalid_reason = (
+                pa.array(invalid_columns, pa.string()),
+                pa.array(invalid_reasons, pa.string()),
+            )
         else:
             invalid_column = invalid_reason = pa.nulls(row_count, pa.string())
         return CoercionResult(columns, invalid_column, invalid_reason, nulled_counts, unparsed_count)
@@ -509,21 +534,30 @@ def _timestamp_text(array: pa.Array) -> tuple[pa.Array, pa.BooleanArray]:
     parsed_naive, naive = _cast_valid_days(array, naive, ARROW_TYPES["timestamp"])
     parsed = pc.if_else(zoned, parsed_zoned.cast(ARROW_TYPES["timestamp"]), parsed_naive)
     # An offset can move 0001-01-01 or 9999-12-31 out of the supported years: the reference says so.
-    handled = pc.and_(pc.or_(zoned, naive), _between(parsed.cast(pa.int64()), MIN_TIMESTAMP_MICROS, MAX_TIMESTAMP_MICROS))
+    handled = pc.and_(
+        pc.or_(zoned, naive), _between(parsed.cast(pa.int64()), MIN_TIMESTAMP_MICROS, MAX_TIMESTAMP_MICROS)
+    )
     return _null_where_not(handled, parsed), handled
 
 
 def _timestamp_shapes(array: pa.Array) -> tuple[pa.BooleanArray, pa.BooleanArray]:
     """Which strings Arrow can cast as zoned and which as naive timestamps."""
     # Year 0000 exists for Arrow but not for the reference (Python's datetime): leave it to the reference.
-    well_formed = pc.and_(pc.match_substring_regex(array, _TIMESTAMP_TEXT), pc.invert(pc.starts_with(array, "0000"))).fill_null(False)
+    well_formed = pc.and_(
+        pc.match_substring_regex(array, _TIMESTAMP_TEXT), pc.invert(pc.starts_with(array, "0000"))
+    ).fill_null(False)
     # In a well-formed string, Z, + or a third - can only be the zone.
-    has_zone = pc.or_(pc.or_(pc.match_substring(array, "Z"), pc.match_substring(array, "+")), pc.greater(pc.count_substring(array, "-"), 2))
+    has_zone = pc.or_(
+        pc.or_(pc.match_substring(array, "Z"), pc.match_substring(array, "+")),
+        pc.greater(pc.count_substring(array, "-"), 2),
+    )
     return pc.and_(well_formed, has_zone.fill_null(False)), pc.and_(well_formed, pc.invert(has_zone).fill_null(False))
 
 
 def _cast_valid_days(
-    array: pa.Array, well_formed: pa.BooleanArray, target: pa.DataType,
+    array: pa.Array,
+    well_formed: pa.BooleanArray,
+    target: pa.DataType,
 ) -> tuple[pa.Array, pa.BooleanArray]:
     """Cast the `well_formed` date/timestamp strings; Arrow fails the whole cast on a day the month does not have
     (2023-02-29), so then those are left out (to the reference rules, which say why) and the rest cast."""

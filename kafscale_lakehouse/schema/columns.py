@@ -73,7 +73,9 @@ def table_schema(columns: Sequence[ColumnConfig]) -> Schema:
     all_columns = [*BASE_COLUMNS, *columns]
     check_column_names(all_columns)
     fields = [
-        NestedField(field_id=field_id, name=column.name, field_type=ICEBERG_TYPES[column.type], required=column.required)
+        NestedField(
+            field_id=field_id, name=column.name, field_type=ICEBERG_TYPES[column.type], required=column.required
+        )
         for field_id, column in enumerate(all_columns, start=1)
     ]
     return Schema(*fields)
@@ -83,7 +85,9 @@ def record_arrow_schema(columns: Sequence[ColumnConfig]) -> pa.Schema:
     """The Arrow schema of decoded records: base columns then mapped columns; required columns are not nullable."""
     all_columns = [*BASE_COLUMNS, *columns]
     check_column_names(all_columns)
-    return pa.schema([pa.field(column.name, ARROW_TYPES[column.type], nullable=not column.required) for column in all_columns])
+    return pa.schema(
+        [pa.field(column.name, ARROW_TYPES[column.type], nullable=not column.required) for column in all_columns]
+    )
 
 
 def check_column_names(columns: Sequence[ColumnConfig]) -> None:
@@ -92,8 +96,10 @@ def check_column_names(columns: Sequence[ColumnConfig]) -> None:
     for column in columns:
         if column.name in seen:
             which = "a base column" if column.name in BASE_COLUMN_NAMES else "declared twice"
-            raise SchemaMappingError(f"column {column.name!r} is {which}; mapped column names must be unique and not "
-                                     f"{', '.join(BASE_COLUMN_NAMES)}")
+            raise SchemaMappingError(
+                f"column {column.name!r} is {which}; mapped column names must be unique and not "
+                f"{', '.join(BASE_COLUMN_NAMES)}"
+            )
         seen.add(column.name)
 
 
@@ -114,11 +120,16 @@ def columns_from_json_schema(document: Mapping[str, Any], topic: str) -> list[Co
             continue
         columns.append(ColumnConfig(name=name, type=column_type, required=name in required))
     if skipped:
-        log.info("registry schema of topic %s: properties %s get no column (not a scalar JSON type, or a base column "
-                 "name)", topic, ", ".join(sorted(skipped)))
+        log.info(
+            "registry schema of topic %s: properties %s get no column (not a scalar JSON type, or a base column name)",
+            topic,
+            ", ".join(sorted(skipped)),
+        )
     if not columns:
-        raise SchemaMappingError(f"registry schema of topic {topic!r} gives no columns (no top-level "
-                                 "integer/number/boolean/string properties)")
+        raise SchemaMappingError(
+            f"registry schema of topic {topic!r} gives no columns (no top-level "
+            "integer/number/boolean/string properties)"
+        )
     return sorted(columns, key=lambda column: column.name)
 
 

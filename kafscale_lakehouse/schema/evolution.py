@@ -44,7 +44,9 @@ class ColumnChange:
     field_type: IcebergType
 
     def __str__(self) -> str:
-        verb = {"add": "add optional column", "widen": "widen column", "make_optional": "make optional column"}[self.action]
+        verb = {"add": "add optional column", "widen": "widen column", "make_optional": "make optional column"}[
+            self.action
+        ]
         return f"{verb} {self.name!r} ({self.field_type})"
 
 
@@ -60,12 +62,17 @@ class SchemaEvolutionPlan:
         return bool(self.changes)
 
     def __str__(self) -> str:
-        return f"table {self.table}: " + ("; ".join(map(str, self.changes)) if self.changes else "schema already "
-                                                                                                 "matches")
+        return f"table {self.table}: " + (
+            "; ".join(map(str, self.changes)) if self.changes else "schema already matches"
+        )
 
 
 def plan_schema_evolution(
-    current: Schema, columns: Sequence[ColumnConfig], *, allow_type_widening: bool, table: str,
+    current: Schema,
+    columns: Sequence[ColumnConfig],
+    *,
+    allow_type_widening: bool,
+    table: str,
 ) -> SchemaEvolutionPlan:
     """Compare `current` with base + mapped `columns`; raise `SchemaEvolutionError` listing every problem."""
     check_column_names([*BASE_COLUMNS, *columns])
@@ -76,11 +83,14 @@ def plan_schema_evolution(
     for column in BASE_COLUMNS:
         field = fields_by_name.get(column.name)
         if field is None:
-            problems.append(f"base column {column.name!r} is missing (a KafScale table has "
-                            f"{', '.join(c.name for c in BASE_COLUMNS)})")
+            problems.append(
+                f"base column {column.name!r} is missing (a KafScale table has "
+                f"{', '.join(c.name for c in BASE_COLUMNS)})"
+            )
         elif field.field_type != ICEBERG_TYPES[column.type]:
-            problems.append(f"base column {column.name!r} is {field.field_type} in the table, expected "
-                            f"{ICEBERG_TYPES[column.type]}")
+            problems.append(
+                f"base column {column.name!r} is {field.field_type} in the table, expected {ICEBERG_TYPES[column.type]}"
+            )
 
     for column in columns:
         desired = ICEBERG_TYPES[column.type]
@@ -98,20 +108,29 @@ def plan_schema_evolution(
             if (field.field_type, desired) in _WIDENINGS and allow_type_widening:
                 changes.append(ColumnChange("widen", column.name, desired))
             elif (field.field_type, desired) in _WIDENINGS:
-                problems.append(f"column {column.name!r} is {field.field_type} in the table and {desired} in the "
-                                "mapping: set allow_type_widening to widen it")
+                problems.append(
+                    f"column {column.name!r} is {field.field_type} in the table and {desired} in the "
+                    "mapping: set allow_type_widening to widen it"
+                )
             else:
-                problems.append(f"column {column.name!r} is {field.field_type} in the table and cannot become "
-                                f"{desired} (only int→long and float→double widen)")
+                problems.append(
+                    f"column {column.name!r} is {field.field_type} in the table and cannot become "
+                    f"{desired} (only int→long and float→double widen)"
+                )
         if field.required and not column.required:
             changes.append(ColumnChange("make_optional", column.name, desired))
         elif column.required and not field.required:
-            problems.append(f"column {column.name!r} is optional in the table and cannot become required (existing "
-                            "rows may be null)")
+            problems.append(
+                f"column {column.name!r} is optional in the table and cannot become required (existing "
+                "rows may be null)"
+            )
 
     declared = {column.name for column in (*BASE_COLUMNS, *columns)}
-    problems.extend(f"column {field.name!r} is required in the table but the mapping does not produce it"
-                    for field in current.fields if field.name not in declared and field.required)
+    problems.extend(
+        f"column {field.name!r} is required in the table but the mapping does not produce it"
+        for field in current.fields
+        if field.name not in declared and field.required
+    )
 
     if problems:
         raise SchemaEvolutionError(table, problems)
@@ -125,8 +144,9 @@ def apply_schema_evolution(table: Table, plan: SchemaEvolutionPlan) -> Schema:
     if not plan:
         return table.schema()
     if table.schema().schema_id != plan.schema_id:
-        raise CommitFailedException(f"table {plan.table}: schema {table.schema().schema_id} is current, the plan was "
-                                    f"made for {plan.schema_id}")
+        raise CommitFailedException(
+            f"table {plan.table}: schema {table.schema().schema_id} is current, the plan was made for {plan.schema_id}"
+        )
     with table.update_schema() as update:
         for change in plan.changes:
             path = (change.name,)  # a tuple: column names may contain "."
@@ -141,7 +161,11 @@ def apply_schema_evolution(table: Table, plan: SchemaEvolutionPlan) -> Schema:
 
 
 def evolve_table_schema(
-    table: Table, columns: Sequence[ColumnConfig], *, allow_type_widening: bool, max_attempts: int = 3,
+    table: Table,
+    columns: Sequence[ColumnConfig],
+    *,
+    allow_type_widening: bool,
+    max_attempts: int = 3,
 ) -> SchemaEvolutionPlan:
     """Plan and apply the evolution of `table` to `columns`; when another writer changes the table meanwhile,
     refresh and plan again (at most `max_attempts` commits). Returns the plan that was applied."""
@@ -156,5 +180,11 @@ def evolve_table_schema(
             if attempt >= max_attempts:
                 raise
             attempt += 1
-            log.warning("table %s: schema update conflicted with another writer (%s); refreshing, attempt %d of %d", name, exc, attempt, max_attempts)
+            log.warning(
+                "table %s: schema update conflicted with another writer (%s); refreshing, attempt %d of %d",
+                name,
+                exc,
+                attempt,
+                max_attempts,
+            )
             table.refresh()

@@ -220,7 +220,8 @@ def parse_timestamp_text(text: str, column_type: str = "timestamp") -> int:
         offset = timedelta(hours=int(offset_hours), minutes=int(offset_minutes))
         offset = -offset if sign == "-" else offset
     try:
-        moment = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0), tzinfo=timezone(offset))
+        moment = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0),
+        tzinfo=timezone(offset))
     except ValueError as exc:
         raise NotCoercibleError(f"cannot parse {describe(text)} as {column_type}: {exc}") from exc
     micros = (moment - _EPOCH) // _ONE_MICROSECOND

@@ -98,7 +98,8 @@ class SchemaRegistryClient:
     ) -> None:
         if timeout_seconds <= 0 or cache_seconds < 0 or max_attempts < 1 or retry_backoff_seconds < 0:
             raise ValueError(
-                f"schema registry client needs timeout_seconds > 0, cache_seconds >= 0, max_attempts >= 1 and retry_backoff_seconds >= 0 "
+                f"schema registry client needs timeout_seconds > 0, cache_seconds >= 0, max_attempts >= 1 and "
+                f"retry_backoff_seconds >= 0 "
                 f"(got {timeout_seconds}, {cache_seconds}, {max_attempts}, {retry_backoff_seconds})"
             )
         self.base_url, self._authorization = _split_credentials(base_url)
@@ -116,8 +117,9 @@ class SchemaRegistryClient:
     def from_config(cls, config: RegistryConfig) -> SchemaRegistryClient:
         """The client of `schema.registry` (`base_url` must be set)."""
         if config.base_url is None:
-            raise ConfigError(_CONFIG_SOURCE, ["schema.registry.base_url: is required to fetch schemas from the "
-                                               "registry"])
+            raise ConfigError(
+                _CONFIG_SOURCE, ["schema.registry.base_url: is required to fetch schemas from the registry"]
+            )
         return cls(config.base_url, timeout_seconds=config.timeout_seconds, cache_seconds=config.cache_seconds)
 
     def schema_url(self, topic: str) -> str:
@@ -157,8 +159,10 @@ class SchemaRegistryClient:
         processor derives them (`columns.columns_from_json_schema`)."""
         document = self.get_schema(topic).document
         if isinstance(document, bool):
-            raise SchemaMappingError(f"registry schema of topic {topic!r} is the boolean schema "
-                                     f"{str(document).lower()}: it declares no columns")
+            raise SchemaMappingError(
+                f"registry schema of topic {topic!r} is the boolean schema "
+                f"{str(document).lower()}: it declares no columns"
+            )
         return columns_from_json_schema(document, topic)
 
     def invalidate(self, topic: str | None = None) -> None:
@@ -180,7 +184,8 @@ class SchemaRegistryClient:
         # S310 below is deliberate: `url` is the configured registry `base_url` plus a topic name, so its scheme is the
         # config's
         request = urllib.request.Request(  # noqa: S310
-            url, headers={"Accept": "application/schema+json, application/json"})
+            url, headers={"Accept": "application/schema+json, application/json"}
+        )
         if self._authorization is not None:
             request.add_unredirected_header("Authorization", self._authorization)
         failure = ""
@@ -195,14 +200,21 @@ class SchemaRegistryClient:
             except urllib.error.HTTPError as exc:
                 exc.close()
                 if exc.code == 404:
-                    raise SchemaNotFoundError(f"schema registry has no schema for topic {topic!r}: {url} answered 404", url=url) from None
+                    raise SchemaNotFoundError(
+                        f"schema registry has no schema for topic {topic!r}: {url} answered 404", url=url
+                    ) from None
                 if 300 <= exc.code < 400:
                     location = redact_url(exc.headers.get("Location") or "nowhere")
                     raise SchemaRegistryRequestError(
-                        f"schema registry answered {exc.code} for {url}, redirecting to {location}: redirects are not followed, "
-                        "set schema.registry.base_url to the final location", url=url) from None
+                        f"schema registry answered {exc.code} for {url}, redirecting to {location}: redirects are not "
+                        f"followed, "
+                        "set schema.registry.base_url to the final location",
+                        url=url,
+                    ) from None
                 if exc.code not in _RETRYABLE_STATUSES:
-                    raise SchemaRegistryRequestError(f"schema registry answered {exc.code} {exc.reason} for {url}", url=url) from None
+                    raise SchemaRegistryRequestError(
+                        f"schema registry answered {exc.code} {exc.reason} for {url}", url=url
+                    ) from None
                 failure = f"HTTP {exc.code} {exc.reason}"
             except urllib.error.URLError as exc:
                 failure = str(exc.reason)
@@ -210,11 +222,21 @@ class SchemaRegistryClient:
                 failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if attempt < self._max_attempts:
                 delay = self._retry_backoff_seconds * 2 ** (attempt - 1)
-                log.warning("schema registry %s: attempt %d of %d failed (%s); retrying in %.2fs", url, attempt, self._max_attempts, failure, delay)
+                log.warning(
+                    "schema registry %s: attempt %d of %d failed (%s); retrying in %.2fs",
+                    url,
+                    attempt,
+                    self._max_attempts,
+                    failure,
+                    delay,
+                )
                 time.sleep(delay)
         raise SchemaRegistryUnavailableError(
-            f"schema registry did not give the schema of topic {topic!r}: {url} failed {self._max_attempts} times, last with {failure} "
-            f"(timeout {self._timeout_seconds}s per attempt)", url=url)
+            f"schema registry did not give the schema of topic {topic!r}: {url} failed {self._max_attempts} times, "
+            f"last with {failure} "
+            f"(timeout {self._timeout_seconds}s per attempt)",
+            url=url,
+        )
 
 
 def _compile_body(body: bytes, url: str) -> CompiledJsonSchema:
@@ -233,16 +255,20 @@ def _split_credentials(base_url: str) -> tuple[str, str | None]:
         parts = urllib.parse.urlsplit(base_url.strip())
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError as exc:
-        raise ConfigError(_CONFIG_SOURCE, [f"schema.registry.base_url: {redact_url(base_url)!r} is not a URL: {exc}"]) from None
+        raise ConfigError(
+            _CONFIG_SOURCE, [f"schema.registry.base_url: {redact_url(base_url)!r} is not a URL: {exc}"]
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ConfigError(_CONFIG_SOURCE, [
-            f"schema.registry.base_url: {redact_url(base_url)!r} must be an http(s) URL with a host and no query or fragment"
-        ])
+        raise ConfigError(
+            _CONFIG_SOURCE,
+            [
+                f"schema.registry.base_url: {redact_url(base_url)!r} must be an http(s) URL with a host and no query "
+                f"or fragment"
+            ],
+        )
     authorization = None
     if parts.username is not None or parts.password is not None:
         user_pass = f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"
         authorization = "Basic " + base64.b64encode(user_pass.encode("utf-8")).decode("ascii")
     host = parts.netloc.rpartition("@")[2]
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", "")), authorization
-
-

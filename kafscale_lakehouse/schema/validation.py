@@ -79,7 +79,12 @@ class InvalidRecord:
         return f"record {self.record_id} at {where}: {self.reason}"
 
     def as_metadata(self) -> dict[str, str | None]:
-        return {"record_id": self.record_id, "reason": self.reason, "instance_path": self.instance_path, "schema_path": self.schema_path}
+        return {
+            "record_id": self.record_id,
+            "reason": self.reason,
+            "instance_path": self.instance_path,
+            "schema_path": self.schema_path,
+        }
 
 
 class SchemaViolationError(SchemaError):
@@ -92,7 +97,8 @@ class SchemaViolationError(SchemaError):
         shown = "; ".join(record.describe() for record in summary.samples[:_SHOWN_VIOLATIONS])
         more = summary.invalid_count - min(len(summary.samples), _SHOWN_VIOLATIONS)
         super().__init__(
-            f"{summary.invalid_count} of {summary.record_count} records violate JSON Schema {summary.schema_source}: {shown}"
+            f"{summary.invalid_count} of {summary.record_count} records violate JSON Schema {summary.schema_source}: "
+            f"{shown}"
             + (f"; and {more} more" if more > 0 else "")
         )
 
@@ -204,8 +210,10 @@ def _build_validator(document: Any, source: str) -> Validator:
         else:
             found = validator_for(document, default=None) if isinstance(dialect, str) else None
             if found is None:
-                raise InvalidSchemaDocumentError(source, f"$schema {dialect!r} is not a JSON Schema dialect this "
-                                                         "validator knows (draft 3 to 2020-12)")
+                raise InvalidSchemaDocumentError(
+                    source,
+                    f"$schema {dialect!r} is not a JSON Schema dialect this validator knows (draft 3 to 2020-12)",
+                )
             validator_class = found
     else:
         raise InvalidSchemaDocumentError(source, f"a JSON Schema is an object or a boolean, not {json_kind(document)}")
@@ -231,7 +239,9 @@ def validate_values(
 
 
 def validate_parsed(
-    instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str], schema: CompiledJsonSchema,
+    instances: Sequence[Any],
+    record_ids: pa.Array | pa.ChunkedArray | Sequence[str],
+    schema: CompiledJsonSchema,
 ) -> ValidationResult:
     """Validate values the caller has already parsed from JSON (`json.loads` output; None is JSON null, which the
     schema judges). Same result and errors as `validate_values`, without parsing twice."""
@@ -241,7 +251,9 @@ def validate_parsed(
 
 def _check_lengths(value_count: int, record_id_count: int) -> None:
     if value_count != record_id_count:
-        raise ValueError(f"{value_count} values but {record_id_count} record_ids: there must be one record_id per value")
+        raise ValueError(
+            f"{value_count} values but {record_id_count} record_ids: there must be one record_id per value"
+        )
 
 
 class _NotJson:
@@ -254,7 +266,9 @@ class _NotJson:
 
 
 def _validate(
-    schema: CompiledJsonSchema, instances: Sequence[Any], record_ids: pa.Array | pa.ChunkedArray | Sequence[str],
+    schema: CompiledJsonSchema,
+    instances: Sequence[Any],
+    record_ids: pa.Array | pa.ChunkedArray | Sequence[str],
 ) -> ValidationResult:
     validator = schema.validator
     valid = [True] * len(instances)
@@ -271,18 +285,29 @@ def _validate(
                 # best_match weighs all errors, so the rest are only collected for invalid records.
                 error: ValidationError = best_match(itertools.chain([first], errors))
             except referencing.exceptions.Unresolvable as exc:
-                raise InvalidSchemaDocumentError(schema.source, f"$ref {exc.ref!r} cannot be resolved (only references "
-                                                                "within the document are)") from None
+                raise InvalidSchemaDocumentError(
+                    schema.source, f"$ref {exc.ref!r} cannot be resolved (only references within the document are)"
+                ) from None
             except RecursionError:
                 failure = ("value is nested too deeply to validate", "$", None)
             else:
                 failure = (_shorten(error.message), error.json_path, _json_pointer(error.schema_path))
         valid[row] = False
         reason, instance_path, schema_path = failure
-        invalid_records.append(InvalidRecord(row=row, record_id=_record_id(record_ids, row), reason=reason, instance_path=instance_path, schema_path=schema_path))
+        invalid_records.append(
+            InvalidRecord(
+                row=row,
+                record_id=_record_id(record_ids, row),
+                reason=reason,
+                instance_path=instance_path,
+                schema_path=schema_path,
+            )
+        )
     if invalid_records:
         log.debug("%d of %d records violate JSON Schema %s", len(invalid_records), len(instances), schema.source)
-    return ValidationResult(schema_source=schema.source, valid=pa.array(valid, type=pa.bool_()), invalid_records=tuple(invalid_records))
+    return ValidationResult(
+        schema_source=schema.source, valid=pa.array(valid, type=pa.bool_()), invalid_records=tuple(invalid_records)
+    )
 
 
 def _record_id(record_ids: pa.Array | pa.ChunkedArray | Sequence[str], row: int) -> str:

@@ -268,20 +268,27 @@ class SegmentStore(ABC):
                 candidates.append((base_offset, pair))
 
         segments: list[SegmentRef] = []
-        for (base_offset, pair), footer in zip(candidates, self._read_footers([pair.kfs for _, pair in candidates]), strict=False):
+        footers = self._read_footers([pair.kfs for _, pair in candidates])
+        for (base_offset, pair), footer in zip(candidates, footers, strict=True):
             kfs, index = pair.kfs, pair.index
             if isinstance(footer, SegmentFormatError):
                 incomplete.insert(0, _incomplete(topic, partition, base_offset, pair, f"not finished: {footer}"))
                 break
             if footer.last_offset < base_offset:
-                raise SegmentMismatchError(kfs.key, kfs.size - FOOTER_SIZE + 4,
-                                           f"footer last offset {footer.last_offset} is below the key's base "
-                                           f"offset {base_offset}")
-            segments.append(SegmentRef(topic, partition, base_offset, footer.last_offset, kfs.key, index.key,
-                                       kfs.size))
+                raise SegmentMismatchError(
+                    kfs.key,
+                    kfs.size - FOOTER_SIZE + 4,
+                    f"footer last offset {footer.last_offset} is below the key's base offset {base_offset}",
+                )
+            segments.append(SegmentRef(topic, partition, base_offset, footer.last_offset, kfs.key, index.key, kfs.size))
         for item in incomplete:
-            log.info("incomplete segment in %s, not returned: %s / %s: %s", self.location, item.kfs_key,
-                     item.index_key, item.reason)
+            log.info(
+                "incomplete segment in %s, not returned: %s / %s: %s",
+                self.location,
+                item.kfs_key,
+                item.index_key,
+                item.reason,
+            )
         cursor = segments[-1].kfs_key if segments else after
         return SegmentListing(segments, incomplete, cursor)
 
@@ -304,16 +311,20 @@ class SegmentStore(ABC):
         if after is None:
             return None, None
         parsed = parse_segment_key(after, self.namespace)
-        if parsed is None or parsed.kind is not ObjectKind.SEGMENT or (parsed.topic, parsed.partition) != (
-                topic, partition):
-            raise ValueError(f"cursor {after!r} is not a .kfs key of topic {topic!r} partition {partition} "
-                             f"under namespace {self.namespace!r}")
+        if (
+            parsed is None
+            or parsed.kind is not ObjectKind.SEGMENT
+            or (parsed.topic, parsed.partition) != (topic, partition)
+        ):
+            raise ValueError(
+                f"cursor {after!r} is not a .kfs key of topic {topic!r} partition {partition} "
+                f"under namespace {self.namespace!r}"
+            )
         if not parsed.padded:
             log.debug("unpadded cursor %s: listing %s/%d in full", after, topic, partition)
         return parsed.base_offset, after if parsed.padded else None
 
-    def _pair_objects(self, prefix: str, start_after: str | None,
-                      after_base: int | None) -> dict[int, _SegmentPair]:
+    def _pair_objects(self, prefix: str, start_after: str | None, after_base: int | None) -> dict[int, _SegmentPair]:
         pairs: dict[int, _SegmentPair] = {}
         for info in self.list_objects(prefix, start_after=start_after):
             parsed = parse_segment_key(info.key, self.namespace)
@@ -325,7 +336,10 @@ class SegmentStore(ABC):
             if existing is not None:
                 raise DuplicateSegmentError(
                     f"{existing.key} and {info.key} in {self.location} both claim base offset "
-                    f"{parsed.base_offset}; remove one", location=self.location, key=info.key)
+                    f"{parsed.base_offset}; remove one",
+                    location=self.location,
+                    key=info.key,
+                )
             setattr(pair, slot, info)
         return pairs
 

@@ -52,15 +52,27 @@ def test_go_processor_example_loads_unchanged():
     assert config.iceberg.catalog.uri == "https://iceberg-catalog.example.com"
     assert config.iceberg.catalog.token is None  # Go: "" means no token
     assert config.iceberg.warehouse == "s3://iceberg-warehouse/production"
-    assert (config.offsets.backend, config.offsets.lease_ttl_seconds, config.offsets.key_prefix) == ("etcd", 30, "processors")
+    assert (config.offsets.backend, config.offsets.lease_ttl_seconds, config.offsets.key_prefix) == (
+        "etcd",
+        30,
+        "processors",
+    )
     assert config.etcd.endpoints == ["http://etcd.kafscale.svc.cluster.local:2379"]
     assert config.schema_config.mode == "off"
     assert config.schema_config.registry.base_url == "https://schemas.example.com"
     (mapping,) = config.mappings
-    assert (mapping.topic, mapping.table, mapping.mode, mapping.create_table_if_missing) == ("orders", "prod.orders", "append", True)
+    assert (mapping.topic, mapping.table, mapping.mode, mapping.create_table_if_missing) == (
+        "orders",
+        "prod.orders",
+        "append",
+        True,
+    )
     assert mapping.schema_config.source == "mapping"  # inferred from the columns, as in Go
     assert mapping.schema_config.allow_type_widening is True
-    assert [(c.name, c.type, c.required) for c in mapping.columns] == [("order_id", "long", True), ("status", "string", False)]
+    assert [(c.name, c.type, c.required) for c in mapping.columns] == [
+        ("order_id", "long", True),
+        ("status", "string", False),
+    ]
 
 
 def test_go_defaults_for_a_minimal_config(tmp_path):
@@ -85,7 +97,7 @@ def test_schema_source_is_registry_when_a_registry_is_configured(tmp_path):
 
 
 def test_go_zero_values_mean_default_and_go_spellings_are_accepted(tmp_path):
-    text = MINIMAL_GO.replace("s3:\n", "s3:\n  endpoint: \"\"\n  namespace: \"\"\n") + textwrap.dedent(
+    text = MINIMAL_GO.replace("s3:\n", 's3:\n  endpoint: ""\n  namespace: ""\n') + textwrap.dedent(
         """
         offsets:
           backend: ""
@@ -98,8 +110,10 @@ def test_go_zero_values_mean_default_and_go_spellings_are_accepted(tmp_path):
           mode: off
         """
     )
-    text = text.replace("    table: prod.orders\n", "    table: prod.orders\n    schema:\n      columns:\n        - "
-                                                    "{name: id, type: LONG}\n")
+    text = text.replace(
+        "    table: prod.orders\n",
+        "    table: prod.orders\n    schema:\n      columns:\n        - {name: id, type: LONG}\n",
+    )
     config = load_config(write_config(tmp_path, text))
     assert config.s3.endpoint is None
     assert config.s3.namespace == ""  # an empty namespace is meaningful: keys start at the topic
@@ -125,73 +139,137 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (lambda t: t.replace("  bucket: kafscale-data", "  bucket: kafscale-data\n  buckett: x"), "s3.buckett: unknown "
-                                                                                                  "key (did you mean 'bucket'?)"),
-        (lambda t: t + "offsets:\n  lease_ttl_seconds: soon\n", "offsets.lease_ttl_seconds: expected an integer, got a "
-                                                                "string 'soon'"),
-        (lambda t: t + "offsets:\n  lease_ttl_seconds: -3\n", "offsets.lease_ttl_seconds: must be greater than 0, got "
-                                                              "-3"),
+        (
+            lambda t: t.replace("  bucket: kafscale-data", "  bucket: kafscale-data\n  buckett: x"),
+            "s3.buckett: unknown key (did you mean 'bucket'?)",
+        ),
+        (
+            lambda t: t + "offsets:\n  lease_ttl_seconds: soon\n",
+            "offsets.lease_ttl_seconds: expected an integer, got a string 'soon'",
+        ),
+        (
+            lambda t: t + "offsets:\n  lease_ttl_seconds: -3\n",
+            "offsets.lease_ttl_seconds: must be greater than 0, got -3",
+        ),
         (lambda t: t.replace("    uri: http://catalog:8181\n", ""), "iceberg.catalog.uri: is required"),
-        (lambda t: t.replace("  bucket: kafscale-data", "  region: x"), "s3.bucket: is required (or set "
-                                                                        "segments.local_root to read segments from a local directory)"),
+        (
+            lambda t: t.replace("  bucket: kafscale-data", "  region: x"),
+            "s3.bucket: is required (or set segments.local_root to read segments from a local directory)",
+        ),
         (lambda t: t.replace("type: rest", "type: hive"), "iceberg.catalog.type: 'hive' is not one of rest, sql"),
         (lambda t: t + "s3x: 1\n", "s3x: unknown key (did you mean 's3'?)"),
-        (lambda t: t.replace("[http://etcd:2379]", "http://etcd:2379"), "etcd.endpoints: expected a list, got a string 'http://etcd:2379'"),
-        (lambda t: t.replace("table: prod.orders", "table: orders"), "mappings[0].table: 'orders' is not a table "
-                                                                     "identifier namespace.table"),
-        (lambda t: t.replace("table: prod.orders", "table: prod.1orders"), "mappings[0].table: 'prod.1orders' is not a "
-                                                                           "table identifier"),
-        (lambda t: t.replace("topic: orders", "topic: 'bad topic'"), "mappings[0].topic: 'bad topic' is not a valid "
-                                                                     "Kafka topic name"),
-        (lambda t: t + "  - topic: orders\n    table: prod.orders2\n", "mappings[1].topic: topic 'orders' is already "
-                                                                       "mapped by mappings[0]"),
-        (lambda t: t + "  - topic: orders2\n    table: prod.orders\n", "mappings[1].table: table 'prod.orders' is "
-                                                                       "already the target of mappings[0]"),
+        (
+            lambda t: t.replace("[http://etcd:2379]", "http://etcd:2379"),
+            "etcd.endpoints: expected a list, got a string 'http://etcd:2379'",
+        ),
+        (
+            lambda t: t.replace("table: prod.orders", "table: orders"),
+            "mappings[0].table: 'orders' is not a table identifier namespace.table",
+        ),
+        (
+            lambda t: t.replace("table: prod.orders", "table: prod.1orders"),
+            "mappings[0].table: 'prod.1orders' is not a table identifier",
+        ),
+        (
+            lambda t: t.replace("topic: orders", "topic: 'bad topic'"),
+            "mappings[0].topic: 'bad topic' is not a valid Kafka topic name",
+        ),
+        (
+            lambda t: t + "  - topic: orders\n    table: prod.orders2\n",
+            "mappings[1].topic: topic 'orders' is already mapped by mappings[0]",
+        ),
+        (
+            lambda t: t + "  - topic: orders2\n    table: prod.orders\n",
+            "mappings[1].table: table 'prod.orders' is already the target of mappings[0]",
+        ),
         (lambda t: t + "    mode: upsert\n", "mappings[0].mode: 'upsert' is not one of append"),
-        (lambda t: t.replace("etcd:\n  endpoints: [http://etcd:2379]\n", ""), "etcd.endpoints: is required for "
-                                                                              "offsets.backend etcd"),
+        (
+            lambda t: t.replace("etcd:\n  endpoints: [http://etcd:2379]\n", ""),
+            "etcd.endpoints: is required for offsets.backend etcd",
+        ),
         (lambda t: t + "schema:\n  mode: strict\n", "schema.registry.base_url: is required when schema.mode is strict"),
-        (lambda t: t + "    schema:\n      source: registry\n", "schema.registry.base_url: is required for "
-                                                                "mappings[0].schema.source registry"),
-        (lambda t: t + "    schema:\n      source: mapping\n", "mappings[0].schema.columns: is required for "
-                                                               "schema.source mapping"),
+        (
+            lambda t: t + "    schema:\n      source: registry\n",
+            "schema.registry.base_url: is required for mappings[0].schema.source registry",
+        ),
+        (
+            lambda t: t + "    schema:\n      source: mapping\n",
+            "mappings[0].schema.columns: is required for schema.source mapping",
+        ),
         # yaml.v3 takes `yes`/`on` for a bool, but a quoted "true" is a string it refuses, and so do we.
-        (lambda t: t + "    create_table_if_missing: 'true'\n",
-         "mappings[0].create_table_if_missing: expected true or false, got a string 'true'"),
-        (lambda t: t + "    create_table_if_missing: yess\n",
-         "mappings[0].create_table_if_missing: expected true or false, got a string 'yess'"),
-        (lambda t: t + "offsets:\n  lease_ttl_seconds: 30.5\n",
-         "offsets.lease_ttl_seconds: expected an integer, got a number 30.5"),
+        (
+            lambda t: t + "    create_table_if_missing: 'true'\n",
+            "mappings[0].create_table_if_missing: expected true or false, got a string 'true'",
+        ),
+        (
+            lambda t: t + "    create_table_if_missing: yess\n",
+            "mappings[0].create_table_if_missing: expected true or false, got a string 'yess'",
+        ),
+        (
+            lambda t: t + "offsets:\n  lease_ttl_seconds: 30.5\n",
+            "offsets.lease_ttl_seconds: expected an integer, got a number 30.5",
+        ),
         (lambda t: t + "    lfs_x: 1\n", "mappings[0].lfs_x: unknown key"),
         (lambda t: t + "pathx: /config/config.yaml\n", "pathx: unknown key"),
-        (lambda t: t + "    schema:\n      columns: [{name: offset, type: long}]\n", "mappings[0].schema.columns[0].name: 'offset' is a base column"),
-        (lambda t: t + "    schema:\n      columns: [{name: a, type: long}, {name: a, type: int}]\n", "mappings[0].schema.columns[1].name: 'a' is declared twice"),
-        (lambda t: t + "    schema:\n      columns: [{type: long}]\n", "mappings[0].schema.columns[0].name: is required"),
-        (lambda t: t + "    partition_spec: [{source: created, transform: day}]\n", "mappings[0].partition_spec[0].source: 'created' is not a column of this mapping"),
+        (
+            lambda t: t + "    schema:\n      columns: [{name: offset, type: long}]\n",
+            "mappings[0].schema.columns[0].name: 'offset' is a base column",
+        ),
+        (
+            lambda t: t + "    schema:\n      columns: [{name: a, type: long}, {name: a, type: int}]\n",
+            "mappings[0].schema.columns[1].name: 'a' is declared twice",
+        ),
+        (
+            lambda t: t + "    schema:\n      columns: [{type: long}]\n",
+            "mappings[0].schema.columns[0].name: is required",
+        ),
+        (
+            lambda t: t + "    partition_spec: [{source: created, transform: day}]\n",
+            "mappings[0].partition_spec[0].source: 'created' is not a column of this mapping",
+        ),
         (
             lambda t: t + "    partition_spec: [{source: timestamp_ms, transform: day}]\n",
-            "mappings[0].partition_spec[0].transform: day cannot partition 'timestamp_ms' of type long (it takes date, timestamp)",
+            "mappings[0].partition_spec[0].transform: day cannot partition 'timestamp_ms' of type long (it takes "
+            "date, timestamp)",
         ),
-        (lambda t: t + "    partition_spec: [{source: topic, transform: 'bucket[0]'}]\n", "mappings[0].partition_spec[0].transform: 'bucket[0]' is not one of identity"),
         (
-            lambda t: t + "    partition_spec: [{source: topic, transform: identity}, {source: offset, transform: 'bucket[4]', name: topic}]\n",
+            lambda t: t + "    partition_spec: [{source: topic, transform: 'bucket[0]'}]\n",
+            "mappings[0].partition_spec[0].transform: 'bucket[0]' is not one of identity",
+        ),
+        (
+            lambda t: (
+                t
+                + "    partition_spec: [{source: topic, transform: identity}, {source: offset, transform: "
+                  "'bucket[4]', name: topic}]\n"
+            ),
             "mappings[0].partition_spec[1].name: partition field name 'topic' is used twice",
         ),
         (
             lambda t: t + "    partition_spec: [{source: record_id, transform: 'truncate[4]', name: offset}]\n",
             "mappings[0].partition_spec[0].name: partition field name 'offset' is already a column name",
         ),
-        (lambda t: t + "    dead_letter_table: prod.orders\n", "mappings[0].dead_letter_table: must differ from the "
-                                                               "mapping's table"),
+        (
+            lambda t: t + "    dead_letter_table: prod.orders\n",
+            "mappings[0].dead_letter_table: must differ from the mapping's table",
+        ),
         (lambda t: t + "offsets:\n  backend: local\n", "offsets.local_path: is required for offsets.backend local"),
-        (lambda t: t + "segments:\n  local_root: /data\n", "segments.local_root: and s3.bucket both say where segments "
-                                                           "are; set only one"),
-        (lambda t: t.replace("iceberg:", "iceberg:\n  warehouse: file://var/w").replace("type: rest", "type: sql"), "iceberg.warehouse: 'file://var/w' is not an absolute file URI"),
-        (lambda t: t.replace("  bucket: kafscale-data", "  bucket: kafscale-data\n  bucket: other"), "not valid YAML: "
-                                                                                                     "found duplicate key 'bucket' at line 4"),
+        (
+            lambda t: t + "segments:\n  local_root: /data\n",
+            "segments.local_root: and s3.bucket both say where segments are; set only one",
+        ),
+        (
+            lambda t: t.replace("iceberg:", "iceberg:\n  warehouse: file://var/w").replace("type: rest", "type: sql"),
+            "iceberg.warehouse: 'file://var/w' is not an absolute file URI",
+        ),
+        (
+            lambda t: t.replace("  bucket: kafscale-data", "  bucket: kafscale-data\n  bucket: other"),
+            "not valid YAML: found duplicate key 'bucket' at line 4",
+        ),
         (lambda t: t + "spark:\n  conf:\n    spark.x: [1]\n", "spark.conf.spark.x: expected a string, got a list"),
-        (lambda t: t + "spark:\n  remote: http://engine:15002\n", "spark.remote: 'http://engine:15002' is not a Spark "
-                                                                  "Connect URL"),
+        (
+            lambda t: t + "spark:\n  remote: http://engine:15002\n",
+            "spark.remote: 'http://engine:15002' is not a Spark Connect URL",
+        ),
     ],
 )
 def test_each_problem_names_its_key(tmp_path, change, expected):
@@ -200,10 +278,17 @@ def test_each_problem_names_its_key(tmp_path, change, expected):
 
 
 def test_all_problems_are_reported_at_once(tmp_path):
-    text = MINIMAL_GO.replace("type: rest", "type: hive").replace("  bucket: kafscale-data", "  buckt: x") + "offsets:\n  lease_ttl_seconds: x\n"
+    text = (
+        MINIMAL_GO.replace("type: rest", "type: hive").replace("  bucket: kafscale-data", "  buckt: x")
+        + "offsets:\n  lease_ttl_seconds: x\n"
+    )
     problems = problems_of(tmp_path, text)
     assert len(problems) == 3, problems
-    assert {problem.split(":")[0] for problem in problems} == {"s3.buckt", "iceberg.catalog.type", "offsets.lease_ttl_seconds"}
+    assert {problem.split(":")[0] for problem in problems} == {
+        "s3.buckt",
+        "iceberg.catalog.type",
+        "offsets.lease_ttl_seconds",
+    }
 
 
 def test_not_a_mapping_and_invalid_yaml(tmp_path):
@@ -279,8 +364,10 @@ def test_secrets_never_show_in_repr_str_or_dump(tmp_path, monkeypatch):
 
 
 def test_secret_with_wrong_type_is_not_echoed(tmp_path):
-    (problem,) = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: "
-                                                                                "root\n  password: [hunter2-secret]"))
+    (problem,) = problems_of(
+        tmp_path,
+        MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: root\n  password: [hunter2-secret]"),
+    )
     assert problem == "etcd.password: expected a string, got a list"
     etcd = "[http://etcd:2379]\n  username: root\n  password: "
     (problem,) = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", etcd + "{p: 987654321}"))
@@ -293,8 +380,9 @@ def test_secret_with_wrong_type_is_not_echoed(tmp_path):
 def test_environment_expansion(tmp_path, monkeypatch):
     monkeypatch.setenv("LAKE_BUCKET", "from-env")
     monkeypatch.setenv("LAKE_NS", "ns1")
-    text = MINIMAL_GO.replace("bucket: kafscale-data", "bucket: ${LAKE_BUCKET}\n  namespace: "
-                                                       "prefix-${LAKE_NS}-$${LITERAL}")
+    text = MINIMAL_GO.replace(
+        "bucket: kafscale-data", "bucket: ${LAKE_BUCKET}\n  namespace: prefix-${LAKE_NS}-$${LITERAL}"
+    )
     config = load_config(write_config(tmp_path, text))
     assert config.s3.bucket == "from-env"
     assert config.s3.namespace == "prefix-ns1-${LITERAL}"
@@ -302,8 +390,10 @@ def test_environment_expansion(tmp_path, monkeypatch):
 
 def test_missing_environment_variable_names_key_and_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
-    problems = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: u\n  "
-                                                                              "password: ${NOT_SET_ANYWHERE}"))
+    problems = problems_of(
+        tmp_path,
+        MINIMAL_GO.replace("[http://etcd:2379]", "[http://etcd:2379]\n  username: u\n  password: ${NOT_SET_ANYWHERE}"),
+    )
     assert problems == ["etcd.password: environment variable NOT_SET_ANYWHERE is not set"]
     problems = problems_of(tmp_path, MINIMAL_GO.replace("[http://etcd:2379]", "['${NOT_SET_ANYWHERE}']"))
     assert problems == ["etcd.endpoints[0]: environment variable NOT_SET_ANYWHERE is not set"]
@@ -319,7 +409,11 @@ def test_embedded_example_resolves_paths_against_the_config_directory(tmp_path, 
     assert config.iceberg.warehouse == (EXAMPLES / "var" / "warehouse").as_uri()
     assert (config.offsets.backend, config.offsets.local_path) == ("local", EXAMPLES / "var" / "offsets.db")
     (mapping,) = config.mappings
-    assert (mapping.topic, mapping.table, mapping.table_identifier) == ("completed-pizzas", "rpc.pizzas", ("rpc", "pizzas"))
+    assert (mapping.topic, mapping.table, mapping.table_identifier) == (
+        "completed-pizzas",
+        "rpc.pizzas",
+        ("rpc", "pizzas"),
+    )
     assert [(c.name, c.type, c.required) for c in mapping.columns] == [
         ("order_id", "string", True),
         ("store_id", "int", False),
@@ -329,33 +423,49 @@ def test_embedded_example_resolves_paths_against_the_config_directory(tmp_path, 
         ("veggies", "string", False),
         ("date_ordered", "timestamp", False),
     ]
-    assert [(f.source, f.transform_name, f.field_name) for f in mapping.partition_spec] == [("date_ordered", "day", "date_ordered_day")]
+    assert [(f.source, f.transform_name, f.field_name) for f in mapping.partition_spec] == [
+        ("date_ordered", "day", "date_ordered_day")
+    ]
 
 
 def test_production_example_loads(monkeypatch):
     for name in ("LAKEHOUSE_KMS_KEY_ID", "ICEBERG_CLIENT_ID", "ICEBERG_CLIENT_SECRET", "ETCD_PASSWORD"):
         monkeypatch.setenv(name, f"value-of-{name}")
     config = load_config(EXAMPLES / "production.yaml")
-    assert catalog_settings(config).catalog_properties()["credential"] == "value-of-ICEBERG_CLIENT_ID:value-of-ICEBERG_CLIENT_SECRET"
+    assert (
+        catalog_settings(config).catalog_properties()["credential"]
+        == "value-of-ICEBERG_CLIENT_ID:value-of-ICEBERG_CLIENT_SECRET"
+    )
     assert config.s3.sse.type == "aws:kms" and config.s3.sse.kms_key_id == "value-of-LAKEHOUSE_KMS_KEY_ID"
     assert config.etcd.tls.ca_file == Path("/etc/kafscale/etcd/ca.crt")
     assert config.spark.conf["spark.executor.instances"] == "4"  # Spark settings are strings
     orders, payments = config.mappings
-    assert [(f.field_name, f.transform_argument) for f in orders.partition_spec] == [("created_at_day", None), ("order_id_bucket_16", 16)]
+    assert [(f.field_name, f.transform_argument) for f in orders.partition_spec] == [
+        ("created_at_day", None),
+        ("order_id_bucket_16", 16),
+    ]
     assert orders.dead_letter_table == "prod.orders_invalid"
     assert payments.schema_config.source == "registry" and payments.columns == []
 
 
 def test_warehouse_s3_falls_back_to_s3_settings(tmp_path):
-    config = load_config(write_config(tmp_path, MINIMAL_GO.replace("bucket: kafscale-data", "bucket: b\n  endpoint: "
-                                                                                            "http://s3:9000\n  path_style: true")))
+    config = load_config(
+        write_config(
+            tmp_path,
+            MINIMAL_GO.replace("bucket: kafscale-data", "bucket: b\n  endpoint: http://s3:9000\n  path_style: true"),
+        )
+    )
     assert (config.warehouse_s3.endpoint, config.warehouse_s3.path_style) == ("http://s3:9000", True)
-    config = load_config(write_config(tmp_path, MINIMAL_GO.replace("iceberg:", "iceberg:\n  s3:\n    endpoint: http://other:9000")))
+    config = load_config(
+        write_config(tmp_path, MINIMAL_GO.replace("iceberg:", "iceberg:\n  s3:\n    endpoint: http://other:9000"))
+    )
     assert (config.warehouse_s3.endpoint, config.warehouse_s3.path_style) == ("http://other:9000", False)
 
 
 def test_allow_gaps_inherits_from_processor(tmp_path):
-    text = MINIMAL_GO + "  - topic: other\n    table: prod.other\n    allow_gaps: false\nprocessor:\n  allow_gaps: true\n"
+    text = (
+        MINIMAL_GO + "  - topic: other\n    table: prod.other\n    allow_gaps: false\nprocessor:\n  allow_gaps: true\n"
+    )
     orders, other = load_config(write_config(tmp_path, text)).mappings
     assert orders.allow_gaps is True and other.allow_gaps is False
 

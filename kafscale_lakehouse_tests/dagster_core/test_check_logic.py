@@ -73,7 +73,10 @@ def test_committed_ranges_are_those_the_run_recorded_else_of_the_latest_commit(t
     assert run_committed_ranges(table, TOPIC, None) == (latest, {0: OffsetRange(0, 10, 30)})
     assert latest_committed_ranges(table, TOPIC)[1] == {0: OffsetRange(0, 10, 30)}
     # A run that committed nothing (no new segments): the latest commit too.
-    assert run_committed_ranges(table, TOPIC, committed_run(table, "fourth", [])) == (latest, {0: OffsetRange(0, 10, 30)})
+    assert run_committed_ranges(table, TOPIC, committed_run(table, "fourth", [])) == (
+        latest,
+        {0: OffsetRange(0, 10, 30)},
+    )
 
 
 def test_committed_ranges_of_an_empty_table(table):
@@ -94,7 +97,8 @@ def test_record_id_unique_finds_a_duplicate_in_the_run_range_only(table):
     assert not failed.passed and failed.severity == dg.AssetCheckSeverity.ERROR
     assert failed.metadata["offset_ranges_scanned"].value == {"0": [0, 10]}
     assert [r.data for r in failed.metadata["duplicate_samples"].value.records] == [
-        {"record_id": f"{TOPIC}:0:3", "occurrences": 2}]
+        {"record_id": f"{TOPIC}:0:3", "occurrences": 2}
+    ]
 
 
 def test_offsets_contiguous_passes_for_commits_that_only_move_forward(table):
@@ -126,8 +130,7 @@ def test_offsets_contiguous_fails_for_rows_beyond_the_committed_offsets(table):
     result = evaluate_offsets_contiguous(table, TOPIC)
 
     assert not result.passed and result.severity == dg.AssetCheckSeverity.ERROR
-    assert result.metadata["rows_beyond_committed_samples"].value == [
-        f"{TOPIC}:0:10", f"{TOPIC}:0:11", f"{TOPIC}:2:0"]
+    assert result.metadata["rows_beyond_committed_samples"].value == [f"{TOPIC}:0:10", f"{TOPIC}:0:11", f"{TOPIC}:2:0"]
 
 
 def test_offsets_contiguous_warns_about_a_gap_the_latest_commit_skipped(table):
@@ -164,11 +167,19 @@ def test_freshness_warns_above_the_threshold_naming_partitions_and_what_lag_is_m
 
 def test_schema_valid_reads_the_run_invalid_records_from_its_materialization_metadata():
     # Lenient mode's default dead-letter table: the mapping names none, the run reports where the records went.
-    result = IngestResult(topic=TOPIC, table="shop.orders", run_id="r", snapshot_id=7,
-                          dead_letter_table="shop.orders_dead_letters",
-                          partitions={0: PartitionOutcome(0, 0, 10, records=8)}, invalid_count=2,
-                          invalid_samples=[InvalidRecord(f"{TOPIC}:0:3", "order_id: missing", None),
-                                           InvalidRecord(f"{TOPIC}:0:7", "not valid", "properties.store_id.type")])
+    result = IngestResult(
+        topic=TOPIC,
+        table="shop.orders",
+        run_id="r",
+        snapshot_id=7,
+        dead_letter_table="shop.orders_dead_letters",
+        partitions={0: PartitionOutcome(0, 0, 10, records=8)},
+        invalid_count=2,
+        invalid_samples=[
+            InvalidRecord(f"{TOPIC}:0:3", "order_id: missing", None),
+            InvalidRecord(f"{TOPIC}:0:7", "not valid", "properties.store_id.type"),
+        ],
+    )
 
     check = evaluate_schema_valid(run_metadata(result), "lenient")
 
@@ -176,10 +187,11 @@ def test_schema_valid_reads_the_run_invalid_records_from_its_materialization_met
     assert "2 invalid records (in dead-letter table shop.orders_dead_letters)" in check.description
     assert f"{TOPIC}:0:7: not valid (schema properties.store_id.type)" in check.description
     assert [r.data["record_id"] for r in check.metadata["invalid_samples"].value.records] == [
-        f"{TOPIC}:0:3", f"{TOPIC}:0:7"]
+        f"{TOPIC}:0:3",
+        f"{TOPIC}:0:7",
+    ]
     result.dead_letter_table = None
-    assert "2 invalid records (not committed)" in evaluate_schema_valid(run_metadata(result),
-                                                                         "strict").description
+    assert "2 invalid records (not committed)" in evaluate_schema_valid(run_metadata(result), "strict").description
     result.invalid_count, result.invalid_samples = 0, []
     assert evaluate_schema_valid(run_metadata(result), "lenient").passed
     assert evaluate_schema_valid(None, "strict").passed

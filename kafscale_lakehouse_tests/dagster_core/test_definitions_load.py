@@ -133,7 +133,8 @@ def test_definitions_load_with_every_server_down_and_the_sensor_names_a_missing_
     }, base_dir=tmp_path)
     definitions = build_definitions(down)
     dg.Definitions.validate_loadable(definitions)
-    table = definitions.resolve_assets_def(dg.AssetKey(["prod", "orders"])).specs_by_key[dg.AssetKey(["prod", "orders"])]
+    table = definitions.resolve_assets_def(dg.AssetKey(["prod", "orders"])).specs_by_key[dg.AssetKey(["prod",
+    "orders"])]
     assert table.owners == ["team:data"] and table.tags["tier"] == "1"
     assert table.freshness_policy.fail_window.to_timedelta().total_seconds() == 600
     assert definitions.resources["iceberg_catalog"].settings().catalog_properties()["scope"] == "catalog"
@@ -147,6 +148,7 @@ def test_definitions_load_with_every_server_down_and_the_sensor_names_a_missing_
 
 
 def test_landed_tables_gate_downstream_assets_on_their_blocking_checks(demo_config_path):
-    checks = {s.key.name: s.blocking for d in defs().asset_checks for s in d.check_specs
-              if s.key.asset_key == DEMO_TABLE_KEY}
+    checks = {
+        s.key.name: s.blocking for d in defs().asset_checks for s in d.check_specs if s.key.asset_key == DEMO_TABLE_KEY
+    }
     assert checks == {"schema_valid": True, "record_id_unique": True, "offsets_contiguous": True, "freshness": False}

@@ -56,7 +56,7 @@ def test_resources_hold_the_config_without_secrets_and_open_what_the_factory_ope
         "offsets": {"backend": "etcd", "lease_ttl_seconds": 7, "key_prefix": "procs"},
     }, base_dir=tmp_path)
     resources = lakehouse_resources(config)
-    definitions_view = {key: dict(resource._convert_to_config_dictionary())  # noqa: SLF001 - what the UI shows
+    definitions_view = {key: dict(resource._convert_to_config_dictionary())
                         for key, resource in resources.items() if key != SPARK_RESOURCE_KEY}
     assert not any(secret in repr(definitions_view) for secret in ("s3-secret-value", "catalog-secret-value",
                                                                      "etcd-secret-value"))

@@ -162,17 +162,28 @@ def test_mapped_column_types_round_trip(catalog, namespace):
     )
     table = open_table(catalog, f"{namespace}.typed", schema=schema, create_if_missing=True)
     at = dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=dt.UTC)
-    arrow = pa.table({
-        "id": [1, 2], "at": pa.array([at, None], pa.timestamp("us", "UTC")),
-        "local_at": pa.array([at.replace(tzinfo=None), None], pa.timestamp("us")),
-        "day": pa.array([dt.date(2024, 2, 29), None]), "flag": [True, None], "ratio": pa.array([0.5, None], pa.float32()),
-    })
+    arrow = pa.table(
+        {
+            "id": [1, 2],
+            "at": pa.array([at, None], pa.timestamp("us", "UTC")),
+            "local_at": pa.array([at.replace(tzinfo=None), None], pa.timestamp("us")),
+            "day": pa.array([dt.date(2024, 2, 29), None]),
+            "flag": [True, None],
+            "ratio": pa.array([0.5, None], pa.float32()),
+        }
+    )
 
     commit_append(table, write_arrow(table, arrow, "run-t"), "t", {0: 0}, {0: 2}, "run-t")
 
     rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
-    assert rows[0] == {"id": 1, "at": at, "local_at": at.replace(tzinfo=None), "day": dt.date(2024, 2, 29),
-                       "flag": True, "ratio": 0.5}
+    assert rows[0] == {
+        "id": 1,
+        "at": at,
+        "local_at": at.replace(tzinfo=None),
+        "day": dt.date(2024, 2, 29),
+        "flag": True,
+        "ratio": 0.5,
+    }
     assert rows[1] == {"id": 2, "at": None, "local_at": None, "day": None, "flag": None, "ratio": None}
     # A task without rows writes no files.
     job = SinkJob.for_table(table, "run-e", target_file_size_bytes=1 << 20)
@@ -187,8 +198,9 @@ def test_timestamps_labelled_with_another_time_zone_are_stored_as_the_same_insta
     at = dt.datetime(2024, 7, 1, 6, 30, tzinfo=dt.UTC)
     # A zone label other than UTC (Spark's `mapInArrow` labels batches with its session time zone) names the same
     # instant; the writer relabels it (the schema check of the driver sees Spark's schema as UTC).
-    rows = pa.table({"id": [1], "at": pa.array([at], pa.timestamp("us", "UTC")).cast(
-        pa.timestamp("us", "America/New_York"))})
+    rows = pa.table(
+        {"id": [1], "at": pa.array([at], pa.timestamp("us", "UTC")).cast(pa.timestamp("us", "America/New_York"))}
+    )
     job = SinkJob.for_table(table, "run-z", target_file_size_bytes=1 << 20)
 
     data_files = write_batches_as_data_files(job, rows.to_batches(), 0)

@@ -103,4 +103,9 @@ def test_encoder_reproduces_the_worked_example_byte_for_byte(fixture_segments_di
                              created_ms=1_700_000_000_000)
     assert encoded.kfs == golden.kfs
     assert encoded.index == golden.index
-    assert (encoded.base_offset, encoded.last_offset, encoded.message_count, encoded.record_offsets) == (10, 10, 1, (10,))
+    assert (encoded.base_offset, encoded.last_offset, encoded.message_count, encoded.record_offsets) == (
+        10,
+        10,
+        1,
+        (10,),
+    )

@@ -111,18 +111,28 @@ def test_offset_range_keeps_exactly_the_offsets_asked_for(batch_records, records
     ranged = decode_segment(encoded.kfs, key="rt.kfs", topic=TOPIC, partition=PARTITION, start_offset=start_offset,
                             end_offset=end_offset)
     assert ranged.records.to_pylist() == [
-        row for row in full
-        if (start_offset is None or row["offset"] >= start_offset) and (end_offset is None or row["offset"] < end_offset)]
+        row
+        for row in full
+        if (start_offset is None or row["offset"] >= start_offset)
+        and (end_offset is None or row["offset"] < end_offset)
+    ]
     for batch in ranged.batches:
-        overlaps = ((start_offset is None or batch.last_offset >= start_offset)
-                    and (end_offset is None or batch.base_offset < end_offset))
+        overlaps = (start_offset is None or batch.last_offset >= start_offset) and (
+            end_offset is None or batch.base_offset < end_offset
+        )
         assert batch.decoded == (overlaps and not batch.control)
 
 
 def test_many_batches_and_log_append_time():
     batch_records = [Record(f"k{i}".encode(), b"v" * (i % 300), ((b"n", None),), BASE_TIME_MS + i) for i in range(5000)]
-    encoded = encode_segment(batch_records, base_offset=7, records_per_batch=3, codec=sorted(CODEC_IDS),
-                             log_append_time_ms=BASE_TIME_MS + 99, transactional=True)
+    encoded = encode_segment(
+        batch_records,
+        base_offset=7,
+        records_per_batch=3,
+        codec=sorted(CODEC_IDS),
+        log_append_time_ms=BASE_TIME_MS + 99,
+        transactional=True,
+    )
     segment = decode_segment(encoded.kfs, key="rt.kfs", topic=TOPIC, partition=PARTITION)
     assert len(segment.batches) == 2 * 1667
     assert segment.records.column("offset").to_pylist() == list(encoded.record_offsets)

@@ -24,8 +24,15 @@ def catalog_resource(request, tmp_path) -> IcebergCatalogResource:
                    "warehouse": f"s3://{TABLE_BUCKET}"}
         s3 = {"bucket": S3_BUCKET, "endpoint": seaweedfs.s3_endpoint, "region": REGION, "path_style": True,
               "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
-    config = parse_config({"s3": s3, "iceberg": iceberg, "offsets": {"backend": "local", "local_path": str(tmp_path / "offsets.db")},
-                           "mappings": [{"topic": "unused", "table": "unused.table"}]}, base_dir=tmp_path)
+    config = parse_config(
+        {
+            "s3": s3,
+            "iceberg": iceberg,
+            "offsets": {"backend": "local", "local_path": str(tmp_path / "offsets.db")},
+            "mappings": [{"topic": "unused", "table": "unused.table"}],
+        },
+        base_dir=tmp_path,
+    )
     return IcebergCatalogResource.of(config)
 
 
@@ -38,6 +45,10 @@ def namespace(unique_prefix) -> str:
 @pytest.fixture
 def resources(catalog_resource, spark) -> dict[str, object]:
     spark_resource = SparkResource(master="local[2]")
-    return {"iceberg_io_manager": KafscaleIcebergIOManager(iceberg_catalog=catalog_resource, spark=spark_resource,
-                                                           target_file_size_bytes=1 << 20),
-            "iceberg_catalog": catalog_resource, "spark": spark_resource}
+    return {
+        "iceberg_io_manager": KafscaleIcebergIOManager(
+            iceberg_catalog=catalog_resource, spark=spark_resource, target_file_size_bytes=1 << 20
+        ),
+        "iceberg_catalog": catalog_resource,
+        "spark": spark_resource,
+    }

@@ -164,13 +164,13 @@ def test_a_downstream_asset_is_held_back_by_a_failed_blocking_check(resources, n
         return pa.table({"record_id": ["t:0:1", "t:0:1"], "offset": [1, 1]})
 
     @dg.asset_check(asset=landed, blocking=True)
-    def record_id_unique(iceberg_catalog) -> dg.AssetCheckResult:  # noqa: ANN001
+    def record_id_unique(iceberg_catalog) -> dg.AssetCheckResult:
         ids = iceberg_catalog.load_table(f"{namespace}.landed").scan().to_arrow()["record_id"].to_pylist()
         return dg.AssetCheckResult(passed=len(ids) == len(set(ids)), severity=dg.AssetCheckSeverity.ERROR)
 
     @dg.asset(key=[namespace, "downstream"], io_manager_key="iceberg_io_manager",
               ins={"rows": dg.AssetIn(key=landed.key)})
-    def downstream(rows):  # noqa: ANN001
+    def downstream(rows):
         return rows
 
     result = dg.materialize([landed, downstream, record_id_unique], resources=resources, raise_on_error=False)

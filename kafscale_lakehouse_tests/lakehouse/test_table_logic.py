@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, In, LessThan
@@ -30,7 +30,7 @@ from kafscale_lakehouse.engine.table_writes import TableWriteSchemaError, schema
 SCHEMA = Schema(NestedField(1, "order_id", StringType(), required=True), NestedField(2, "store_id", IntegerType()),
                 NestedField(3, "order_date", DateType()), NestedField(4, "ordered_at", TimestamptzType()),
                 NestedField(5, "price", FloatType()))
-DAY = (datetime(2026, 11, 2, tzinfo=timezone.utc), datetime(2026, 11, 3, tzinfo=timezone.utc))
+DAY = (datetime(2026, 11, 2, tzinfo=UTC), datetime(2026, 11, 3, tzinfo=UTC))
 
 
 def test_partition_spec_metadata_parses_transforms_and_identity():
@@ -45,7 +45,9 @@ def test_a_time_window_filters_in_the_column_type():
     assert time_window_filter(SCHEMA, "order_date", *DAY) == And(GreaterThanOrEqual("order_date", "2026-11-02"),
                                                                    LessThan("order_date", "2026-11-03"))
     assert time_window_filter(SCHEMA, "ordered_at", *DAY) == And(
-        GreaterThanOrEqual("ordered_at", "2026-11-02T00:00:00+00:00"), LessThan("ordered_at", "2026-11-03T00:00:00+00:00"))
+        GreaterThanOrEqual("ordered_at", "2026-11-02T00:00:00+00:00"),
+        LessThan("ordered_at", "2026-11-03T00:00:00+00:00"),
+    )
     with pytest.raises(PartitionFilterError, match="column 'store_id' is int"):
         time_window_filter(SCHEMA, "store_id", *DAY)
     with pytest.raises(PartitionFilterError, match="column 'day' is not in the table"):
@@ -60,17 +62,25 @@ def test_static_keys_filter_by_value():
 
 
 def test_schema_changes_add_by_name_widen_and_name_an_incompatible_column():
-    incoming = Schema(NestedField(1, "crust", StringType()), NestedField(2, "order_id", StringType()),
-                      NestedField(3, "store_id", LongType()), NestedField(4, "price", FloatType()))
+    incoming = Schema(
+        NestedField(1, "crust", StringType()),
+        NestedField(2, "order_id", StringType()),
+        NestedField(3, "store_id", LongType()),
+        NestedField(4, "price", FloatType()),
+    )
     additions, widenings = schema_changes("rpc.t", SCHEMA, incoming)
     assert additions == [("crust", StringType())]
     assert widenings == [("store_id", LongType())]
 
     narrower = Schema(NestedField(1, "order_id", StringType()), NestedField(2, "price", FloatType()))
-    assert schema_changes("rpc.t", Schema(*SCHEMA.fields[:1], NestedField(5, "price", DoubleType())), narrower) == ([], [])
+    assert schema_changes("rpc.t", Schema(*SCHEMA.fields[:1], NestedField(5, "price", DoubleType())), narrower) == (
+        [],
+        [],
+    )
 
     with pytest.raises(TableWriteSchemaError, match="column 'store_id' is int in the table but string in the data"):
-        schema_changes("rpc.t", SCHEMA, Schema(NestedField(1, "order_id", StringType()),
-                                                NestedField(2, "store_id", StringType())))
+        schema_changes(
+            "rpc.t", SCHEMA, Schema(NestedField(1, "order_id", StringType()), NestedField(2, "store_id", StringType()))
+        )
     with pytest.raises(TableWriteSchemaError, match=r"required columns \['order_id'\] are missing"):
         schema_changes("rpc.t", SCHEMA, Schema(NestedField(1, "store_id", IntegerType())))

@@ -80,7 +80,7 @@ def test_keys_match_ignoring_case_like_encoding_json():
 
 def test_checksum_rules_of_go_envelope_checksum():
     sha = hashlib.sha256(BLOB).hexdigest()
-    md5 = hashlib.md5(BLOB).hexdigest()  # noqa: S324 - the envelope's algorithm
+    md5 = hashlib.md5(BLOB).hexdigest()
     crc = zlib.crc32(BLOB).to_bytes(4, "big").hex()
     assert envelope_checksum(parse_envelope(envelope())) == ("sha256", sha)
     assert envelope_checksum(parse_envelope(envelope(checksum_alg="MD5", checksum=md5))) == ("md5", md5)

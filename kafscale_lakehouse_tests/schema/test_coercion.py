@@ -1,4 +1,5 @@
-"""JSON → Arrow coercion: every type's rules (incl. the Go processor's bugs, fixed), invalid records, fast path = reference."""
+"""JSON → Arrow coercion: every type's rules (incl. the Go processor's bugs, fixed), invalid records, fast path =
+reference."""
 
 from __future__ import annotations
 
@@ -19,32 +20,68 @@ REPEAT = 20  # more rows than a Python fallback block, so the vectorized convers
 # (JSON text of the value, expected Python value or NOT_COERCIBLE) per column type.
 TYPE_CASES: dict[str, list[tuple[str, object]]] = {
     "boolean": [
-        ("true", True), ("false", False), ('"TRUE"', True), ('"false"', False),
-        ("1", NOT_COERCIBLE), ('"yes"', NOT_COERCIBLE), ('{"a":1}', NOT_COERCIBLE),
+        ("true", True),
+        ("false", False),
+        ('"TRUE"', True),
+        ('"false"', False),
+        ("1", NOT_COERCIBLE),
+        ('"yes"', NOT_COERCIBLE),
+        ('{"a":1}', NOT_COERCIBLE),
     ],
     "int": [
-        ("5", 5), ("-2147483648", -2147483648), ("2147483647", 2147483647),
-        ("2147483648", NOT_COERCIBLE), ("-2147483649", NOT_COERCIBLE),  # out of range: never wrapped (Go wraps)
-        ("3.0", 3), ("1e3", 1000), ("1.5", NOT_COERCIBLE), ('"42"', 42), ('"4.0"', 4), ('"x"', NOT_COERCIBLE),
-        ("true", NOT_COERCIBLE), ("99999999999999999999", NOT_COERCIBLE),
+        ("5", 5),
+        ("-2147483648", -2147483648),
+        ("2147483647", 2147483647),
+        ("2147483648", NOT_COERCIBLE),
+        ("-2147483649", NOT_COERCIBLE),  # out of range: never wrapped (Go wraps)
+        ("3.0", 3),
+        ("1e3", 1000),
+        ("1.5", NOT_COERCIBLE),
+        ('"42"', 42),
+        ('"4.0"', 4),
+        ('"x"', NOT_COERCIBLE),
+        ("true", NOT_COERCIBLE),
+        ("99999999999999999999", NOT_COERCIBLE),
     ],
     "long": [
         ("9007199254740993", 9007199254740993),  # 2^53 + 1, exact (Go rounds through float64)
-        ("9223372036854775807", 9223372036854775807), ("-9223372036854775808", -9223372036854775808),
-        ("9223372036854775808", NOT_COERCIBLE), ('"9007199254740993"', 9007199254740993),
-        ('"18446744073709551616"', NOT_COERCIBLE), ("1e20", NOT_COERCIBLE), ("2.5", NOT_COERCIBLE), ("[1]", NOT_COERCIBLE),
+        ("9223372036854775807", 9223372036854775807),
+        ("-9223372036854775808", -9223372036854775808),
+        ("9223372036854775808", NOT_COERCIBLE),
+        ('"9007199254740993"', 9007199254740993),
+        ('"18446744073709551616"', NOT_COERCIBLE),
+        ("1e20", NOT_COERCIBLE),
+        ("2.5", NOT_COERCIBLE),
+        ("[1]", NOT_COERCIBLE),
     ],
     "float": [
-        ("1.5", 1.5), ("3", 3.0), ('"2.5"', 2.5), ("0.1", 0.10000000149011612),
-        ("1e39", NOT_COERCIBLE), ("3.4028234663852886e38", 3.4028234663852886e38), ("true", NOT_COERCIBLE), ('"NaN"', NOT_COERCIBLE),
+        ("1.5", 1.5),
+        ("3", 3.0),
+        ('"2.5"', 2.5),
+        ("0.1", 0.10000000149011612),
+        ("1e39", NOT_COERCIBLE),
+        ("3.4028234663852886e38", 3.4028234663852886e38),
+        ("true", NOT_COERCIBLE),
+        ('"NaN"', NOT_COERCIBLE),
     ],
     "double": [
-        ("0.1", 0.1), ("12345678901234567890", 1.2345678901234567e19), ("1e308", 1e308),
-        ("1e400", NOT_COERCIBLE), ('"1e2"', 100.0), ('"-0.5"', -0.5), ('"0x10"', NOT_COERCIBLE),
+        ("0.1", 0.1),
+        ("12345678901234567890", 1.2345678901234567e19),
+        ("1e308", 1e308),
+        ("1e400", NOT_COERCIBLE),
+        ('"1e2"', 100.0),
+        ('"-0.5"', -0.5),
+        ('"0x10"', NOT_COERCIBLE),
     ],
     "string": [
-        ('"x"', "x"), ('"\\u00e9\\ud83d\\ude00"', "é😀"), ("42", "42"), ("1.5", "1.5"), ("true", "true"),
-        ('{"a":[1,"b"]}', '{"a":[1,"b"]}'), ("[1, 2]", "[1,2]"), ('"\\ud800"', NOT_COERCIBLE),
+        ('"x"', "x"),
+        ('"\\u00e9\\ud83d\\ude00"', "é😀"),
+        ("42", "42"),
+        ("1.5", "1.5"),
+        ("true", "true"),
+        ('{"a":[1,"b"]}', '{"a":[1,"b"]}'),
+        ("[1, 2]", "[1,2]"),
+        ('"\\ud800"', NOT_COERCIBLE),
     ],
     "binary": [('"ab"', b"ab"), ('"\\u00e9"', "é".encode()), ("5", b"5"), ("false", b"false")],
     "timestamp": [
@@ -59,22 +96,37 @@ TYPE_CASES: dict[str, list[tuple[str, object]]] = {
         ("1700000000000", datetime(2023, 11, 14, 22, 13, 20)),  # epoch ms (Go: 1000x too small)
         ("-1", datetime(1969, 12, 31, 23, 59, 59, 999000)),
         ("1700000000000.5", datetime(2023, 11, 14, 22, 13, 20, 500)),
-        ('"2024-02-30T00:00:00Z"', NOT_COERCIBLE), ('"2023-02-29 00:00:00"', NOT_COERCIBLE),
-        ('"2024-01-02T24:00:00Z"', NOT_COERCIBLE), ('"2024-01-02T03:04:60Z"', NOT_COERCIBLE),
-        ('"0000-01-01T00:00:00Z"', NOT_COERCIBLE), ('"yesterday"', NOT_COERCIBLE), ('"1700000000000"', NOT_COERCIBLE),
-        ("true", NOT_COERCIBLE), ("1e308", NOT_COERCIBLE), ("253402300800000", NOT_COERCIBLE), ("253402300799999", datetime(9999, 12, 31, 23, 59, 59, 999000)),
-        ('"0001-01-01T00:30:00+01:00"', NOT_COERCIBLE), ('"9999-12-31T23:59:59.999999Z"', datetime(9999, 12, 31, 23, 59, 59, 999999)),
+        ('"2024-02-30T00:00:00Z"', NOT_COERCIBLE),
+        ('"2023-02-29 00:00:00"', NOT_COERCIBLE),
+        ('"2024-01-02T24:00:00Z"', NOT_COERCIBLE),
+        ('"2024-01-02T03:04:60Z"', NOT_COERCIBLE),
+        ('"0000-01-01T00:00:00Z"', NOT_COERCIBLE),
+        ('"yesterday"', NOT_COERCIBLE),
+        ('"1700000000000"', NOT_COERCIBLE),
+        ("true", NOT_COERCIBLE),
+        ("1e308", NOT_COERCIBLE),
+        ("253402300800000", NOT_COERCIBLE),
+        ("253402300799999", datetime(9999, 12, 31, 23, 59, 59, 999000)),
+        ('"0001-01-01T00:30:00+01:00"', NOT_COERCIBLE),
+        ('"9999-12-31T23:59:59.999999Z"', datetime(9999, 12, 31, 23, 59, 59, 999999)),
     ],
     "date": [
         ('"2024-02-29"', date(2024, 2, 29)),  # Go: null
         ('"2023-02-29"', NOT_COERCIBLE),
         ('"2024-01-02T23:00:00-05:00"', date(2024, 1, 3)),  # the UTC date of the instant
         ('"1969-12-31T23:59:59.999Z"', date(1969, 12, 31)),
-        ("19000", date(1970, 1, 1) + timedelta(days=19000)), ("-1", date(1969, 12, 31)), ("2932896", date(9999, 12, 31)), ("2932897", NOT_COERCIBLE),
-        ('"not a date"', NOT_COERCIBLE), ("1.5", NOT_COERCIBLE), ('"0000-01-01"', NOT_COERCIBLE),
+        ("19000", date(1970, 1, 1) + timedelta(days=19000)),
+        ("-1", date(1969, 12, 31)),
+        ("2932896", date(9999, 12, 31)),
+        ("2932897", NOT_COERCIBLE),
+        ('"not a date"', NOT_COERCIBLE),
+        ("1.5", NOT_COERCIBLE),
+        ('"0000-01-01"', NOT_COERCIBLE),
     ],
 }
-ALL_TYPE_CASES = [(column_type, text, expected) for column_type, cases in TYPE_CASES.items() for text, expected in cases]
+ALL_TYPE_CASES = [
+    (column_type, text, expected) for column_type, cases in TYPE_CASES.items() for text, expected in cases
+]
 
 
 def run(values: list[bytes | None], columns: list[ColumnConfig], arrow_reader: bool = True):
@@ -114,7 +166,9 @@ def test_type_rules_in_a_mixed_batch(column_type, required, arrow_reader):
     check_rows(result, column, [expected for _, expected in cases])
 
 
-@pytest.mark.parametrize(("column_type", "text", "expected"), ALL_TYPE_CASES, ids=[f"{t}:{x}" for t, x, _ in ALL_TYPE_CASES])
+@pytest.mark.parametrize(
+    ("column_type", "text", "expected"), ALL_TYPE_CASES, ids=[f"{t}:{x}" for t, x, _ in ALL_TYPE_CASES]
+)
 def test_type_rule_in_a_uniform_batch(column_type, text, expected):
     # A batch where every value has this JSON type: the reader parses it as that type (learned) and the
     # vectorized conversion handles it.
@@ -133,7 +187,10 @@ def test_not_coercible_reasons_name_the_value_and_type():
         "number 1.5 is not an integer, so it cannot be stored as int",
     ]
     ts = run(documents(['"2024-02-30T00:00:00Z"'], key="t"), [ColumnConfig(name="t", type="timestamp", required=True)])
-    assert ts.invalid_reason[0].as_py() == "cannot parse string '2024-02-30T00:00:00Z' as timestamp: day is out of range for month"
+    assert (
+        ts.invalid_reason[0].as_py()
+        == "cannot parse string '2024-02-30T00:00:00Z' as timestamp: day is out of range for month"
+    )
 
 
 @pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])
@@ -143,7 +200,13 @@ def test_required_columns_missing_or_null_make_the_record_invalid(arrow_reader):
         ColumnConfig(name="name", type="string", required=True),
         ColumnConfig(name="note", type="string"),
     ]
-    values = [b'{"id":1,"name":"a"}', b'{"name":"b"}', b'{"id":null,"name":"c"}', b'{"id":"x","note":"n"}', b'{"id":4}'] * REPEAT
+    values = [
+        b'{"id":1,"name":"a"}',
+        b'{"name":"b"}',
+        b'{"id":null,"name":"c"}',
+        b'{"id":"x","note":"n"}',
+        b'{"id":4}',
+    ] * REPEAT
     result = run(values, columns, arrow_reader)
     assert result.invalid_column.to_pylist()[:5] == [None, "id", "id", "id", "name"]
     assert result.invalid_reason.to_pylist()[:5] == [
@@ -183,7 +246,7 @@ def test_values_that_are_not_json_objects(arrow_reader):
     assert all(required.invalid_column[row].as_py() is None for row in bad_rows)  # the whole value is at fault
     assert required.invalid_count == len(BAD_VALUES) and required.unparsed_count == len(BAD_VALUES)
     ids = required.columns["id"].to_pylist()
-    assert ids[:20] + ids[20 + len(BAD_VALUES):] == list(range(40))  # rows stay aligned
+    assert ids[:20] + ids[20 + len(BAD_VALUES) :] == list(range(40))  # rows stay aligned
 
     optional = run(values, [ColumnConfig(name="id", type="long")], arrow_reader)
     assert optional.invalid_count == 0 and optional.unparsed_count == len(BAD_VALUES)
@@ -196,7 +259,10 @@ def test_pretty_printed_values(arrow_reader):
     # Over 1 MiB, so pretty-printed values straddle the Arrow reader's block boundaries.
     count = 6000 if arrow_reader else 200
     documents_ = [{"id": i, "tags": ["a", {"b": i}], "nested": {"id": -1}, "pad": "x" * 100} for i in range(count)]
-    values = [json.dumps(doc, indent=2 if i % 2 else None).replace("\n", "\r\n" if i % 3 == 0 else "\n").encode() for i, doc in enumerate(documents_)]
+    values = [
+        json.dumps(doc, indent=2 if i % 2 else None).replace("\n", "\r\n" if i % 3 == 0 else "\n").encode()
+        for i, doc in enumerate(documents_)
+    ]
     result = run(values, columns, arrow_reader)
     assert result.invalid_count == 0
     assert result.columns["id"].to_pylist() == list(range(count))  # the top-level key, not nested.id
@@ -257,9 +323,15 @@ _scalars = st.one_of(
     st.integers(min_value=-(2**31) - 2, max_value=2**31 + 2),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=12),
-    st.sampled_from(["2024-01-02T03:04:05Z", "2024-01-02 03:04:05.1234567", "2023-02-29", "1e3", "-17", "TRUE", "\ud800"]),
+    st.sampled_from(
+        ["2024-01-02T03:04:05Z", "2024-01-02 03:04:05.1234567", "2023-02-29", "1e3", "-17", "TRUE", "\ud800"]
+    ),
 )
-_json_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=6)
+_json_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 @st.composite
@@ -268,10 +340,13 @@ def _raw_values(draw) -> bytes | None:
     if kind == "null":
         return None
     if kind == "other":
-        return draw(st.sampled_from([b"[1]", b"{broken", b"7", b'{"long":1}{"long":2}', b" {\"long\": 3} ", b"\xff"]))
+        return draw(st.sampled_from([b"[1]", b"{broken", b"7", b'{"long":1}{"long":2}', b' {"long": 3} ', b"\xff"]))
     document = draw(st.dictionaries(st.sampled_from([*TYPE_CASES, "extra"]), _json_values, max_size=10))
     if kind == "special":
-        texts = ",".join(f'"{name}":{draw(_special_texts)}' for name in draw(st.lists(st.sampled_from(list(TYPE_CASES)), unique=True)))
+        texts = ",".join(
+            f'"{name}":{draw(_special_texts)}'
+            for name in draw(st.lists(st.sampled_from(list(TYPE_CASES)), unique=True))
+        )
         return ("{" + texts + "}").encode()
     text = json.dumps(document, ensure_ascii=draw(st.booleans()), indent=2 if kind == "pretty" else None)
     return text.encode("utf-8", "surrogatepass")
@@ -332,7 +407,9 @@ def _shaped_batches(draw) -> list[bytes | None]:
         if draw(st.integers(0, 30)) == 0:
             values.append(draw(_raw_values()))
         else:
-            values.append(json.dumps({name: draw(shape) for name, shape in shapes.items() if draw(st.integers(0, 10))}).encode())
+            values.append(
+                json.dumps({name: draw(shape) for name, shape in shapes.items() if draw(st.integers(0, 10))}).encode()
+            )
     return values
 
 

@@ -29,7 +29,9 @@ ORDERS = [
 
 @pytest.fixture
 def catalog(tmp_path):
-    catalog = SqlCatalog("test", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=(tmp_path / "warehouse").as_uri())
+    catalog = SqlCatalog(
+        "test", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=(tmp_path / "warehouse").as_uri()
+    )
     catalog.create_namespace("prod")
     return catalog
 
@@ -44,7 +46,13 @@ def append_rows(table, rows: list[dict]) -> None:
 
 
 def base_row(offset: int) -> dict:
-    return {"record_id": f"orders:0:{offset}", "topic": "orders", "partition": 0, "offset": offset, "timestamp_ms": 1_700_000_000_000 + offset}
+    return {
+        "record_id": f"orders:0:{offset}",
+        "topic": "orders",
+        "partition": 0,
+        "offset": offset,
+        "timestamp_ms": 1_700_000_000_000 + offset,
+    }
 
 
 def test_no_change_when_the_table_matches(catalog):
@@ -59,8 +67,10 @@ def test_new_columns_are_added_optional_keeping_rows_and_field_ids(catalog):
     append_rows(table, [{**base_row(0), "order_id": 7, "amount": 1.5, "qty": 2}])
     desired = [*ORDERS, ColumnConfig(name="status", type="string"), ColumnConfig(name="dotted.name", type="date")]
     plan = evolve_table_schema(table, desired, allow_type_widening=False)
-    assert [str(change) for change in plan.changes] == ["add optional column 'status' (string)", "add optional column "
-                                                                                                 "'dotted.name' (date)"]
+    assert [str(change) for change in plan.changes] == [
+        "add optional column 'status' (string)",
+        "add optional column 'dotted.name' (date)",
+    ]
     fields = {field.name: field for field in catalog.load_table("prod.orders").schema().fields}
     assert (fields["status"].field_id, fields["status"].required) == (12, False)
     assert fields["dotted.name"].field_id == 13
@@ -69,13 +79,26 @@ def test_new_columns_are_added_optional_keeping_rows_and_field_ids(catalog):
     assert rows[0]["order_id"] == 7 and rows[0]["status"] is None and rows[0]["dotted.name"] is None
 
 
-@pytest.mark.parametrize(("column", "old_type", "new_type"), [("qty", IntegerType(), LongType()), ("amount", FloatType(), DoubleType())])
+@pytest.mark.parametrize(
+    ("column", "old_type", "new_type"), [("qty", IntegerType(), LongType()), ("amount", FloatType(), DoubleType())]
+)
 def test_widening_only_with_allow_type_widening(catalog, column, old_type, new_type):
     table = create(catalog)
-    widened = [ColumnConfig(name=c.name, type={"qty": "long", "amount": "double"}[c.name] if c.name == column else c.type, required=c.required) for c in ORDERS]
+    widened = [
+        ColumnConfig(
+            name=c.name,
+            type={"qty": "long", "amount": "double"}[c.name] if c.name == column else c.type,
+            required=c.required,
+        )
+        for c in ORDERS
+    ]
     with pytest.raises(SchemaEvolutionError) as caught:
         evolve_table_schema(table, widened, allow_type_widening=False)
-    assert str(caught.value) == f"table prod.orders: column {column!r} is {old_type} in the table and {new_type} in the mapping: set allow_type_widening to widen it"
+    assert (
+        str(caught.value)
+        == f"table prod.orders: column {column!r} is {old_type} in the table and {new_type} in the mapping: "
+        "set allow_type_widening to widen it"
+    )
     plan = evolve_table_schema(table, widened, allow_type_widening=True)
     assert [change.action for change in plan.changes] == ["widen"]
     assert catalog.load_table("prod.orders").schema().find_field(column).field_type == new_type
@@ -84,15 +107,20 @@ def test_widening_only_with_allow_type_widening(catalog, column, old_type, new_t
 @pytest.mark.parametrize(
     ("column", "new_type", "message"),
     [
-        ("order_id", "int", "column 'order_id' is long in the table and cannot become int (only int→long and "
-                            "float→double widen)"),
+        (
+            "order_id",
+            "int",
+            "column 'order_id' is long in the table and cannot become int (only int→long and float→double widen)",
+        ),
         ("amount", "string", "column 'amount' is float in the table and cannot become string"),
         ("qty", "timestamp", "column 'qty' is int in the table and cannot become timestamp"),
     ],
 )
 def test_other_type_changes_are_errors_naming_the_column(catalog, column, new_type, message):
     table = create(catalog)
-    changed = [ColumnConfig(name=c.name, type=new_type if c.name == column else c.type, required=c.required) for c in ORDERS]
+    changed = [
+        ColumnConfig(name=c.name, type=new_type if c.name == column else c.type, required=c.required) for c in ORDERS
+    ]
     with pytest.raises(SchemaEvolutionError, match=re.escape(message)):
         evolve_table_schema(table, changed, allow_type_widening=True)
     assert catalog.load_table("prod.orders").schema() == table_schema(ORDERS)  # nothing applied
@@ -105,12 +133,16 @@ def test_required_ness(catalog):
     assert [(c.action, c.name) for c in plan.changes] == [("make_optional", "order_id")]
     assert not catalog.load_table("prod.orders").schema().find_field("order_id").required
 
-    with pytest.raises(SchemaEvolutionError, match="column 'order_id' is optional in the table and cannot become "
-                                                   "required"):
+    with pytest.raises(
+        SchemaEvolutionError, match="column 'order_id' is optional in the table and cannot become required"
+    ):
         evolve_table_schema(table, ORDERS, allow_type_widening=False)
-    with pytest.raises(SchemaEvolutionError, match="column 'new' is new and declared required, but existing rows have "
-                                                   "no value for it"):
-        evolve_table_schema(table, [*loosened, ColumnConfig(name="new", type="string", required=True)], allow_type_widening=False)
+    with pytest.raises(
+        SchemaEvolutionError, match="column 'new' is new and declared required, but existing rows have no value for it"
+    ):
+        evolve_table_schema(
+            table, [*loosened, ColumnConfig(name="new", type="string", required=True)], allow_type_widening=False
+        )
 
 
 def test_columns_are_matched_by_name_and_never_dropped(catalog):
@@ -125,22 +157,33 @@ def test_columns_are_matched_by_name_and_never_dropped(catalog):
     )
     table = create(catalog, schema=schema)
     assert not evolve_table_schema(table, ORDERS, allow_type_widening=False)
-    assert [f.name for f in catalog.load_table("prod.orders").schema().fields][8:] == ["qty", "legacy", "amount", "order_id"]
+    assert [f.name for f in catalog.load_table("prod.orders").schema().fields][8:] == [
+        "qty",
+        "legacy",
+        "amount",
+        "order_id",
+    ]
 
 
 def test_base_columns_and_required_extra_columns_are_checked_all_at_once(catalog):
     base = [f for f in table_schema([]).fields if f.name != "headers"]
     broken = Schema(
-        *[NestedField(f.field_id, f.name, StringType() if f.name == "offset" else f.field_type, required=f.required) for f in base],
+        *[
+            NestedField(f.field_id, f.name, StringType() if f.name == "offset" else f.field_type, required=f.required)
+            for f in base
+        ],
         NestedField(9, "legacy", StringType(), required=True),
         NestedField(10, "qty", IntegerType(), required=False),
     )
     with pytest.raises(SchemaEvolutionError) as caught:
-        plan_schema_evolution(broken, [ColumnConfig(name="qty", type="long")], allow_type_widening=False, table="prod.orders")
+        plan_schema_evolution(
+            broken, [ColumnConfig(name="qty", type="long")], allow_type_widening=False, table="prod.orders"
+        )
     assert caught.value.table == "prod.orders"
     assert caught.value.problems == [
         "base column 'offset' is string in the table, expected long",
-        "base column 'headers' is missing (a KafScale table has record_id, topic, partition, offset, timestamp_ms, key, value, headers)",
+        "base column 'headers' is missing (a KafScale table has record_id, topic, partition, offset, timestamp_ms, "
+        "key, value, headers)",
         "column 'qty' is int in the table and long in the mapping: set allow_type_widening to widen it",
         "column 'legacy' is required in the table but the mapping does not produce it",
     ]
@@ -149,7 +192,9 @@ def test_base_columns_and_required_extra_columns_are_checked_all_at_once(catalog
 def test_concurrent_schema_change_is_replanned(catalog):
     stale = create(catalog)
     other_writer = catalog.load_table("prod.orders")
-    evolve_table_schema(other_writer, [*ORDERS, ColumnConfig(name="by_other", type="string")], allow_type_widening=False)
+    evolve_table_schema(
+        other_writer, [*ORDERS, ColumnConfig(name="by_other", type="string")], allow_type_widening=False
+    )
 
     desired = [*ORDERS, ColumnConfig(name="mine", type="string")]
     plan = plan_schema_evolution(stale.schema(), desired, allow_type_widening=False, table="prod.orders")

@@ -76,7 +76,9 @@ class RegistryServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 with registry._lock:
-                    registry.requests.append(SeenRequest(self.path, self.headers.get("Authorization"), self.headers.get("Accept")))
+                    registry.requests.append(
+                        SeenRequest(self.path, self.headers.get("Authorization"), self.headers.get("Accept"))
+                    )
                 answer = registry._next_answer(self.path)
                 if answer.delay_seconds and registry._stopping.wait(answer.delay_seconds):
                     return

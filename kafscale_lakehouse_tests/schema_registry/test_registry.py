@@ -41,7 +41,9 @@ def test_fetches_the_topic_schema_from_the_go_processor_url(registry):
 
     assert schema.document == PIZZA_JSON_SCHEMA
     assert schema.source == registry.base_url + "/completed-pizzas.json"
-    assert schema.validator.is_valid({"order_id": "x", "store_id": 1, "sauce": "bbq", "date_ordered": "2024-01-01 00:00:00"})
+    assert schema.validator.is_valid(
+        {"order_id": "x", "store_id": 1, "sauce": "bbq", "date_ordered": "2024-01-01 00:00:00"}
+    )
     assert registry.paths_seen() == [PIZZA_PATH]
     assert "application/schema+json" in registry.requests[0].accept
 
@@ -53,7 +55,9 @@ def test_trailing_slash_in_base_url_does_not_double_the_separator(registry):
     assert registry.paths_seen() == [PIZZA_PATH]
 
 
-@pytest.mark.parametrize("topic", ["../../etc/passwd", "a/b", "a?x=1", "a#b", "%2e%2e", "..", ".", "/", "a/../../b", "ü/ß"])
+@pytest.mark.parametrize(
+    "topic", ["../../etc/passwd", "a/b", "a?x=1", "a#b", "%2e%2e", "..", ".", "/", "a/../../b", "ü/ß"]
+)
 def test_topic_names_stay_one_path_segment_inside_base_url(registry, topic):
     expected_path = f"{REGISTRY_PATH}/{urllib.parse.quote(topic, safe='')}.json"
     registry.serve_json(expected_path, {"type": "object"})
@@ -175,7 +179,9 @@ def test_forbidden_is_a_request_error_and_not_retried(registry):
 def test_redirects_are_not_followed(registry):
     registry.answer(PIZZA_PATH, Answer(status=302, headers={"Location": registry.origin + "/elsewhere/x.json"}))
     registry.serve_json("/elsewhere/x.json", {"type": "object"})
-    client = SchemaRegistryClient("http://user:pw@" + registry.base_url.removeprefix("http://"), retry_backoff_seconds=0.01)
+    client = SchemaRegistryClient(
+        "http://user:pw@" + registry.base_url.removeprefix("http://"), retry_backoff_seconds=0.01
+    )
 
     with pytest.raises(SchemaRegistryRequestError) as caught:
         client.get_schema("completed-pizzas")
@@ -240,7 +246,14 @@ def test_concurrent_callers_share_one_fetch(registry):
 
 @pytest.mark.parametrize(
     "base_url",
-    ["ftp://host/schemas", "http://host/schemas?token=x", "http://host/schemas#frag", "host/schemas", "http:///schemas", "http://host:port/"],
+    [
+        "ftp://host/schemas",
+        "http://host/schemas?token=x",
+        "http://host/schemas#frag",
+        "host/schemas",
+        "http:///schemas",
+        "http://host:port/",
+    ],
 )
 def test_unusable_base_urls_are_config_errors(base_url):
     with pytest.raises(ConfigError, match=r"schema\.registry\.base_url"):
@@ -249,7 +262,9 @@ def test_unusable_base_urls_are_config_errors(base_url):
 
 def test_from_config(registry):
     registry.serve_json(PIZZA_PATH, PIZZA_JSON_SCHEMA)
-    client = SchemaRegistryClient.from_config(RegistryConfig(base_url=registry.base_url, timeout_seconds=1, cache_seconds=60))
+    client = SchemaRegistryClient.from_config(
+        RegistryConfig(base_url=registry.base_url, timeout_seconds=1, cache_seconds=60)
+    )
     assert client.get_schema("completed-pizzas").document == PIZZA_JSON_SCHEMA
     with pytest.raises(ConfigError, match=r"schema\.registry\.base_url: is required"):
         SchemaRegistryClient.from_config(RegistryConfig())

@@ -48,15 +48,32 @@ def test_workload_pizzas_are_valid():
     ("order", "instance_path", "schema_path", "reason"),
     [
         ({**GOOD_ORDER, "store_id": "7"}, "$.store_id", "#/properties/store_id/type", "'7' is not of type 'integer'"),
-        ({**GOOD_ORDER, "store_id": 2**70}, "$.store_id", "#/properties/store_id/maximum", "is greater than the "
-                                                                                           "maximum of 100"),
+        (
+            {**GOOD_ORDER, "store_id": 2**70},
+            "$.store_id",
+            "#/properties/store_id/maximum",
+            "is greater than the maximum of 100",
+        ),
         ({**GOOD_ORDER, "sauce": "ketchup"}, "$.sauce", "#/properties/sauce/enum", "'ketchup' is not one of"),
-        ({k: v for k, v in GOOD_ORDER.items() if k != "store_id"}, "$", "#/required", "'store_id' is a required "
-                                                                                      "property"),
+        (
+            {k: v for k, v in GOOD_ORDER.items() if k != "store_id"},
+            "$",
+            "#/required",
+            "'store_id' is a required property",
+        ),
         ({**GOOD_ORDER, "pineapple": True}, "$", "#/additionalProperties", "'pineapple' was unexpected"),
-        ({**GOOD_ORDER, "toppings": ["ham", 3]}, "$.toppings[1]", "#/properties/toppings/items/type", "3 is not of "
-                                                                                                      "type 'string'"),
-        ({**GOOD_ORDER, "date_ordered": "2024-01-01T00:00:01Z"}, "$.date_ordered", "#/properties/date_ordered/pattern", "does not match"),
+        (
+            {**GOOD_ORDER, "toppings": ["ham", 3]},
+            "$.toppings[1]",
+            "#/properties/toppings/items/type",
+            "3 is not of type 'string'",
+        ),
+        (
+            {**GOOD_ORDER, "date_ordered": "2024-01-01T00:00:01Z"},
+            "$.date_ordered",
+            "#/properties/date_ordered/pattern",
+            "does not match",
+        ),
         (["not", "an", "object"], "$", "#/type", "is not of type 'object'"),
     ],
 )
@@ -67,7 +84,12 @@ def test_invalid_orders_name_record_value_path_and_schema_path(order, instance_p
 
     assert result.valid.to_pylist() == [True, False, True]
     [invalid] = result.invalid_records
-    assert (invalid.row, invalid.record_id, invalid.instance_path, invalid.schema_path) == (1, f"{TOPIC}:0:1", instance_path, schema_path)
+    assert (invalid.row, invalid.record_id, invalid.instance_path, invalid.schema_path) == (
+        1,
+        f"{TOPIC}:0:1",
+        instance_path,
+        schema_path,
+    )
     assert reason in invalid.reason
 
 
@@ -98,8 +120,12 @@ def test_chunked_values_and_arrow_record_ids():
 
     assert result.valid.to_pylist() == [True, False, False, True]
     assert [record.record_id for record in result.invalid_records] == [f"{TOPIC}:0:1", f"{TOPIC}:0:2"]
-    assert result.reasons().to_pylist() == [None, "$.sauce: 1 is not one of ['regular', 'light', 'extra', 'none', "
-                                                  "'bbq', 'alfredo']", "$: value is null", None]
+    assert result.reasons().to_pylist() == [
+        None,
+        "$.sauce: 1 is not one of ['regular', 'light', 'extra', 'none', 'bbq', 'alfredo']",
+        "$: value is null",
+        None,
+    ]
 
 
 def test_string_values_are_accepted_like_binary():
@@ -109,7 +135,9 @@ def test_string_values_are_accepted_like_binary():
 
 def test_parsed_entry_point_matches_raw_values():
     orders = [GOOD_ORDER, {**GOOD_ORDER, "store_id": 0}, {"order_id": 1}, [], None]
-    from_raw = validate_values(pa.array([json.dumps(order).encode() for order in orders], type=pa.binary()), record_ids(5), PIZZA_SCHEMA)
+    from_raw = validate_values(
+        pa.array([json.dumps(order).encode() for order in orders], type=pa.binary()), record_ids(5), PIZZA_SCHEMA
+    )
     from_parsed = validate_parsed(orders, record_ids(5), PIZZA_SCHEMA)
     assert from_parsed == from_raw
     # JSON null is judged by the schema (not an object here), unlike a null record value.
@@ -129,10 +157,14 @@ def test_summary_metadata_samples_and_merge():
     metadata = summary.metadata()
     assert (metadata["records"], metadata["valid"], metadata["invalid"]) == (30, 20, 10)
     assert metadata["schema"] == "registry/completed-pizzas.json"
-    assert [sample["record_id"] for sample in metadata["invalid_samples"]] == [f"{TOPIC}:0:{offset}" for offset in (0, 3, 6, 9)]
+    assert [sample["record_id"] for sample in metadata["invalid_samples"]] == [
+        f"{TOPIC}:0:{offset}" for offset in (0, 3, 6, 9)
+    ]
     assert metadata["invalid_samples"][1] == {
-        "record_id": f"{TOPIC}:0:3", "reason": "-3 is less than the minimum of 1",
-        "instance_path": "$.store_id", "schema_path": "#/properties/store_id/minimum",
+        "record_id": f"{TOPIC}:0:3",
+        "reason": "-3 is less than the minimum of 1",
+        "instance_path": "$.store_id",
+        "schema_path": "#/properties/store_id/minimum",
     }
     json.dumps(metadata)  # asset check metadata must be plain JSON
 
@@ -180,7 +212,9 @@ def test_invalid_documents(document, problem):
 
 
 def test_local_refs_resolve_and_remote_refs_fail_the_schema_not_the_record():
-    local = compile_json_schema({"$defs": {"id": {"type": "integer"}}, "properties": {"store_id": {"$ref": "#/$defs/id"}}}, "inline")
+    local = compile_json_schema(
+        {"$defs": {"id": {"type": "integer"}}, "properties": {"store_id": {"$ref": "#/$defs/id"}}}, "inline"
+    )
     result = validate_parsed([{"store_id": 1}, {"store_id": "x"}], ["r0", "r1"], local)
     assert result.valid.to_pylist() == [True, False]
     # jsonschema follows $ref transparently: the path is the keyword as reached from the root.
@@ -192,7 +226,9 @@ def test_local_refs_resolve_and_remote_refs_fail_the_schema_not_the_record():
 
 
 def test_format_is_an_annotation():
-    schema = compile_json_schema({"properties": {"at": {"type": "string", "format": "date-time"}, "id": {"format": "uuid"}}}, "inline")
+    schema = compile_json_schema(
+        {"properties": {"at": {"type": "string", "format": "date-time"}, "id": {"format": "uuid"}}}, "inline"
+    )
     assert validate_parsed([{"at": "not a time", "id": "not a uuid"}], ["r0"], schema).valid.to_pylist() == [True]
 
 
@@ -208,9 +244,14 @@ def test_compiled_schema_pickles_for_spark_workers():
     assert validate_values(encoded(GOOD_ORDER, {}), record_ids(2), copy).valid.to_pylist() == [True, False]
 
 
-_json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5)
-_orders = st.dictionaries(st.sampled_from(["order_id", "store_id", "sauce", "date_ordered", "toppings", "extra"]),
-                          _json_scalars | st.lists(_json_scalars, max_size=3), max_size=6)
+_json_scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5)
+)
+_orders = st.dictionaries(
+    st.sampled_from(["order_id", "store_id", "sauce", "date_ordered", "toppings", "extra"]),
+    _json_scalars | st.lists(_json_scalars, max_size=3),
+    max_size=6,
+)
 
 
 @settings(max_examples=200, deadline=None)

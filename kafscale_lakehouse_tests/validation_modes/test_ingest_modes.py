@@ -190,7 +190,8 @@ def test_a_run_stopped_before_the_table_commit_leaves_no_dead_letter_behind(embe
 def test_a_task_that_fails_fails_the_run_and_no_data_file_of_any_task_is_left(embedded_world, registry, spark,
                                                                               monkeypatch):
     """Partition 0's task fails writing its dead letters (their S3 endpoint refuses connections; the S3 client's
-    retries take ~1.5 s) after partition 1's task wrote its data files: the job fails naming the table, and the files of both tasks are gone."""
+    retries take ~1.5 s) after partition 1's task wrote its data files: the job fails naming the table, and the files
+    of both tasks are gone."""
     world = embedded_world
     config = lenient_faulty_topic(world, registry)
     real_target = ingest_module.dead_letter_target
@@ -199,9 +200,17 @@ def test_a_task_that_fails_fails_the_run_and_no_data_file_of_any_task_is_left(em
         target = real_target(*args, **kwargs)
         metadata = json.loads(target.sink.table_metadata_json)
         metadata["location"] = "s3://unreachable/dead_letters"
-        sink = dataclasses.replace(target.sink, table_metadata_json=json.dumps(metadata), file_io_properties={
-            "s3.endpoint": "http://127.0.0.1:9", "s3.region": "us-east-1", "s3.access-key-id": "k",
-            "s3.secret-access-key": "s", "s3.connect-timeout": "1"})
+        sink = dataclasses.replace(
+            target.sink,
+            table_metadata_json=json.dumps(metadata),
+            file_io_properties={
+                "s3.endpoint": "http://127.0.0.1:9",
+                "s3.region": "us-east-1",
+                "s3.access-key-id": "k",
+                "s3.secret-access-key": "s",
+                "s3.connect-timeout": "1",
+            },
+        )
         return dataclasses.replace(target, sink=sink)
 
     with monkeypatch.context() as patch:
