@@ -1,4 +1,5 @@
-"""Screenshots of the demo table's asset page (overview, and the record_id_unique check) while `make demo` runs.
+"""Screenshots of the demo while `make demo` runs: the landed table (overview, record_id_unique check), the lineage
+from the topic to the daily aggregate, and the aggregate's asset page.
 
 Not a project dependency: run it from any Python with Playwright (`pip install playwright`), driving Debian's
 Chromium (`apt-get install chromium`; Playwright's own browser download does not work on a closed network):
@@ -17,6 +18,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-b
 PAGES = {
     "demo-asset-overview.png": "/assets/rpc/pizzas",
     "demo-asset-checks.png": "/assets/rpc/pizzas?view=checks&checkDetail=record_id_unique",
+    "demo-lineage.png": "/assets/rpc/sauce_daily?view=lineage&lineageScope=upstream&lineageDepth=3",
+    "demo-downstream-asset.png": "/assets/rpc/sauce_daily",
 }
 
 

@@ -125,6 +125,9 @@ def _connect_session(url: str, setting: str, conf: Mapping[str, str], app_name: 
 def _open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tuple[SparkSession, str]:
     from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
 
+    # As `SparkSession.builder.remote` does: `pyspark.sql.functions` (F.col, ...) in the assets' own code build
+    # Spark Connect columns only with this set.
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     builder = ConnectSparkSession.builder.remote(url).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)

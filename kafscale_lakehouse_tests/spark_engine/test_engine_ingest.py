@@ -101,6 +101,17 @@ def test_runs_share_one_engine_session_and_its_warm_python_workers(spark_engine)
     # A run ending (its session stopped) does not end the shared session for the runs still going.
     second.stop()
     assert first.range(3).count() == 3
+    first.stop()
+
+
+def test_an_assets_own_column_functions_run_on_the_engine(spark_engine):
+    """A downstream asset written with `pyspark.sql.functions` (as the demo's are) works on the engine too."""
+    from pyspark.sql import functions as F  # noqa: N812 - pyspark's own convention
+
+    session = get_spark_session(remote=spark_engine.url)
+    rows = session.range(3).select((F.col("id") * 2).alias("doubled")).where(F.col("doubled") > 0).collect()
+    assert [row.doubled for row in rows] == [2, 4]
+    session.stop()  # while the engine is up: a client left open retries the stopped engine at exit
 
 
 def test_spark_engine_command_serves_warm_workers_and_stops_cleanly(tmp_path):
