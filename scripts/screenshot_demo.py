@@ -10,6 +10,7 @@ Chromium (`apt-get install chromium`; Playwright's own browser download does not
 import argparse
 from pathlib import Path
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import sync_playwright
 
 # Chromium must not call home on a closed network (refused connections slow every page down).
@@ -37,9 +38,11 @@ def main() -> None:
             page.goto(args.url + path)
             page.wait_for_timeout(4000)  # the UI loads its data over GraphQL after the page itself
             skip = page.get_by_role("button", name="Skip")  # Dagster's first-visit community dialog
-            if skip.count():
-                skip.click()
+            try:
+                skip.click(timeout=3000)
                 page.wait_for_timeout(500)
+            except PlaywrightTimeoutError:
+                pass  # not shown (any more)
             page.screenshot(path=args.out / name)
             print(f"wrote {args.out / name}")
         browser.close()
