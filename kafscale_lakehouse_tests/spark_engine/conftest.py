@@ -10,6 +10,14 @@ from kafscale_lakehouse.engine.spark_engine import ConnectAddress, start_connect
 from kafscale_lakehouse.testing.servers import free_ports
 
 
+@pytest.fixture(autouse=True)
+def embedded_functions_after_each_test():
+    """A client of the engine switches `pyspark.sql.functions` to Spark Connect for its process (engine/spark.py);
+    the tests after each of these use the embedded session again."""
+    yield
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
 @pytest.fixture(scope="session")
 def spark_engine(tmp_path_factory) -> ConnectAddress:
     [port] = free_ports(1)
@@ -18,9 +26,6 @@ def spark_engine(tmp_path_factory) -> ConnectAddress:
     server = start_connect_server(address, "local[2]", {"spark.sql.shuffle.partitions": "2"}, ui_enabled=False,
                                   log_path=log_path)
     yield address
-    # A client of the engine switched `pyspark.sql.functions` to Spark Connect for this process (spark.py): the
-    # tests after these use the embedded session again.
-    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     stop_connect_server(server)
     with pytest.raises(ProcessLookupError):  # JVM and Python workers are gone, nothing left listening
         os.killpg(server.pid, 0)

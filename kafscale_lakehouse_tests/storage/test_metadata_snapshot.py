@@ -90,7 +90,7 @@ def test_discovery_mode_parses_like_the_go_processor():
     assert DiscoveryMode.parse("") is DiscoveryMode.AUTO
     assert DiscoveryMode.parse("ETCD") is DiscoveryMode.ETCD
     assert DiscoveryMode.parse(" s3 ") is DiscoveryMode.S3
-    with pytest.raises(ValueError, match=r"discovery\.mode 'kafka'"):
+    with pytest.raises(ValueError, match=r"discovery mode 'kafka'"):
         DiscoveryMode.parse("kafka")
 
 
