@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
 
 from kafscale_lakehouse.engine.spark_engine import ConnectAddress, start_connect_server, stop_connect_server
 from kafscale_lakehouse.testing.servers import free_ports
+
+
+def _close_connect_clients() -> None:
+    """Close this process's Spark Connect clients while their engine still answers: an open client's exit handler
+    retries the stopped engine for minutes and holds the test process (and CI) at exit."""
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    for client in [o for o in gc.get_objects() if isinstance(o, SparkConnectClient)]:
+        if not client.is_closed:
+            client.close()
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +37,7 @@ def spark_engine(tmp_path_factory) -> ConnectAddress:
     server = start_connect_server(address, "local[2]", {"spark.sql.shuffle.partitions": "2"}, ui_enabled=False,
                                   log_path=log_path)
     yield address
+    _close_connect_clients()
     stop_connect_server(server)
     with pytest.raises(ProcessLookupError):  # JVM and Python workers are gone, nothing left listening
         os.killpg(server.pid, 0)
