@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from kafscale_lakehouse.config import YAML11_FALSE, YAML11_TRUE, ConfigError, LakehouseConfig, load_config
+from kafscale_lakehouse_tests.config.test_config import MINIMAL_GO
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # `addons/processors/iceberg-processor/config/config.yaml` of github.com/scalytics/kafscale at f7e23363 (main,
@@ -18,21 +19,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 GO_MAIN_CONFIG = REPO_ROOT / "examples" / "go-processor-main.yaml"
 # The same commit's Helm chart (`deploy/helm/iceberg-processor`): values.yaml and the ConfigMap template, verbatim.
 CHART = Path(__file__).parent / "fixtures"
-
-MINIMAL_GO = """
-s3:
-  bucket: kafscale-data
-iceberg:
-  catalog:
-    type: rest
-    uri: http://catalog:8181
-etcd:
-  endpoints: [http://etcd:2379]
-mappings:
-  - topic: orders
-    table: prod.orders
-"""
-
 
 def write(directory: Path, text: str, name: str = "config.yaml") -> Path:
     path = directory / name
