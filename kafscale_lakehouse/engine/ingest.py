@@ -54,7 +54,6 @@ from kafscale_lakehouse.engine.dead_letter import (
     stage_dead_letters,
 )
 from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
-from kafscale_lakehouse.engine.kafscale_source import OffsetRange as TaskOffsets
 from kafscale_lakehouse.engine.kafscale_source import (
     SegmentReadFailure,
     SegmentRunPartition,
@@ -87,6 +86,7 @@ from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
     Gap,
+    OffsetBeyondSegmentsError,
     SegmentRef,
     SegmentStore,
     discover_partitions,
@@ -286,10 +286,8 @@ class PreparedIngest:
         max_bytes = self.context.config.processor.target_file_size_bytes
         return [
             run
-            for partition, plan in sorted(self.plans.items())
-            for run in segment_run_partitions(
-                self.mapping.topic, partition, TaskOffsets(plan.read.start, plan.read.end), plan.segments, max_bytes
-            )
+            for _, plan in sorted(self.plans.items())
+            for run in segment_run_partitions(self.mapping.topic, plan.read, plan.segments, max_bytes)
         ]
 
     def release_leases(self) -> None:
@@ -414,7 +412,11 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange]) -> None:
         _recheck_planned(topic, partition, planned.get(partition), start)
         outcome = PartitionOutcome(partition, start, start)
         prepared.result.partitions[partition] = outcome
-        plan = _plan_partition(context.store, topic, partition, start, budget, allow_gaps, outcome)
+        try:
+            plan = _plan_partition(context.store, topic, partition, start, budget, allow_gaps, outcome)
+        except OffsetBeyondSegmentsError as exc:
+            outcome.error = str(exc)
+            continue
         if plan is not None:
             prepared.plans[partition] = plan
 

@@ -59,6 +59,7 @@ from kafscale_lakehouse.format import (
     parse_index,
 )
 from kafscale_lakehouse.format.segment_index import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import JsonColumnCoercer, record_arrow_schema
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, ValidationResult, validate_values
@@ -95,25 +96,19 @@ def source_arrow_schema(columns: Sequence[ColumnConfig], *, validated: bool = Fa
 
 
 @dataclass(frozen=True)
-class OffsetRange:
-    start: int  # inclusive
-    end: int  # exclusive
-
-    def __str__(self) -> str:
-        return f"[{self.start}, {self.end})"
-
-
-@dataclass(frozen=True)
 class SegmentRunPartition:
     """One ingestion task's input: consecutive segments of one Kafka partition and the offsets to take from them."""
 
     topic: str
-    partition: int
     offsets: OffsetRange
     segments: tuple[SegmentRef, ...]
 
+    @property
+    def partition(self) -> int:
+        return self.offsets.partition
 
-def segment_run_partitions(topic: str, partition: int, offsets: OffsetRange, segments: Sequence[SegmentRef],
+
+def segment_run_partitions(topic: str, offsets: OffsetRange, segments: Sequence[SegmentRef],
                            max_bytes: int) -> list[SegmentRunPartition]:
     """Consecutive `segments` grouped into input partitions of at most `max_bytes` of segment bytes each (a larger
     segment gets one of its own), each taking the offsets of `offsets` that its segments hold."""
@@ -125,8 +120,8 @@ def segment_run_partitions(topic: str, partition: int, offsets: OffsetRange, seg
             run_bytes = 0
         runs[-1].append(segment)
         run_bytes += segment.kfs_size
-    return [SegmentRunPartition(topic, partition,
-                                OffsetRange(max(offsets.start, run[0].base_offset),
+    return [SegmentRunPartition(topic,
+                                OffsetRange(offsets.partition, max(offsets.start, run[0].base_offset),
                                             min(offsets.end, run[-1].last_offset + 1)), tuple(run))
             for run in runs]
 

@@ -43,5 +43,10 @@ class SegmentOverlapError(StorageError):
     """A segment starts at or before the last offset of the previous segment of the same partition."""
 
 
+class OffsetBeyondSegmentsError(StorageError):
+    """A committed next offset lies beyond the end of the partition's newest completed segment: segments were deleted
+    or re-cut, or the topic was recreated, after the offsets were committed. Nothing can be read from there."""
+
+
 class MetadataSnapshotError(StorageError):
     """`/kafscale/metadata/snapshot` in etcd is missing (when required) or does not parse."""

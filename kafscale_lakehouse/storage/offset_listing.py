@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kafscale_lakehouse.storage.errors import OffsetBeyondSegmentsError
 from kafscale_lakehouse.storage.keys import ObjectKind, parse_segment_key, partition_prefix, segment_key
 from kafscale_lakehouse.storage.store import SegmentListing, SegmentStore
 
@@ -18,6 +19,9 @@ def segments_from(store: SegmentStore, topic: str, partition: int, next_offset: 
     segment re-cut by the broker), also the newest one: then the partition's keys are listed (no footer reads) to
     find the segment holding it, and the listing resumes there, so that segment is never skipped. `limit` caps
     the segments (and footer reads) of one call.
+
+    `OffsetBeyondSegmentsError` when every completed segment ends before `next_offset` (runs commit whole segments,
+    so the newest one ends exactly at it): reading on would silently wait for offsets that will never come.
     """
     if next_offset is None:
         return store.list_segments(topic, partition, limit=limit)
@@ -31,7 +35,17 @@ def segments_from(store: SegmentStore, topic: str, partition: int, next_offset: 
     if holder is None:
         return listing  # nothing below `next_offset`: what was listed is all there is (after a gap, if any)
     listing = store.list_segments(topic, partition, after=_key_before(store, topic, partition, holder), limit=limit)
-    return replace(listing, segments=[s for s in listing.segments if s.last_offset >= next_offset])
+    segments = [s for s in listing.segments if s.last_offset >= next_offset]
+    if not segments and listing.segments and not listing.incomplete:
+        newest = listing.segments[-1]
+        if newest.last_offset + 1 < next_offset:
+            raise OffsetBeyondSegmentsError(
+                f"topic {topic} partition {partition}: the committed next offset {next_offset} lies beyond the newest "
+                f"completed segment {newest.kfs_key} (offsets {newest.base_offset}..{newest.last_offset}) in "
+                f"{store.location}: its segments were deleted or re-cut, or the topic was recreated, after that "
+                "offset was committed; nothing is read from it until the committed offset is set right",
+                location=store.location, key=newest.kfs_key)
+    return replace(listing, segments=segments)
 
 
 def _key_before(store: SegmentStore, topic: str, partition: int, offset: int) -> str | None:

@@ -11,6 +11,7 @@ import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
+from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 
 
@@ -55,6 +56,27 @@ def test_gap_fails_loudly_unless_allowed_then_is_skipped_and_recorded(embedded_w
     assert result.partitions[0].skipped == OffsetRange(0, deleted.start, deleted.stop)
     table = world.assert_exactly_once(runs=2)  # every offset that still exists; the next offset is past the gap
     assert world.skipped_ranges(table) == [{"0": [40, 80]}]
+
+
+def test_committed_offsets_beyond_the_segments_stop_the_partition_naming_it(embedded_world, spark):
+    world = embedded_world
+    world.write_segments(0, 80, records_per_segment=40)  # segments 0, 40
+    world.write_segments(1, 40, records_per_segment=40)
+    ingest(world.config(), spark)
+    world.assert_exactly_once(runs=1)
+    # The topic's partition 0 is recreated: its log starts over and now ends at offset 39, below the committed 80.
+    world.delete_segment(0, 40)
+    world.delete_segment(0, 0)
+    world.write_segments(0, 40, records_per_segment=40)
+    world.write_segments(1, 40, records_per_segment=40, base_offset=40)
+
+    with pytest.raises(IngestFailedError) as failed:
+        ingest(world.config(), spark)
+    error = failed.value.result.partitions[0].error
+    assert "committed next offset 80 lies beyond the newest completed segment" in error
+    assert world.segment_object_key(0, 0) in error
+    assert failed.value.result.partitions[1].error is None  # the other partition goes on
+    assert read_topic_offsets(world.table(), world.topic) == world.store_next_offsets() == {0: 80, 1: 80}
 
 
 def test_invalid_records_commit_nothing_and_are_named(embedded_world, spark):

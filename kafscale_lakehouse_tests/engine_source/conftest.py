@@ -11,7 +11,6 @@ import pytest
 from kafscale_lakehouse.apps.workload import ALL_CODECS, PIZZA_TOPIC, pizza_orders
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.kafscale_source import (
-    OffsetRange,
     SegmentReadError,
     SegmentReadFailure,
     SegmentRunPartition,
@@ -20,6 +19,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
     source_arrow_schema,
 )
 from kafscale_lakehouse.format import EncodedSegment, encode_segment
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import (
     LocalSegmentStore,
@@ -128,11 +128,11 @@ class ReadRequest:
                 continue
             # A test reads a contiguous range; gap handling is the run's (test_plan_and_read.py's planner tests).
             assert find_gaps(segments, next_offset=start) == [], f"partition {partition}: gap in the test's range"
-            offsets = OffsetRange(segments[0].base_offset if start is None else start,
+            offsets = OffsetRange(partition, segments[0].base_offset if start is None else start,
                                   segments[-1].last_offset + 1 if end is None else end)
             assert offsets.end <= segments[-1].last_offset + 1, f"partition {partition}: {offsets} beyond segments"
             ranges[partition] = offsets
-            input_partitions.extend(segment_run_partitions(self.topic, partition, offsets, segments,
+            input_partitions.extend(segment_run_partitions(self.topic, offsets, segments,
                                                            self.max_bytes_per_partition))
         return ReadPlan(ranges, input_partitions)
 

@@ -20,13 +20,12 @@ from kafscale_lakehouse.engine.ingest import PartitionOutcome, _plan_partition
 from kafscale_lakehouse.engine.kafscale_source import (
     INVALID_REASON_COLUMN,
     MAX_ROWS_PER_BATCH,
-    OffsetRange,
     SegmentReadError,
     read_input_partition,
     segment_run_partitions,
 )
 from kafscale_lakehouse.format import CrcMismatchError, encode_segment, entry_for_offset, go_headers_json, parse_index
-from kafscale_lakehouse.offsets.ranges import OffsetRange as PartitionRange
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, ObjectNotFoundError, S3SegmentStore, segment_key
 from kafscale_lakehouse_tests.engine_source.conftest import (
     PIZZA_COLUMNS,
@@ -62,7 +61,7 @@ def test_exact_ranges_of_several_partitions_with_mixed_codecs_come_out_exactly(l
     plan = options.plan(local_store)
     table = options.read_all(local_store)
 
-    assert plan.ranges == {0: OffsetRange(135, 367), 1: OffsetRange(1000, 1130), 2: OffsetRange(0, 100)}
+    assert plan.ranges == {0: OffsetRange(0, 135, 367), 1: OffsetRange(1, 1000, 1130), 2: OffsetRange(2, 0, 100)}
     assert table.num_rows == (367 - 135) + 130 + 100
     assert_pizza_rows(table, 0, 135, 367)  # starts and ends mid-segment
     assert_pizza_rows(table, 1, 1000, 1130)
@@ -124,8 +123,7 @@ def plan_run(store, partition: int, start: int | None, *, allow_gaps: bool = Fal
 
 def read_run(store, partition: int, plan) -> pa.Table:
     """The rows the run's Spark tasks read for `plan`."""
-    offsets = OffsetRange(plan.read.start, plan.read.end)
-    return pa.Table.from_batches([batch for run in segment_run_partitions(TOPIC, partition, offsets, plan.segments,
+    return pa.Table.from_batches([batch for run in segment_run_partitions(TOPIC, plan.read, plan.segments,
                                                                           1 << 40)
                                   for batch in read_input_partition(store, run, ())])
 
@@ -160,7 +158,7 @@ def test_a_gap_in_the_pending_offsets_fails_the_partition_naming_the_missing_off
 
     allowed, outcome = plan_run(local_store, 0, start, allow_gaps=True)
     assert outcome.error is None
-    assert outcome.skipped == (None if allowed_skip is None else PartitionRange(0, *allowed_skip))
+    assert outcome.skipped == (None if allowed_skip is None else OffsetRange(0, *allowed_skip))
     assert (allowed.read.start, allowed.read.end) == allowed_read
     assert_pizza_rows(read_run(local_store, 0, allowed), 0, *allowed_read)
 
@@ -203,8 +201,8 @@ def test_input_partitions_are_runs_of_one_kafka_partition_up_to_max_bytes(local_
     plan = options.plan(local_store)
 
     assert [(p.partition, p.offsets, [s.base_offset for s in p.segments]) for p in plan.input_partitions] == [
-        (0, OffsetRange(10, 80), [0, 40]), (0, OffsetRange(80, 160), [80, 120]), (0, OffsetRange(160, 230), [160, 200]),
-        (1, OffsetRange(0, 40), [0]),
+        (0, OffsetRange(0, 10, 80), [0, 40]), (0, OffsetRange(0, 80, 160), [80, 120]),
+        (0, OffsetRange(0, 160, 230), [160, 200]), (1, OffsetRange(1, 0, 40), [0]),
     ]
     assert all(len(pickle.dumps(partition)) < 2048 for partition in plan.input_partitions)
     one_each = ReadRequest(starting={0: None}, max_bytes_per_partition=1).plan(local_store)

@@ -10,9 +10,9 @@ import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
-from kafscale_lakehouse.engine.kafscale_source import OffsetRange
 from kafscale_lakehouse.engine.spark_ingestion import run_ingestion_spark_job
 from kafscale_lakehouse.engine.table_offsets import commit_append
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import LocalSegmentStore
 from kafscale_lakehouse_tests.engine_source.conftest import (
@@ -94,7 +94,7 @@ def test_a_corrupt_segment_comes_back_as_the_failure_of_its_task(spark, local_st
     write_pizza_segments(local_store, 1, [30])
     bad_key = corrupt_segment(local_store, 0, 30)
     plan = ReadRequest(starting={0: None, 1: None}, columns=PIZZA_COLUMNS).plan(local_store)
-    assert plan.ranges[0] == OffsetRange(0, 90)  # the plan covers it; reading stops at it
+    assert plan.ranges[0] == OffsetRange(0, 0, 90)  # the plan covers it; reading stops at it
     store = LocalSegmentStore(local_store.root, namespace=local_store.namespace)
 
     outputs = run_ingestion_spark_job(spark, pizza_table, "run-bad", store, TOPIC, plan.input_partitions,

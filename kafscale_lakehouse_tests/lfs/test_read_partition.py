@@ -11,7 +11,6 @@ import pytest
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.config import ColumnConfig, LfsConfig
 from kafscale_lakehouse.engine.kafscale_source import (
-    OffsetRange,
     SegmentReadError,
     read_input_partition,
     segment_run_partitions,
@@ -20,6 +19,7 @@ from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, LfsReadSett
 from kafscale_lakehouse.engine.snapshot_summary import LfsStats
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
 from kafscale_lakehouse.storage import LocalSegmentStore, segments_from
 
@@ -38,7 +38,7 @@ def store_with_missing_blob(tmp_path) -> LocalSegmentStore:
 def whole_partition(store: LocalSegmentStore) -> list:
     """The Spark task that reads every completed segment of partition 0, as the run plans it."""
     segments = segments_from(store, TOPIC, 0, None).segments
-    return segment_run_partitions(TOPIC, 0, OffsetRange(0, segments[-1].last_offset + 1), segments, 1 << 30)
+    return segment_run_partitions(TOPIC, OffsetRange(0, 0, segments[-1].last_offset + 1), segments, 1 << 30)
 
 
 def test_a_failing_record_stops_the_partition_out_of_band_naming_record_and_blob(tmp_path):

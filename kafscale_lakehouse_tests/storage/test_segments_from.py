@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafscale_lakehouse.storage import ObjectKind, segment_key, segments_from
+from kafscale_lakehouse.storage import ObjectKind, OffsetBeyondSegmentsError, segment_key, segments_from
 from kafscale_lakehouse_tests.storage.conftest import write_segments
 
 TOPIC = "orders"
@@ -56,6 +56,17 @@ def test_caught_up_and_gaps(three_segments):
     assert bases(segments_from(store, TOPIC, 0, 60)) == []
     write_segments(store, TOPIC, 1, [100], size=10)  # retention removed everything below 100
     assert bases(segments_from(store, TOPIC, 1, 40)) == [100]
+
+
+def test_a_next_offset_beyond_the_newest_segment_is_an_error_naming_it(three_segments):
+    # Offsets 0..29 exist; a committed next offset of 45 cannot be reached (segments re-cut, topic recreated).
+    store = three_segments
+    newest = segment_key(store.namespace, TOPIC, 0, 20, ObjectKind.SEGMENT)
+    with pytest.raises(OffsetBeyondSegmentsError, match=r"next offset 45 lies beyond the newest completed segment "
+                                                        r".*offsets 20\.\.29") as raised:
+        segments_from(store, TOPIC, 0, 45)
+    assert raised.value.key == newest and newest in str(raised.value)
+    assert bases(segments_from(store, TOPIC, 0, 30)) == []  # exactly at the end: caught up, no error
 
 
 def test_limit_and_bad_offsets(three_segments):

@@ -22,7 +22,6 @@ from kafscale_lakehouse.engine.dead_letter import (
 from kafscale_lakehouse.engine.kafscale_source import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
-    OffsetRange,
     SegmentRunPartition,
     read_input_partition,
 )
@@ -31,6 +30,7 @@ from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSpl
 from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput
 from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse.format import encode_segment
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.validation import compile_json_schema
 from kafscale_lakehouse.storage import LocalSegmentStore
@@ -61,7 +61,7 @@ def source_batches(tmp_path) -> list[pa.RecordBatch]:
     segment = encode_segment(records_with_faults(), base_offset=0, codec="lz4", records_per_batch=6)
     store.write_segment(TOPIC, 0, 0, segment.kfs, segment.index)
     [ref] = store.list_segments(TOPIC, 0).segments
-    task = SegmentRunPartition(TOPIC, 0, OffsetRange(0, SEGMENT_RECORDS), (ref,))
+    task = SegmentRunPartition(TOPIC, OffsetRange(0, 0, SEGMENT_RECORDS), (ref,))
     return list(read_input_partition(store, task, COLUMNS, json_schema=compile_json_schema(PIZZA_SCHEMA, "test")))
 
 
