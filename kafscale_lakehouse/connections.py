@@ -141,4 +141,8 @@ def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
 def schema_registry_client(config: LakehouseConfig) -> SchemaRegistryClient | None:
     """The process's registry client (its cache is per client: build one and share it), None without a base_url."""
     registry = config.schema_config.registry
-    return SchemaRegistryClient.from_config(registry) if registry.base_url is not None else None
+    if registry.base_url is None:
+        return None
+    with at_key("schema.registry"):
+        return SchemaRegistryClient(registry.base_url, timeout_seconds=registry.timeout_seconds,
+                                    cache_seconds=registry.cache_seconds)

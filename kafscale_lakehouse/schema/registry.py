@@ -28,7 +28,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kafscale_lakehouse.config import ColumnConfig, ConfigError, RegistryConfig, redact_url
+from kafscale_lakehouse.config import ColumnConfig, redact_url
 from kafscale_lakehouse.schema.columns import columns_from_json_schema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, InvalidSchemaDocumentError, compile_json_schema
@@ -39,7 +39,6 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_RETRY_BACKOFF_SECONDS = 0.5
 # A JSON Schema is a small document; a body beyond this is a misconfigured URL, not a schema.
 MAX_SCHEMA_BYTES = 8 << 20
-_CONFIG_SOURCE = "schema registry client"
 _RETRYABLE_STATUSES = frozenset({429}) | frozenset(range(500, 600))
 
 
@@ -112,15 +111,6 @@ class SchemaRegistryClient:
         self._lock = threading.Lock()  # guards the two dicts below
         self._cache: dict[str, _CacheEntry] = {}
         self._fetch_locks: dict[str, threading.Lock] = {}
-
-    @classmethod
-    def from_config(cls, config: RegistryConfig) -> SchemaRegistryClient:
-        """The client of `schema.registry` (`base_url` must be set)."""
-        if config.base_url is None:
-            raise ConfigError(
-                _CONFIG_SOURCE, ["schema.registry.base_url: is required to fetch schemas from the registry"]
-            )
-        return cls(config.base_url, timeout_seconds=config.timeout_seconds, cache_seconds=config.cache_seconds)
 
     def schema_url(self, topic: str) -> str:
         """`<base_url>/<topic>.json` with the topic as one percent-encoded path segment (no credentials)."""
@@ -255,17 +245,10 @@ def _split_credentials(base_url: str) -> tuple[str, str | None]:
         parts = urllib.parse.urlsplit(base_url.strip())
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError as exc:
-        raise ConfigError(
-            _CONFIG_SOURCE, [f"schema.registry.base_url: {redact_url(base_url)!r} is not a URL: {exc}"]
-        ) from None
+        raise ValueError(f"base_url: {redact_url(base_url)!r} is not a URL: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ConfigError(
-            _CONFIG_SOURCE,
-            [
-                f"schema.registry.base_url: {redact_url(base_url)!r} must be an http(s) URL with a host and no query "
-                f"or fragment"
-            ],
-        )
+        raise ValueError(f"base_url: {redact_url(base_url)!r} must be an http(s) URL with a host and no query or "
+                         "fragment")
     authorization = None
     if parts.username is not None or parts.password is not None:
         user_pass = f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"

@@ -10,8 +10,10 @@ import time
 import urllib.parse
 
 import pytest
+import yaml
 
-from kafscale_lakehouse.config import ColumnConfig, ConfigError, RegistryConfig
+from kafscale_lakehouse.config import ColumnConfig, ConfigError, parse_config
+from kafscale_lakehouse.connections import schema_registry_client
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.registry import (
     SchemaNotFoundError,
@@ -21,8 +23,11 @@ from kafscale_lakehouse.schema.registry import (
     SchemaRegistryUnavailableError,
 )
 from kafscale_lakehouse.schema.validation import InvalidSchemaDocumentError
+from kafscale_lakehouse_tests.config.test_config import MINIMAL_GO
 from kafscale_lakehouse_tests.schema_registry.conftest import REGISTRY_PATH, Answer
 from kafscale_lakehouse_tests.schema_registry.pizza_schema import PIZZA_JSON_SCHEMA
+
+MINIMAL_CONFIG = yaml.safe_load(MINIMAL_GO)
 
 PIZZA_PATH = f"{REGISTRY_PATH}/completed-pizzas.json"
 
@@ -255,19 +260,21 @@ def test_concurrent_callers_share_one_fetch(registry):
         "http://host:port/",
     ],
 )
-def test_unusable_base_urls_are_config_errors(base_url):
-    with pytest.raises(ConfigError, match=r"schema\.registry\.base_url"):
+def test_unusable_base_urls_are_config_errors_naming_the_key(base_url):
+    with pytest.raises(ValueError, match=r"^base_url: "):
         SchemaRegistryClient(base_url)
+    # The config key is named where config becomes a client (connections.py), not in the schema layer.
+    config = parse_config({**MINIMAL_CONFIG, "schema": {"registry": {"base_url": base_url}}})
+    with pytest.raises(ConfigError, match=r"schema\.registry\.base_url: "):
+        schema_registry_client(config)
 
 
-def test_from_config(registry):
+def test_the_client_of_a_config(registry):
     registry.serve_json(PIZZA_PATH, PIZZA_JSON_SCHEMA)
-    client = SchemaRegistryClient.from_config(
-        RegistryConfig(base_url=registry.base_url, timeout_seconds=1, cache_seconds=60)
-    )
-    assert client.get_schema("completed-pizzas").document == PIZZA_JSON_SCHEMA
-    with pytest.raises(ConfigError, match=r"schema\.registry\.base_url: is required"):
-        SchemaRegistryClient.from_config(RegistryConfig())
+    config = parse_config({**MINIMAL_CONFIG, "schema": {"registry": {"base_url": registry.base_url,
+                                                                      "timeout_seconds": 1, "cache_seconds": 60}}})
+    assert schema_registry_client(config).get_schema("completed-pizzas").document == PIZZA_JSON_SCHEMA
+    assert schema_registry_client(parse_config(MINIMAL_CONFIG)) is None
 
 
 def test_registry_columns_follow_the_go_processor_mapping(registry):

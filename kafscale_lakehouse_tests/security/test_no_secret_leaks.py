@@ -25,6 +25,7 @@ from kafscale_lakehouse.connections import (
     catalog_settings,
     etcd_client_from_config,
     offset_store_from_config,
+    schema_registry_client,
     segment_store_from_config,
 )
 from kafscale_lakehouse.definitions import build_definitions
@@ -33,7 +34,7 @@ from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
 from kafscale_lakehouse.engine.table_checks import CHECK_NAMES
 from kafscale_lakehouse.offsets.etcd_client import EtcdAuthError, EtcdClient
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX, lakehouse_resources
-from kafscale_lakehouse.schema.registry import SchemaRegistryClient, SchemaRegistryError
+from kafscale_lakehouse.schema.registry import SchemaRegistryError
 from kafscale_lakehouse.storage import StorageAuthError
 from kafscale_lakehouse_tests.dagster_core.conftest import run_ingest_job
 from kafscale_lakehouse_tests.schema_registry.conftest import REGISTRY_PATH, Answer
@@ -132,7 +133,7 @@ def test_repr_and_str_of_the_config_resources_and_clients_hold_no_secret(secured
         "load_config()": repr(load_config(secured_run.config_path)),
         "catalog settings": repr(catalog_settings(config)),
         "segment store": repr(segment_store_from_config(config)),
-        "registry client": repr(SchemaRegistryClient.from_config(config.schema_config.registry)),
+        "registry client": repr(schema_registry_client(config)),
     }
     etcd = etcd_client_from_config(config)
     texts["etcd client"] = repr(etcd)
@@ -206,7 +207,7 @@ def _wrong_registry_credentials(run: SecuredRun, credentials: Credentials) -> Ba
     topic = "refused-topic"
     run.registry.answer(f"{REGISTRY_PATH}/{topic}.json", Answer(status=401, body=b"bad credentials"))
     with pytest.raises(SchemaRegistryError) as raised:
-        SchemaRegistryClient.from_config(config.schema_config.registry).get_schema(topic)
+        schema_registry_client(config).get_schema(topic)
     return raised.value
 
 
