@@ -14,7 +14,13 @@ from kafscale_lakehouse.engine.lag import lag
 from kafscale_lakehouse.offsets import OffsetStore
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.ranges import OffsetRange
-from kafscale_lakehouse.storage import DiscoveryMode, SegmentStore, discover_partitions, segments_from
+from kafscale_lakehouse.storage import (
+    DiscoveryMode,
+    OffsetBeyondSegmentsError,
+    SegmentStore,
+    discover_partitions,
+    segments_from,
+)
 
 # Bounds the footer reads of one partition in one scan over a large backlog; the cursor catches up over later scans.
 SEGMENTS_PER_PARTITION_PER_SCAN = 1000
@@ -36,6 +42,7 @@ class PartitionState:
     next_offset: int | None  # the committed next offset to ingest; None: nothing committed
     segments_end: int | None  # end (exclusive) of the completed segments seen; None when none seen
     log_end: int | None  # the broker's watermark (its next offset); None when it publishes none
+    error: str | None = None  # why the partition cannot be listed from its committed offset (it is not pending)
 
     @property
     def pending(self) -> bool:
@@ -98,7 +105,11 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
         next_offset = committed[partition].next_offset if partition in committed else None
         previous = cursors.get(partition)
         if previous is None:
-            listing = segments_from(store, topic, partition, next_offset, limit=SEGMENTS_PER_PARTITION_PER_SCAN)
+            try:
+                listing = segments_from(store, topic, partition, next_offset, limit=SEGMENTS_PER_PARTITION_PER_SCAN)
+            except OffsetBeyondSegmentsError as exc:  # the other partitions go on; no cursor: retried next scan
+                states[partition] = PartitionState(partition, next_offset, None, watermarks.get(partition), str(exc))
+                continue
             segments_end = None
         else:
             listing = store.list_segments(topic, partition, after=previous.last_kfs_key,

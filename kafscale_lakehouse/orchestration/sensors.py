@@ -167,6 +167,11 @@ def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig,
 
         pending = {p: s for p, s in scan.partitions.items() if s.pending}
         run_request, skip = _run_request(context, job_name, registered + new_keys, pending, new_cursor)
+        errors = [s.error for s in scan.partitions.values() if s.error is not None]
+        for error in errors:
+            context.log.error(error)
+        if errors and skip:
+            skip = f"{skip}; " + "; ".join(errors)
         context.log.info("topic %s: %d partitions (%d new), %d new segments, pending %s%s", topic,
                          len(scan.partitions), len(new_keys), scan.new_segments,
                          {p: str(s.pending_range) for p, s in pending.items()} or "none",
@@ -230,6 +235,9 @@ def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue
         "lag_by_partition": dg.MetadataValue.json({str(s.partition): s.lag for s in states}),
         "pending_partitions": dg.MetadataValue.json(sorted(s.partition for s in states if s.pending)),
     }
+    errors = {str(s.partition): s.error for s in states if s.error is not None}
+    if errors:
+        metadata["partition_errors"] = dg.MetadataValue.json(errors)
     if lags:
         metadata["lag"] = sum(lags)  # an int, so the UI plots it over time
     return metadata

@@ -206,6 +206,25 @@ def test_a_committed_offset_inside_the_newest_segment_is_pending(embedded_world)
     assert observation.metadata["committed_next_offset"].value == {"0": 10}
 
 
+def test_a_committed_offset_beyond_the_segments_is_reported_and_the_other_partitions_go_on(embedded_world):
+    # Partition 0's offsets were committed up to 49, but its segments end at 19 (topic recreated, segments re-cut).
+    world = embedded_world
+    world.producer(partitions=2, records_per_segment=20).produce_round(now_ms=1_700_000_000_000, interval_ms=1000)
+    world.commit({0: 49})
+
+    result = world.tick()
+
+    assert planned_ranges(result) == {1: OffsetRange(1, 0, 20)}
+    [observation] = result.asset_events
+    [error] = observation.metadata["partition_errors"].value.values()
+    assert "partition 0: the committed next offset 50 lies beyond the newest completed segment" in error
+    assert 0 not in world.cursor_of(result).partitions  # listed from the committed offset again next tick
+
+    world.commit({1: 19})
+    skipped = world.tick(result.cursor)
+    assert not skipped.run_requests and "next offset 50 lies beyond" in skipped.skip_message
+
+
 def test_an_unreadable_cursor_names_the_sensor(embedded_world):
     with pytest.raises(SensorCursorError, match=r"sensor kafscale_x_sensor: cursor '\{\"version\":9\}'"):
         SensorCursor.from_json('{"version":9}', "kafscale_x_sensor")
