@@ -234,6 +234,42 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
     return 1 if failed else 0
 
 
+def run_offsets(config_path: str | None, *, command: str, topic: str, source: str | None, yes: bool) -> int:
+    """`offsets show`: the table's, the store's and the broker's offsets of `topic` side by side; `offsets reset
+    --from-table | --from-store`: one side set from the other (engine/offsets_admin.py)."""
+    from kafscale_lakehouse.config import load_config
+    from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
+    from kafscale_lakehouse.engine.catalog import CatalogError, TableDefinitionError, load_catalog, open_table
+    from kafscale_lakehouse.engine.offsets_admin import offsets_view, reset_from_store, reset_from_table
+    from kafscale_lakehouse.offsets import OffsetStoreError
+
+    config = load_config(config_path)
+    mapping = next((m for m in config.mappings if m.topic == topic), None)
+    if mapping is None:
+        raise CommandError(f"no mapping lands topic {topic!r}; mapped topics: {[m.topic for m in config.mappings]}")
+    if command == "reset" and source is None:
+        raise CommandError("offsets reset needs --from-table (the store is set from the table) or --from-store (the "
+                           "table records the store's offsets)")
+    try:
+        table = open_table(load_catalog(catalog_settings(config)), mapping.table)
+        with offset_store_from_config(config) as store:
+            view = offsets_view(table, topic, store)
+            if command == "reset":
+                if not yes:
+                    print("\n".join([*view.lines(), "would set the store's offsets to the table's (partitions the "
+                                      "table has none of: deleted, read again from their oldest segment)"
+                                      if source == "table" else "would record the store's offsets in the table for "
+                                      "the partitions it has none of (a snapshot without data files)",
+                                      "add --yes to do it"]))
+                    return 1
+                reset = reset_from_table if source == "table" else reset_from_store
+                view = reset(table, topic, store)
+    except (OffsetStoreError, CatalogError, TableDefinitionError) as err:
+        raise CommandError(str(err)) from err
+    print("\n".join(view.lines()))
+    return 0
+
+
 def run_serve_metrics_command(config_path: str | None, *, address: str | None) -> int:
     """Serve /metrics, /healthz and /readyz until SIGTERM or Ctrl-C (kafscale_lakehouse/apps/metrics.py)."""
     from kafscale_lakehouse.apps.metrics import resolve_metrics_address, serve_metrics
@@ -384,6 +420,23 @@ def _build_parser() -> argparse.ArgumentParser:
         help="only this step (repeatable; default: all, in that order)",
     )
 
+    offsets = commands.add_parser("offsets", help="a topic's offsets in its table and in the offsets store")
+    offsets_commands = offsets.add_subparsers(dest="offsets_command", required=True)
+    for name, text in (("show", "the table's, the store's and the broker's next offsets side by side"),
+                       ("reset", "set the offsets store from the table (--from-table --yes)")):
+        command = offsets_commands.add_parser(name, help=text)
+        command.add_argument("--topic", required=True, help="a mapped topic")
+        command.add_argument(
+            "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
+        )
+        if name == "reset":
+            source = command.add_mutually_exclusive_group(required=True)
+            source.add_argument("--from-table", dest="source", action="store_const", const="table",
+                                help="the store is set from the table (partitions it lacks: read from the start)")
+            source.add_argument("--from-store", dest="source", action="store_const", const="store",
+                                help="the table records the store's offsets of the partitions it lacks")
+            command.add_argument("--yes", action="store_true", help="do it (without: only show what would change)")
+
     serve_metrics = commands.add_parser(
         "serve-metrics",
         help="serve the Go processor's Prometheus metrics (read from etcd and the catalog), /healthz and /readyz",
@@ -433,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_report(args.config, table=args.table, output=args.output)
         if args.command == "maintain":
             return run_maintain(args.config, tables=args.table, steps=args.step)
+        if args.command == "offsets":
+            return run_offsets(args.config, command=args.offsets_command, topic=args.topic,
+                               source=getattr(args, "source", None), yes=getattr(args, "yes", False))
         if args.command == "serve-metrics":
             return run_serve_metrics_command(args.config, address=args.address)
         if args.command == "spark-engine":

@@ -61,6 +61,7 @@ from kafscale_lakehouse.engine.kafscale_source import (
 )
 from kafscale_lakehouse.engine.lag import lag
 from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, lfs_read_settings
+from kafscale_lakehouse.engine.offsets_admin import offsets_disagree_error, table_identity
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.record_validation import (
     RecordValidation,
@@ -78,7 +79,7 @@ from kafscale_lakehouse.engine.snapshot_summary import (
 from kafscale_lakehouse.engine.source_rows import InvalidRecord
 from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput, run_ingestion_spark_job
 from kafscale_lakehouse.engine.table_offsets import commit_append
-from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore
+from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore, TableIdentity
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
@@ -339,7 +340,10 @@ def prepare_ingest(
     )
     try:
         # Partitions the Go processor wrote: its lease may still be on its way out (cutover.py).
-        handover = handover_partitions(read_topic_offsets(table, topic), context.offsets.committed_offsets(topic))
+        identity = context.offsets.table_identity(topic)
+        handover = {p for p in handover_partitions(read_topic_offsets(table, topic),
+                                                   context.offsets.committed_offsets(topic))
+                    if identity is None or p not in identity.partitions}
         for partition in wanted:
             owner = f"{context.owner_id}-{run_id[:8]}"
             try:
@@ -356,7 +360,7 @@ def prepare_ingest(
             clean_ended_runs(context.offsets, topic, written_to)
             register_run(context.offsets, list(leases.values()), run_id, written_to)
             prepared.registered = True
-            _plan(prepared, planned or {})
+            _plan(prepared, planned or {}, identity)
     except BaseException:
         prepared.release_leases()
         prepared.forget_run()  # nothing was written yet
@@ -382,22 +386,32 @@ def commit_ingest(prepared: PreparedIngest) -> IngestResult:
     return result
 
 
-def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange]) -> None:
+def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange], identity: TableIdentity | None) -> None:
     context, mapping, topic = prepared.context, prepared.mapping, prepared.mapping.topic
     table_next_offsets = read_topic_offsets(prepared.table, topic)
     etcd_committed = context.offsets.committed_offsets(topic)
+    this_table = table_identity(prepared.table, table_next_offsets)
     continued = continued_elsewhere(prepared.table, topic, table_next_offsets, etcd_committed, context.offsets.location)
     for partition, error in continued.items():
         if partition in prepared.leases:
             prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=error)
     leases = {p: lease for p, lease in prepared.leases.items() if p not in continued}
     _repair_etcd(context, topic, table_next_offsets, etcd_committed, leases)
+    if identity != this_table and leases and table_next_offsets:
+        context.offsets.record_table_identity(list(leases.values()), this_table)  # the table's offsets are the store's
 
     allow_gaps = mapping.allow_gaps if mapping.allow_gaps is not None else context.config.processor.allow_gaps
     budget = max(1, context.config.processor.max_bytes_per_run // len(prepared.leases))
     for partition in sorted(leases):
         if partition in table_next_offsets:
             start = table_next_offsets[partition]
+        elif partition in etcd_committed and identity is not None and partition in identity.partitions:
+            # Our own offsets, but the table has none: never a silent fresh start or skip (offsets_admin.py).
+            prepared.result.partitions[partition] = PartitionOutcome(
+                partition, None, None, error=offsets_disagree_error(prepared.table, topic, partition,
+                                                                    etcd_committed[partition], identity,
+                                                                    context.offsets.location))
+            continue
         elif partition in etcd_committed:
             # The table has never been written by us: continue where the Go processor's etcd offsets stopped.
             try:
@@ -639,6 +653,8 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     try:
         # Go's `last_timestamp_ms` is the wall-clock time of the commit (checkpoint.OffsetState.Timestamp).
         committed_at_ms = time.time_ns() // 1_000_000
+        context.offsets.record_table_identity([leases[p] for p in committing],
+                                              table_identity(table, read_topic_offsets(table, topic)))
         context.offsets.commit_offsets(
             [leases[p] for p in committing], {p: (ends[p], committed_at_ms) for p in committing}
         )

@@ -12,7 +12,7 @@ from kafscale_lakehouse.offsets.errors import (
 )
 from kafscale_lakehouse.offsets.etcd_store import EtcdOffsetStore
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
-from kafscale_lakehouse.offsets.records import NOT_COMMITTED, NOTHING_COMMITTED, CommittedOffset
+from kafscale_lakehouse.offsets.records import NOT_COMMITTED, NOTHING_COMMITTED, CommittedOffset, TableIdentity
 from kafscale_lakehouse.offsets.store import (
     DEFAULT_KEY_PREFIX,
     DEFAULT_LEASE_TTL_SECONDS,
@@ -37,4 +37,5 @@ __all__ = [
     "OffsetStore",
     "OffsetStoreError",
     "OffsetStoreUnavailableError",
+    "TableIdentity",
 ]

@@ -94,6 +94,33 @@ class OffsetKeys:
     def runs_prefix(self, topic: str) -> str:
         return f"{self.prefix}/runs/{topic}/"
 
+    def table(self, topic: str) -> str:
+        """Our own key (not KafScale's): the Iceberg table whose position the topic's offsets are."""
+        return f"{self.prefix}/tables/{topic}"
+
+
+@dataclass(frozen=True)
+class TableIdentity:
+    """The table (name and UUID) our offsets of a topic belong to, and the partitions it holds offsets of. The Go
+    processor writes none: offsets without it are its own, the migration path."""
+
+    name: str
+    uuid: str
+    partitions: tuple[int, ...] = ()
+
+    def encode(self) -> bytes:
+        return json.dumps({"table": self.name, "uuid": self.uuid, "partitions": sorted(self.partitions)},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, location: str, key: str, value: bytes) -> TableIdentity:
+        parsed = _json_object(location, key, value)
+        name, uuid, partitions = parsed.get("table"), parsed.get("uuid"), parsed.get("partitions", [])
+        if (not isinstance(name, str) or not isinstance(uuid, str) or not uuid or not isinstance(partitions, list)
+                or not all(type(p) is int and p >= 0 for p in partitions)):
+            raise CorruptOffsetRecordError(location, key, f"not a table identity: {value[:200]!r}")
+        return cls(name, uuid, tuple(sorted(partitions)))
+
 
 def broker_partitions_prefix(topic: str) -> str:
     return f"{BROKER_TOPICS_PREFIX}{topic}/partitions/"

@@ -24,6 +24,7 @@ from kafscale_lakehouse.offsets.records import (
     NOT_COMMITTED,
     CommittedOffset,
     OffsetKeys,
+    TableIdentity,
     broker_partitions_prefix,
     decode_broker_watermarks,
     decode_offset,
@@ -245,6 +246,36 @@ class OffsetStore(ABC):
         self._write_offsets(topic, lease_list, offsets, allow_backwards)
         log.info("%s next offsets of %s on %s: %s", "repaired" if allow_backwards else "committed", topic,
                  self.location, {p: o for p, (o, _) in sorted(offsets.items())})
+
+    # ---- the table the offsets belong to ------------------------------------------------------------------------
+
+    def table_identity(self, topic: str) -> TableIdentity | None:
+        """The table our offsets of `topic` were committed for; None when none was recorded (the Go processor's
+        offsets, or nothing committed)."""
+        validate_topic(topic)
+        key = self.keys.table(topic)
+        value = self._read(key)
+        return None if value is None else TableIdentity.decode(self.location, key, value)
+
+    def record_table_identity(self, leases: Sequence[Lease], identity: TableIdentity) -> None:
+        """Record that the offsets of the leases' topic are `identity`'s, fenced by the leases (`LeaseLostError`)."""
+        lease_list = list(leases)
+        if not lease_list:
+            raise ValueError("recording a table identity needs at least one lease")
+        for lease in lease_list:
+            lease.ensure_held()
+        self._put_fenced(lease_list, self.keys.table(lease_list[0].topic), identity.encode())
+
+    def forget_offsets(self, leases: Sequence[Lease]) -> None:
+        """Delete the committed offsets of the leased partitions and the topic's table identity (`offsets reset`:
+        the store then says what a table without offsets says, nothing committed). Each lease is confirmed first."""
+        lease_list = list(leases)
+        for lease in lease_list:
+            self.confirm_lease(lease)
+        for lease in lease_list:
+            self._delete(self.keys.offset(lease.topic, lease.partition))
+        if lease_list:
+            self._delete(self.keys.table(lease_list[0].topic))
 
     # ---- run records (where a run's data files are; engine/run_files.py) ----------------------------------------
 

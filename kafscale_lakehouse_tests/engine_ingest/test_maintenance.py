@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kafscale_lakehouse.connections import catalog_settings
+from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
 from kafscale_lakehouse.engine import maintenance
 from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.ingest import ingest
+from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
 from kafscale_lakehouse.engine.maintenance import (
     COMPACTION_PROPERTY,
     compact,
@@ -18,6 +18,7 @@ from kafscale_lakehouse.engine.maintenance import (
     maintain_mapping,
     remove_orphan_files,
 )
+from kafscale_lakehouse.engine.offsets_admin import reset_from_store
 from kafscale_lakehouse.engine.snapshot_summary import read_committed_offsets, read_topic_offsets
 
 pytestmark = pytest.mark.integration
@@ -112,7 +113,11 @@ def test_orphan_removal_keeps_young_files_referenced_files_and_other_tables(embe
     backup_files = world.table_data_files(catalog.load_table(backup_name))
     for partition in (0, 1):
         world.write_segments(partition, 40, base_offset=80, records_per_segment=40)
-    ingest(world.config(), spark)  # the table again, at a location of its own
+    with pytest.raises(IngestFailedError, match="holds no offsets of topic"):
+        ingest(world.config(), spark)  # the table again, at a location of its own; the store's offsets are the backup's
+    with offset_store_from_config(world.config()) as store:
+        reset_from_store(world.table(), world.topic, store)
+    ingest(world.config(), spark)
     table = world.table()
     orphan = f"{table.location()}/data/kafscale-crashed-run/00000-orphan.parquet"
     with table.io.new_output(orphan).create() as out:

@@ -13,9 +13,18 @@ from datetime import timedelta
 
 import pytest
 
+from kafscale_lakehouse.connections import offset_store_from_config
 from kafscale_lakehouse.engine import ingest as ingest_module
 from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.ingest import IngestContext, IngestResult, catalog_settings, ingest, ingest_mapping
+from kafscale_lakehouse.engine.ingest import (
+    IngestContext,
+    IngestFailedError,
+    IngestResult,
+    catalog_settings,
+    ingest,
+    ingest_mapping,
+)
+from kafscale_lakehouse.engine.offsets_admin import reset_from_store
 from kafscale_lakehouse.offsets import LeaseLostError
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 
@@ -82,7 +91,13 @@ def test_rename_and_recreate_keeps_the_backup_readable(embedded_world, spark):
     assert backup_files
 
     world.write_segments(0, 40, base_offset=100, records_per_segment=20)
-    ingest(world.config(), spark)  # create_table_if_missing creates the table again under its old name
+    # create_table_if_missing creates the table again under its old name; the store's offsets are the backup's
+    with pytest.raises(IngestFailedError, match="holds no offsets of topic"):
+        ingest(world.config(), spark)
+    with offset_store_from_config(world.config()) as store:
+        reset_from_store(world.table(), world.topic, store)  # the operator: go on where the backup stopped
+    [result] = ingest(world.config(), spark)
+    assert result.records == 40
 
     backup = catalog.load_table(backup_name)
     assert world.table_data_files(backup) == backup_files, "the new table's run deleted the backup's files"
