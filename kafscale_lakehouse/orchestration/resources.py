@@ -45,6 +45,9 @@ SECRET_ENV_PREFIX = "KAFSCALE_LAKEHOUSE_SECRET_"  # noqa: S105 - an environment 
 SECRET_MASK = "**********"  # noqa: S105 - the mask shown instead of a secret; as pydantic's SecretStr shows a secret
 # The config sections the connection resources hold (what `connections` reads); no mapping, schema or registry.
 CONNECTION_SECTIONS = ("s3", "segments", "iceberg", "offsets", "discovery", "etcd")
+# `iceberg.catalog.properties` pass to pyiceberg as they are, and any of them may be a secret (a `header.*` token, a
+# signing or OAuth credential): the whole map travels as one secret, JSON in an EnvVar, never as resource config.
+CATALOG_PROPERTIES_KEY = "iceberg.catalog.properties"
 
 
 class SecretConflictError(ValueError):
@@ -124,17 +127,29 @@ class _ConnectionResource(_SecretsHiddenInRepr, dg.ConfigurableResource):
     @classmethod
     def of(cls, config: LakehouseConfig) -> _ConnectionResource:
         document = config.model_dump(mode="json", by_alias=True, include=set(CONNECTION_SECTIONS))
-        for key in SECRET_KEYS:
+        for key in (*SECRET_KEYS, CATALOG_PROPERTIES_KEY):
             _set_path(document, key, None)
-        secrets = {_secret_field(key): secret_reference(key, _get_path(config, key)) for key in cls._SECRET_KEYS}
+        secrets = {_secret_field(key): secret_reference(key, _secret_text(_get_path(config, key)))
+                   for key in cls._SECRET_KEYS}
         return cls(config_json=json.dumps(document, sort_keys=True), **secrets)
 
     def lakehouse_config(self) -> LakehouseConfig:
         """The connection sections as a config (other sections at their defaults), with this resource's secrets."""
         document = json.loads(self.config_json)
         for key in self._SECRET_KEYS:
-            _set_path(document, key, getattr(self, _secret_field(key)))
+            value = getattr(self, _secret_field(key))
+            if key == CATALOG_PROPERTIES_KEY and value is not None:
+                value = json.loads(value.get_value() if isinstance(value, dg.EnvVar) else value)
+            _set_path(document, key, value)
         return LakehouseConfig.model_validate(document)
+
+
+
+def _secret_text(value: Any) -> Any:
+    """A secret as the text its EnvVar holds: a map as JSON (an empty map is no secret)."""
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True) if value else None
+    return value
 
 
 def _get_path(config: LakehouseConfig, key: str) -> Any:
@@ -180,6 +195,7 @@ class IcebergCatalogResource(_ConnectionResource):
         "iceberg.catalog.credential",
         "iceberg.s3.secret_access_key",
         "s3.secret_access_key",
+        CATALOG_PROPERTIES_KEY,
     )
     _SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset(map(_secret_field, _SECRET_KEYS))
 
@@ -188,6 +204,7 @@ class IcebergCatalogResource(_ConnectionResource):
     iceberg_catalog_credential: str | None = None
     iceberg_s3_secret_access_key: str | None = None
     s3_secret_access_key: str | None = None  # the warehouse's FileIO uses `s3` when there is no `iceberg.s3`
+    iceberg_catalog_properties: str | None = None  # JSON (CATALOG_PROPERTIES_KEY)
 
     def settings(self) -> CatalogSettings:
         return catalog_settings(self.lakehouse_config())

@@ -74,3 +74,26 @@ def test_resources_hold_the_config_without_secrets_and_open_what_the_factory_ope
     assert settings.catalog_properties()["credential"] == "client:catalog-secret-value"
     assert offsets_config.etcd.password.get_secret_value() == "etcd-secret-value"
     assert (offsets_config.offsets.lease_ttl_seconds, offsets_config.offsets.key_prefix) == (7, "procs")
+
+
+def test_catalog_properties_travel_as_a_secret_not_as_resource_config(monkeypatch, tmp_path):
+    # Any catalog property may carry a secret (here a bearer token in an extra header): the UI shows resource config.
+    unset_until_the_test_ends(monkeypatch, secret_env_var_name("iceberg.catalog.properties"))
+    properties = {"header.Authorization": "Bearer header-secret-value", "scope": "PRINCIPAL_ROLE:ALL"}
+    config = parse_config({
+        "s3": {"bucket": "lake"},
+        "iceberg": {"catalog": {"type": "rest", "uri": "http://127.0.0.1:2", "properties": properties},
+                    "warehouse": "s3://warehouse"},
+        "offsets": {"backend": "local", "local_path": str(tmp_path / "offsets.db")},
+    }, base_dir=tmp_path)
+    resources = lakehouse_resources(config)
+    definitions_view = {key: dict(resource._convert_to_config_dictionary())
+                        for key, resource in resources.items() if key != SPARK_RESOURCE_KEY}
+    assert "header-secret-value" not in repr(definitions_view) + repr(resources)
+    assert "PRINCIPAL_ROLE" not in repr(definitions_view)
+
+    with dg.build_resources({k: v for k, v in resources.items() if k != SPARK_RESOURCE_KEY}) as resolved:
+        settings = resolved.iceberg_catalog.settings()
+    assert settings == catalog_settings(config)
+    passed = settings.catalog_properties()
+    assert passed["header.Authorization"] == "Bearer header-secret-value" and passed["scope"] == "PRINCIPAL_ROLE:ALL"
