@@ -3,9 +3,10 @@
     df = read_table(spark, table, columns=["store_id", "sauce"], row_filter=window, snapshot_id=upstream_snapshot)
 
 The driver only plans: pyiceberg's `plan_files()` (manifests pruned by the row filter's partition values and column
-statistics) gives the `FileScanTask`s, one Spark input partition each. Each executor task reads its data file with
-pyiceberg's `ArrowScan` (delete files applied, the row filter applied to the rows, the projected columns only) and
-yields Arrow batches, so no row passes through the driver and its memory does not grow with the table.
+statistics) gives the `FileScanTask`s, packed into Spark input partitions of up to 128 MB (`pack_scan_tasks`). Each
+executor task reads its data files with pyiceberg's `ArrowScan` (delete files applied, the row filter applied to the
+rows, the projected columns only) and yields Arrow batches, so no row passes through the driver and its memory does
+not grow with the table.
 
 Spark plans a Python data source in a Python worker of the driver, not in the caller's interpreter, so the data
 source gets the table's metadata file location and FileIO settings as options and opens a `StaticTable` from
@@ -98,12 +99,35 @@ def _snapshot_schema(table: Table, snapshot_id: int | None) -> Schema:
     return table.schema()
 
 
+# Spark's own file sources pack small files into input partitions the same way (`spark.sql.files.maxPartitionBytes`,
+# `spark.sql.files.openCostInBytes`): a landed table holds many small files until compaction, and a Spark task per
+# file would cost more to schedule than to read.
+MAX_PARTITION_BYTES = 128 * 1024 * 1024
+OPEN_COST_BYTES = 4 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class FileScanPartition(InputPartition):
-    """One Spark input partition: one data file with its delete files."""
+    """One Spark input partition: data files (each with its delete files) of up to `MAX_PARTITION_BYTES`."""
 
     index: int
-    task: FileScanTask
+    tasks: tuple[FileScanTask, ...]
+
+
+def pack_scan_tasks(tasks: list[FileScanTask], max_bytes: int = MAX_PARTITION_BYTES,
+                    open_cost: int = OPEN_COST_BYTES) -> list[tuple[FileScanTask, ...]]:
+    """`tasks` in groups of at most `max_bytes` (each file counted with `open_cost` more; a larger file alone),
+    largest first, so the groups come out about even."""
+    groups: list[list[FileScanTask]] = []
+    group_bytes = 0
+    for task in sorted(tasks, key=lambda t: t.file.file_size_in_bytes, reverse=True):
+        size = task.file.file_size_in_bytes + open_cost
+        if not groups or group_bytes + size > max_bytes:
+            groups.append([])
+            group_bytes = 0
+        groups[-1].append(task)
+        group_bytes += size
+    return [tuple(group) for group in groups]
 
 
 class IcebergTableSource(DataSource):
@@ -147,11 +171,11 @@ class IcebergTableReader(DataSourceReader):
         table = self._table or StaticTable.from_metadata(self.metadata_location, properties=self.io_properties)
         scan = table.scan(row_filter=self.row_filter, selected_fields=tuple(self.columns or ("*",)),
                           snapshot_id=self.snapshot_id)
-        tasks = list(scan.plan_files())
-        log.info("table %s: %d data files to read (snapshot %s)", self.table_name, len(tasks),
-                 self.snapshot_id or "current")
+        groups = pack_scan_tasks(list(scan.plan_files()))
+        log.info("table %s: %d data files to read (snapshot %s) in %d Spark tasks", self.table_name,
+                 sum(map(len, groups)), self.snapshot_id or "current", len(groups))
         # Spark needs at least one partition; an empty one reads nothing.
-        return [FileScanPartition(i, t) for i, t in enumerate(tasks)] or [InputPartition(None)]
+        return [FileScanPartition(i, group) for i, group in enumerate(groups)] or [InputPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, FileScanPartition):
@@ -163,7 +187,7 @@ class IcebergTableReader(DataSourceReader):
         target = to_arrow_schema(spark_schema(projected), timezone="UTC")
         io = load_file_io(self.io_properties, metadata.location)
         scan = ArrowScan(metadata, io, projected, self.row_filter)
-        for batch in scan.to_record_batches([partition.task]):
+        for batch in scan.to_record_batches(partition.tasks):
             if batch.num_rows:
                 yield _conform(batch, target)
 
