@@ -112,12 +112,15 @@ def test_cut_over_from_the_go_processor_and_back(production_world, spark, caplog
     # Every offset once: Go's rows and ours; our one snapshot records the offsets; etcd agrees.
     world.assert_exactly_once(runs=1, expected={0: range(100), 1: range(90)})
 
-    # What we leave in etcd is what the Go processor writes and resumes from, byte for byte, and no lease.
+    # What we leave in etcd is what the Go processor writes and resumes from, byte for byte, and no lease; plus our
+    # own key naming the table the offsets belong to (the Go processor reads only its own keys).
     state = etcd_state(world)
     topic, prefix = world.topic, world.name
     assert sorted(state) == sorted([f"{prefix}/offsets/{topic}/0", f"{prefix}/offsets/{topic}/1",
                                     f"{prefix}/watermarks/{topic}", f"{prefix}/watermarks/{topic}/0",
-                                    f"{prefix}/watermarks/{topic}/1"])
+                                    f"{prefix}/watermarks/{topic}/1", f"{prefix}/tables/{topic}"])
+    assert json.loads(state[f"{prefix}/tables/{topic}"]) == {
+        "table": world.table_name, "uuid": str(world.table().metadata.table_uuid), "partitions": [0, 1]}
     for partition, last in ((0, 99), (1, 89)):
         value = state[f"{prefix}/offsets/{topic}/{partition}"]
         offset, last_timestamp_ms, updated_at = map(int, GO_OFFSET_VALUE.match(value).groups())
