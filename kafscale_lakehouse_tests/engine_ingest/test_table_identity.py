@@ -10,7 +10,7 @@ import pytest
 from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
 from kafscale_lakehouse.engine.catalog import load_catalog
 from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
-from kafscale_lakehouse.engine.offsets_admin import reset_from_store
+from kafscale_lakehouse.engine.offsets_admin import reset_from_store, reset_from_table
 from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
 
 
@@ -110,3 +110,31 @@ def test_go_processor_offsets_without_identity_are_still_handed_over(embedded_wo
         identity = store.table_identity(world.topic)
     assert identity is not None and identity.partitions == (0,)
     assert identity.uuid == str(world.table().metadata.table_uuid)
+
+
+def test_a_rollback_to_before_our_first_commit_stops_until_reset_from_the_table_then_lands_again(
+        embedded_world, spark):
+    world = embedded_world
+    world.segments_root.mkdir(parents=True, exist_ok=True)
+    ingest(world.config(), spark)  # no segments yet: the table is created, nothing landed
+    table = world.table()
+    transaction = table.transaction()  # another writer's snapshot, before ours
+    with transaction.update_snapshot().fast_append():
+        pass
+    transaction.commit_transaction()
+    foreign = world.table().metadata.current_snapshot_id
+    land_two_partitions(world, spark)
+    world.table().manage_snapshots().rollback_to_snapshot(foreign).commit()
+    assert world.table_rows() == [] and read_topic_offsets(world.table(), world.topic) == {}
+
+    with pytest.raises(IngestFailedError, match=r"committed for this table \(uuid") as failed:
+        ingest(world.config(), spark)
+    assert set(failed.value.result.partitions) == {0, 1}
+    assert world.table_rows() == [], "the rolled-back records are neither skipped nor half landed"
+
+    with offset_store_from_config(world.config()) as store:
+        reset_from_table(world.table(), world.topic, store)
+    [result] = ingest(world.config(), spark)
+    assert result.records == 120  # the rolled-back records land again, once
+    assert sorted((p, o) for _, p, o in world.table_rows()) == [(0, o) for o in range(80)] + [(1, o) for o in
+                                                                                              range(40)]
