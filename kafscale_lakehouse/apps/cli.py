@@ -213,6 +213,7 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.engine.maintenance import MAINTENANCE_STEPS, MaintenanceError, maintain_mapping
     from kafscale_lakehouse.engine.spark import get_spark_session
+    from kafscale_lakehouse.engine.table_rewrites import RewriteAbandonedError
 
     config = load_config(config_path)
     mappings = [m for m in config.mappings if tables is None or m.table in tables]
@@ -226,7 +227,7 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
     for mapping in mappings:
         try:
             summary = maintain_mapping(config, spark, mapping, steps=steps)
-        except MaintenanceError as err:
+        except (MaintenanceError, RewriteAbandonedError) as err:
             print(f"error: {err}", file=sys.stderr)
             failed += 1
             continue
@@ -267,6 +268,48 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     except (OffsetStoreError, CatalogError, TableDefinitionError) as err:
         raise CommandError(str(err)) from err
     print("\n".join(view.lines()))
+    return 0
+
+
+def run_replay(config_path: str | None, *, topic: str, partition: int, start: int, end: int | None,
+               yes: bool) -> int:
+    """`offsets replay`: the rows of one partition's offset range replaced by the records read again, in one commit
+    (engine/replay.py); without --yes, what would be replaced."""
+    from kafscale_lakehouse.config import load_config
+    from kafscale_lakehouse.engine.catalog import CatalogError, TableDefinitionError
+    from kafscale_lakehouse.engine.ingest import IngestContext, open_mapping_table
+    from kafscale_lakehouse.engine.record_validation import resolve_record_validation
+    from kafscale_lakehouse.engine.replay import ReplayError, plan_replay, replay_range
+    from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
+    from kafscale_lakehouse.engine.spark import get_spark_session
+    from kafscale_lakehouse.engine.table_rewrites import RecordRange, RewriteAbandonedError
+    from kafscale_lakehouse.offsets import LeaseLostError, OffsetStoreError
+    from kafscale_lakehouse.offsets.ranges import OffsetRange
+
+    config = load_config(config_path)
+    mapping = next((m for m in config.mappings if m.topic == topic), None)
+    if mapping is None:
+        raise CommandError(f"no mapping lands topic {topic!r}; mapped topics: {[m.topic for m in config.mappings]}")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    spark = get_spark_session(config.spark.master, dict(config.spark.conf), remote=config.spark.remote)
+    try:
+        with IngestContext.from_config(config, spark) as context:
+            validation = resolve_record_validation(config, mapping, context.registry)
+            table = open_mapping_table(context, mapping, validation.columns)
+            if end is None:
+                end = read_topic_offsets(table, topic).get(partition, start)
+            try:
+                offsets = OffsetRange(partition, start, end)
+            except ValueError as err:
+                raise CommandError(f"--partition/--from/--to: {err}") from err
+            if not yes:
+                print(plan_replay(table, RecordRange(topic, offsets)).describe())
+                print("add --yes to do it")
+                return 1
+            print(replay_range(context, mapping, offsets).describe())
+    except (ReplayError, RewriteAbandonedError, LeaseLostError, OffsetStoreError, CatalogError,
+            TableDefinitionError) as err:
+        raise CommandError(str(err)) from err
     return 0
 
 
@@ -436,6 +479,17 @@ def _build_parser() -> argparse.ArgumentParser:
             source.add_argument("--from-store", dest="source", action="store_const", const="store",
                                 help="the table records the store's offsets of the partitions it lacks")
             command.add_argument("--yes", action="store_true", help="do it (without: only show what would change)")
+    replay = offsets_commands.add_parser(
+        "replay", help="replace the rows of one partition's offset range by the records read again, in one commit")
+    replay.add_argument("--topic", required=True, help="a mapped topic")
+    replay.add_argument(
+        "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
+    )
+    replay.add_argument("--partition", type=int, required=True, help="the Kafka partition")
+    replay.add_argument("--from", dest="start", type=int, required=True, help="first offset replayed")
+    replay.add_argument("--to", dest="end", type=int, default=None,
+                        help="offset after the last one replayed (default: the table's next offset)")
+    replay.add_argument("--yes", action="store_true", help="do it (without: only show what would be replaced)")
 
     serve_metrics = commands.add_parser(
         "serve-metrics",
@@ -486,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_report(args.config, table=args.table, output=args.output)
         if args.command == "maintain":
             return run_maintain(args.config, tables=args.table, steps=args.step)
+        if args.command == "offsets" and args.offsets_command == "replay":
+            return run_replay(args.config, topic=args.topic, partition=args.partition, start=args.start,
+                              end=args.end, yes=args.yes)
         if args.command == "offsets":
             return run_offsets(args.config, command=args.offsets_command, topic=args.topic,
                                source=getattr(args, "source", None), yes=getattr(args, "yes", False))

@@ -12,12 +12,10 @@
   (dead_letter.publish_pending_dead_letters walks back to them), and, on a dead-letter table, staged snapshots not
   yet published. Expiry only removes snapshots from the metadata; their files go with orphan-file removal.
 - `compact`: small data files of each partition are read and rewritten into files of about the target size by one
-  Spark job (`mapInArrow`, one task per group, written with the sink's `RollingDataFiles`), then committed as one
-  overwrite snapshot (pyiceberg 0.12 has no `replace` operation) that removes the inputs, adds the outputs and
-  carries the table's offsets forward. Each attempt re-reads the table: a concurrent ingestion commit makes the
-  catalog refuse ours (pyiceberg's own retries are off, as for our appends), and we retry on the new state; if an
-  input file is gone (another compaction, a delete), the rewrite is abandoned and its files deleted, so nothing is
-  lost or doubled. Ingestion is never blocked: it commits whenever it wants; compaction is the one that retries.
+  Spark job, then committed as one overwrite snapshot that removes the inputs, adds the outputs and carries the
+  table's offsets forward (engine/table_rewrites.py: retried on a concurrent commit, abandoned with its files
+  deleted when an input is gone, so nothing is lost or doubled). Ingestion is never blocked: it commits whenever it
+  wants; compaction is the one that retries.
 - `remove_orphan_files`: files under the table's own location, older than `min_age` (3 days, as Iceberg's), that no
   snapshot, manifest list, manifest, metadata file or statistics file of the table references. Refuses to run when
   another table's metadata lies in the same location (a table renamed and recreated there by older versions).
@@ -28,18 +26,14 @@
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-import pyarrow as pa
 from pyarrow.fs import FileSelector, FileType
-from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadataUtil
@@ -48,18 +42,15 @@ from pyspark.sql import SparkSession
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.catalog import BOUNDED_METADATA_PROPERTIES, catalog_endpoint, catalog_errors
 from kafscale_lakehouse.engine.dead_letter import StagedDeadLetters
-from kafscale_lakehouse.engine.iceberg_sink import RollingDataFiles, SinkJob, delete_data_files
-from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
+from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
 from kafscale_lakehouse.engine.snapshot_summary import (
-    OFFSETS_PROPERTY_PREFIX,
     SOURCE_TABLE_PROPERTY,
     STAGED_SNAPSHOT_PROPERTY,
     ancestry,
-    format_offsets_property,
     is_kafscale_commit,
-    read_committed_offsets,
 )
-from kafscale_lakehouse.engine.table_offsets import commit_settled, without_client_retries
+from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError
+from kafscale_lakehouse.engine.table_rewrites import commit_rewrite, run_rewrite_job
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +59,6 @@ DEFAULT_ORPHAN_MIN_AGE = timedelta(days=3)
 DEFAULT_SNAPSHOT_MAX_AGE = timedelta(days=5)  # Iceberg's history.expire.max-snapshot-age-ms default
 DEFAULT_RETAIN_LAST = 1  # Iceberg's history.expire.min-snapshots-to-keep default
 DEFAULT_COMMIT_ATTEMPTS = 10
-_OUTPUT_SCHEMA = "task_output binary"
 
 
 class MaintenanceError(RuntimeError):
@@ -347,35 +337,6 @@ def compaction_groups(tasks: Sequence[FileScanTask], *, target_file_size_bytes: 
     return groups
 
 
-@dataclass(frozen=True)
-class _CompactionTasks:
-    """Pickled into the job's closure: each task reads its group's files and writes them again."""
-
-    sink: SinkJob
-    groups: tuple[tuple[DataFile, ...], ...]
-
-    def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in task_ids:
-            for task_id in batch.column(0).to_pylist():
-                files = self._rewrite(task_id)
-                yield pa.RecordBatch.from_pydict({"task_output": [pickle.dumps(files, pickle.HIGHEST_PROTOCOL)]})
-
-    def _rewrite(self, task_id: int) -> list[DataFile]:
-        metadata = TableMetadataUtil.parse_raw(self.sink.table_metadata_json)
-        io = self.sink.file_io()
-        scan = ArrowScan(metadata, io, metadata.schema(), AlwaysTrue())
-        writer = RollingDataFiles(self.sink, task_id)
-        try:
-            for data_file in self.groups[task_id]:
-                rows = scan.to_table([FileScanTask(data_file)])
-                for chunk in writer.checked(rows.to_batches()):
-                    writer.write(pa.Table.from_batches([chunk]))
-            return writer.close()
-        except BaseException:
-            writer.discard()
-            raise
-
-
 def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, min_input_files: int = 5,
             max_attempts: int = DEFAULT_COMMIT_ATTEMPTS, retry_wait_seconds: float = 0.2) -> CompactionResult:
     """Rewrite small data files into files of about `target_file_size_bytes` (see the module docstring)."""
@@ -390,20 +351,16 @@ def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, m
         log.info("table %s: nothing to compact", table_name)
         return CompactionResult(None, 0, 0, 0, 0, 0)
     compaction_id = f"compact-{uuid.uuid4().hex}"
-    sink = SinkJob.for_table(table, compaction_id, target_file_size_bytes)
-    tasks = _CompactionTasks(sink, tuple(tuple(g) for g in groups))
     log.info("table %s: compacting %d files in %d groups (%s)", table_name, sum(len(g) for g in groups),
              len(groups), compaction_id)
-    job = spark.range(0, len(groups), 1, numPartitions=len(groups)).mapInArrow(tasks, _OUTPUT_SCHEMA)
-    try:
-        written = [f for row in job.collect() for f in pickle.loads(row.task_output)]  # noqa: S301 - our own tasks' output
-    except Exception:
-        remove_run_files(table, run_table(table, compaction_id).data_dir)
-        raise
+    written = run_rewrite_job(spark, table, compaction_id, groups, target_file_size_bytes=target_file_size_bytes)
     inputs = [f for g in groups for f in g]
     try:
-        snapshot_id, attempts = _commit_rewrite(table, inputs, written, compaction_id, max_attempts,
-                                                retry_wait_seconds)
+        snapshot_id, attempts = commit_rewrite(table, inputs, written, marker=(COMPACTION_PROPERTY, compaction_id),
+                                               what=f"compaction {compaction_id}", max_attempts=max_attempts,
+                                               retry_wait_seconds=retry_wait_seconds)
+    except CommitOutcomeUnknownError:
+        raise  # its files may be referenced: orphan-file removal settles them
     except BaseException:
         delete_data_files(table.io, [f.file_path for f in written])
         raise
@@ -411,43 +368,6 @@ def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, m
                               sum(f.file_size_in_bytes for f in written), attempts)
     log.info("table %s: compaction %s committed snapshot %d: %s", table_name, compaction_id, snapshot_id, result)
     return result
-
-
-def _commit_rewrite(table: Table, inputs: Sequence[DataFile], outputs: Sequence[DataFile], compaction_id: str,
-                    max_attempts: int, retry_wait_seconds: float) -> tuple[int, int]:
-    table_name = ".".join(table.name())
-    input_paths = {f.file_path for f in inputs}
-    for attempt in range(1, max_attempts + 1):
-        with catalog_errors(catalog_endpoint(table.catalog)):
-            table.refresh()
-        current = {task.file.file_path for task in table.scan().plan_files()}
-        gone = input_paths - current
-        if gone:
-            raise MaintenanceError(f"table {table_name}: {len(gone)} input files of compaction {compaction_id} were "
-                                   f"removed by another commit (e.g. {sorted(gone)[0]}); compaction abandoned, its "
-                                   "files deleted")
-        properties = {OFFSETS_PROPERTY_PREFIX + topic: format_offsets_property(offsets)
-                      for topic, offsets in read_committed_offsets(table).items()}
-        properties[COMPACTION_PROPERTY] = compaction_id
-        try:
-            with catalog_errors(catalog_endpoint(table.catalog)):
-                transaction = without_client_retries(table).transaction()
-                with transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite:
-                    for data_file in inputs:
-                        rewrite.delete_data_file(data_file)
-                    for data_file in outputs:
-                        rewrite.append_data_file(data_file)
-                view = commit_settled(transaction)
-        except CommitFailedException:
-            if attempt == max_attempts:
-                raise
-            log.info("table %s: compaction %s lost a race with a concurrent commit (attempt %d/%d); retrying",
-                     table_name, compaction_id, attempt, max_attempts)
-            time.sleep(retry_wait_seconds * attempt)
-            continue
-        table.metadata, table.metadata_location = view.metadata, view.metadata_location
-        return table.metadata.current_snapshot_id, attempt
-    raise AssertionError("unreachable")
 
 
 # ---- per mapping (the CLI and the Dagster job) -----------------------------------------------------------------

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
-from kafscale_lakehouse.engine import maintenance
+from kafscale_lakehouse.engine import maintenance, table_rewrites
 from kafscale_lakehouse.engine.catalog import load_catalog
 from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
 from kafscale_lakehouse.engine.maintenance import (
@@ -43,7 +43,7 @@ def test_compaction_races_an_ingestion_commit_and_keeps_every_record_once(produc
     # compaction's first attempt, which retries on the new state.
     for partition in (0, 1):
         world.write_segments(partition, 40, base_offset=160, records_per_segment=40)
-    real_view = maintenance.without_client_retries
+    real_view = table_rewrites.without_client_retries
     raced = []
 
     def ingest_first(table):
@@ -51,7 +51,7 @@ def test_compaction_races_an_ingestion_commit_and_keeps_every_record_once(produc
             raced.append(ingest(world.config(), spark))
         return real_view(table)
 
-    monkeypatch.setattr(maintenance, "without_client_retries", ingest_first)
+    monkeypatch.setattr(table_rewrites, "without_client_retries", ingest_first)
     result = compact(spark, world.table(), target_file_size_bytes=64 * 1024 * 1024, min_input_files=2)
 
     assert raced and result.attempts == 2
@@ -72,7 +72,7 @@ def test_compaction_stopped_before_its_commit_leaves_nothing(production_world, s
     def stop(*args, **kwargs):
         raise KeyboardInterrupt  # the process is being stopped between writing and committing
 
-    monkeypatch.setattr(maintenance, "_commit_rewrite", stop)
+    monkeypatch.setattr(maintenance, "commit_rewrite", stop)
     with pytest.raises(KeyboardInterrupt):
         compact(spark, world.table(), target_file_size_bytes=64 * 1024 * 1024, min_input_files=2)
 

@@ -1,0 +1,209 @@
+"""Replay of a Kafka partition's offset range: its rows in the table replaced by the records read again from the
+segments, in one commit (DESIGN.md, "Dagster model": an explicit replay never duplicates).
+
+    result = replay_range(context, mapping, OffsetRange(partition, start, end))
+
+For rows landed wrong (a mapping, LFS or decoding problem fixed since). Under the partition's lease (ingestion of
+that partition waits, the others go on), registered as a run (run_files.py) so a crash leaves nothing behind:
+1. the range must be landed (`end` at most the table's next offset of the partition) and still in the segments
+   (no offset of it deleted by retention or missing);
+2. one Spark job reads the range's segments, exactly as ingestion does (`run_ingestion_spark_job`), into new data
+   files; a segment that cannot be read, or an invalid record, stops the replay with nothing replaced (a replay
+   writes no dead letters);
+3. the table's files holding rows of the range: those holding only such rows are removed, the others rewritten
+   without them (`table_rewrites.run_rewrite_job`);
+4. one overwrite snapshot removes the old files and adds the new ones (`table_rewrites.commit_rewrite`), carrying the
+   offsets of every topic forward unchanged: a replay never moves the table's position.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+from pyiceberg.expressions.visitors import ROWS_MUST_MATCH, _StrictMetricsEvaluator
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table
+
+from kafscale_lakehouse.config import MappingConfig
+from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
+from kafscale_lakehouse.engine.ingest import IngestContext, open_mapping_table
+from kafscale_lakehouse.engine.kafscale_source import segment_run_partitions
+from kafscale_lakehouse.engine.lfs_resolution import lfs_read_settings
+from kafscale_lakehouse.engine.record_validation import RecordValidation, resolve_record_validation
+from kafscale_lakehouse.engine.run_files import clean_ended_runs, forget_run, register_run
+from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY, read_topic_offsets
+from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput, run_ingestion_spark_job
+from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError
+from kafscale_lakehouse.engine.table_rewrites import RecordRange, commit_rewrite, run_rewrite_job
+from kafscale_lakehouse.offsets import Lease, LeaseHeldError
+from kafscale_lakehouse.offsets.ranges import OffsetRange
+from kafscale_lakehouse.storage import OffsetBeyondSegmentsError, SegmentRef, find_gaps, segments_from
+
+log = logging.getLogger(__name__)
+
+REPLAY_PROPERTY = "kafscale.replay"  # on replay snapshots: `<topic>/<partition>/<start>-<end>` (end exclusive)
+
+
+class ReplayError(RuntimeError):
+    """The replay cannot run or was stopped; nothing was replaced. The message names the table, range and cause."""
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What a replay would replace: the table's files holding rows of the range."""
+
+    table: str
+    records: RecordRange
+    table_next_offset: int
+    removed_files: tuple[DataFile, ...]  # hold only rows of the range
+    rewritten_files: tuple[DataFile, ...]  # hold rows of the range and others
+
+    def describe(self) -> str:
+        return (f"table {self.table}: {self.records} (the table's next offset of the partition is "
+                f"{self.table_next_offset}); {len(self.removed_files)} data files hold only rows of the range and are "
+                f"removed, {len(self.rewritten_files)} hold other rows too and are rewritten without them")
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    plan: ReplayPlan
+    run_id: str
+    snapshot_id: int
+    rows_removed: int
+    rows_added: int
+    files_removed: int
+    files_added: int
+    attempts: int
+
+    def describe(self) -> str:
+        return (f"table {self.plan.table}: replayed {self.plan.records} in snapshot {self.snapshot_id} (run "
+                f"{self.run_id}): {self.rows_removed} rows removed, {self.rows_added} rows added, "
+                f"{self.files_removed} files removed, {self.files_added} added")
+
+
+def plan_replay(table: Table, records: RecordRange) -> ReplayPlan:
+    """The files of `table` holding rows of `records` (by partition values and column statistics); `ReplayError`
+    when the range is not landed yet."""
+    table_name = ".".join(table.name())
+    offsets = records.offsets
+    if offsets.start >= offsets.end:
+        raise ReplayError(f"table {table_name}: the range {offsets.start}..{offsets.end - 1} of topic {records.topic} "
+                          f"partition {offsets.partition} is empty")
+    next_offset = read_topic_offsets(table, records.topic).get(offsets.partition)
+    if next_offset is None or offsets.end > next_offset:
+        landed = "nothing" if next_offset is None else f"offsets up to {next_offset - 1}"
+        raise ReplayError(f"table {table_name}: cannot replay {records}: the table holds {landed} of the partition "
+                          f"(a replay replaces landed rows; ingestion lands the rest)")
+    must_match = _StrictMetricsEvaluator(table.schema(), records.expression()).eval
+    removed: list[DataFile] = []
+    rewritten: list[DataFile] = []
+    for task in table.scan(row_filter=records.expression()).plan_files():
+        if task.delete_files:
+            raise ReplayError(f"table {table_name}: {task.file.file_path} has delete files (written by another "
+                              "engine); a replay rewrites data files only. Compact the table with that engine first")
+        (removed if must_match(task.file) == ROWS_MUST_MATCH else rewritten).append(task.file)
+    return ReplayPlan(table_name, records, next_offset, tuple(removed), tuple(rewritten))
+
+
+def replay_range(context: IngestContext, mapping: MappingConfig, offsets: OffsetRange, *,
+                 run_id: str | None = None) -> ReplayResult:
+    """Replace the rows of `offsets` of the mapping's topic with the records read again (see the module docstring)."""
+    topic = mapping.topic
+    run_id = run_id or f"replay-{uuid.uuid4().hex}"
+    records = RecordRange(topic, offsets)
+    validation = resolve_record_validation(context.config, mapping, context.registry)
+    table = open_mapping_table(context, mapping, validation.columns)
+    table_name = ".".join(table.name())
+    try:
+        lease = context.offsets.acquire_lease(topic, offsets.partition, f"{context.owner_id}-{run_id[:15]}")
+    except LeaseHeldError as exc:
+        raise ReplayError(f"table {table_name}: cannot replay {records} while a run holds the partition ({exc}); "
+                          "try again when it has committed") from exc
+    try:
+        clean_ended_runs(context.offsets, topic, [table])
+        plan = plan_replay(table, records)
+        segments = _segments(context, table_name, records)
+        register_run(context.offsets, [lease], run_id, [table])
+        log.info("%s; reading %d segments again (run %s)", plan.describe(), len(segments), run_id)
+        try:
+            result = _replace(context, mapping, validation, table, plan, segments, lease, run_id)
+        except CommitOutcomeUnknownError:
+            raise  # its files may be referenced: the run's record stays, a later run of the topic settles them
+        except Exception:
+            forget_run(context.offsets, topic, run_id)  # its files are deleted
+            raise
+        forget_run(context.offsets, topic, run_id)
+    finally:
+        lease.release()
+    log.info("%s", result.describe())
+    return result
+
+
+def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordValidation, table: Table,
+             plan: ReplayPlan, segments: list[SegmentRef], lease: Lease, run_id: str) -> ReplayResult:
+    """Steps 2 to 4 of the module docstring; on an error the files written are deleted (unless the commit's outcome
+    is unknown)."""
+    records, offsets, topic = plan.records, plan.records.offsets, mapping.topic
+    target = context.config.processor.target_file_size_bytes
+    outputs = run_ingestion_spark_job(
+        context.spark, table, run_id, context.store, topic, segment_run_partitions(topic, offsets, segments, target),
+        columns=validation.columns, json_schema=validation.json_schema, target_file_size_bytes=target,
+        lfs=lfs_read_settings(mapping.lfs, validation.mode))
+    read_again = [f for output in outputs for f in output.data_files]
+    rewritten: list[DataFile] = []
+    try:
+        _refuse_incomplete(plan.table, records, outputs)
+        rewritten = run_rewrite_job(context.spark, table, run_id, [[f] for f in plan.rewritten_files],
+                                    target_file_size_bytes=target, without=records)
+        removed = [*plan.removed_files, *plan.rewritten_files]
+
+        def still_landed(current: Table) -> None:
+            context.offsets.confirm_lease(lease)
+            next_offset = read_topic_offsets(current, topic).get(offsets.partition)
+            if next_offset is None or next_offset < offsets.end:
+                raise ReplayError(f"table {plan.table}: the table no longer holds {records} (its next offset is now "
+                                  f"{next_offset}: rolled back?); nothing replaced")
+
+        snapshot_id, attempts = commit_rewrite(
+            table, removed, [*read_again, *rewritten],
+            marker=(REPLAY_PROPERTY, f"{topic}/{offsets.partition}/{offsets.start}-{offsets.end}-{run_id}"),
+            what=f"the replay of {records}", properties={RUN_ID_PROPERTY: run_id}, check=still_landed)
+    except CommitOutcomeUnknownError:
+        raise
+    except BaseException:
+        delete_data_files(table.io, [f.file_path for f in [*read_again, *rewritten]])
+        raise
+    return ReplayResult(plan, run_id, snapshot_id,
+                        rows_removed=sum(f.record_count for f in removed) - sum(f.record_count for f in rewritten),
+                        rows_added=sum(f.record_count for f in read_again), files_removed=len(removed),
+                        files_added=len(read_again) + len(rewritten), attempts=attempts)
+
+
+def _segments(context: IngestContext, table_name: str, records: RecordRange) -> list[SegmentRef]:
+    offsets = records.offsets
+    try:
+        listed = segments_from(context.store, records.topic, offsets.partition, offsets.start).segments
+    except OffsetBeyondSegmentsError as exc:
+        raise ReplayError(f"table {table_name}: cannot replay {records}: {exc}") from exc
+    segments = [s for s in listed if s.base_offset < offsets.end]
+    gaps = [g for g in find_gaps(segments, next_offset=offsets.start) if g.expected_offset < offsets.end]
+    if not segments or gaps or segments[-1].last_offset < offsets.end - 1:
+        missing = (f"offsets {gaps[0].expected_offset}..{min(gaps[0].found_offset, offsets.end) - 1} are missing "
+                   f"before {gaps[0].kfs_key}" if gaps else "its offsets are not all in completed segments")
+        raise ReplayError(f"table {table_name}: cannot replay {records}: {missing} (deleted by retention?); the "
+                          "rows in the table are kept as they are")
+    return segments
+
+
+def _refuse_incomplete(table_name: str, records: RecordRange, outputs: list[IngestionTaskOutput]) -> None:
+    failure = next((o.failure for o in outputs if o.failure is not None), None)
+    if failure is not None:
+        raise ReplayError(f"table {table_name}: cannot replay {records}: segment {failure.key} could not be read "
+                          f"({failure.error_type}: {failure.message}); nothing replaced")
+    invalid = sum(o.source_stats.invalid_count for o in outputs)
+    if invalid:
+        samples = ", ".join(s.describe() for o in outputs for s in o.source_stats.invalid_samples[:5])
+        raise ReplayError(f"table {table_name}: cannot replay {records}: {invalid} records are invalid now "
+                          f"({samples}); a replay writes no dead letters, so nothing was replaced")
