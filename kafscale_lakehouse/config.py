@@ -431,6 +431,10 @@ class MaintenanceConfig(_ConfigModel):
     orphan_min_age_hours: int = Field(default=72, ge=24)
     target_file_size_bytes: PositiveInt | None = None  # default: processor.target_file_size_bytes
     min_input_files: int = Field(default=5, ge=2)  # small files a partition needs before it is compacted
+    # Data manifests of the current snapshot before they are merged (every fast append adds one); Iceberg's
+    # commit.manifest.min-count-to-merge and commit.manifest.target-size-bytes defaults.
+    manifest_min_count: int = Field(default=100, ge=2)
+    manifest_target_size_bytes: PositiveInt = 8 * 1024 * 1024
 # Environment variables that override `mappings[].lfs` of every mapping, as in the Go processor.
 LFS_ENV_OVERRIDES = {
     "KAFSCALE_ICEBERG_LFS_MODE": "mode",

@@ -450,7 +450,8 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("--output", default="report.html", help="HTML file to write (default: report.html)")
 
     maintain = commands.add_parser(
-        "maintain", help="table maintenance: bounded-metadata properties, compaction, snapshot expiry, orphan files"
+        "maintain",
+        help="table maintenance: metadata properties, compaction, manifest rewrite, snapshot expiry, orphan files"
     )
     maintain.add_argument(
         "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
@@ -459,7 +460,7 @@ def _build_parser() -> argparse.ArgumentParser:
     maintain.add_argument(
         "--step",
         action="append",
-        choices=["properties", "compact", "expire", "orphans"],
+        choices=["properties", "compact", "manifests", "expire", "orphans"],
         help="only this step (repeatable; default: all, in that order)",
     )
 

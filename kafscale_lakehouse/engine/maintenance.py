@@ -19,8 +19,10 @@
 - `remove_orphan_files`: files under the table's own location, older than `min_age` (3 days, as Iceberg's), that no
   snapshot, manifest list, manifest, metadata file or statistics file of the table references. Refuses to run when
   another table's metadata lies in the same location (a table renamed and recreated there by older versions).
-- Manifests: pyiceberg 0.12 has no `rewrite_manifests`; our compaction's overwrite rewrites the manifests it
-  touches, so manifests are bounded by the compacted partitions. A separate manifest rewrite is not implemented.
+- `rewrite_manifests`: every fast append adds a manifest, so a table's current snapshot holds one per commit since
+  the last merge, and every scan plan reads them all. Once there are `manifest_min_count` data manifests, one
+  snapshot merges them into manifests of about `manifest_target_size_bytes` (pyiceberg 0.12 has no
+  `rewrite_manifests`: its merge append does it, engine/table_rewrites.py), carrying the offsets forward.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from datetime import UTC, datetime, timedelta
 
 from pyarrow.fs import FileSelector, FileType
 from pyiceberg.io.pyarrow import PyArrowFileIO
-from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadataUtil
+from pyiceberg.table.snapshots import Snapshot
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
@@ -50,7 +53,7 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     is_kafscale_commit,
 )
 from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError
-from kafscale_lakehouse.engine.table_rewrites import commit_rewrite, run_rewrite_job
+from kafscale_lakehouse.engine.table_rewrites import ManifestMerge, commit_rewrite, run_rewrite_job
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,8 @@ class MaintenanceSettings:
     target_file_size_bytes: int = 128 * 1024 * 1024
     # A partition is compacted when it has at least this many files smaller than 3/4 of the target.
     min_input_files: int = 5
+    manifest_min_count: int = 100
+    manifest_target_size_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass
@@ -97,6 +102,8 @@ class MaintenanceSummary:
     files_compacted: int = 0
     files_written: int = 0
     compaction_snapshot_id: int | None = None
+    manifests_before: int | None = None
+    manifests_after: int | None = None
     orphan_files_removed: int = 0
     duration_seconds: float = 0.0
 
@@ -113,16 +120,20 @@ class MaintenanceSummary:
             "files_compacted": self.files_compacted,
             "files_written": self.files_written,
             "compaction_snapshot_id": self.compaction_snapshot_id,
+            "manifests_before": self.manifests_before,
+            "manifests_after": self.manifests_after,
             "orphan_files_removed": self.orphan_files_removed,
             "duration_seconds": round(self.duration_seconds, 3),
         }
 
 
 def maintain_table(spark: SparkSession | None, table: Table, settings: MaintenanceSettings, *,
-                   dead_letters: Table | None = None, compaction: bool = True, expiry: bool = True,
-                   orphans: bool = True, properties: bool = True, now: datetime | None = None) -> MaintenanceSummary:
-    """Properties, compaction, snapshot expiry and orphan-file removal, in that order (expiry after compaction so
-    the compacted files' old snapshots can go; orphan removal last so their files can go once old enough)."""
+                   dead_letters: Table | None = None, compaction: bool = True, manifests: bool = True,
+                   expiry: bool = True, orphans: bool = True, properties: bool = True,
+                   now: datetime | None = None) -> MaintenanceSummary:
+    """Properties, compaction, manifest rewrite, snapshot expiry and orphan-file removal, in that order (manifests
+    after compaction, which rewrites some; expiry after both so the old snapshots can go; orphan removal last so
+    their files can go once old enough)."""
     started = time.monotonic()
     now = now or datetime.now(UTC)
     summary = MaintenanceSummary(".".join(table.name()))
@@ -136,6 +147,9 @@ def maintain_table(spark: SparkSession | None, table: Table, settings: Maintenan
                          min_input_files=settings.min_input_files)
         summary.files_compacted, summary.files_written = result.files_compacted, result.files_written
         summary.compaction_snapshot_id = result.snapshot_id
+    if manifests:
+        summary.manifests_before, summary.manifests_after = rewrite_manifests(
+            table, min_count=settings.manifest_min_count, target_size_bytes=settings.manifest_target_size_bytes)
     if expiry:
         summary.snapshots_expired = len(expire_snapshots(
             table, older_than=now - settings.snapshot_max_age, retain_last=settings.retain_last,
@@ -370,9 +384,45 @@ def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, m
     return result
 
 
+# ---- manifests ------------------------------------------------------------------------------------------------
+
+MANIFEST_REWRITE_PROPERTY = "kafscale.manifest-rewrite"  # on our manifest rewrites: the rewrite's id
+
+
+def data_manifest_count(table: Table, snapshot: Snapshot | None = None) -> int:
+    """Data manifests of `snapshot` (default: the current one)."""
+    snapshot = snapshot or table.current_snapshot()
+    if snapshot is None:
+        return 0
+    return sum(1 for m in snapshot.manifests(table.io) if m.content == ManifestContent.DATA)
+
+
+def rewrite_manifests(table: Table, *, min_count: int, target_size_bytes: int,
+                      max_attempts: int = DEFAULT_COMMIT_ATTEMPTS) -> tuple[int, int]:
+    """Merge the current snapshot's data manifests into manifests of about `target_size_bytes` once there are
+    `min_count` of them; returns the data manifests before and after."""
+    with catalog_errors(catalog_endpoint(table.catalog)):
+        table.refresh()
+    before = data_manifest_count(table)
+    if before < min_count:
+        log.info("table %s: %d data manifests (a rewrite starts at %d)", ".".join(table.name()), before, min_count)
+        return before, before
+    rewrite_id = f"manifests-{uuid.uuid4().hex}"
+    snapshot_id, _ = commit_rewrite(table, [], [], marker=(MANIFEST_REWRITE_PROPERTY, rewrite_id),
+                                    what=f"manifest rewrite {rewrite_id}", max_attempts=max_attempts,
+                                    merge_manifests=ManifestMerge(target_size_bytes))
+    rewrite = table.metadata.snapshot_by_id(snapshot_id)
+    parent = table.metadata.snapshot_by_id(rewrite.parent_snapshot_id) if rewrite and rewrite.parent_snapshot_id \
+        else None
+    before = data_manifest_count(table, parent) if parent is not None else before  # what was merged, after a retry
+    after = data_manifest_count(table, rewrite)
+    log.info("table %s: %d data manifests merged into %d (%s)", ".".join(table.name()), before, after, rewrite_id)
+    return before, after
+
+
 # ---- per mapping (the CLI and the Dagster job) -----------------------------------------------------------------
 
-MAINTENANCE_STEPS = ("properties", "compact", "expire", "orphans")
+MAINTENANCE_STEPS = ("properties", "compact", "manifests", "expire", "orphans")
 
 
 def mapping_settings(config: LakehouseConfig, mapping: MappingConfig) -> MaintenanceSettings:
@@ -382,7 +432,8 @@ def mapping_settings(config: LakehouseConfig, mapping: MappingConfig) -> Mainten
         snapshot_max_age=timedelta(hours=block.snapshot_max_age_hours), retain_last=block.retain_last,
         orphan_min_age=timedelta(hours=block.orphan_min_age_hours),
         target_file_size_bytes=block.target_file_size_bytes or config.processor.target_file_size_bytes,
-        min_input_files=block.min_input_files)
+        min_input_files=block.min_input_files, manifest_min_count=block.manifest_min_count,
+        manifest_target_size_bytes=block.manifest_target_size_bytes)
 
 
 def maintain_mapping(config: LakehouseConfig, spark: SparkSession | None, mapping: MappingConfig, *,
@@ -406,7 +457,8 @@ def maintain_mapping(config: LakehouseConfig, spark: SparkSession | None, mappin
     if "properties" in steps:
         summary.properties_set = apply_bounded_metadata_properties(table)
     sub = maintain_table(spark, table, settings, dead_letters=dead_letters, compaction="compact" in steps,
-                         expiry="expire" in steps, orphans="orphans" in steps, properties=False)
+                         manifests="manifests" in steps, expiry="expire" in steps, orphans="orphans" in steps,
+                         properties=False)
     sub.before, sub.properties_set = summary.before, summary.properties_set
     sub.duration_seconds = time.monotonic() - started
     return sub

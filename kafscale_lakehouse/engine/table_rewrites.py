@@ -24,7 +24,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, Not
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyspark.sql import SparkSession
 
@@ -112,14 +112,29 @@ def run_rewrite_job(spark: SparkSession, table: Table, rewrite_id: str, groups: 
         raise
 
 
+@dataclass(frozen=True)
+class ManifestMerge:
+    target_size_bytes: int
+
+    def view_properties(self) -> dict[str, str]:
+        return {TableProperties.MANIFEST_MERGE_ENABLED: "true", TableProperties.MANIFEST_MIN_MERGE_COUNT: "2",
+                TableProperties.MANIFEST_TARGET_SIZE_BYTES: str(self.target_size_bytes)}
+
+
 def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[DataFile], *, marker: tuple[str, str],
                    what: str, properties: Mapping[str, str] | None = None,
                    check: Callable[[Table], None] | None = None, max_attempts: int = 10,
-                   retry_wait_seconds: float = 0.2) -> tuple[int, int]:
+                   retry_wait_seconds: float = 0.2, merge_manifests: ManifestMerge | None = None) -> tuple[int, int]:
     """One overwrite snapshot removing `removed` and adding `added` (see the module docstring); returns its id and
     the attempts it took. `marker` (a summary property unique to this rewrite) finds a commit whose answer was lost;
-    `check` runs on the refreshed table before every attempt (it raises to stop). `table` holds the new state."""
+    `check` runs on the refreshed table before every attempt (it raises to stop). `table` holds the new state.
+
+    With `merge_manifests` (and no files), the snapshot instead merges the current snapshot's data manifests into
+    manifests of about `target_size_bytes`: pyiceberg's merge append, told by the client-side properties of the
+    view alone (the table's own properties are not changed). It adds no file, so it is an `append` of nothing."""
     table_name = ".".join(table.name())
+    if merge_manifests is not None and removed:
+        raise ValueError("a manifest merge removes no file")
     removed_paths = {f.file_path for f in removed}
     key, value = marker
     before_first_attempt: int | None = None
@@ -144,10 +159,15 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
         snapshot_properties[key] = value
         try:
             with catalog_errors(catalog_endpoint(table.catalog)):
-                transaction = without_client_retries(table).transaction()
-                with transaction.update_snapshot(snapshot_properties=snapshot_properties).overwrite() as rewrite:
+                view = without_client_retries(table)
+                if merge_manifests is not None:
+                    view.metadata = view.metadata.model_copy(
+                        update={"properties": {**view.metadata.properties, **merge_manifests.view_properties()}})
+                transaction = view.transaction()
+                update = transaction.update_snapshot(snapshot_properties=snapshot_properties)
+                with update.merge_append() if merge_manifests is not None else update.overwrite() as rewrite:
                     for data_file in removed:
-                        rewrite.delete_data_file(data_file)
+                        rewrite.delete_data_file(data_file)  # type: ignore[union-attr]
                     for data_file in added:
                         rewrite.append_data_file(data_file)
                 view = commit_settled(transaction)

@@ -13,10 +13,13 @@ from kafscale_lakehouse.engine.catalog import load_catalog
 from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
 from kafscale_lakehouse.engine.maintenance import (
     COMPACTION_PROPERTY,
+    MANIFEST_REWRITE_PROPERTY,
     compact,
+    data_manifest_count,
     expire_snapshots,
     maintain_mapping,
     remove_orphan_files,
+    rewrite_manifests,
 )
 from kafscale_lakehouse.engine.offsets_admin import reset_from_store
 from kafscale_lakehouse.engine.snapshot_summary import read_committed_offsets, read_topic_offsets
@@ -62,6 +65,38 @@ def test_compaction_races_an_ingestion_commit_and_keeps_every_record_once(produc
     assert current.summary.get(COMPACTION_PROPERTY)
     assert read_committed_offsets(table) == {world.topic: {0: 200, 1: 200}}, "offsets carried forward"
     assert len(world.referenced_data_files(table)) == 1 + 2  # the compacted file + the racing run's files
+
+
+def test_manifest_rewrite_merges_the_manifests_of_many_commits_racing_an_ingestion_commit(production_world, spark,
+                                                                                         monkeypatch):
+    world = production_world
+    _land_in_rounds(world, spark, rounds=5)
+    before = world.table()
+    files = world.referenced_data_files(before)
+    assert data_manifest_count(before) == 5  # one per ingestion commit
+    assert rewrite_manifests(before, min_count=6, target_size_bytes=8 << 20) == (5, 5), "below the minimum: nothing"
+    assert world.table().metadata.current_snapshot_id == before.metadata.current_snapshot_id
+
+    for partition in (0, 1):
+        world.write_segments(partition, 40, base_offset=200, records_per_segment=40)
+    real_view = table_rewrites.without_client_retries
+    raced = []
+
+    def ingest_first(table):
+        if not raced:
+            raced.append(ingest(world.config(), spark))
+        return real_view(table)
+
+    monkeypatch.setattr(table_rewrites, "without_client_retries", ingest_first)
+    assert rewrite_manifests(world.table(), min_count=5, target_size_bytes=8 << 20) == (6, 1)
+
+    assert raced, "an ingestion commit came between the rewrite's read and its commit: it retried on the new state"
+    table = world.assert_exactly_once(runs=6)
+    current = table.current_snapshot()
+    assert current.summary.get(MANIFEST_REWRITE_PROPERTY)
+    assert int(current.summary["total-data-files"]) == len(world.referenced_data_files(table)) == len(files) + 2
+    assert read_committed_offsets(table) == {world.topic: {0: 240, 1: 240}}, "offsets carried forward"
+    assert data_manifest_count(table) == 1
 
 
 def test_compaction_stopped_before_its_commit_leaves_nothing(production_world, spark, monkeypatch):
