@@ -271,20 +271,35 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     return 0
 
 
-def run_replay(config_path: str | None, *, topic: str, partition: int, start: int, end: int | None,
-               yes: bool) -> int:
-    """`offsets replay`: the rows of one partition's offset range replaced by the records read again, in one commit
-    (engine/replay.py); without --yes, what would be replaced."""
+def run_move_position(config_path: str | None, *, topic: str, partition: int, next_offset: int, yes: bool) -> int:
+    """`offsets reset --to-offset N --partition P`: the table's position of one partition set explicitly
+    (engine/replay.move_position); without --yes, what would change."""
+    from kafscale_lakehouse.engine.replay import move_position
+
+    def move(context, mapping) -> int:  # noqa: ANN001
+        moved = move_position(context, mapping, partition, next_offset, dry_run=not yes)
+        if not yes:
+            print(f"would set the next offset of topic {topic} partition {partition} in table {moved.table} from "
+                  f"{'none' if moved.before is None else moved.before} to {next_offset} (forward: the offsets "
+                  "between are skipped; backward: the table's rows from it on are removed and land again)")
+            print("add --yes to do it")
+            return 1
+        print(moved.describe())
+        return 0
+
+    return _with_ingest_context(config_path, topic, move)
+
+
+def _with_ingest_context(config_path: str | None, topic: str, action) -> int:  # noqa: ANN001
+    """`action(context, mapping)` with the IngestContext of the config and the mapping of `topic`; the errors of an
+    offsets command become `CommandError`s."""
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.engine.catalog import CatalogError, TableDefinitionError
-    from kafscale_lakehouse.engine.ingest import IngestContext, open_mapping_table
-    from kafscale_lakehouse.engine.record_validation import resolve_record_validation
-    from kafscale_lakehouse.engine.replay import ReplayError, plan_replay, replay_range
-    from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
+    from kafscale_lakehouse.engine.ingest import IngestContext
+    from kafscale_lakehouse.engine.replay import ReplayError
     from kafscale_lakehouse.engine.spark import get_spark_session
-    from kafscale_lakehouse.engine.table_rewrites import RecordRange, RewriteAbandonedError
+    from kafscale_lakehouse.engine.table_rewrites import RewriteAbandonedError
     from kafscale_lakehouse.offsets import LeaseLostError, OffsetStoreError
-    from kafscale_lakehouse.offsets.ranges import OffsetRange
 
     config = load_config(config_path)
     mapping = next((m for m in config.mappings if m.topic == topic), None)
@@ -294,23 +309,39 @@ def run_replay(config_path: str | None, *, topic: str, partition: int, start: in
     spark = get_spark_session(config.spark.master, dict(config.spark.conf), remote=config.spark.remote)
     try:
         with IngestContext.from_config(config, spark) as context:
-            validation = resolve_record_validation(config, mapping, context.registry)
-            table = open_mapping_table(context, mapping, validation.columns)
-            if end is None:
-                end = read_topic_offsets(table, topic).get(partition, start)
-            try:
-                offsets = OffsetRange(partition, start, end)
-            except ValueError as err:
-                raise CommandError(f"--partition/--from/--to: {err}") from err
-            if not yes:
-                print(plan_replay(table, RecordRange(topic, offsets)).describe())
-                print("add --yes to do it")
-                return 1
-            print(replay_range(context, mapping, offsets).describe())
+            return action(context, mapping)
     except (ReplayError, RewriteAbandonedError, LeaseLostError, OffsetStoreError, CatalogError,
             TableDefinitionError) as err:
         raise CommandError(str(err)) from err
-    return 0
+
+
+def run_replay(config_path: str | None, *, topic: str, partition: int, start: int, end: int | None,
+               yes: bool) -> int:
+    """`offsets replay`: the rows of one partition's offset range replaced by the records read again, in one commit
+    (engine/replay.py); without --yes, what would be replaced."""
+    from kafscale_lakehouse.engine.ingest import open_mapping_table
+    from kafscale_lakehouse.engine.record_validation import resolve_record_validation
+    from kafscale_lakehouse.engine.replay import plan_replay, replay_range
+    from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
+    from kafscale_lakehouse.engine.table_rewrites import RecordRange
+    from kafscale_lakehouse.offsets.ranges import OffsetRange
+
+    def replay(context, mapping) -> int:  # noqa: ANN001
+        table = open_mapping_table(context, mapping,
+                                   resolve_record_validation(context.config, mapping, context.registry).columns)
+        last = end if end is not None else read_topic_offsets(table, topic).get(partition, start)
+        try:
+            offsets = OffsetRange(partition, start, last)
+        except ValueError as err:
+            raise CommandError(f"--partition/--from/--to: {err}") from err
+        if not yes:
+            print(plan_replay(table, RecordRange(topic, offsets)).describe())
+            print("add --yes to do it")
+            return 1
+        print(replay_range(context, mapping, offsets).describe())
+        return 0
+
+    return _with_ingest_context(config_path, topic, replay)
 
 
 def run_serve_metrics_command(config_path: str | None, *, address: str | None) -> int:
@@ -467,7 +498,8 @@ def _build_parser() -> argparse.ArgumentParser:
     offsets = commands.add_parser("offsets", help="a topic's offsets in its table and in the offsets store")
     offsets_commands = offsets.add_subparsers(dest="offsets_command", required=True)
     for name, text in (("show", "the table's, the store's and the broker's next offsets side by side"),
-                       ("reset", "set the offsets store from the table (--from-table --yes)")):
+                       ("reset", "set the store from the table, the table from the store, or a partition's "
+                        "position explicitly (--from-table | --from-store | --to-offset N --partition P; --yes)")):
         command = offsets_commands.add_parser(name, help=text)
         command.add_argument("--topic", required=True, help="a mapped topic")
         command.add_argument(
@@ -479,6 +511,11 @@ def _build_parser() -> argparse.ArgumentParser:
                                 help="the store is set from the table (partitions it lacks: read from the start)")
             source.add_argument("--from-store", dest="source", action="store_const", const="store",
                                 help="the table records the store's offsets of the partitions it lacks")
+            source.add_argument("--to-offset", dest="to_offset", type=int, default=None,
+                                help="the table's next offset of --partition set to this, in a snapshot (forward: "
+                                "the offsets between are skipped; backward: the rows from it on are removed and "
+                                "land again), then the store")
+            command.add_argument("--partition", type=int, default=None, help="the partition of --to-offset")
             command.add_argument("--yes", action="store_true", help="do it (without: only show what would change)")
     replay = offsets_commands.add_parser(
         "replay", help="replace the rows of one partition's offset range by the records read again, in one commit")
@@ -541,6 +578,11 @@ def main(argv: list[str] | None = None) -> int:
             return run_report(args.config, table=args.table, output=args.output)
         if args.command == "maintain":
             return run_maintain(args.config, tables=args.table, steps=args.step)
+        if args.command == "offsets" and getattr(args, "to_offset", None) is not None:
+            if args.partition is None:
+                raise CommandError("offsets reset --to-offset needs --partition")
+            return run_move_position(args.config, topic=args.topic, partition=args.partition,
+                                     next_offset=args.to_offset, yes=args.yes)
         if args.command == "offsets" and args.offsets_command == "replay":
             return run_replay(args.config, topic=args.topic, partition=args.partition, start=args.start,
                               end=args.end, yes=args.yes)

@@ -1,7 +1,9 @@
 """Replay of a Kafka partition's offset range: its rows in the table replaced by the records read again from the
-segments, in one commit (DESIGN.md, "Dagster model": an explicit replay never duplicates).
+segments, in one commit (DESIGN.md, "Dagster model": an explicit replay never duplicates); and an explicit move of
+a partition's position in the table.
 
     result = replay_range(context, mapping, OffsetRange(partition, start, end))
+    moved = move_position(context, mapping, partition, next_offset)
 
 For rows landed wrong (a mapping, LFS or decoding problem fixed since). Under the partition's lease (ingestion of
 that partition waits, the others go on), registered as a run (run_files.py) so a crash leaves nothing behind:
@@ -31,11 +33,16 @@ from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
 from kafscale_lakehouse.engine.ingest import IngestContext, open_mapping_table
 from kafscale_lakehouse.engine.kafscale_source import segment_run_partitions
 from kafscale_lakehouse.engine.lfs_resolution import lfs_read_settings
+from kafscale_lakehouse.engine.offsets_admin import table_identity
 from kafscale_lakehouse.engine.record_validation import RecordValidation, resolve_record_validation
 from kafscale_lakehouse.engine.run_files import clean_ended_runs, forget_run, register_run
-from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY, read_topic_offsets
+from kafscale_lakehouse.engine.snapshot_summary import (
+    RUN_ID_PROPERTY,
+    read_topic_offsets,
+    skipped_summary_properties,
+)
 from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput, run_ingestion_spark_job
-from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError
+from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError, commit_append
 from kafscale_lakehouse.engine.table_rewrites import RecordRange, commit_rewrite, run_rewrite_job
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError
 from kafscale_lakehouse.offsets.ranges import OffsetRange
@@ -179,6 +186,102 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
                         rows_removed=sum(f.record_count for f in removed) - sum(f.record_count for f in rewritten),
                         rows_added=sum(f.record_count for f in read_again), files_removed=len(removed),
                         files_added=len(read_again) + len(rewritten), attempts=attempts)
+
+
+@dataclass(frozen=True)
+class PositionMove:
+    table: str
+    topic: str
+    partition: int
+    before: int | None  # the table's next offset before (None: it held none of the partition)
+    after: int
+    snapshot_id: int | None
+    rows_removed: int = 0
+
+    def describe(self) -> str:
+        before = "none" if self.before is None else self.before
+        if self.after == self.before:
+            return f"table {self.table}: topic {self.topic} partition {self.partition} is already at {self.after}"
+        what = (f"offsets {self.before}..{self.after - 1} are skipped (recorded as kafscale.skipped.{self.topic})"
+                if self.before is not None and self.after > self.before else
+                f"{self.rows_removed} rows of offsets {self.after}.. removed; the next run lands them again"
+                if self.before is not None else "the next run starts there")
+        return (f"table {self.table}: topic {self.topic} partition {self.partition} next offset {before} -> "
+                f"{self.after} in snapshot {self.snapshot_id}: {what}")
+
+
+def move_position(context: IngestContext, mapping: MappingConfig, partition: int, next_offset: int, *,
+                  dry_run: bool = False) -> PositionMove:
+    """Set the table's next offset of `partition` to `next_offset`, in one snapshot, then the offsets store to it.
+
+    Forward: the offsets between are never landed, recorded as skipped (`kafscale.skipped.<topic>`, as allow_gaps
+    does). Backward: the table's rows from `next_offset` on are removed in the same commit (files rewritten as a
+    replay does), so the next run lands them again, once. A partition the table holds no offsets of starts at
+    `next_offset`. With `dry_run`, only what would change (rows are not counted)."""
+    topic = mapping.topic
+    validation = resolve_record_validation(context.config, mapping, context.registry)
+    table = open_mapping_table(context, mapping, validation.columns)
+    table_name = ".".join(table.name())
+    if next_offset < 0:
+        raise ReplayError(f"table {table_name}: next offset {next_offset} of partition {partition} is negative")
+    before = read_topic_offsets(table, topic).get(partition)
+    if dry_run or before == next_offset:
+        return PositionMove(table_name, topic, partition, before, next_offset, None)
+    run_id = f"position-{uuid.uuid4().hex}"
+    try:
+        lease = context.offsets.acquire_lease(topic, partition, f"{context.owner_id}-{run_id[:17]}")
+    except LeaseHeldError as exc:
+        raise ReplayError(f"table {table_name}: cannot move partition {partition} while a run holds it "
+                          f"({exc})") from exc
+    try:
+        before = read_topic_offsets(table, topic).get(partition)
+        if before is None or next_offset > before:
+            skipped = {} if before is None else {partition: (before, next_offset)}
+            commit = commit_append(table, [], topic, {partition: before if before is not None else next_offset},
+                                   {partition: next_offset}, run_id,
+                                   snapshot_properties=skipped_summary_properties(topic, skipped))
+            move = PositionMove(table_name, topic, partition, before, next_offset, commit.snapshot_id)
+        else:
+            move = _move_back(context, table, RecordRange(topic, OffsetRange(partition, next_offset, before)), lease,
+                              run_id)
+        now = read_topic_offsets(table, topic)
+        context.offsets.repair_offsets([lease], {partition: (now[partition], 0)})
+        context.offsets.record_table_identity([lease], table_identity(table, now))
+    finally:
+        lease.release()
+    log.warning("%s", move.describe())
+    return move
+
+
+def _move_back(context: IngestContext, table: Table, records: RecordRange, lease: Lease, run_id: str) -> PositionMove:
+    plan = plan_replay(table, records)
+    register_run(context.offsets, [lease], run_id, [table])
+    rewritten: list[DataFile] = []
+    try:
+        if plan.rewritten_files:
+            rewritten = run_rewrite_job(context.spark, table, run_id, [[f] for f in plan.rewritten_files],
+                                        target_file_size_bytes=context.config.processor.target_file_size_bytes,
+                                        without=records)
+        removed = [*plan.removed_files, *plan.rewritten_files]
+
+        def holds_lease(_: Table) -> None:
+            context.offsets.confirm_lease(lease)
+
+        snapshot_id, _ = commit_rewrite(
+            table, removed, rewritten, marker=(REPLAY_PROPERTY, f"{records.topic}/{records.offsets.partition}/"
+                                                               f"position-{records.offsets.start}-{run_id}"),
+            what=f"the removal of {records}", properties={RUN_ID_PROPERTY: run_id}, check=holds_lease,
+            positions=(records.topic, {records.offsets.partition: records.offsets.start}))
+    except CommitOutcomeUnknownError:
+        raise
+    except BaseException:
+        delete_data_files(table.io, [f.file_path for f in rewritten])
+        forget_run(context.offsets, records.topic, run_id)
+        raise
+    forget_run(context.offsets, records.topic, run_id)
+    return PositionMove(plan.table, records.topic, records.offsets.partition, plan.table_next_offset,
+                        records.offsets.start, snapshot_id,
+                        rows_removed=sum(f.record_count for f in removed) - sum(f.record_count for f in rewritten))
 
 
 def _segments(context: IngestContext, table_name: str, records: RecordRange) -> list[SegmentRef]:

@@ -124,10 +124,12 @@ class ManifestMerge:
 def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[DataFile], *, marker: tuple[str, str],
                    what: str, properties: Mapping[str, str] | None = None,
                    check: Callable[[Table], None] | None = None, max_attempts: int = 10,
-                   retry_wait_seconds: float = 0.2, merge_manifests: ManifestMerge | None = None) -> tuple[int, int]:
+                   retry_wait_seconds: float = 0.2, merge_manifests: ManifestMerge | None = None,
+                   positions: tuple[str, Mapping[int, int]] | None = None) -> tuple[int, int]:
     """One overwrite snapshot removing `removed` and adding `added` (see the module docstring); returns its id and
     the attempts it took. `marker` (a summary property unique to this rewrite) finds a commit whose answer was lost;
     `check` runs on the refreshed table before every attempt (it raises to stop). `table` holds the new state.
+    `positions` (topic, {partition: next offset}) sets those partitions' offsets instead of carrying them forward.
 
     With `merge_manifests` (and no files), the snapshot instead merges the current snapshot's data manifests into
     manifests of about `target_size_bytes`: pyiceberg's merge append, told by the client-side properties of the
@@ -153,8 +155,11 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
                 f"{sorted(gone)[0]}); {what} abandoned, its files deleted; run it again")
         if check is not None:
             check(table)
+        committed = dict(read_committed_offsets(table))
+        if positions is not None:
+            committed[positions[0]] = {**committed.get(positions[0], {}), **positions[1]}
         snapshot_properties = {OFFSETS_PROPERTY_PREFIX + topic: format_offsets_property(offsets)
-                               for topic, offsets in read_committed_offsets(table).items()}
+                               for topic, offsets in committed.items()}
         snapshot_properties.update(properties or {})
         snapshot_properties[key] = value
         try:

@@ -94,3 +94,40 @@ def test_replay_refuses_what_it_cannot_replace_and_changes_nothing(embedded_worl
                 lease.release()
     assert world.table().metadata.current_snapshot_id == snapshot_before
     world.assert_exactly_once(runs=1, expected={0: range(80)})
+
+
+def test_an_explicit_position_moves_back_removing_the_rows_to_land_again_and_forward_recording_the_skip(
+        production_world, spark, cli_main, capsys):
+    world = production_world
+    world.write_segments(0, 120, records_per_segment=40)
+    world.write_segments(1, 40, records_per_segment=40)
+    ingest(world.config(), spark)
+    config_path = world.write_config_file()
+
+    def reset(*args: str) -> int:
+        return cli_main("offsets", "reset", "--config", str(config_path), "--topic", world.topic, *args)
+
+    assert reset("--to-offset", "70", "--partition", "0") == 1, "without --yes nothing changes"
+    assert "from 120 to 70" in capsys.readouterr().out
+    assert reset("--to-offset", "70") == 2, "--to-offset needs --partition"
+    assert reset("--to-offset", "70", "--partition", "0", "--yes") == 0
+    assert "50 rows of offsets 70.. removed" in capsys.readouterr().out
+    table = world.table()
+    assert read_committed_offsets(table) == {world.topic: {0: 70, 1: 40}}
+    assert world.store_next_offsets() == {0: 70, 1: 40}
+    assert {o for _, p, o in world.table_rows(table) if p == 0} == set(range(70))  # 40..69 kept from a shared file
+
+    [result] = ingest(world.config(), spark)
+    assert result.records == 50, "the removed rows land again"
+    world.assert_exactly_once(runs=3)
+
+    world.write_segments(0, 80, base_offset=120, records_per_segment=40)
+    assert reset("--to-offset", "200", "--partition", "0", "--yes") == 0
+    assert "offsets 120..199 are skipped" in capsys.readouterr().out
+    assert world.skipped_ranges()[-1] == {"0": [120, 200]}
+    [result] = ingest(world.config(), spark)
+    assert result.records == 0
+    table = world.table()
+    assert read_committed_offsets(table) == {world.topic: {0: 200, 1: 40}} and world.store_next_offsets() == {
+        0: 200, 1: 40}
+    assert sorted(o for _, p, o in world.table_rows(table) if p == 0) == list(range(120)), "once each, none skipped"
