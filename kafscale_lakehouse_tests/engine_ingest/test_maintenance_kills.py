@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from kafscale_lakehouse.engine.ingest import ingest
-from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, maintain_table
+from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, maintain_table, remove_orphan_files
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine_ingest.harness import CLI, LEASE_TTL_SECONDS
 from kafscale_lakehouse_tests.engine_ingest.maintain_run import EVERY_STEP_EVERY_TIME
@@ -92,6 +92,8 @@ def test_maintenance_and_ingestion_killed_at_random_points_lose_and_double_nothi
     ingest(world.config(), spark)
     settings = MaintenanceSettings(orphan_min_age=timedelta(0), **EVERY_STEP_EVERY_TIME)
     maintain_table(spark, world.table(), settings)
+    time.sleep(1.5)  # every file is now older than this cut-off (object stores keep whole seconds)
+    remove_orphan_files(world.table(), older_than=datetime.now(UTC))  # nothing else runs: any unreferenced file goes
 
     context = f"seed {seed}, rounds {history}"
     assert next_base == {0: (3 + ROUNDS) * RECORDS_PER_ROUND, 1: (3 + ROUNDS) * RECORDS_PER_ROUND}
