@@ -424,9 +424,11 @@ class MaintenanceConfig(_ConfigModel):
     Dagster and by `kafscale-lakehouse maintain`."""
 
     enabled: bool = True
-    cron_schedule: str = "17 3 * * *"  # daily, off the hour
+    cron_schedule: str = "17 * * * *"  # hourly, off the hour: a streaming table gains ~120 snapshots an hour
     snapshot_max_age_hours: PositiveInt = 120  # Iceberg's history.expire.max-snapshot-age-ms default (5 days)
     retain_last: PositiveInt = 1  # Iceberg's history.expire.min-snapshots-to-keep default
+    # Snapshots kept at most (engine/maintenance.py DEFAULT_MAX_SNAPSHOTS: why); null: by age only.
+    max_snapshots: PositiveInt | None = 1000
     # Files younger than this are never orphans: a writer may still be about to commit them (Iceberg: 3 days).
     orphan_min_age_hours: int = Field(default=72, ge=24)
     target_file_size_bytes: PositiveInt | None = None  # default: processor.target_file_size_bytes

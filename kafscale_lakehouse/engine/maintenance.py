@@ -5,12 +5,13 @@
 - `apply_bounded_metadata_properties`: `write.metadata.delete-after-commit.enabled=true` and
   `write.metadata.previous-versions-max` (catalog.BOUNDED_METADATA_PROPERTIES) on tables created before they were
   set at creation; a value the table already has is kept (an operator's choice wins).
-- `expire_snapshots`: by age (`older_than`) and count (`retain_last` snapshots of the current branch are always
-  kept), through pyiceberg's `table.maintenance.expire_snapshots()`. Never expired: every snapshot from the current
-  one back to the newest that carries `kafscale.offsets.<topic>` (reading offsets walks this chain; a missing link
-  would hide them), the table's main snapshots whose staged dead letters are not yet published
-  (dead_letter.publish_pending_dead_letters walks back to them), and, on a dead-letter table, staged snapshots not
-  yet published. Expiry only removes snapshots from the metadata; their files go with orphan-file removal.
+- `expire_snapshots`: by age (`older_than`) and by count (beyond the newest `max_snapshots`; the newest
+  `retain_last` snapshots of the current branch are always kept), through pyiceberg's `ExpireSnapshots`. Never
+  expired: every snapshot from the current one back to the newest that carries `kafscale.offsets.<topic>` (reading
+  offsets walks this chain; a missing link would hide them), the table's main snapshots whose staged dead letters
+  are not yet published (dead_letter.publish_pending_dead_letters walks back to them), and, on a dead-letter table,
+  staged snapshots not yet published. Expiry only removes snapshots from the metadata; their files go with
+  orphan-file removal.
 - `compact`: small data files of each partition are read and rewritten into files of about the target size by one
   Spark job, then committed as one overwrite snapshot that removes the inputs, adds the outputs and carries the
   table's offsets forward (engine/table_rewrites.py: retried on a concurrent commit, abandoned with its files
@@ -40,6 +41,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update.snapshot import ExpireSnapshots
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
@@ -52,7 +54,7 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     ancestry,
     is_kafscale_commit,
 )
-from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError
+from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError, HistoryIndependentTransaction
 from kafscale_lakehouse.engine.table_rewrites import ManifestMerge, commit_rewrite, run_rewrite_job
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,9 @@ COMPACTION_PROPERTY = "kafscale.compaction"  # on our compaction snapshots: the 
 DEFAULT_ORPHAN_MIN_AGE = timedelta(days=3)
 DEFAULT_SNAPSHOT_MAX_AGE = timedelta(days=5)  # Iceberg's history.expire.max-snapshot-age-ms default
 DEFAULT_RETAIN_LAST = 1  # Iceberg's history.expire.min-snapshots-to-keep default
+# Every commit rewrites a metadata.json listing every retained snapshot (~0.9 KB each for ours): at a 30 s cadence
+# five days are 14,400 snapshots, a 13 MB file written per commit. Capped so a commit costs what a young table's does.
+DEFAULT_MAX_SNAPSHOTS = 1000
 DEFAULT_COMMIT_ATTEMPTS = 10
 
 
@@ -72,6 +77,7 @@ class MaintenanceError(RuntimeError):
 class MaintenanceSettings:
     snapshot_max_age: timedelta = DEFAULT_SNAPSHOT_MAX_AGE
     retain_last: int = DEFAULT_RETAIN_LAST
+    max_snapshots: int | None = DEFAULT_MAX_SNAPSHOTS
     orphan_min_age: timedelta = DEFAULT_ORPHAN_MIN_AGE
     target_file_size_bytes: int = 128 * 1024 * 1024
     # A partition is compacted when it has at least this many files smaller than 3/4 of the target.
@@ -153,7 +159,7 @@ def maintain_table(spark: SparkSession | None, table: Table, settings: Maintenan
     if expiry:
         summary.snapshots_expired = len(expire_snapshots(
             table, older_than=now - settings.snapshot_max_age, retain_last=settings.retain_last,
-            dead_letters=dead_letters))
+            max_snapshots=settings.max_snapshots, dead_letters=dead_letters))
     if orphans:
         summary.orphan_files_removed = len(remove_orphan_files(table, older_than=now - settings.orphan_min_age))
     table.refresh()
@@ -209,25 +215,33 @@ def protected_snapshot_ids(table: Table, dead_letters: Table | None = None) -> s
 
 
 def expire_snapshots(table: Table, *, older_than: datetime, retain_last: int = DEFAULT_RETAIN_LAST,
-                     dead_letters: Table | None = None) -> list[int]:
-    """Expire snapshots older than `older_than`, keeping the newest `retain_last` of the current branch and every
-    protected one; returns the expired ids."""
+                     max_snapshots: int | None = None, dead_letters: Table | None = None) -> list[int]:
+    """Expire snapshots older than `older_than`, and beyond the newest `max_snapshots` (when given), keeping the
+    newest `retain_last` of the current branch, the heads of refs and every protected one; returns the expired ids.
+
+    Through pyiceberg's `ExpireSnapshots` on a `HistoryIndependentTransaction`: pyiceberg's own transaction
+    deep-copies the whole metadata twice per expired id, which on a long history never finishes."""
     if retain_last < 1:
         raise ValueError(f"retain_last must be at least 1, got {retain_last}")
+    if max_snapshots is not None and max_snapshots < retain_last:
+        raise ValueError(f"max_snapshots ({max_snapshots}) must be at least retain_last ({retain_last})")
     with catalog_errors(catalog_endpoint(table.catalog)):
         table.refresh()
     keep = protected_snapshot_ids(table, dead_letters)
     keep.update(s.snapshot_id for s in list(ancestry(table))[:retain_last])
     keep.update(ref.snapshot_id for ref in table.metadata.refs.values())
     cutoff_ms = int(older_than.timestamp() * 1000)
+    newest_first = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)
+    beyond_count = set() if max_snapshots is None else {s.snapshot_id for s in newest_first[max_snapshots:]}
     expired = [s.snapshot_id for s in table.metadata.snapshots
-               if s.timestamp_ms < cutoff_ms and s.snapshot_id not in keep]
+               if (s.timestamp_ms < cutoff_ms or s.snapshot_id in beyond_count) and s.snapshot_id not in keep]
     if expired:
         with catalog_errors(catalog_endpoint(table.catalog)):
-            table.maintenance.expire_snapshots().by_ids(expired).commit()
+            ExpireSnapshots(HistoryIndependentTransaction(table, autocommit=True)).by_ids(expired).commit()
             table.refresh()
-    log.info("table %s: expired %d snapshots older than %s (%d protected)", ".".join(table.name()), len(expired),
-             older_than.isoformat(), len(keep))
+    log.info("table %s: expired %d snapshots (older than %s%s; %d kept: protected, newest, ref heads)",
+             ".".join(table.name()), len(expired), older_than.isoformat(),
+             "" if max_snapshots is None else f" or beyond the newest {max_snapshots}", len(keep))
     return expired
 
 
@@ -430,6 +444,7 @@ def mapping_settings(config: LakehouseConfig, mapping: MappingConfig) -> Mainten
     block = mapping.maintenance
     return MaintenanceSettings(
         snapshot_max_age=timedelta(hours=block.snapshot_max_age_hours), retain_last=block.retain_last,
+        max_snapshots=block.max_snapshots,
         orphan_min_age=timedelta(hours=block.orphan_min_age_hours),
         target_file_size_bytes=block.target_file_size_bytes or config.processor.target_file_size_bytes,
         min_input_files=block.min_input_files, manifest_min_count=block.manifest_min_count,

@@ -139,6 +139,30 @@ def test_expiry_keeps_the_snapshots_that_carry_the_offsets(production_world, spa
     world.assert_exactly_once(runs=2)  # the run expired, the one kept, and this one: 2 retained
 
 
+def test_expiry_by_count_keeps_the_newest_and_the_offsets_chain(embedded_world, spark):
+    world = embedded_world
+    _land_in_rounds(world, spark, rounds=4)
+    table = world.table()
+    for _ in range(3):  # another engine's commits without our offsets, after our last one
+        with table.transaction() as transaction, transaction.update_snapshot().fast_append():
+            pass
+    table = world.table()
+    newest_first = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)
+    latest_run = world.our_snapshots(table)[-1]
+
+    expired = expire_snapshots(table, older_than=datetime.now(UTC) - timedelta(days=1), retain_last=1,
+                               max_snapshots=2)
+
+    table = world.table()
+    kept = {s.snapshot_id for s in table.metadata.snapshots}
+    # The two newest by count, and the third foreign one and our latest commit as the chain back to the offsets.
+    assert kept == {s.snapshot_id for s in newest_first[:3]} | {latest_run.snapshot_id}
+    assert len(expired) == 7 - 4
+    assert read_topic_offsets(table, world.topic) == {0: 160, 1: 160}
+    with pytest.raises(ValueError, match="max_snapshots"):
+        expire_snapshots(table, older_than=datetime.now(UTC), retain_last=3, max_snapshots=2)
+
+
 def test_orphan_removal_keeps_young_files_referenced_files_and_other_tables(embedded_world, spark):
     world = embedded_world
     _land_in_rounds(world, spark, rounds=2)
