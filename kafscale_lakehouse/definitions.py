@@ -23,6 +23,7 @@ from kafscale_lakehouse.orchestration.checks import build_table_checks
 from kafscale_lakehouse.orchestration.io_manager import KafscaleIcebergIOManager
 from kafscale_lakehouse.orchestration.maintenance import build_maintenance
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, table_asset_key
+from kafscale_lakehouse.orchestration.replay import build_replay_job
 from kafscale_lakehouse.orchestration.resources import CATALOG_RESOURCE_KEY, SPARK_RESOURCE_KEY, lakehouse_resources
 from kafscale_lakehouse.orchestration.sensors import build_sensors
 
@@ -43,6 +44,7 @@ def build_definitions(config: LakehouseConfig, *, source: str = "<config>") -> d
         jobs.append(dg.define_asset_job(
             ingest_job_name(mapping.table), selection=dg.AssetSelection.assets(table_asset_key(mapping.table)),
             description=f"Ingest KafScale topic {mapping.topic!r} into {mapping.table} and check the result."))
+        jobs.append(build_replay_job(config, mapping))
     maintenance_jobs, schedules = build_maintenance(config)
     log.info("Dagster definitions for %d mapping(s) of %s", len(config.mappings), source)
     # In-process: a run's checks follow its commit in the same process, reusing its Spark session and clients

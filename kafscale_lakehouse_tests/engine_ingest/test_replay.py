@@ -131,3 +131,33 @@ def test_an_explicit_position_moves_back_removing_the_rows_to_land_again_and_for
     assert read_committed_offsets(table) == {world.topic: {0: 200, 1: 40}} and world.store_next_offsets() == {
         0: 200, 1: 40}
     assert sorted(o for _, p, o in world.table_rows(table) if p == 0) == list(range(120)), "once each, none skipped"
+
+
+def test_the_dagster_replay_job_replays_from_the_launchpads_run_config(embedded_world, spark):
+    from kafscale_lakehouse.orchestration.replay import build_replay_job, replay_job_name
+    from kafscale_lakehouse.orchestration.resources import SPARK_RESOURCE_KEY, SparkResource, lakehouse_resources
+
+    world = embedded_world
+    world.write_segments(0, 80, records_per_segment=40)
+    ingest(world.config(_document_without_store_id(world)), spark)
+    config = world.config()
+    job = build_replay_job(config, config.mappings[0])
+    resources = {**lakehouse_resources(config), SPARK_RESOURCE_KEY: SparkResource(master="local[1]")}
+    op_name = f"{replay_job_name(world.table_name)}_op"
+
+    result = job.execute_in_process(resources=resources, run_config={
+        "ops": {op_name: {"config": {"partition": 0, "from_offset": 40}}}})  # to the table's next offset
+
+    assert result.success
+    [observation] = [e.event_specific_data.asset_observation for e in result.all_events
+                     if e.event_type_value == "ASSET_OBSERVATION"]
+    assert observation.metadata["kafscale/replay"].value == "partition 0 offsets 40..79"
+    assert observation.metadata["rows_added"].value == 40
+    assert {k for k, v in _store_ids(world).items() if v is not None} == {(0, o) for o in range(40, 80)}
+    world.assert_exactly_once(runs=2)
+
+    failed = job.execute_in_process(resources=resources, raise_on_error=False, run_config={
+        "ops": {op_name: {"config": {"partition": 0, "from_offset": 60, "to_offset": 120}}}})
+    assert not failed.success
+    [failure] = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "the table holds offsets up to 79 of the partition" in failure.event_specific_data.error.message
