@@ -34,6 +34,23 @@ def _land_in_rounds(world, spark, rounds: int, records: int = 40) -> None:
         ingest(world.config(), spark)
 
 
+def _ingest_before_the_first_rewrite_commit(world, spark, monkeypatch, *, base_offset: int) -> list:
+    """New segments, ingested by a run that commits right before the rewrite's first commit attempt (when it takes its
+    no-retry view): the catalog refuses that attempt. Returns the list the run's result is appended to."""
+    for partition in (0, 1):
+        world.write_segments(partition, 40, base_offset=base_offset, records_per_segment=40)
+    real_view = table_rewrites.without_client_retries
+    raced: list = []
+
+    def ingest_first(table):
+        if not raced:
+            raced.append(ingest(world.config(), spark))
+        return real_view(table)
+
+    monkeypatch.setattr(table_rewrites, "without_client_retries", ingest_first)
+    return raced
+
+
 def test_compaction_races_an_ingestion_commit_and_keeps_every_record_once(production_world, spark, monkeypatch):
     world = production_world
     _land_in_rounds(world, spark, rounds=4)
@@ -44,17 +61,7 @@ def test_compaction_races_an_ingestion_commit_and_keeps_every_record_once(produc
 
     # An ingestion run commits between the compaction's read of the table and its commit: the catalog refuses the
     # compaction's first attempt, which retries on the new state.
-    for partition in (0, 1):
-        world.write_segments(partition, 40, base_offset=160, records_per_segment=40)
-    real_view = table_rewrites.without_client_retries
-    raced = []
-
-    def ingest_first(table):
-        if not raced:
-            raced.append(ingest(world.config(), spark))
-        return real_view(table)
-
-    monkeypatch.setattr(table_rewrites, "without_client_retries", ingest_first)
+    raced = _ingest_before_the_first_rewrite_commit(world, spark, monkeypatch, base_offset=160)
     result = compact(spark, world.table(), target_file_size_bytes=64 * 1024 * 1024, min_input_files=2)
 
     assert raced and result.attempts == 2
@@ -77,17 +84,7 @@ def test_manifest_rewrite_merges_the_manifests_of_many_commits_racing_an_ingesti
     assert rewrite_manifests(before, min_count=6, target_size_bytes=8 << 20) == (5, 5), "below the minimum: nothing"
     assert world.table().metadata.current_snapshot_id == before.metadata.current_snapshot_id
 
-    for partition in (0, 1):
-        world.write_segments(partition, 40, base_offset=200, records_per_segment=40)
-    real_view = table_rewrites.without_client_retries
-    raced = []
-
-    def ingest_first(table):
-        if not raced:
-            raced.append(ingest(world.config(), spark))
-        return real_view(table)
-
-    monkeypatch.setattr(table_rewrites, "without_client_retries", ingest_first)
+    raced = _ingest_before_the_first_rewrite_commit(world, spark, monkeypatch, base_offset=200)
     assert rewrite_manifests(world.table(), min_count=5, target_size_bytes=8 << 20) == (6, 1)
 
     assert raced, "an ingestion commit came between the rewrite's read and its commit: it retried on the new state"
