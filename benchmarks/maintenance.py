@@ -8,13 +8,18 @@ Embedded set-up (local segment directory, sqlite catalog, local offsets store) i
    snapshots share one real manifest list, the catalog is pointed at the result), then one small `ingest --once`-
    sized run (2 partitions x 200 records, realistic workload); wall time of the run, of its phases
    (`engine/phases.py`) and the size of the metadata.json it read.
-2. `compaction`: a landed table plus N small data files (a day of the demo's small commits, added in one commit),
-   compacted by `maintenance.compact` while ingestion rounds run next to it in the same Spark application: time,
-   files and bytes before/after, commit attempts, ingestion records/s alone and during compaction, and a row count
-   check (nothing lost or doubled).
-3. `metadata`: N individual commits with the table properties we set at creation (bounded metadata) and snapshot
-   expiry every 100 commits (the newest 100 kept), against M commits with pyiceberg's defaults and no expiry: size
-   of the metadata folder and of the newest metadata.json, and bytes per retained snapshot.
+2. `compaction`: a landed table plus N small data files of 50 rows (written with pyarrow in the Arrow types our
+   ingestion writes, added in one `add_files` commit that carries the table's offsets, as a day of the demo's small
+   commits would), compacted by `maintenance.compact` in a thread while the main thread runs ingestion rounds
+   (2 partitions x 20,000 realistic records each) into the same table in the same Spark application: time, files
+   and bytes before/after, commit attempts, ingestion records/s alone and during compaction (of the `ingest` calls
+   only; a round's segments are written before its clock starts), and checks that the table then holds every
+   record once (row count = distinct record ids = small files' rows + ingested records) and the ingested offsets.
+3. `metadata`: N individual commits (through `append_without_client_retries`, as ingestion commits) with the table
+   properties we set at creation (bounded metadata) and snapshot expiry every 100 commits (the newest 100 kept),
+   against M (`--unmaintained-commits`, default 1,000: its metadata grows with the square) commits with pyiceberg's
+   defaults and no expiry: size of the metadata folder (metadata.json files, and manifest lists, which orphan-file
+   removal would take for expired snapshots) and of the newest metadata.json, and bytes per retained snapshot.
 Prints one JSON object per measurement.
 """
 
@@ -31,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.serializers import ToOutputFile
 from pyiceberg.table.refs import SnapshotRef, SnapshotRefType
@@ -53,7 +59,8 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     read_topic_offsets,
 )
 from kafscale_lakehouse.engine.spark import get_spark_session
-from kafscale_lakehouse.schema import table_schema
+from kafscale_lakehouse.engine.table_offsets import append_without_client_retries
+from kafscale_lakehouse.schema import record_arrow_schema, table_schema
 
 log = logging.getLogger("benchmarks.maintenance")
 COLUMNS = [{"name": "order_id", "type": "string", "required": True}, {"name": "store_id", "type": "int"}]
@@ -78,11 +85,12 @@ def _table(config):
 
 
 def _empty_commits(table, count: int, topic: str) -> None:
-    """`count` commits of no file carrying offsets, one at a time (as ingestion commits)."""
+    """`count` commits of no file carrying offsets, one at a time, through the commit path ingestion commits take
+    (`append_without_client_retries`: our commit view, whose transaction does not deep-copy the history per read;
+    pyiceberg's own `table.transaction()` costs O(snapshots) per read, ~15 reads per commit)."""
+    props = {OFFSETS_PROPERTY_PREFIX + topic: format_offsets_property({0: 0, 1: 0})}
     for _ in range(count):
-        props = {OFFSETS_PROPERTY_PREFIX + topic: format_offsets_property({0: 0, 1: 0})}
-        with table.transaction() as transaction, transaction.update_snapshot(snapshot_properties=props).fast_append():
-            pass
+        append_without_client_retries(table, [], props)
 
 
 def _with_history(catalog, table, count: int):
@@ -145,25 +153,33 @@ def run_cost(spark, snapshots: int) -> dict:
                 "phases_seconds": {k: round(v, 3) for k, v in phases.items()}, "records": records}
 
 
-def _small_files(table, count: int, rows: int) -> list[str]:
-    """`count` Parquet files of `rows` rows each of the table's schema, under its data location."""
-    arrow_schema = table.schema().as_arrow()
+def _small_files(table, columns_config, count: int, rows: int) -> list[str]:
+    """`count` Parquet files of `rows` rows each, under the table's data location, written with pyarrow in the
+    Arrow types our ingestion writes (`record_arrow_schema`: string/binary, not pyiceberg's large_string/
+    large_binary: a compaction group mixing both fails, its writer takes the first file's types and refuses the
+    other's rows) and without Iceberg field ids (`add_files` maps columns by name). Record ids `small:9:<n>`."""
+    arrow_schema = record_arrow_schema(columns_config)
+    now = int(time.time() * 1000)
     paths = []
     for i in range(count):
+        numbers = list(range(i * rows, (i + 1) * rows))
         columns = {}
         for field in arrow_schema:
             if field.name == "record_id":
-                columns[field.name] = pa.array([f"small:9:{i * rows + r}" for r in range(rows)], field.type)
+                values = [f"small:9:{n}" for n in numbers]
             elif field.name == "topic":
-                columns[field.name] = pa.array(["small"] * rows, field.type)
-            elif pa.types.is_string(field.type):
-                columns[field.name] = pa.array([f"{field.name}-{i}-{r}" for r in range(rows)], field.type)
-            elif pa.types.is_binary(field.type):
-                columns[field.name] = pa.array([b"x" * 200] * rows, field.type)
-            elif pa.types.is_timestamp(field.type):
-                columns[field.name] = pa.array([datetime.now(UTC)] * rows, field.type)
+                values = ["small"] * rows
+            elif field.name == "timestamp_ms":
+                values = [now] * rows
+            elif field.name == "headers":
+                values = ["[]"] * rows
+            elif pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+                values = [f"{field.name}-{n}" for n in numbers]
+            elif pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+                values = [b"x" * 200] * rows
             else:
-                columns[field.name] = pa.array([i * rows + r for r in range(rows)]).cast(field.type)
+                values = numbers
+            columns[field.name] = pa.array(values, field.type)
         path = f"{table.location()}/data/small/small-{i:05d}.parquet"
         with table.io.new_output(path).create(overwrite=True) as out:
             pq.write_table(pa.table(columns, schema=arrow_schema), out)
@@ -171,16 +187,30 @@ def _small_files(table, count: int, rows: int) -> list[str]:
     return paths
 
 
-def _ingest_round(root: Path, config, spark, topic: str, base: int, records: int) -> int:
+def _write_round(root: Path, topic: str, base: int, records: int) -> None:
+    """Segments of `records` realistic records per partition (0 and 1) from offset `base`."""
     for partition in (0, 1):
         write_partition_segments(root / "segments", record_count=records, namespace="bench", topic=topic,
                                  partition=partition, base_offset=base, records_per_segment=max(1, records // 4),
                                  workload="realistic")
+
+
+def _ingest_round(root: Path, config, spark, topic: str, base: int, records: int) -> int:
+    _write_round(root, topic, base, records)
     [result] = ingest(config, spark)
     return result.records
 
 
+def _timed_ingest(config, spark) -> tuple[int, float]:
+    """One `ingest` of the segments written so far: records and wall seconds (segment writing not included)."""
+    started = time.monotonic()
+    [result] = ingest(config, spark)
+    return result.records, time.monotonic() - started
+
+
 def compaction(spark, files: int, *, rounds_alone: int = 3, records_per_round: int = 20_000) -> dict:
+    """Rates are records per second of `ingest` calls only (the segments of a round are written before its clock
+    starts; compaction goes on meanwhile). A round counts as during compaction when it started while compaction ran."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         topic = "bench-small"
@@ -189,16 +219,21 @@ def compaction(spark, files: int, *, rounds_alone: int = 3, records_per_round: i
         base = 200
         table = _table(config)
         t0 = time.monotonic()
-        table.add_files(_small_files(table, files, rows=50),
-                        snapshot_properties={OFFSETS_PROPERTY_PREFIX + topic: format_offsets_property(
-                            read_topic_offsets(table, topic))})
+        paths = _small_files(table, config.mappings[0].columns, files, rows=50)
+        written = time.monotonic() - t0
+        # Carrying the offsets, as every snapshot of ours does: ingestion reads them from the newest snapshot.
+        table.add_files(paths, snapshot_properties={OFFSETS_PROPERTY_PREFIX + topic: format_offsets_property(
+            read_topic_offsets(table, topic))})
         built = time.monotonic() - t0
 
-        t0 = time.monotonic()
+        alone_records, alone_seconds = 0, 0.0
         for _ in range(rounds_alone):
-            landed += _ingest_round(root, config, spark, topic, base, records_per_round)
+            _write_round(root, topic, base, records_per_round)
             base += records_per_round
-        alone_rate = rounds_alone * 2 * records_per_round / (time.monotonic() - t0)
+            records, seconds = _timed_ingest(config, spark)
+            alone_records += records
+            alone_seconds += seconds
+        landed += alone_records
 
         table.refresh()
         before = table.current_snapshot().summary
@@ -206,34 +241,52 @@ def compaction(spark, files: int, *, rounds_alone: int = 3, records_per_round: i
 
         def run() -> None:
             started = time.monotonic()
-            outcome["result"] = compact(spark, _table(config), target_file_size_bytes=128 * 1024 * 1024,
-                                        min_input_files=2)
+            try:
+                outcome["result"] = compact(spark, _table(config), target_file_size_bytes=128 * 1024 * 1024,
+                                            min_input_files=2)
+            except BaseException as error:  # reported by the main thread
+                outcome["error"] = error
             outcome["seconds"] = time.monotonic() - started
 
+        during_records, during_seconds, during_rounds = 0, 0.0, 0
+        _write_round(root, topic, base, records_per_round)
         worker = threading.Thread(target=run)
-        t0 = time.monotonic()
         worker.start()
-        during = 0
         while worker.is_alive():
-            during += _ingest_round(root, config, spark, topic, base, records_per_round)
             base += records_per_round
-        during_seconds = time.monotonic() - t0
+            records, seconds = _timed_ingest(config, spark)
+            during_records += records
+            during_seconds += seconds
+            during_rounds += 1
+            _write_round(root, topic, base, records_per_round)  # the next round's, while compaction goes on
         worker.join()
-        landed += during
+        if "error" in outcome:
+            raise outcome["error"]
+        records, _ = _timed_ingest(config, spark)  # the round written last
+        base += records_per_round
+        landed += during_records + records
         result = outcome["result"]
         table.refresh()
         after = table.current_snapshot().summary
-        rows = table.scan(selected_fields=("record_id",)).to_arrow().num_rows
-        assert rows == landed + files * 50, (rows, landed, files)
-        return {"benchmark": "compaction", "small_files": files, "build_seconds": round(built, 1),
+        record_ids = table.scan(selected_fields=("record_id",)).to_arrow().column("record_id")
+        rows, distinct = len(record_ids), pc.count_distinct(record_ids).as_py()
+        assert rows == distinct == landed + files * 50, (rows, distinct, landed, files)
+        offsets = read_topic_offsets(table, topic)
+        assert offsets == {0: base, 1: base}, (offsets, base)
+        return {"benchmark": "compaction", "small_files": files, "small_files_write_seconds": round(written, 1),
+                "build_seconds": round(built, 1),
                 "compaction_seconds": round(outcome["seconds"], 2), "commit_attempts": result.attempts,
                 "files_before": int(before["total-data-files"]), "bytes_before": int(before["total-files-size"]),
                 "files_after": int(after["total-data-files"]), "bytes_after": int(after["total-files-size"]),
                 "files_compacted": result.files_compacted, "files_written": result.files_written,
-                "ingest_records_per_second_alone": round(alone_rate),
-                "ingest_records_per_second_during_compaction": round(during / during_seconds),
-                "ingest_rounds_during_compaction": during // (2 * records_per_round),
-                "rows_checked": rows}
+                "bytes_compacted": result.bytes_before, "bytes_written": result.bytes_after,
+                "ingest_records_per_second_alone": round(alone_records / alone_seconds),
+                "ingest_rounds_alone": rounds_alone,
+                "ingest_records_per_second_during_compaction": round(during_records / during_seconds)
+                if during_seconds else None,
+                "ingest_rounds_during_compaction": during_rounds,
+                "ingest_seconds_during_compaction": round(during_seconds, 2),
+                "rows_checked": rows, "distinct_record_ids": distinct}
 
 
 def metadata_size(commits: int, *, maintained: bool) -> dict:
@@ -255,11 +308,17 @@ def metadata_size(commits: int, *, maintained: bool) -> dict:
         elapsed = time.monotonic() - t0
         metadata_dir = Path(table.location().removeprefix("file://")) / "metadata"
         files = [p for p in metadata_dir.iterdir() if p.is_file()]
+        json_files = [p for p in files if p.name.endswith(".metadata.json")]
+        manifest_lists = [p for p in files if p.name.startswith("snap-")]
         newest = Path(table.metadata_location.removeprefix("file://"))
         snapshots = len(table.metadata.snapshots)
         return {"benchmark": "metadata", "commits": commits, "maintained": maintained,
                 "seconds": round(elapsed, 1), "metadata_files": len(files),
                 "metadata_folder_bytes": sum(p.stat().st_size for p in files),
+                "metadata_json_files": len(json_files),
+                "metadata_json_files_bytes": sum(p.stat().st_size for p in json_files),
+                # those of expired snapshots stay until orphan-file removal (not run here)
+                "manifest_list_files": len(manifest_lists),
                 "newest_metadata_json_bytes": newest.stat().st_size, "snapshots": snapshots,
                 "metadata_json_bytes_per_snapshot": round(newest.stat().st_size / snapshots)}
 
