@@ -208,7 +208,7 @@ class RollingDataFiles:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            batch = _with_utc_timestamps(batch)
+            batch = _with_plain_types(_with_utc_timestamps(batch))
             for name in self._required_columns:
                 column = batch.column(name)
                 if column.null_count:
@@ -283,6 +283,32 @@ class RollingDataFiles:
         )
         written.spec_id = self._metadata.default_spec_id  # from_args drops it: it is no field of the file entry
         self._written.append(written)
+
+
+def _with_plain_types(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Large string/binary/list types as their plain forms, the types our writers use.
+
+    pyiceberg reads a file back in the Arrow types it was written with: files of pyiceberg's own writer (another
+    engine's `table.append`) come back large, ours plain. A Parquet file is written with the Arrow schema of its first
+    chunk, so a compaction group mixing both failed on the second ("Table schema does not match schema used to create
+    file"). Parquet itself has no large types; chunks stay far below the 2 GiB a plain array can hold."""
+    plain = pa.schema([f.with_type(_plain_type(f.type)) for f in batch.schema])
+    return batch if plain.equals(batch.schema) else batch.cast(plain)
+
+
+def _plain_type(arrow_type: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(arrow_type):
+        return pa.string()
+    if pa.types.is_large_binary(arrow_type):
+        return pa.binary()
+    if pa.types.is_large_list(arrow_type) or pa.types.is_list(arrow_type):
+        return pa.list_(arrow_type.value_field.with_type(_plain_type(arrow_type.value_type)))
+    if pa.types.is_struct(arrow_type):
+        return pa.struct([f.with_type(_plain_type(f.type)) for f in arrow_type])
+    if pa.types.is_map(arrow_type):
+        return pa.map_(arrow_type.key_field.with_type(_plain_type(arrow_type.key_type)),
+                       arrow_type.item_field.with_type(_plain_type(arrow_type.item_type)))
+    return arrow_type
 
 
 def _with_utc_timestamps(batch: pa.RecordBatch) -> pa.RecordBatch:

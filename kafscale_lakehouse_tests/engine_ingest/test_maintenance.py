@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pyarrow as pa
 import pytest
 
 from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
@@ -94,6 +95,23 @@ def test_manifest_rewrite_merges_the_manifests_of_many_commits_racing_an_ingesti
     assert int(current.summary["total-data-files"]) == len(world.referenced_data_files(table)) == len(files) + 2
     assert read_committed_offsets(table) == {world.topic: {0: 240, 1: 240}}, "offsets carried forward"
     assert data_manifest_count(table) == 1
+
+
+def test_compaction_of_our_files_and_files_another_engine_wrote_with_pyiceberg(embedded_world, spark):
+    world = embedded_world
+    _land_in_rounds(world, spark, rounds=2)
+    table = world.table()
+    foreign = table.scan().to_arrow().slice(0, 3).to_pylist()  # 3 rows of another topic, written by pyiceberg
+    for row in foreign:
+        row.update(topic="written-by-another-engine", record_id=f"written-by-another-engine:0:{row['offset']}")
+    table.append(pa.Table.from_pylist(foreign, schema=table.schema().as_arrow()))  # large_string/large_binary
+    rows_before = world.table().scan().to_arrow().num_rows
+
+    result = compact(spark, world.table(), target_file_size_bytes=64 * 1024 * 1024, min_input_files=2)
+
+    assert result.files_compacted == 5 and result.files_written == 1  # our 4 and the other engine's 1, together
+    table = world.assert_exactly_once(runs=2)
+    assert table.scan().to_arrow().num_rows == rows_before == 160 + 3
 
 
 def test_compaction_stopped_before_its_commit_leaves_nothing(production_world, spark, monkeypatch):
