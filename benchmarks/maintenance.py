@@ -48,7 +48,7 @@ from kafscale_lakehouse.config import parse_config
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.catalog import load_catalog, open_table
 from kafscale_lakehouse.engine.ingest import ingest
-from kafscale_lakehouse.engine.maintenance import compact, expire_snapshots
+from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, compact, expire_snapshots, remove_orphan_files
 from kafscale_lakehouse.engine.phases import phase_listener
 from kafscale_lakehouse.engine.snapshot_summary import (
     COMMIT_ID_PROPERTY,
@@ -63,6 +63,7 @@ from kafscale_lakehouse.engine.table_offsets import append_without_client_retrie
 from kafscale_lakehouse.schema import record_arrow_schema, table_schema
 
 log = logging.getLogger("benchmarks.maintenance")
+COMMITS_PER_MAINTENANCE_RUN = 120  # maintenance's default hourly schedule at a 30 s commit cadence
 COLUMNS = [{"name": "order_id", "type": "string", "required": True}, {"name": "store_id", "type": "int"}]
 
 
@@ -297,15 +298,15 @@ def metadata_size(commits: int, *, maintained: bool) -> dict:
         config = _config(root, "bench-meta", "bench.meta", **properties)
         table = _table(config)
         t0 = time.monotonic()
+        defaults = MaintenanceSettings()
         for i in range(commits):
             _empty_commits(table, 1, "bench-meta")
-            if maintained and (i + 1) % 100 == 0:
-                ancestors = list(table.metadata.snapshots)
-                if len(ancestors) > 100:
-                    cutoff = sorted(s.timestamp_ms for s in ancestors)[-100]
-                    expire_snapshots(table, older_than=datetime.fromtimestamp(cutoff / 1000, UTC),
-                                     retain_last=100)
+            if maintained and (i + 1) % COMMITS_PER_MAINTENANCE_RUN == 0:  # the default schedule and expiry
+                expire_snapshots(table, older_than=datetime.now(UTC) - defaults.snapshot_max_age,
+                                 retain_last=defaults.retain_last, max_snapshots=defaults.max_snapshots)
         elapsed = time.monotonic() - t0
+        if maintained:  # what the default orphan-file removal deletes once its 3 days have passed
+            remove_orphan_files(table, older_than=datetime.now(UTC))
         metadata_dir = Path(table.location().removeprefix("file://")) / "metadata"
         files = [p for p in metadata_dir.iterdir() if p.is_file()]
         json_files = [p for p in files if p.name.endswith(".metadata.json")]
@@ -317,7 +318,6 @@ def metadata_size(commits: int, *, maintained: bool) -> dict:
                 "metadata_folder_bytes": sum(p.stat().st_size for p in files),
                 "metadata_json_files": len(json_files),
                 "metadata_json_files_bytes": sum(p.stat().st_size for p in json_files),
-                # those of expired snapshots stay until orphan-file removal (not run here)
                 "manifest_list_files": len(manifest_lists),
                 "newest_metadata_json_bytes": newest.stat().st_size, "snapshots": snapshots,
                 "metadata_json_bytes_per_snapshot": round(newest.stat().st_size / snapshots)}
