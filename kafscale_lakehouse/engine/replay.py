@@ -120,14 +120,9 @@ def replay_range(context: IngestContext, mapping: MappingConfig, offsets: Offset
     topic = mapping.topic
     run_id = run_id or f"replay-{uuid.uuid4().hex}"
     records = RecordRange(topic, offsets)
-    validation = resolve_record_validation(context.config, mapping, context.registry)
-    table = open_mapping_table(context, mapping, validation.columns)
+    validation, table = _open_table(context, mapping)
     table_name = ".".join(table.name())
-    try:
-        lease = context.offsets.acquire_lease(topic, offsets.partition, f"{context.owner_id}-{run_id[:15]}")
-    except LeaseHeldError as exc:
-        raise ReplayError(f"table {table_name}: cannot replay {records} while a run holds the partition ({exc}); "
-                          "try again when it has committed") from exc
+    lease = _lease(context, table_name, topic, offsets.partition, run_id, f"replay {records}")
     try:
         clean_ended_runs(context.offsets, topic, [table])
         plan = plan_replay(table, records)
@@ -162,9 +157,7 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
     rewritten: list[DataFile] = []
     try:
         _refuse_incomplete(plan.table, records, outputs)
-        rewritten = run_rewrite_job(context.spark, table, run_id, [[f] for f in plan.rewritten_files],
-                                    target_file_size_bytes=target, without=records)
-        removed = [*plan.removed_files, *plan.rewritten_files]
+        removed, rewritten = _without_the_range(context, table, plan, run_id)
 
         def still_landed(current: Table) -> None:
             context.offsets.confirm_lease(lease)
@@ -182,8 +175,7 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
     except BaseException:
         delete_data_files(table.io, [f.file_path for f in [*read_again, *rewritten]])
         raise
-    return ReplayResult(plan, run_id, snapshot_id,
-                        rows_removed=sum(f.record_count for f in removed) - sum(f.record_count for f in rewritten),
+    return ReplayResult(plan, run_id, snapshot_id, rows_removed=_rows_removed(removed, rewritten),
                         rows_added=sum(f.record_count for f in read_again), files_removed=len(removed),
                         files_added=len(read_again) + len(rewritten), attempts=attempts)
 
@@ -219,8 +211,7 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
     replay does), so the next run lands them again, once. A partition the table holds no offsets of starts at
     `next_offset`. With `dry_run`, only what would change (rows are not counted)."""
     topic = mapping.topic
-    validation = resolve_record_validation(context.config, mapping, context.registry)
-    table = open_mapping_table(context, mapping, validation.columns)
+    _, table = _open_table(context, mapping)
     table_name = ".".join(table.name())
     if next_offset < 0:
         raise ReplayError(f"table {table_name}: next offset {next_offset} of partition {partition} is negative")
@@ -228,11 +219,7 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
     if dry_run or before == next_offset:
         return PositionMove(table_name, topic, partition, before, next_offset, None)
     run_id = f"position-{uuid.uuid4().hex}"
-    try:
-        lease = context.offsets.acquire_lease(topic, partition, f"{context.owner_id}-{run_id[:17]}")
-    except LeaseHeldError as exc:
-        raise ReplayError(f"table {table_name}: cannot move partition {partition} while a run holds it "
-                          f"({exc})") from exc
+    lease = _lease(context, table_name, topic, partition, run_id, f"move partition {partition}")
     try:
         before = read_topic_offsets(table, topic).get(partition)
         if before is None or next_offset > before:
@@ -258,11 +245,7 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
     register_run(context.offsets, [lease], run_id, [table])
     rewritten: list[DataFile] = []
     try:
-        if plan.rewritten_files:
-            rewritten = run_rewrite_job(context.spark, table, run_id, [[f] for f in plan.rewritten_files],
-                                        target_file_size_bytes=context.config.processor.target_file_size_bytes,
-                                        without=records)
-        removed = [*plan.removed_files, *plan.rewritten_files]
+        removed, rewritten = _without_the_range(context, table, plan, run_id)
 
         def holds_lease(_: Table) -> None:
             context.offsets.confirm_lease(lease)
@@ -280,8 +263,33 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
         raise
     forget_run(context.offsets, records.topic, run_id)
     return PositionMove(plan.table, records.topic, records.offsets.partition, plan.table_next_offset,
-                        records.offsets.start, snapshot_id,
-                        rows_removed=sum(f.record_count for f in removed) - sum(f.record_count for f in rewritten))
+                        records.offsets.start, snapshot_id, rows_removed=_rows_removed(removed, rewritten))
+
+
+def _open_table(context: IngestContext, mapping: MappingConfig) -> tuple[RecordValidation, Table]:
+    validation = resolve_record_validation(context.config, mapping, context.registry)
+    return validation, open_mapping_table(context, mapping, validation.columns)
+
+
+def _lease(context: IngestContext, table_name: str, topic: str, partition: int, run_id: str, what: str) -> Lease:
+    try:
+        return context.offsets.acquire_lease(topic, partition, f"{context.owner_id}-{run_id[:17]}")
+    except LeaseHeldError as exc:
+        raise ReplayError(f"table {table_name}: cannot {what} while a run holds the partition ({exc}); try again "
+                          "when it has committed") from exc
+
+
+def _without_the_range(context: IngestContext, table: Table, plan: ReplayPlan,
+                       run_id: str) -> tuple[list[DataFile], list[DataFile]]:
+    """The files the plan replaces, and the rewrites (uncommitted) of those that hold other rows too."""
+    rewritten = run_rewrite_job(context.spark, table, run_id, [[f] for f in plan.rewritten_files],
+                                target_file_size_bytes=context.config.processor.target_file_size_bytes,
+                                without=plan.records)
+    return [*plan.removed_files, *plan.rewritten_files], rewritten
+
+
+def _rows_removed(removed: list[DataFile], rewritten: list[DataFile]) -> int:
+    return sum(f.record_count for f in removed) - sum(f.record_count for f in rewritten)
 
 
 def _segments(context: IngestContext, table_name: str, records: RecordRange) -> list[SegmentRef]:
