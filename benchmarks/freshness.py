@@ -56,9 +56,9 @@ from kafscale_lakehouse.apps.demo_producer import (
 )
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config
 from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config
-from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
-from kafscale_lakehouse.engine.spark_engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready
+from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog
+from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
 from kafscale_lakehouse.testing.servers import free_ports
 

@@ -55,10 +55,10 @@ from kafscale_lakehouse.apps.workload import (
 )
 from kafscale_lakehouse.config import LakehouseConfig, ProcessorConfig, parse_config
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.ingest import IngestContext, ingest_mapping
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest_mapping
 from kafscale_lakehouse.engine.phases import phase_listener
-from kafscale_lakehouse.engine.spark import get_spark_session
+from kafscale_lakehouse.engine.spark.session import get_spark_session
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import decode_segment
 from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema
 from kafscale_lakehouse.testing.kafka_python_reference import (

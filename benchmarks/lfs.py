@@ -34,9 +34,9 @@ from ingest import ProcessTreeSampler
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.config import parse_config
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.ingest import IngestContext, ingest_mapping
-from kafscale_lakehouse.engine.spark import get_spark_session
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest_mapping
+from kafscale_lakehouse.engine.spark.session import get_spark_session
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.storage import ObjectKind, segment_key

@@ -46,11 +46,13 @@ from sqlalchemy import text
 from kafscale_lakehouse.apps.workload import write_partition_segments
 from kafscale_lakehouse.config import parse_config
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.ingest import ingest
+from kafscale_lakehouse.engine.ingestion.run import ingest
 from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, compact, expire_snapshots, remove_orphan_files
 from kafscale_lakehouse.engine.phases import phase_listener
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.spark.session import get_spark_session
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+from kafscale_lakehouse.engine.tables.commits import append_without_client_retries
+from kafscale_lakehouse.engine.tables.summary import (
     COMMIT_ID_PROPERTY,
     OFFSETS_PROPERTY_PREFIX,
     PUBLISHED_THROUGH_PROPERTY,
@@ -58,8 +60,6 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     format_offsets_property,
     read_topic_offsets,
 )
-from kafscale_lakehouse.engine.spark import get_spark_session
-from kafscale_lakehouse.engine.table_offsets import append_without_client_retries
 from kafscale_lakehouse.schema import record_arrow_schema, table_schema
 
 log = logging.getLogger("benchmarks.maintenance")

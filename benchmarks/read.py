@@ -27,13 +27,13 @@ TABLE = "bench.orders"
 
 
 def _catalog(directory: Path):
-    from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog
+    from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog
 
     return load_catalog(CatalogSettings(type="sql", warehouse=str(directory / "warehouse")))
 
 
 def _spark(memory: str):
-    from kafscale_lakehouse.engine.spark import get_spark_session
+    from kafscale_lakehouse.engine.spark.session import get_spark_session
 
     return get_spark_session("local[2]", {"spark.driver.memory": memory, "spark.sql.shuffle.partitions": "4"},
                              ui_enabled=False)
@@ -42,7 +42,8 @@ def _spark(memory: str):
 def build(directory: Path, rows: int) -> None:
     from pyspark.sql import functions as F  # noqa: N812 - pyspark's conventional alias
 
-    from kafscale_lakehouse.engine.table_writes import TableWrite, write_dataframe
+    from kafscale_lakehouse.engine.spark.writes import write_dataframe
+    from kafscale_lakehouse.engine.tables.writes import TableWrite
 
     catalog = _catalog(directory)
     if catalog.table_exists(TABLE) and catalog.load_table(TABLE).scan().count() == rows:
@@ -89,7 +90,7 @@ def measure(directory: Path, path: str) -> dict:
     error = None
     try:
         if path == "executors":
-            from kafscale_lakehouse.engine.table_reads import read_table
+            from kafscale_lakehouse.engine.spark.table_source import read_table
 
             df = read_table(spark, table, columns=["store_id", "sauce"])
         else:

@@ -39,7 +39,7 @@ from botocore.config import Config
 from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, pizza_order
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.connections import offset_store_from_config, segment_store_from_config
-from kafscale_lakehouse.engine.topic_scan import WatchSources
+from kafscale_lakehouse.engine.ingestion.topic_scan import WatchSources
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key

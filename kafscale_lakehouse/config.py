@@ -891,7 +891,7 @@ def _check_rules(config: LakehouseConfig) -> list[str]:
         )
 
     if config.spark.remote is not None:
-        from kafscale_lakehouse.engine.spark_engine import parse_remote_url  # stdlib only
+        from kafscale_lakehouse.engine.spark.engine import parse_remote_url  # stdlib only
 
         try:
             parse_remote_url(config.spark.remote)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pydantic import SecretStr
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig
-from kafscale_lakehouse.engine.catalog import CatalogSettings
+from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.etcd_store import EtcdOffsetStore
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Never, TextIO
 
 from kafscale_lakehouse.config import ConfigError
-from kafscale_lakehouse.engine.spark_engine import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
+from kafscale_lakehouse.engine.spark.engine import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
 from kafscale_lakehouse.format import (
     FOOTER_SIZE,
     CrcMismatchError,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the heavy engine imports load only for the commands that ne
     from pyspark.sql import SparkSession
 
     from kafscale_lakehouse.config import LakehouseConfig
-    from kafscale_lakehouse.engine.ingest import IngestContext
+    from kafscale_lakehouse.engine.ingestion.run import IngestContext
 
 log = logging.getLogger("kafscale_lakehouse.apps.cli")
 
@@ -145,8 +145,8 @@ def _record_json(row: dict) -> dict:
 def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool) -> int:
     """`--once`: one pass over every mapping; otherwise poll every `processor.poll_interval_seconds` until stopped."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.ingest import IngestContext
-    from kafscale_lakehouse.engine.spark import get_spark_session
+    from kafscale_lakehouse.engine.ingestion.run import IngestContext
+    from kafscale_lakehouse.engine.spark.session import get_spark_session
 
     config = load_config(config_path)
     # SIGTERM (Kubernetes, `kill`) unwinds like Ctrl-C, so leases are released and no run is left half-done.
@@ -158,7 +158,7 @@ def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool)
 
 def _ingest_loop(config: LakehouseConfig, spark: SparkSession, context: IngestContext, *, topics: list[str] | None,
                  once: bool) -> int:
-    from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
+    from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 
     while True:
         try:
@@ -212,8 +212,8 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
     """Maintain each mapping's table (or those of `tables`) with its `maintenance:` settings; one JSON line each."""
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.engine.maintenance import MAINTENANCE_STEPS, MaintenanceError, maintain_mapping
-    from kafscale_lakehouse.engine.spark import get_spark_session
-    from kafscale_lakehouse.engine.table_rewrites import RewriteAbandonedError
+    from kafscale_lakehouse.engine.spark.session import get_spark_session
+    from kafscale_lakehouse.engine.tables.rewrites import RewriteAbandonedError
 
     config = load_config(config_path)
     mappings = [m for m in config.mappings if tables is None or m.table in tables]
@@ -237,11 +237,11 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
 
 def run_offsets(config_path: str | None, *, command: str, topic: str, source: str | None, yes: bool) -> int:
     """`offsets show`: the table's, the store's and the broker's offsets of `topic` side by side; `offsets reset
-    --from-table | --from-store`: one side set from the other (engine/offsets_admin.py)."""
+    --from-table | --from-store`: one side set from the other (engine/ingestion/positions.py)."""
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
-    from kafscale_lakehouse.engine.catalog import CatalogError, TableDefinitionError, load_catalog, open_table
-    from kafscale_lakehouse.engine.offsets_admin import offsets_view, reset_from_store, reset_from_table
+    from kafscale_lakehouse.engine.ingestion.positions import offsets_view, reset_from_store, reset_from_table
+    from kafscale_lakehouse.engine.tables.catalogs import CatalogError, TableDefinitionError, load_catalog, open_table
     from kafscale_lakehouse.offsets import OffsetStoreError
 
     config = load_config(config_path)
@@ -274,7 +274,7 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
 def run_move_position(config_path: str | None, *, topic: str, partition: int, next_offset: int, yes: bool) -> int:
     """`offsets reset --to-offset N --partition P`: the table's position of one partition set explicitly
     (engine/replay.move_position); without --yes, what would change."""
-    from kafscale_lakehouse.engine.replay import move_position
+    from kafscale_lakehouse.engine.ingestion.replay import move_position
 
     def move(context, mapping) -> int:  # noqa: ANN001
         moved = move_position(context, mapping, partition, next_offset, dry_run=not yes)
@@ -294,11 +294,11 @@ def _with_ingest_context(config_path: str | None, topic: str, action) -> int:  #
     """`action(context, mapping)` with the IngestContext of the config and the mapping of `topic`; the errors of an
     offsets command become `CommandError`s."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.catalog import CatalogError, TableDefinitionError
-    from kafscale_lakehouse.engine.ingest import IngestContext
-    from kafscale_lakehouse.engine.replay import ReplayError
-    from kafscale_lakehouse.engine.spark import get_spark_session
-    from kafscale_lakehouse.engine.table_rewrites import RewriteAbandonedError
+    from kafscale_lakehouse.engine.ingestion.replay import ReplayError
+    from kafscale_lakehouse.engine.ingestion.run import IngestContext
+    from kafscale_lakehouse.engine.spark.session import get_spark_session
+    from kafscale_lakehouse.engine.tables.catalogs import CatalogError, TableDefinitionError
+    from kafscale_lakehouse.engine.tables.rewrites import RewriteAbandonedError
     from kafscale_lakehouse.offsets import LeaseLostError, OffsetStoreError
 
     config = load_config(config_path)
@@ -318,12 +318,12 @@ def _with_ingest_context(config_path: str | None, topic: str, action) -> int:  #
 def run_replay(config_path: str | None, *, topic: str, partition: int, start: int, end: int | None,
                yes: bool) -> int:
     """`offsets replay`: the rows of one partition's offset range replaced by the records read again, in one commit
-    (engine/replay.py); without --yes, what would be replaced."""
-    from kafscale_lakehouse.engine.ingest import open_mapping_table
-    from kafscale_lakehouse.engine.record_validation import resolve_record_validation
-    from kafscale_lakehouse.engine.replay import plan_replay, replay_range
-    from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
-    from kafscale_lakehouse.engine.table_rewrites import RecordRange
+    (engine/ingestion/replay.py); without --yes, what would be replaced."""
+    from kafscale_lakehouse.engine.ingestion.replay import plan_replay, replay_range
+    from kafscale_lakehouse.engine.ingestion.run import open_mapping_table
+    from kafscale_lakehouse.engine.ingestion.validation import resolve_record_validation
+    from kafscale_lakehouse.engine.tables.rewrites import RecordRange
+    from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
     from kafscale_lakehouse.offsets.ranges import OffsetRange
 
     def replay(context, mapping) -> int:  # noqa: ANN001
@@ -363,8 +363,7 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
     """Run the Spark engine (a Spark Connect server, `spark.master` and `spark.conf` of the config) until SIGTERM or
     Ctrl-C, or until the parent process is gone (`make demo` killed hard); runs connect to it with `SPARK_REMOTE`."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.spark import get_spark_session, spark_settings_from_env
-    from kafscale_lakehouse.engine.spark_engine import (
+    from kafscale_lakehouse.engine.spark.engine import (
         SPARK_REMOTE_VARIABLE,
         SparkEngineError,
         parse_engine_address,
@@ -372,6 +371,7 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
         stop_connect_server,
         warm_up,
     )
+    from kafscale_lakehouse.engine.spark.session import get_spark_session, spark_settings_from_env
 
     try:
         engine_address = parse_engine_address(address)

@@ -70,10 +70,10 @@ from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, redact_url
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
-from kafscale_lakehouse.engine.catalog import CatalogError, catalog_endpoint, catalog_errors, load_catalog
-from kafscale_lakehouse.engine.lag import lag as partition_lag
-from kafscale_lakehouse.engine.lfs_resolution import ERROR_DECODE, ERROR_RESOLVE
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.ingestion.lag import lag as partition_lag
+from kafscale_lakehouse.engine.ingestion.lfs import ERROR_DECODE, ERROR_RESOLVE
+from kafscale_lakehouse.engine.tables.catalogs import CatalogError, catalog_endpoint, catalog_errors, load_catalog
+from kafscale_lakehouse.engine.tables.summary import (
     LFS_DURATION_BUCKETS_SECONDS,
     LfsStats,
     ancestry,

@@ -32,11 +32,11 @@ from pyiceberg.table.snapshots import ADDED_RECORDS
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
-from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.dead_letter import default_dead_letter_table
-from kafscale_lakehouse.engine.lag import lag
-from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY, ancestry, parse_commit, summary_properties
-from kafscale_lakehouse.engine.table_checks import CHECK_NAMES, table_asset_path
+from kafscale_lakehouse.engine.ingestion.lag import lag
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog
+from kafscale_lakehouse.engine.tables.checks import CHECK_NAMES, table_asset_path
+from kafscale_lakehouse.engine.tables.dead_letters import default_dead_letter_table
+from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY, ancestry, parse_commit, summary_properties
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@
   orphan-file removal.
 - `compact`: small data files of each partition are read and rewritten into files of about the target size by one
   Spark job, then committed as one overwrite snapshot that removes the inputs, adds the outputs and carries the
-  table's offsets forward (engine/table_rewrites.py: retried on a concurrent commit, abandoned with its files
+  table's offsets forward (engine/tables/rewrites.py: retried on a concurrent commit, abandoned with its files
   deleted when an input is gone, so nothing is lost or doubled). Ingestion is never blocked: it commits whenever it
   wants; compaction is the one that retries.
 - `remove_orphan_files`: files under the table's own location, older than `min_age` (3 days, as Iceberg's), that no
@@ -23,7 +23,7 @@
 - `rewrite_manifests`: every fast append adds a manifest, so a table's current snapshot holds one per commit since
   the last merge, and every scan plan reads them all. Once there are `manifest_min_count` data manifests, one
   snapshot merges them into manifests of about `manifest_target_size_bytes` (pyiceberg 0.12 has no
-  `rewrite_manifests`: its merge append does it, engine/table_rewrites.py), carrying the offsets forward.
+  `rewrite_manifests`: its merge append does it, engine/tables/rewrites.py), carrying the offsets forward.
 """
 
 from __future__ import annotations
@@ -45,17 +45,21 @@ from pyiceberg.table.update.snapshot import ExpireSnapshots
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.catalog import BOUNDED_METADATA_PROPERTIES, catalog_endpoint, catalog_errors
-from kafscale_lakehouse.engine.dead_letter import StagedDeadLetters
-from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
+from kafscale_lakehouse.engine.tables.catalogs import BOUNDED_METADATA_PROPERTIES, catalog_endpoint, catalog_errors
+from kafscale_lakehouse.engine.tables.commits import (
+    CommitOutcomeUnknownError,
+    HistoryIndependentTransaction,
+    delete_data_files,
+)
+from kafscale_lakehouse.engine.tables.dead_letters import StagedDeadLetters
+from kafscale_lakehouse.engine.tables.rewrites import ManifestMerge, commit_rewrite
+from kafscale_lakehouse.engine.tables.summary import (
     SOURCE_TABLE_PROPERTY,
     STAGED_SNAPSHOT_PROPERTY,
     ancestry,
     is_kafscale_commit,
 )
-from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError, HistoryIndependentTransaction
-from kafscale_lakehouse.engine.table_rewrites import ManifestMerge, commit_rewrite, run_rewrite_job
 
 log = logging.getLogger(__name__)
 
@@ -454,9 +458,9 @@ def mapping_settings(config: LakehouseConfig, mapping: MappingConfig) -> Mainten
 def maintain_mapping(config: LakehouseConfig, spark: SparkSession | None, mapping: MappingConfig, *,
                      steps: Sequence[str] = MAINTENANCE_STEPS) -> MaintenanceSummary:
     """Maintain the table of `mapping` (an existing table; nothing is created) with its `maintenance:` settings."""
-    from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-    from kafscale_lakehouse.engine.dead_letter import open_dead_letter_table
-    from kafscale_lakehouse.engine.ingest import catalog_settings
+    from kafscale_lakehouse.engine.ingestion.run import catalog_settings
+    from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+    from kafscale_lakehouse.engine.tables.dead_letters import open_dead_letter_table
 
     unknown = sorted(set(steps) - set(MAINTENANCE_STEPS))
     if unknown:

@@ -277,7 +277,7 @@ class OffsetStore(ABC):
         if lease_list:
             self._delete(self.keys.table(lease_list[0].topic))
 
-    # ---- run records (where a run's data files are; engine/run_files.py) ----------------------------------------
+    # ---- run records (where a run's data files are; engine/tables/run_files.py) --------------------------------------
 
     def record_run(self, leases: Sequence[Lease], run_id: str, value: bytes) -> None:
         """Write the record of `run_id` before it writes any file, fenced by its leases (`LeaseLostError`)."""

@@ -12,8 +12,8 @@ from datetime import timedelta
 import dagster as dg
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.ingest import PreparedIngest, prepare_ingest
-from kafscale_lakehouse.engine.topic_scan import TopicScan, WatchSources, scan_topic
+from kafscale_lakehouse.engine.ingestion.run import PreparedIngest, prepare_ingest
+from kafscale_lakehouse.engine.ingestion.topic_scan import TopicScan, WatchSources, scan_topic
 from kafscale_lakehouse.offsets.ranges import parse_ranges
 from kafscale_lakehouse.orchestration.naming import (
     dagster_name_part,

@@ -17,9 +17,10 @@ import dagster as dg
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.catalog import TableNotFoundError
-from kafscale_lakehouse.engine.lag import lag_and_reference
-from kafscale_lakehouse.engine.table_checks import (
+from kafscale_lakehouse.engine.ingestion.lag import lag_and_reference
+from kafscale_lakehouse.engine.ingestion.topic_scan import PartitionState
+from kafscale_lakehouse.engine.tables.catalogs import TableNotFoundError
+from kafscale_lakehouse.engine.tables.checks import (
     FRESHNESS,
     OFFSETS_CONTIGUOUS,
     RECORD_ID_UNIQUE,
@@ -29,7 +30,6 @@ from kafscale_lakehouse.engine.table_checks import (
     find_duplicate_record_ids,
     latest_committed_ranges,
 )
-from kafscale_lakehouse.engine.topic_scan import PartitionState
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.orchestration.assets import scan_topic_now
 from kafscale_lakehouse.orchestration.io_manager import (

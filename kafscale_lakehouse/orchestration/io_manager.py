@@ -36,30 +36,24 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 
-from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.ingest import (
+from kafscale_lakehouse.engine.ingestion.run import (
     IngestFailedError,
     IngestResult,
     PartitionOutcome,
     PreparedIngest,
     commit_ingest,
 )
-from kafscale_lakehouse.engine.table_filters import (
+from kafscale_lakehouse.engine.spark.table_source import count_rows_equal, read_table
+from kafscale_lakehouse.engine.spark.writes import write_arrow, write_dataframe
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog
+from kafscale_lakehouse.engine.tables.filters import (
     all_of,
     any_of,
     parse_partition_spec,
     time_window_filter,
     values_filter,
 )
-from kafscale_lakehouse.engine.table_reads import count_rows_equal, read_table
-from kafscale_lakehouse.engine.table_writes import (
-    WRITE_MODES,
-    TableWrite,
-    TableWriteResult,
-    iceberg_schema_of,
-    write_arrow,
-    write_dataframe,
-)
+from kafscale_lakehouse.engine.tables.writes import WRITE_MODES, TableWrite, TableWriteResult, iceberg_schema_of
 from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges, parse_ranges
 from kafscale_lakehouse.orchestration.naming import kafka_partition_id, kafka_partition_key
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, SparkResource

@@ -5,7 +5,7 @@ A tick of the sensor of `topic → table`:
 1. discovers the topic's Kafka partitions (`discovery.mode`) and registers new ones as Dagster dynamic partitions;
 2. lists, per partition, only the segments after the cursor's last seen `.kfs` key (`SegmentStore.list_segments`),
    so a tick costs one listing request per partition plus one footer read per new segment; a partition seen for the
-   first time is listed from its committed next offset on (`storage.segments_from`, engine/topic_scan.py), so
+   first time is listed from its committed next offset on (`storage.segments_from`, engine/ingestion/topic_scan.py), so
    segments ingested long ago are never read;
 3. reads the committed offsets and the broker watermarks (one range read each; never the Iceberg table);
 4. reports an observation of the topic asset (`kafscale/<topic>`) when a watermark, a committed offset or the end of
@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.topic_scan import PartitionCursor, PartitionState, TopicScan, WatchSources, scan_topic
+from kafscale_lakehouse.engine.ingestion.topic_scan import (
+    PartitionCursor,
+    PartitionState,
+    TopicScan,
+    WatchSources,
+    scan_topic,
+)
 from kafscale_lakehouse.offsets.ranges import format_ranges
 from kafscale_lakehouse.orchestration.naming import (
     dagster_name_part,

@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from kafscale_lakehouse.engine.ingest import IngestResult, PartitionOutcome
-from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY, SKIPPED_PROPERTY_PREFIX
-from kafscale_lakehouse.engine.source_rows import InvalidRecord
-from kafscale_lakehouse.engine.table_checks import latest_committed_ranges, offset_history
-from kafscale_lakehouse.engine.topic_scan import PartitionState
+from kafscale_lakehouse.engine.ingestion.rows import InvalidRecord
+from kafscale_lakehouse.engine.ingestion.run import IngestResult, PartitionOutcome
+from kafscale_lakehouse.engine.ingestion.topic_scan import PartitionState
+from kafscale_lakehouse.engine.tables.checks import latest_committed_ranges, offset_history
+from kafscale_lakehouse.engine.tables.summary import OFFSETS_PROPERTY_PREFIX, RUN_ID_PROPERTY, SKIPPED_PROPERTY_PREFIX
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.orchestration.checks import (
     evaluate_freshness,

@@ -16,7 +16,7 @@ import yaml
 from kafscale_lakehouse.apps.workload import PIZZA_TOPIC, write_partition_segments
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, ConfigError
 from kafscale_lakehouse.definitions import build_definitions, defs
-from kafscale_lakehouse.engine.table_checks import CHECK_NAMES
+from kafscale_lakehouse.engine.tables.checks import CHECK_NAMES
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, partitions_def_name, pool_name
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX
 from kafscale_lakehouse.testing.servers import SECRET_KEY

@@ -15,7 +15,7 @@ import pytest
 
 from kafscale_lakehouse.apps.demo_producer import DemoProducer, watermark_publisher
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
-from kafscale_lakehouse.engine.topic_scan import WatchSources
+from kafscale_lakehouse.engine.ingestion.topic_scan import WatchSources
 from kafscale_lakehouse.orchestration.naming import partitions_def_name
 from kafscale_lakehouse.orchestration.sensors import SensorCursor, build_sensors
 from kafscale_lakehouse.testing.leases import held_leases

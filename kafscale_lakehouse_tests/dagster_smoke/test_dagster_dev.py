@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from kafscale_lakehouse.apps.workload import PIZZA_TOPIC
-from kafscale_lakehouse.engine.table_checks import CHECK_NAMES
+from kafscale_lakehouse.engine.tables.checks import CHECK_NAMES
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
 from kafscale_lakehouse.orchestration.sensors import PARTITION_RANGE_END_TAG, PARTITION_RANGE_START_TAG, sensor_name
 from kafscale_lakehouse.testing.servers import free_ports

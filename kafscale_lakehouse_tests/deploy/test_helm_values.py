@@ -18,13 +18,13 @@ from dagster_k8s import K8sRunLauncher
 
 from kafscale_lakehouse.config import load_config
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine.spark import spark_settings_from_env
-from kafscale_lakehouse.engine.spark_engine import (
+from kafscale_lakehouse.engine.spark.engine import (
     ENGINE_ADDRESS_VARIABLE,
     SPARK_REMOTE_VARIABLE,
     parse_engine_address,
     parse_remote_url,
 )
+from kafscale_lakehouse.engine.spark.session import spark_settings_from_env
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.deploy.conftest import RELEASE, VALUES_DIR, size_values
 from kafscale_lakehouse_tests.deploy.helm_chart import SUBCHART_KEY, load_values, render_instance_config

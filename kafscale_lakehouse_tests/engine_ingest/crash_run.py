@@ -19,8 +19,8 @@ import signal
 import sys
 import threading
 
+import kafscale_lakehouse.engine.ingestion.run as ingest
 from kafscale_lakehouse.apps import cli
-from kafscale_lakehouse.engine import ingest
 from kafscale_lakehouse.offsets.etcd_store import EtcdOffsetStore
 
 log = logging.getLogger("kafscale_lakehouse_tests.crash_run")

@@ -25,8 +25,8 @@ from pyiceberg.table import Table
 from kafscale_lakehouse.apps.workload import ALL_CODECS, WrittenSegment, partition_dir, write_partition_segments
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY, SKIPPED_PROPERTY_PREFIX, read_topic_offsets
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY, SKIPPED_PROPERTY_PREFIX, read_topic_offsets
 from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
@@ -205,7 +205,7 @@ class IngestWorld:
             return [e.key for e in client.get_prefix(f"{self.name}/leases/")]
 
     def recorded_runs(self) -> list[str]:
-        """Run ids with a record in the offsets store (engine/run_files.py): runs whose files are not settled."""
+        """Run ids with a record in the offsets store (engine/tables/run_files.py): runs whose files are not settled."""
         config = self.config()
         etcd = etcd_client_from_config(config) if config.offsets.backend == "etcd" else None
         try:

@@ -16,9 +16,9 @@ from datetime import timedelta
 
 from kafscale_lakehouse.config import load_config
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table
 from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, maintain_table
-from kafscale_lakehouse.engine.spark import get_spark_session
+from kafscale_lakehouse.engine.spark.session import get_spark_session
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 
 EVERY_STEP_EVERY_TIME = {"snapshot_max_age": timedelta(0), "retain_last": 3,
                          "target_file_size_bytes": 64 * 1024 * 1024, "min_input_files": 2, "manifest_min_count": 2}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from kafscale_lakehouse.engine import table_offsets
-from kafscale_lakehouse.engine.ingest import ingest
-from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY
+import kafscale_lakehouse.engine.tables.appends as table_offsets
+from kafscale_lakehouse.engine.ingestion.run import ingest
+from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY
 
 FOREIGN_TOPIC = "written-by-another-engine"
 

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
-from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
+from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
+from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS
 
 

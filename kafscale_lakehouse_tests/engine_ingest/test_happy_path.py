@@ -6,8 +6,8 @@ import json
 
 import yaml
 
-from kafscale_lakehouse.engine.ingest import ingest
-from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX
+from kafscale_lakehouse.engine.ingestion.run import ingest
+from kafscale_lakehouse.engine.tables.summary import OFFSETS_PROPERTY_PREFIX
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS, PIZZA_COLUMNS, IngestWorld

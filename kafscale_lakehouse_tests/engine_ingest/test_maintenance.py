@@ -8,10 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
+import kafscale_lakehouse.engine.maintenance as maintenance
+import kafscale_lakehouse.engine.tables.rewrites as table_rewrites
 from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
-from kafscale_lakehouse.engine import maintenance, table_rewrites
-from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
+from kafscale_lakehouse.engine.ingestion.positions import reset_from_store
+from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.maintenance import (
     COMPACTION_PROPERTY,
     MANIFEST_REWRITE_PROPERTY,
@@ -22,8 +23,8 @@ from kafscale_lakehouse.engine.maintenance import (
     remove_orphan_files,
     rewrite_manifests,
 )
-from kafscale_lakehouse.engine.offsets_admin import reset_from_store
-from kafscale_lakehouse.engine.snapshot_summary import read_committed_offsets, read_topic_offsets
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog
+from kafscale_lakehouse.engine.tables.summary import read_committed_offsets, read_topic_offsets
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kafscale_lakehouse.engine.ingest import ingest
+from kafscale_lakehouse.engine.ingestion.run import ingest
 from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, maintain_table, remove_orphan_files
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine_ingest.harness import CLI, LEASE_TTL_SECONDS

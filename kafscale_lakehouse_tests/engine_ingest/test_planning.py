@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from kafscale_lakehouse.engine.ingest import IngestContext, prepare_ingest
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, prepare_ingest
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.testing.leases import held_leases
 
@@ -21,7 +21,7 @@ def test_the_run_rechecks_the_sensor_plan_against_the_committed_offsets_and_read
         with held_leases(context.offsets, world.topic, [0], "go-processor") as leases:
             context.offsets.commit_offsets(leases.values(), {0: (25, 0)})
 
-        with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.engine.ingest"):
+        with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.engine.ingestion.run"):
             prepared = prepare_ingest(context, mapping, partitions=[0], planned={0: OffsetRange(0, 20, 40)})
         try:
             plan = prepared.plans[0]
@@ -33,7 +33,7 @@ def test_the_run_rechecks_the_sensor_plan_against_the_committed_offsets_and_read
         assert all(lease.released for lease in prepared.leases.values())
 
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.engine.ingest"):
+        with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.engine.ingestion.run"):
             prepare_ingest(context, mapping, partitions=[0], planned={0: OffsetRange(0, 25, 40)}).release_leases()
         assert "planned from next offset" not in caplog.text
     finally:

@@ -1,14 +1,14 @@
 """`kafscale-lakehouse offsets replay`: a partition's offset range replaced by the records read again, in one commit
-(engine/replay.py), on the real servers: every record once, the offsets unchanged, other rows untouched."""
+(engine/ingestion/replay.py), on the real servers: every record once, the offsets unchanged, other rows untouched."""
 
 from __future__ import annotations
 
 import pytest
 
 from kafscale_lakehouse.connections import offset_store_from_config
-from kafscale_lakehouse.engine.ingest import IngestContext, ingest
-from kafscale_lakehouse.engine.replay import REPLAY_PROPERTY, ReplayError, replay_range
-from kafscale_lakehouse.engine.snapshot_summary import read_committed_offsets
+from kafscale_lakehouse.engine.ingestion.replay import REPLAY_PROPERTY, ReplayError, replay_range
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest
+from kafscale_lakehouse.engine.tables.summary import read_committed_offsets
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
-"""The per-run clean-up owns only its own files (engine/run_files.py): a live run's files and another table's files
-are never touched, whatever their age; an ended run's are (test_crash_recovery covers the crashed run).
+"""The per-run clean-up owns only its own files (engine/tables/run_files.py): a live run's files and another table's
+files are never touched, whatever their age; an ended run's are (test_crash_recovery covers the crashed run).
 
 The clean-up it replaces deleted every unreferenced `kafscale-*` file older than an hour under the table's data
 path. These tests set that age to zero (`ORPHAN_FILE_MIN_AGE`, gone now) so that "older than the clean-up age"
@@ -13,10 +13,10 @@ from datetime import timedelta
 
 import pytest
 
+import kafscale_lakehouse.engine.ingestion.run as ingest_module
 from kafscale_lakehouse.connections import offset_store_from_config
-from kafscale_lakehouse.engine import ingest as ingest_module
-from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.ingest import (
+from kafscale_lakehouse.engine.ingestion.positions import reset_from_store
+from kafscale_lakehouse.engine.ingestion.run import (
     IngestContext,
     IngestFailedError,
     IngestResult,
@@ -24,7 +24,7 @@ from kafscale_lakehouse.engine.ingest import (
     ingest,
     ingest_mapping,
 )
-from kafscale_lakehouse.engine.offsets_admin import reset_from_store
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.offsets import LeaseLostError
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 

@@ -8,10 +8,10 @@ import logging
 import pytest
 
 from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
-from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.ingest import IngestFailedError, ingest
-from kafscale_lakehouse.engine.offsets_admin import reset_from_store, reset_from_table
-from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
+from kafscale_lakehouse.engine.ingestion.positions import reset_from_store, reset_from_table
+from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog
+from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 
 
 def land_two_partitions(world, spark) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyiceberg.table import Table
 
-from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
+from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
 from kafscale_lakehouse_tests.engine_sink.helpers import lakehouse_schema, rest_settings
 
 

@@ -9,8 +9,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import BinaryType, DoubleType, IntegerType, LongType, NestedField, StringType
 
-from kafscale_lakehouse.engine.catalog import CatalogSettings
-from kafscale_lakehouse.engine.iceberg_sink import (
+from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings
+from kafscale_lakehouse.engine.tables.data_files import (
     DEFAULT_TARGET_FILE_SIZE_BYTES,
     SinkJob,
     check_arrow_schema,

@@ -6,7 +6,7 @@ import pytest
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 
 from kafscale_lakehouse.config import redact_url
-from kafscale_lakehouse.engine.catalog import (
+from kafscale_lakehouse.engine.tables.catalogs import (
     CatalogAuthenticationError,
     CatalogSettings,
     CatalogUnavailableError,

@@ -8,7 +8,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Transaction
 from pyiceberg.types import LongType, NestedField
 
-from kafscale_lakehouse.engine.table_offsets import HistoryIndependentTransaction, without_client_retries
+from kafscale_lakehouse.engine.tables.commits import HistoryIndependentTransaction, without_client_retries
 
 
 def _table(tmp_path, commits: int):

@@ -22,16 +22,16 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from kafscale_lakehouse.engine.catalog import PartitionFieldSpec, open_table
-from kafscale_lakehouse.engine.iceberg_sink import (
+from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.catalogs import PartitionFieldSpec, open_table
+from kafscale_lakehouse.engine.tables.data_files import (
     RequiredColumnNullError,
     SinkJob,
     SinkSchemaError,
     data_file_prefix,
     write_batches_as_data_files,
 )
-from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX
-from kafscale_lakehouse.engine.table_offsets import commit_append
+from kafscale_lakehouse.engine.tables.summary import OFFSETS_PROPERTY_PREFIX
 from kafscale_lakehouse_tests.engine_sink.helpers import (
     BASE_COLUMNS,
     MAPPED_COLUMNS,

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.tables.summary import (
     COMMIT_ID_PROPERTY,
     DEAD_LETTER_RECORDS_PROPERTY,
     DEAD_LETTER_TABLE_PROPERTY,

@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import functions as F  # noqa: N812 - pyspark's conventional alias
 from pyspark.sql.types import StringType
 
-from kafscale_lakehouse.engine.spark import get_spark_session
+from kafscale_lakehouse.engine.spark.session import get_spark_session
 
 pytestmark = pytest.mark.integration
 

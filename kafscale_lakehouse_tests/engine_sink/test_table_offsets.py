@@ -6,9 +6,15 @@ import pyarrow as pa
 import pytest
 from pyiceberg.exceptions import CommitStateUnknownException
 
-from kafscale_lakehouse.engine import table_offsets
-from kafscale_lakehouse.engine.run_files import remove_run_files, run_committed, run_table
-from kafscale_lakehouse.engine.snapshot_summary import (
+import kafscale_lakehouse.engine.tables.appends as table_offsets
+from kafscale_lakehouse.engine.tables.appends import (
+    CommitOutcomeUnknownError,
+    CommitRetriesExhaustedError,
+    OffsetConflictError,
+    commit_append,
+)
+from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_committed, run_table
+from kafscale_lakehouse.engine.tables.summary import (
     COMMIT_ID_PROPERTY,
     OFFSETS_PROPERTY_PREFIX,
     RUN_ID_PROPERTY,
@@ -18,12 +24,6 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     parse_offsets_property,
     read_committed_offsets,
     read_topic_offsets,
-)
-from kafscale_lakehouse.engine.table_offsets import (
-    CommitOutcomeUnknownError,
-    CommitRetriesExhaustedError,
-    OffsetConflictError,
-    commit_append,
 )
 from kafscale_lakehouse_tests.engine_sink.helpers import start_end, write_batch
 

@@ -10,7 +10,7 @@ import pytest
 
 from kafscale_lakehouse.apps.workload import ALL_CODECS, PIZZA_TOPIC, pizza_orders
 from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.engine.kafscale_source import (
+from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SegmentReadError,
     SegmentReadFailure,
     SegmentRunPartition,

@@ -1,8 +1,8 @@
 """Planning and reading of segments in-process, where every request of the store can be observed.
 
-Planning is the ingestion run's (`engine/ingest.py`: `segments_from`, `find_gaps`, then `segment_run_partitions`);
-the ingestion Spark job's tasks run the same `read_input_partition` in their Python workers (see
-test_spark_ingestion.py).
+Planning is the ingestion run's (`engine/ingestion/run.py`: `segments_from`, `find_gaps`, then
+`segment_run_partitions`); the ingestion Spark job's tasks run the same `read_input_partition` in their Python
+workers (see test_spark_ingestion.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.engine.ingest import PartitionOutcome, _plan_partition
-from kafscale_lakehouse.engine.kafscale_source import (
+from kafscale_lakehouse.engine.ingestion.run import PartitionOutcome, _plan_partition
+from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
     MAX_ROWS_PER_BATCH,
     SegmentReadError,
@@ -284,7 +284,7 @@ def test_mapped_columns_come_out_typed_and_invalid_records_are_kept_with_a_reaso
 
 def test_pizza_columns_are_coerced_in_batches_of_bounded_size(local_store, monkeypatch):
     write_pizza_segments(local_store, 0, [250])
-    monkeypatch.setattr("kafscale_lakehouse.engine.kafscale_source.MAX_ROWS_PER_BATCH", 100)
+    monkeypatch.setattr("kafscale_lakehouse.engine.ingestion.segment_reader.MAX_ROWS_PER_BATCH", 100)
     options = ReadRequest(starting={0: None}, columns=PIZZA_COLUMNS)
     [partition] = options.plan(local_store).input_partitions
 

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
-from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
-from kafscale_lakehouse.engine.spark_ingestion import run_ingestion_spark_job
-from kafscale_lakehouse.engine.table_offsets import commit_append
+from kafscale_lakehouse.engine.ingestion.spark_job import run_ingestion_spark_job
+from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import LocalSegmentStore

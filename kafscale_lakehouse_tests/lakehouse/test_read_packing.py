@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog
-from kafscale_lakehouse.engine.table_reads import OPEN_COST_BYTES, pack_scan_tasks, read_table
+from kafscale_lakehouse.engine.spark.table_source import OPEN_COST_BYTES, pack_scan_tasks, read_table
+from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog
 
 MB = 1024 * 1024
 

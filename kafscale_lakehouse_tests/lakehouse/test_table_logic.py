@@ -18,14 +18,14 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from kafscale_lakehouse.engine.catalog import PartitionFieldSpec
-from kafscale_lakehouse.engine.table_filters import (
+from kafscale_lakehouse.engine.tables.catalogs import PartitionFieldSpec
+from kafscale_lakehouse.engine.tables.filters import (
     PartitionFilterError,
     parse_partition_spec,
     time_window_filter,
     values_filter,
 )
-from kafscale_lakehouse.engine.table_writes import TableWriteSchemaError, schema_changes
+from kafscale_lakehouse.engine.tables.writes import TableWriteSchemaError, schema_changes
 
 SCHEMA = Schema(NestedField(1, "order_id", StringType(), required=True), NestedField(2, "store_id", IntegerType()),
                 NestedField(3, "order_date", DateType()), NestedField(4, "ordered_at", TimestamptzType()),

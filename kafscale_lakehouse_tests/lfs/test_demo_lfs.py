@@ -11,8 +11,8 @@ from pathlib import Path
 from kafscale_lakehouse.apps.demo_producer import LFS_EVERY, LOCAL_LFS_BUCKET, run_demo_producer
 from kafscale_lakehouse.config import load_config
 from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.ingest import IngestContext, ingest_mapping
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest_mapping
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import decode_segment
 from kafscale_lakehouse.format.lfs import is_lfs_envelope, parse_envelope
 

@@ -15,9 +15,9 @@ import pytest
 from kafscale_lakehouse.apps.metrics import TopicTotals, _table_families
 from kafscale_lakehouse.apps.workload import pizza_order, pizza_orders
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.ingest import IngestContext, IngestFailedError, ingest_mapping
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, IngestFailedError, ingest_mapping
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+from kafscale_lakehouse.engine.tables.summary import (
     LFS_ERRORS_PROPERTY_PREFIX,
     LFS_RESOLVED_BYTES_PROPERTY,
     LFS_RESOLVED_PROPERTY,

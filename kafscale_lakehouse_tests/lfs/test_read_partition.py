@@ -10,13 +10,13 @@ import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.config import ColumnConfig, LfsConfig
-from kafscale_lakehouse.engine.kafscale_source import (
+from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, LfsReadSettings
+from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SegmentReadError,
     read_input_partition,
     segment_run_partitions,
 )
-from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, LfsReadSettings
-from kafscale_lakehouse.engine.snapshot_summary import LfsStats
+from kafscale_lakehouse.engine.tables.summary import LfsStats
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.offsets.ranges import OffsetRange

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+import kafscale_lakehouse.engine.ingestion.lfs as lfs_resolution
 from kafscale_lakehouse.config import LfsConfig
-from kafscale_lakehouse.engine import lfs_resolution
-from kafscale_lakehouse.engine.lfs_resolution import LfsReadSettings, LfsResolver, LfsStats
+from kafscale_lakehouse.engine.ingestion.lfs import LfsReadSettings, LfsResolver, LfsStats
 from kafscale_lakehouse.format import BASE_SCHEMA
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.storage import LocalSegmentStore

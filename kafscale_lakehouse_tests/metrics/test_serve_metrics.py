@@ -16,8 +16,8 @@ import pytest
 
 from kafscale_lakehouse.apps.metrics import WRITE_LATENCY_BUCKETS_MS
 from kafscale_lakehouse.apps.workload import pizza_orders
-from kafscale_lakehouse.engine.ingest import ingest
-from kafscale_lakehouse.engine.snapshot_summary import WRITE_LATENCY_PROPERTY
+from kafscale_lakehouse.engine.ingestion.run import ingest
+from kafscale_lakehouse.engine.tables.summary import WRITE_LATENCY_PROPERTY
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key

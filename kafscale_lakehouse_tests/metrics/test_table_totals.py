@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
 from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
-from kafscale_lakehouse.engine.catalog import load_catalog
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog
+from kafscale_lakehouse.engine.tables.summary import (
     DEAD_LETTER_RECORDS_PROPERTY,
     OFFSETS_PROPERTY_PREFIX,
     RUN_ID_PROPERTY,

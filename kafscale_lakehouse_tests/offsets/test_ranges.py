@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafscale_lakehouse.engine.lag import lag, lag_and_reference
+from kafscale_lakehouse.engine.ingestion.lag import lag, lag_and_reference
 from kafscale_lakehouse.offsets import NOT_COMMITTED, CommittedOffset
 from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges, parse_ranges, ranges_by_partition
 from kafscale_lakehouse.offsets.records import last_offset_of, next_offset_of

@@ -12,16 +12,16 @@ from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
 from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, load_config
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.dead_letter import (
+from kafscale_lakehouse.engine.ingestion.rows import DeadLetterFileWriter
+from kafscale_lakehouse.engine.ingestion.segment_reader import INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN
+from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+from kafscale_lakehouse.engine.tables.dead_letters import (
     dead_letter_target,
     open_dead_letter_table,
     publish_dead_letters,
     stage_dead_letters,
 )
-from kafscale_lakehouse.engine.kafscale_source import INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN
-from kafscale_lakehouse.engine.source_rows import DeadLetterFileWriter
-from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.schema import record_arrow_schema, table_schema
 

@@ -14,8 +14,8 @@ from pyiceberg.types import LongType, NestedField
 
 from kafscale_lakehouse.config import parse_config
 from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config
-from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
-from kafscale_lakehouse.engine.iceberg_sink import file_io_properties
+from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog, open_table
+from kafscale_lakehouse.engine.tables.data_files import file_io_properties
 from kafscale_lakehouse.storage import S3SegmentStore
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, SeaweedFS
 from kafscale_lakehouse_tests.security.conftest import SecuredRun

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from kafscale_lakehouse.engine.spark_engine import ConnectAddress, start_connect_server, stop_connect_server
+from kafscale_lakehouse.engine.spark.engine import ConnectAddress, start_connect_server, stop_connect_server
 from kafscale_lakehouse.testing.servers import free_ports
 
 
@@ -23,8 +23,8 @@ def _close_connect_clients() -> None:
 
 @pytest.fixture(autouse=True)
 def embedded_functions_after_each_test():
-    """A client of the engine switches `pyspark.sql.functions` to Spark Connect for its process (engine/spark.py);
-    the tests after each of these use the embedded session again."""
+    """A client of the engine switches `pyspark.sql.functions` to Spark Connect for its process
+    (engine/spark/session.py); the tests after each of these use the embedded session again."""
     yield
     os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
 

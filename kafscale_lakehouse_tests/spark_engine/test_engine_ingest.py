@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
 
-from kafscale_lakehouse.engine.ingest import ingest
-from kafscale_lakehouse.engine.spark import get_spark_session
-from kafscale_lakehouse.engine.spark_engine import SHARED_SESSION_ID, SPARK_REMOTE_VARIABLE, ConnectAddress, port_open
+from kafscale_lakehouse.engine.ingestion.run import ingest
+from kafscale_lakehouse.engine.spark.engine import SHARED_SESSION_ID, SPARK_REMOTE_VARIABLE, ConnectAddress, port_open
+from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine_ingest.harness import CLI, IngestWorld

@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
-from kafscale_lakehouse.engine import spark as spark_module
-from kafscale_lakehouse.engine.spark import get_spark_session
-from kafscale_lakehouse.engine.spark_engine import (
+import kafscale_lakehouse.engine.spark.session as spark_module
+from kafscale_lakehouse.engine.spark.engine import (
     CONNECT_SERVER_CLASS,
     SHARED_SESSION_ID,
     SPARK_REMOTE_VARIABLE,
@@ -21,6 +20,7 @@ from kafscale_lakehouse.engine.spark_engine import (
     parse_remote_url,
     shared_session_url,
 )
+from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.testing.servers import free_ports
 
 

@@ -8,8 +8,17 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StringType
 
 from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.engine.catalog import CatalogSettings, load_catalog, open_table
-from kafscale_lakehouse.engine.dead_letter import (
+from kafscale_lakehouse.engine.ingestion.rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
+from kafscale_lakehouse.engine.ingestion.segment_reader import (
+    INVALID_REASON_COLUMN,
+    INVALID_SCHEMA_PATH_COLUMN,
+    SegmentRunPartition,
+    read_input_partition,
+)
+from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput
+from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog, open_table
+from kafscale_lakehouse.engine.tables.dead_letters import (
     DeadLetterTableError,
     StagedDeadLetters,
     dead_letter_target,
@@ -19,16 +28,7 @@ from kafscale_lakehouse.engine.dead_letter import (
     split_dead_letter_files,
     stage_dead_letters,
 )
-from kafscale_lakehouse.engine.kafscale_source import (
-    INVALID_REASON_COLUMN,
-    INVALID_SCHEMA_PATH_COLUMN,
-    SegmentRunPartition,
-    read_input_partition,
-)
-from kafscale_lakehouse.engine.snapshot_summary import LOST_RECORDS_PROPERTY, RUN_ID_PROPERTY
-from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
-from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput
-from kafscale_lakehouse.engine.table_offsets import commit_append
+from kafscale_lakehouse.engine.tables.summary import LOST_RECORDS_PROPERTY, RUN_ID_PROPERTY
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import table_schema

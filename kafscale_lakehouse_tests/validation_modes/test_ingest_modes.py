@@ -11,13 +11,13 @@ import json
 import pytest
 from pyiceberg.table import Table
 
+import kafscale_lakehouse.engine.ingestion.run as ingest_module
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine import ingest as ingest_module
-from kafscale_lakehouse.engine.catalog import load_catalog, open_table
-from kafscale_lakehouse.engine.iceberg_sink import IcebergSinkError
-from kafscale_lakehouse.engine.ingest import IngestContext, IngestFailedError, ingest_mapping
-from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY, STAGED_SNAPSHOT_PROPERTY
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, IngestFailedError, ingest_mapping
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+from kafscale_lakehouse.engine.tables.data_files import IcebergSinkError
+from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY, STAGED_SNAPSHOT_PROPERTY
 from kafscale_lakehouse.schema.registry import SchemaNotFoundError
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_RECORDS, records_with_faults, serve_schema

@@ -8,7 +8,7 @@ import pytest
 
 from kafscale_lakehouse.config import ColumnConfig, ConfigError, parse_config
 from kafscale_lakehouse.connections import schema_registry_client
-from kafscale_lakehouse.engine.record_validation import resolve_record_validation
+from kafscale_lakehouse.engine.ingestion.validation import resolve_record_validation
 from kafscale_lakehouse.schema.registry import SchemaNotFoundError, SchemaRegistryUnavailableError
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.validation_modes.faults import PIZZA_SCHEMA, serve_schema

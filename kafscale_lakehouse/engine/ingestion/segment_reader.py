@@ -1,11 +1,11 @@
 """Reading KafScale segments for an ingestion run: exact Kafka offset ranges of one topic, straight from segments.
 
-Planning happens in the ingestion run (`engine/ingest.py`, with `storage.segments_from` and `storage.find_gaps`);
+Planning happens in the ingestion run (`engine/ingestion/run.py`, with `storage.segments_from` and `storage.find_gaps`);
 `segment_run_partitions` cuts a partition's planned segments into input partitions. An input partition
 (`SegmentRunPartition`) is a run of consecutive segments of one Kafka partition, up to a byte budget of `.kfs`
 bytes (a larger segment is a run of its own), and carries its own offset sub-range.
 
-Reading (one Spark task of `engine/spark_ingestion.py`, `read_input_partition`): each segment is fetched once and
+Reading (one Spark task of `engine/ingestion/spark_job.py`, `read_input_partition`): each segment is fetched once and
 decoded with CRC checks, limited to the range. A segment in which the start offset falls mid-way is range-read: its
 `.index` (one GET), then one ranged GET from the index entry at or before the start offset to the end of the object,
 decoded with `decode_batches`. Arrow batches of at most `MAX_ROWS_PER_BATCH` rows are yielded in
@@ -14,7 +14,7 @@ nullable: a required column is null in an invalid record), then `_kafscale_inval
 then, only with a JSON Schema, `_kafscale_invalid_schema_path` (string, nullable).
 
 LFS (`lfs`, `lfs_resolution.LfsReadSettings`, from the task spec): envelope records are resolved, referenced or
-skipped before the mapped columns are computed (engine/lfs_resolution.py); with `store_metadata` the `lfs_*`
+skipped before the mapped columns are computed (engine/ingestion/lfs.py); with `store_metadata` the `lfs_*`
 columns (`schema.columns.LFS_METADATA_COLUMNS`) end `columns` and are filled by that stage. A record that fails
 there is an invalid record (on_error dead_letter, schema mode lenient) or stops its partition like a failing
 segment: `SegmentReadError` whose failure has `error_type` `LfsResolutionError`, `key` the blob (or the record id
@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, LfsFailure, LfsReadSettings, LfsResolver, LfsStats
+from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, LfsFailure, LfsReadSettings, LfsResolver, LfsStats
 from kafscale_lakehouse.format import (
     BASE_SCHEMA,
     FOOTER_SIZE,

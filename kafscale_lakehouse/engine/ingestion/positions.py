@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from pyiceberg.table import Table
 
-from kafscale_lakehouse.engine.snapshot_summary import read_topic_offsets
-from kafscale_lakehouse.engine.table_offsets import commit_append
+from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.offsets import CommittedOffset, Lease, OffsetStore, TableIdentity
 
 log = logging.getLogger(__name__)

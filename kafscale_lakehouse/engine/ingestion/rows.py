@@ -1,14 +1,14 @@
 """What one ingestion task read from its segments: the rows to write, and what must not be written.
 
-An ingestion task (`engine/spark_ingestion.py`) writes the rows of one `SegmentRunPartition`, so one Kafka partition.
-Before the rows reach Parquet, invalid records (a required mapped column missing or not coercible, or a value
+An ingestion task (`engine/ingestion/spark_job.py`) writes the rows of one `SegmentRunPartition`, so one Kafka
+partition. Before the rows reach Parquet, invalid records (a required mapped column missing or not coercible, or a value
 violating the topic's JSON Schema) are taken out and accounted for here, so the driver can decide what to commit:
 nothing at all while invalid records have nowhere to go. (A segment that cannot be read ends the task's rows; the
 task reports it beside its stats, `spark_ingestion.IngestionTaskOutput.failure`.)
 
 With a dead-letter target, the held-back invalid records are written by the same task as Parquet data files of the
-dead-letter table (`DEAD_LETTER_SCHEMA`), returned uncommitted in the task's stats; `engine/dead_letter.py` builds
-the target on the driver and commits those files.
+dead-letter table (`DEAD_LETTER_SCHEMA`), returned uncommitted in the task's stats; `engine/tables/dead_letters.py`
+builds the target on the driver and commits those files.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
-from kafscale_lakehouse.engine.iceberg_sink import RollingDataFiles, SinkJob
-from kafscale_lakehouse.engine.kafscale_source import (
+from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
     SOURCE_STATUS_COLUMNS,
 )
-from kafscale_lakehouse.engine.snapshot_summary import LfsStats
+from kafscale_lakehouse.engine.tables.data_files import RollingDataFiles, SinkJob
+from kafscale_lakehouse.engine.tables.summary import LfsStats
 
 log = logging.getLogger(__name__)
 

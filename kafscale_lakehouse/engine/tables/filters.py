@@ -33,7 +33,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from kafscale_lakehouse.engine.catalog import PartitionFieldSpec
+from kafscale_lakehouse.engine.tables.catalogs import PartitionFieldSpec
 
 _SPEC_FIELD = re.compile(r"^\s*(?:(?P<transform>[a-z]+(?:\[[1-9][0-9]*\])?)\s*\(\s*(?P<column>[^()\s]+)\s*\)"
                          r"|(?P<bare>[^()\s]+))\s*$")

@@ -13,7 +13,7 @@ that partition waits, the others go on), registered as a run (run_files.py) so a
    files; a segment that cannot be read, or an invalid record, stops the replay with nothing replaced (a replay
    writes no dead letters);
 3. the table's files holding rows of the range: those holding only such rows are removed, the others rewritten
-   without them (`table_rewrites.run_rewrite_job`);
+   without them (`spark.rewrite_job.run_rewrite_job`);
 4. one overwrite snapshot removes the old files and adds the new ones (`table_rewrites.commit_rewrite`), carrying the
    offsets of every topic forward unchanged: a replay never moves the table's position.
 """
@@ -24,26 +24,27 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from pyiceberg.expressions.visitors import ROWS_MUST_MATCH, _StrictMetricsEvaluator
+from pyiceberg.expressions.visitors import ROWS_MUST_MATCH
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import MappingConfig
-from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
-from kafscale_lakehouse.engine.ingest import IngestContext, open_mapping_table
-from kafscale_lakehouse.engine.kafscale_source import segment_run_partitions
-from kafscale_lakehouse.engine.lfs_resolution import lfs_read_settings
-from kafscale_lakehouse.engine.offsets_admin import table_identity
-from kafscale_lakehouse.engine.record_validation import RecordValidation, resolve_record_validation
-from kafscale_lakehouse.engine.run_files import clean_ended_runs, forget_run, register_run
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.ingestion.lfs import lfs_read_settings
+from kafscale_lakehouse.engine.ingestion.positions import table_identity
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, open_mapping_table
+from kafscale_lakehouse.engine.ingestion.segment_reader import segment_run_partitions
+from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput, run_ingestion_spark_job
+from kafscale_lakehouse.engine.ingestion.validation import RecordValidation, resolve_record_validation
+from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
+from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.commits import CommitOutcomeUnknownError, delete_data_files, rows_must_match
+from kafscale_lakehouse.engine.tables.rewrites import RecordRange, commit_rewrite
+from kafscale_lakehouse.engine.tables.run_files import clean_ended_runs, forget_run, register_run
+from kafscale_lakehouse.engine.tables.summary import (
     RUN_ID_PROPERTY,
     read_topic_offsets,
     skipped_summary_properties,
 )
-from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput, run_ingestion_spark_job
-from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError, commit_append
-from kafscale_lakehouse.engine.table_rewrites import RecordRange, commit_rewrite, run_rewrite_job
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.storage import OffsetBeyondSegmentsError, SegmentRef, find_gaps, segments_from
@@ -103,7 +104,7 @@ def plan_replay(table: Table, records: RecordRange) -> ReplayPlan:
         landed = "nothing" if next_offset is None else f"offsets up to {next_offset - 1}"
         raise ReplayError(f"table {table_name}: cannot replay {records}: the table holds {landed} of the partition "
                           f"(a replay replaces landed rows; ingestion lands the rest)")
-    must_match = _StrictMetricsEvaluator(table.schema(), records.expression()).eval
+    must_match = rows_must_match(table.schema(), records.expression())
     removed: list[DataFile] = []
     rewritten: list[DataFile] = []
     for task in table.scan(row_filter=records.expression()).plan_files():

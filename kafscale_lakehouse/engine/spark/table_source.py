@@ -37,7 +37,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from kafscale_lakehouse.engine.iceberg_sink import file_io_properties, writer_metadata_json
+from kafscale_lakehouse.engine.tables.data_files import file_io_properties, writer_metadata_json
 
 log = logging.getLogger(__name__)
 

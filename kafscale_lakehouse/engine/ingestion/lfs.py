@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafscale_lakehouse.config import LfsConfig
-from kafscale_lakehouse.engine.snapshot_summary import LfsStats
+from kafscale_lakehouse.engine.tables.summary import LfsStats
 from kafscale_lakehouse.format.lfs import (
     LFS_METADATA_FIELDS,
     ChecksumVerifier,

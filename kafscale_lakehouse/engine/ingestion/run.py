@@ -36,15 +36,32 @@ from kafscale_lakehouse.connections import (
     schema_registry_client,
     segment_store_from_config,
 )
-from kafscale_lakehouse.engine.catalog import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
-from kafscale_lakehouse.engine.cutover import (
+from kafscale_lakehouse.engine.ingestion.handover import (
     HandoverConflictError,
     acquire_handover_lease,
     continued_elsewhere,
     handover_partitions,
     handover_start,
 )
-from kafscale_lakehouse.engine.dead_letter import (
+from kafscale_lakehouse.engine.ingestion.lag import lag
+from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, lfs_read_settings
+from kafscale_lakehouse.engine.ingestion.positions import offsets_disagree_error, table_identity
+from kafscale_lakehouse.engine.ingestion.rows import InvalidRecord
+from kafscale_lakehouse.engine.ingestion.segment_reader import (
+    SegmentReadFailure,
+    SegmentRunPartition,
+    segment_run_partitions,
+)
+from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput, run_ingestion_spark_job
+from kafscale_lakehouse.engine.ingestion.validation import (
+    RecordValidation,
+    resolve_record_validation,
+)
+from kafscale_lakehouse.engine.phases import timed
+from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
+from kafscale_lakehouse.engine.tables.commits import delete_data_files
+from kafscale_lakehouse.engine.tables.dead_letters import (
     DeadLetterFiles,
     dead_letter_target,
     open_dead_letter_table,
@@ -53,22 +70,8 @@ from kafscale_lakehouse.engine.dead_letter import (
     split_dead_letter_files,
     stage_dead_letters,
 )
-from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
-from kafscale_lakehouse.engine.kafscale_source import (
-    SegmentReadFailure,
-    SegmentRunPartition,
-    segment_run_partitions,
-)
-from kafscale_lakehouse.engine.lag import lag
-from kafscale_lakehouse.engine.lfs_resolution import LFS_ERROR_TYPE, lfs_read_settings
-from kafscale_lakehouse.engine.offsets_admin import offsets_disagree_error, table_identity
-from kafscale_lakehouse.engine.phases import timed
-from kafscale_lakehouse.engine.record_validation import (
-    RecordValidation,
-    resolve_record_validation,
-)
-from kafscale_lakehouse.engine.run_files import clean_ended_runs, forget_run, register_run
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.tables.run_files import clean_ended_runs, forget_run, register_run
+from kafscale_lakehouse.engine.tables.summary import (
     WATERMARK_TIMESTAMP_PROPERTY,
     WRITE_LATENCY_PROPERTY,
     LfsStats,
@@ -76,9 +79,6 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     read_topic_offsets,
     skipped_summary_properties,
 )
-from kafscale_lakehouse.engine.source_rows import InvalidRecord
-from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput, run_ingestion_spark_job
-from kafscale_lakehouse.engine.table_offsets import commit_append
 from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore, TableIdentity
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.ranges import OffsetRange

@@ -1,6 +1,6 @@
 """Committed offsets kept in the Iceberg table itself, and the commit protocol (crash leftovers: run_files.py).
 
-The offsets live in our snapshots' summaries (`engine/snapshot_summary.py`: `kafscale.offsets.<topic>`, the next
+The offsets live in our snapshots' summaries (`engine/tables/summary.py`: `kafscale.offsets.<topic>`, the next
 offset of every partition committed so far); a commit re-reads them from the latest commit of ours
 (DESIGN.md, "Exactly-once commit protocol").
 """
@@ -10,21 +10,22 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties, Transaction
-from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import _apply_table_update, _TableMetadataUpdateContext
-from pyiceberg.utils.datetime import datetime_to_millis
+from pyiceberg.table import Table
 
-from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors
-from kafscale_lakehouse.engine.iceberg_sink import delete_data_files
 from kafscale_lakehouse.engine.phases import timed
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors
+from kafscale_lakehouse.engine.tables.commits import (
+    CommitOutcomeUnknownError,
+    append_without_client_retries,
+    delete_uncommitted,
+    find_commit_after_refresh,
+)
+from kafscale_lakehouse.engine.tables.summary import (
     COMMIT_ID_PROPERTY,
     RUN_ID_PROPERTY,
     find_commit,
@@ -65,10 +66,6 @@ class TableChangedDuringRunError(TableOffsetsError):
 
 class CommitRetriesExhaustedError(TableOffsetsError):
     """Unrelated concurrent commits kept winning; our data files were deleted."""
-
-
-class CommitOutcomeUnknownError(TableOffsetsError):
-    """The catalog did not say whether the commit landed and the table does not show it; data files are kept."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +129,7 @@ def commit_append(
         conflict = _first_conflict(committed.get(topic, {}), start_offsets)
         if conflict is not None:
             partition, committed_offset = conflict
-            _delete_uncommitted(table, paths, table_name, run_id)
+            delete_uncommitted(table, paths, table_name, run_id)
             raise OffsetConflictError(table_name, topic, partition, start_offsets[partition], committed_offset)
         properties = {**offsets_summary_properties(committed, topic, end_offsets), **markers}
         try:
@@ -140,9 +137,9 @@ def commit_append(
             snapshot_id = table.metadata.current_snapshot_id
         except CommitFailedException as exc:
             if attempt >= max_attempts:
-                if _find_commit(table, commit_id, before_first_attempt) is not None:
+                if find_commit_after_refresh(table, commit_id, before_first_attempt) is not None:
                     continue  # it landed after all: the next pass finds and reports it
-                _delete_uncommitted(table, paths, table_name, run_id)
+                delete_uncommitted(table, paths, table_name, run_id)
                 raise CommitRetriesExhaustedError(
                     f"table {table_name}: commit of run {run_id} lost to concurrent commits {attempt} times; "
                     "data files deleted"
@@ -154,7 +151,7 @@ def commit_append(
             time.sleep(retry_wait_seconds * attempt)
             continue
         except Exception as exc:
-            found = _find_commit(table, commit_id, before_first_attempt)
+            found = find_commit_after_refresh(table, commit_id, before_first_attempt)
             if found is None:
                 raise CommitOutcomeUnknownError(
                     f"table {table_name}: commit of run {run_id} failed with an unknown outcome "
@@ -212,7 +209,7 @@ def _refuse_changed_spec(table: Table, data_files: Sequence[DataFile], paths: li
     stale = sorted({spec for spec in map(_written_spec_id, data_files) if spec is not None and spec != current})
     if stale:
         table_name = ".".join(table.name())
-        _delete_uncommitted(table, paths, table_name, run_id)
+        delete_uncommitted(table, paths, table_name, run_id)
         raise TableChangedDuringRunError(
             f"table {table_name}: its partition spec changed to spec {current} ({table.spec()}) while run {run_id} "
             f"wrote its data files for spec {', '.join(map(str, stale))}; nothing committed, the files are deleted "
@@ -233,122 +230,3 @@ def _first_conflict(committed: Mapping[int, int], start_offsets: Mapping[int, in
         if partition in committed and committed[partition] != start_offsets[partition]:
             return partition, committed[partition]
     return None
-
-
-def append_without_client_retries(table: Table, data_files: Sequence[DataFile], properties: dict[str, str]) -> None:
-    """One fast append without pyiceberg's client retries (`without_client_retries`: a retry would skip our offset
-    re-check), committed with `commit_settled`; on success `table` holds the catalog's new metadata."""
-    view = without_client_retries(table)
-    transaction = view.transaction()
-    with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
-        for data_file in data_files:
-            append.append_data_file(data_file)
-    commit_settled(transaction)
-    # The view now holds the catalog's answer to the commit (not the retry override): adopt it, saving a reload.
-    table.metadata = view.metadata
-    table.metadata_location = view.metadata_location
-
-
-def without_client_retries(table: Table) -> Table:
-    """A view of `table` whose commits pyiceberg does not retry by itself. pyiceberg re-applies a conflicting commit
-    on the new metadata with the old summary and the old plan: our writers re-check offsets or re-plan deletes and
-    retry themselves. Only the client reads the property; the catalog commits against its own metadata. Its
-    transactions are `HistoryIndependentTransaction`s."""
-    no_retries = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
-    return _CommitView(
-        identifier=table.name(),
-        metadata=table.metadata.model_copy(update={"properties": no_retries}),
-        metadata_location=table.metadata_location,
-        io=table.io,
-        catalog=table.catalog,
-    )
-
-
-class HistoryIndependentTransaction(Transaction):
-    """A pyiceberg transaction whose commit does not cost more as the table's history grows.
-
-    pyiceberg 0.12 recomputes `Transaction.table_metadata` on every read: it replays the staged updates and then
-    deep-copies the whole metadata, every snapshot included, and a commit reads it about 15 times (8.9 s per commit
-    with 5,000 snapshots, measured with benchmarks/maintenance.py; upstream apache/iceberg-python#3784, not in a
-    release). Here the staged updates are applied as pyiceberg applies them, without the defensive deep copy (the
-    metadata models are frozen and every update builds new ones), once per state: the result is kept while the
-    table's metadata and the staged updates are the same objects (`_updates` is a tuple, rebound on every change).
-    The catalog is sent the updates, as before; only the client's reading of them changes."""
-
-    _metadata_cache: tuple[TableMetadata, tuple, TableMetadata] | None = None
-
-    @property
-    def table_metadata(self) -> TableMetadata:
-        base, updates = self._table.metadata, self._updates
-        if not updates:
-            return base
-        cached = self._metadata_cache
-        if cached is not None and cached[0] is base and cached[1] is updates:
-            return cached[2]
-        context = _TableMetadataUpdateContext()
-        result = base
-        for update in updates:
-            result = _apply_table_update(update, result, context)
-        if context.has_changes() and result.last_updated_ms == base.last_updated_ms:
-            result = result.model_copy(update={"last_updated_ms": datetime_to_millis(datetime.now().astimezone())})
-        result.spec().check_compatible(result.schema())
-        result.sort_order().check_compatible(result.schema())
-        self._metadata_cache = (base, updates, result)
-        return result
-
-
-class _CommitView(Table):
-    def transaction(self) -> Transaction:
-        return HistoryIndependentTransaction(self)
-
-
-def commit_settled(transaction: Transaction) -> Table:
-    """`transaction.commit_transaction()` for a transaction of a `without_client_retries` view.
-
-    With its retries off, pyiceberg skips its check that a refused commit did not land after all (a proxy that
-    retried our POST answers 409 for a commit it applied) and deletes the manifests the landed snapshot references.
-    So those manifests are deleted here, and only once the refreshed table shows the snapshots absent; a commit
-    found landed returns normally. Returns the view with the catalog's metadata.
-    """
-    producers = list(transaction._snapshot_producers)
-    for producer in producers:
-        producer._clean_all_uncommitted = _keep_until_outcome_known  # type: ignore[method-assign]
-    try:
-        return transaction.commit_transaction()
-    except CommitFailedException:
-        view = transaction._table
-        view.refresh()
-        if not producers or not all(view.metadata.snapshot_by_id(p._snapshot_id) for p in producers):
-            for producer in producers:
-                type(producer)._clean_all_uncommitted(producer)
-            raise
-        log.warning("table %s: a commit answered as refused had landed (a retried request?)", ".".join(view.name()))
-        return view
-
-
-def _keep_until_outcome_known() -> None:
-    """Stands in for pyiceberg's clean-up of a refused commit until the table shows it did not land."""
-
-
-def _find_commit(table: Table, commit_id: str, since: int | None) -> int | None:
-    """The snapshot id of our commit after a refresh (see `snapshot_summary.find_commit`), or None, also when the
-    catalog cannot be read."""
-    try:
-        table.refresh()
-    except Exception:
-        log.warning("table %s: cannot refresh to check the commit outcome", ".".join(table.name()), exc_info=True)
-        return None
-    commit = find_commit(table, commit_id, since=since)
-    return commit.snapshot_id if commit is not None else None
-
-
-def _delete_uncommitted(table: Table, paths: Iterable[str], table_name: str, run_id: str) -> None:
-    paths = list(paths)
-    failed = delete_data_files(table.io, paths)
-    log.warning(
-        "table %s: deleted %d uncommitted data files of run %s%s",
-        table_name,
-        len(paths) - len(failed),
-        run_id,
-        f" ({len(failed)} could not be deleted; orphan-file removal removes them later)" if failed else "",
-    )

@@ -3,8 +3,8 @@
 Executors turn Arrow batches into Parquet data files with pyiceberg's own file writer (Iceberg field ids, column
 statistics, partition values): `RollingDataFiles` (one task's open files, rolled at the target size) and
 `write_batches_as_data_files` (a whole task's batches). A `SinkJob` carries what they need (table metadata without
-history, FileIO settings, run id) into the tasks, pickled. The ingestion Spark job (`engine/spark_ingestion.py`) uses
-them through `mapInArrow`; any job that writes Arrow batches of a table's columns can.
+history, FileIO settings, run id) into the tasks, pickled. The ingestion Spark job (`engine/ingestion/spark_job.py`)
+uses them through `mapInArrow`; any job that writes Arrow batches of a table's columns can.
 
 Nothing is committed here: the caller commits the files with its own checks (`table_offsets.commit_append`) or deletes
 them (`delete_data_files`). A task that fails deletes its own files before it re-raises. Data file names start with
@@ -31,9 +31,6 @@ from pyiceberg.io import FileIO, OutputFile, load_file_io
 from pyiceberg.io.pyarrow import (
     FileFormatFactory,
     ParquetFormatWriter,
-    _check_pyarrow_schema_compatible,
-    _determine_partitions,
-    _to_requested_schema,
     bin_pack_record_batches,
     pyarrow_to_schema,
 )
@@ -45,6 +42,13 @@ from pyiceberg.table.locations import LocationProvider, load_location_provider
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
+
+from kafscale_lakehouse.engine.tables.commits import (
+    check_pyarrow_schema_compatible,
+    delete_data_files,
+    determine_partitions,
+    to_requested_schema,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,7 @@ def run_data_dir(data_path: str, run_id: str) -> str:
     """The directory under a table's data path that holds every data file written for `run_id`.
 
     One directory per run, so the files of a run that ended without committing are found by listing that directory
-    alone (engine/run_files.py), never the whole table. Readers do not care: manifests hold absolute paths.
+    alone (engine/tables/run_files.py), never the whole table. Readers do not care: manifests hold absolute paths.
     """
     return f"{data_path.rstrip('/')}/{data_file_prefix(run_id).rstrip('-')}"
 
@@ -95,23 +99,6 @@ def run_data_location(location_provider: LocationProvider, run_id: str, provided
 def file_io_properties(table: Table) -> dict[str, str]:
     """The table's FileIO settings (endpoint, region, keys, vended credentials) without catalog secrets."""
     return {k: v for k, v in table.io.properties.items() if k.startswith(_FILE_IO_PROPERTY_PREFIXES)}
-
-
-def delete_data_files(io: FileIO, paths: Iterable[str]) -> list[str]:
-    """Delete each file, logging (not raising) a failure so one bad path does not keep the others.
-
-    Returns the paths that could not be deleted; a missing file counts as deleted.
-    """
-    failed = []
-    for path in paths:
-        try:
-            io.delete(path)
-        except FileNotFoundError:
-            pass
-        except Exception:
-            log.warning("could not delete data file %s", path, exc_info=True)
-            failed.append(path)
-    return failed
 
 
 @dataclass(frozen=True)
@@ -228,9 +215,9 @@ class RollingDataFiles:
             parts = [(None, chunk)]
         else:
             parts = [(p.partition_key, p.arrow_table_partition)
-                     for p in _determine_partitions(spec=self._spec, schema=self._schema, arrow_table=chunk)]
+                     for p in determine_partitions(spec=self._spec, schema=self._schema, arrow_table=chunk)]
         for partition_key, rows in parts:
-            batches = [_to_requested_schema(requested_schema=self._file_schema, file_schema=task_schema, batch=batch,
+            batches = [to_requested_schema(requested_schema=self._file_schema, file_schema=task_schema, batch=batch,
                                             downcast_ns_timestamp_to_us=self._downcast_ns, include_field_ids=True,
                                             format_model=_PARQUET)
                        for batch in rows.to_batches()]
@@ -337,7 +324,7 @@ def check_arrow_schema(arrow_schema: pa.Schema, table: Table, *, what: str = "Ar
     required = {f.name for f in table_schema.fields if f.required}
     arrow_schema = pa.schema([f.with_nullable(f.name not in required) for f in arrow_schema])
     try:
-        _check_pyarrow_schema_compatible(table_schema, arrow_schema, format_version=table.format_version)
+        check_pyarrow_schema_compatible(table_schema, arrow_schema, format_version=table.format_version)
     except ValueError as exc:
         raise SinkSchemaError(f"{what} does not fit table {_table_name(table)}: {exc}") from exc
 

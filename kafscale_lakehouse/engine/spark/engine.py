@@ -193,7 +193,7 @@ def warm_up(session, tasks: int) -> float:  # noqa: ANN001 - a Spark Connect ses
 def _import_spark_ingestion(batches):  # noqa: ANN001, ANN202 - runs in the engine's Python workers
     import pyarrow as pa
 
-    import kafscale_lakehouse.engine.spark_ingestion  # noqa: F401 - pyiceberg, pyarrow, the decoder, the sink
+    import kafscale_lakehouse.engine.ingestion.spark_job  # noqa: F401 - pyiceberg, pyarrow, the decoder, the sink
 
     for batch in batches:
         yield pa.RecordBatch.from_pydict({"ready": [True] * batch.num_rows})

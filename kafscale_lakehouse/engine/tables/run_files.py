@@ -30,9 +30,10 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 
-from kafscale_lakehouse.engine.iceberg_sink import delete_data_files, run_data_dir
 from kafscale_lakehouse.engine.phases import timed
-from kafscale_lakehouse.engine.snapshot_summary import RUN_ID_PROPERTY
+from kafscale_lakehouse.engine.tables.commits import delete_data_files
+from kafscale_lakehouse.engine.tables.data_files import run_data_dir
+from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY
 from kafscale_lakehouse.offsets import Lease, OffsetStore
 from kafscale_lakehouse.offsets.store import now_ms
 

@@ -30,7 +30,7 @@ WRITE_LATENCY_PROPERTY = "kafscale.write-latency-ms"
 # `{"<partition>": ms}`: the Kafka timestamp of the last record committed per partition, the Go processor's
 # `watermark_timestamp_ms`, for `serve-metrics` (etcd's `last_timestamp_ms` is the commit time, as Go writes it).
 WATERMARK_TIMESTAMP_PROPERTY = "kafscale.watermark-timestamp-ms"
-# Where the commit's invalid records were staged (engine/dead_letter.py).
+# Where the commit's invalid records were staged (engine/tables/dead_letters.py).
 DEAD_LETTER_TABLE_PROPERTY = "kafscale.dead-letter.table"
 STAGED_SNAPSHOT_PROPERTY = "kafscale.dead-letter.staged-snapshot-id"
 DEAD_LETTER_RECORDS_PROPERTY = "kafscale.dead-letter.records"
@@ -42,7 +42,7 @@ OFFSET_RANGES_PROPERTY_PREFIX = "kafscale.dead-letter.offsets."  # + topic: {"<p
 PUBLISHED_THROUGH_PROPERTY = "kafscale.dead-letter.published-through"
 # On an empty dead-letter snapshot: the staged snapshot it stands for was gone, its records are reported lost.
 LOST_RECORDS_PROPERTY = "kafscale.dead-letter.lost-records"
-# LFS (engine/lfs_resolution.py). Go's `lfs_resolution_duration_seconds` buckets (prometheus.DefBuckets).
+# LFS (engine/ingestion/lfs.py). Go's `lfs_resolution_duration_seconds` buckets (prometheus.DefBuckets).
 LFS_DURATION_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # Snapshot summary keys of a commit's LFS counts (the records that commit covers); `serve-metrics` sums them.

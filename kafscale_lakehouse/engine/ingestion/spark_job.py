@@ -30,14 +30,9 @@ from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.engine.iceberg_sink import (
-    IcebergSinkError,
-    SinkJob,
-    check_arrow_schema,
-    root_cause,
-    write_batches_as_data_files,
-)
-from kafscale_lakehouse.engine.kafscale_source import (
+from kafscale_lakehouse.engine.ingestion.lfs import LfsReadSettings
+from kafscale_lakehouse.engine.ingestion.rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
+from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SOURCE_STATUS_COLUMNS,
     SegmentReadError,
     SegmentReadFailure,
@@ -45,10 +40,15 @@ from kafscale_lakehouse.engine.kafscale_source import (
     read_input_partition,
     source_arrow_schema,
 )
-from kafscale_lakehouse.engine.lfs_resolution import LfsReadSettings
 from kafscale_lakehouse.engine.phases import timed
-from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
-from kafscale_lakehouse.engine.source_rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
+from kafscale_lakehouse.engine.tables.data_files import (
+    IcebergSinkError,
+    SinkJob,
+    check_arrow_schema,
+    root_cause,
+    write_batches_as_data_files,
+)
+from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import SegmentStore
 

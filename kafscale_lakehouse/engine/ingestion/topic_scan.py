@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.connections import etcd_client_from_config, offset_store_from_config, segment_store_from_config
-from kafscale_lakehouse.engine.lag import lag
+from kafscale_lakehouse.engine.ingestion.lag import lag
 from kafscale_lakehouse.offsets import OffsetStore
 from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.ranges import OffsetRange
@@ -58,7 +58,7 @@ class PartitionState:
 
     @property
     def lag(self) -> int | None:
-        """Records the broker has that are not committed yet (engine/lag.py)."""
+        """Records the broker has that are not committed yet (engine/ingestion/lag.py)."""
         return lag(self.log_end, self.next_offset)
 
 

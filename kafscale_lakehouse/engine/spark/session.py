@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from kafscale_lakehouse.engine.spark_engine import (
+from kafscale_lakehouse.engine.spark.engine import (
     SPARK_REMOTE_VARIABLE,
     SparkEngineError,
     parse_remote_url,

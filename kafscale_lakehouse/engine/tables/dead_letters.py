@@ -44,10 +44,13 @@ from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
-from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors, open_table
-from kafscale_lakehouse.engine.iceberg_sink import SinkJob
+from kafscale_lakehouse.engine.ingestion.rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
+from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput
 from kafscale_lakehouse.engine.phases import timed
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors, open_table
+from kafscale_lakehouse.engine.tables.commits import append_without_client_retries
+from kafscale_lakehouse.engine.tables.data_files import SinkJob
+from kafscale_lakehouse.engine.tables.summary import (
     DEAD_LETTER_RECORDS_PROPERTY,
     DEAD_LETTER_TABLE_PROPERTY,
     KAFSCALE_PROPERTY_PREFIX,
@@ -62,9 +65,6 @@ from kafscale_lakehouse.engine.snapshot_summary import (
     format_ranges_property,
     parse_commit,
 )
-from kafscale_lakehouse.engine.source_rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
-from kafscale_lakehouse.engine.spark_ingestion import IngestionTaskOutput
-from kafscale_lakehouse.engine.table_offsets import append_without_client_retries
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, NotIn, Or
 from pyiceberg.table import Table
 
-from kafscale_lakehouse.engine.snapshot_summary import OFFSETS_PROPERTY_PREFIX, KafscaleCommit, kafscale_commits
+from kafscale_lakehouse.engine.tables.summary import OFFSETS_PROPERTY_PREFIX, KafscaleCommit, kafscale_commits
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 
 SAMPLE_SIZE = 20

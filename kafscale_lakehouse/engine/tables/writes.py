@@ -1,24 +1,19 @@
-"""Write a Spark DataFrame (or an Arrow table) to an Iceberg table: the general write path of downstream assets.
+"""The table side of downstream writes: the table created on first write, its schema evolved by name, one commit.
 
-    result = write_dataframe(catalog, df, TableWrite("rpc.sauce_daily", mode="overwrite", run_id=run_id,
-                                                     replace_filter=window_filter))
-
-The DataFrame is written by one Spark job (`mapInArrow`) whose tasks write Parquet data files on the executors with
-the ingestion's rolling writer (`iceberg_sink.write_batches_as_data_files`) and return only the `DataFile`s; the
-driver then makes ONE catalog commit: an append, or a delete of the replaced rows (`replace_filter`, all rows when
-None) and the append in one transaction. A table is created on first write from the data's schema (with the given
-partition spec); columns the data adds are added by name, a column may widen (int → long, float → double); any other
-difference is a `TableWriteSchemaError` naming the column. A commit that loses to a concurrent one (another partition
-of the same asset) is retried on the refreshed table with the same data files, so both land.
+A table is created on first write from the data's schema (with the given partition spec); columns the data adds are
+added by name, a column may widen (int → long, float → double); any other difference is a `TableWriteSchemaError`
+naming the column. `commit_files` makes ONE catalog commit: an append, or a delete of the replaced rows
+(`replace_filter`, all rows when None) and the append in one transaction. A commit that loses to a concurrent one
+(another partition of the same asset) is retried on the refreshed table with the same data files, so both land.
+The data files come from `engine/spark/writes.py` (a Spark job) or from an Arrow table.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,25 +25,19 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema, assign_fresh_schema_ids, promote
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.types import IcebergType, PrimitiveType
-from pyspark import TaskContext
-from pyspark.sql import DataFrame
-from pyspark.sql.pandas.types import to_arrow_schema
 
-from kafscale_lakehouse.engine.catalog import (
+from kafscale_lakehouse.engine.errors import EngineError
+from kafscale_lakehouse.engine.tables.catalogs import (
     PartitionFieldSpec,
     build_partition_spec,
     catalog_endpoint,
     catalog_errors,
 )
-from kafscale_lakehouse.engine.iceberg_sink import (
+from kafscale_lakehouse.engine.tables.commits import arrow_schema_as_iceberg, commit_settled, without_client_retries
+from kafscale_lakehouse.engine.tables.data_files import (
     DEFAULT_TARGET_FILE_SIZE_BYTES,
-    SinkJob,
     delete_data_files,
-    root_cause,
-    write_batches_as_data_files,
 )
-from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
-from kafscale_lakehouse.engine.table_offsets import commit_settled, without_client_retries
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +45,9 @@ WriteMode = Literal["append", "overwrite"]
 WRITE_MODES: tuple[str, ...] = ("append", "overwrite")
 DEFAULT_COMMIT_ATTEMPTS = 10
 _RETRY_WAIT_SECONDS = 0.2
-_OUTPUT_SCHEMA = "data_files binary"
 
 
-class TableWriteError(RuntimeError):
+class TableWriteError(EngineError):
     """Writing to a table failed; the message names the table."""
 
 
@@ -103,48 +91,12 @@ class TableWriteResult:
     attempts: int
 
 
-def write_dataframe(catalog: Catalog, df: DataFrame, write: TableWrite) -> TableWriteResult:
-    """Write `df` on the executors, then commit once (see the module docstring)."""
-    arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
-    table, created, added = prepare_table(catalog, write, arrow_schema)
-    sink = SinkJob.for_table(table, write.run_id, write.target_file_size_bytes)
-    try:
-        rows = df.mapInArrow(_WriteTask(sink), _OUTPUT_SCHEMA).collect()
-    except Exception as exc:
-        # A failed task deleted its own files; those of finished tasks lie in the run's own directory.
-        remove_run_files(table, run_table(table, write.run_id).data_dir)
-        raise TableWriteError(f"writing data files for table {write.identifier} (run {write.run_id}) failed: "
-                              f"{root_cause(exc)}") from exc
-    data_files = [f for row in rows for f in pickle.loads(row.data_files)]  # noqa: S301 - our own tasks' output
-    return commit_files(table, data_files, write, created=created, added=added)
-
-
-def write_arrow(catalog: Catalog, data: pa.Table, write: TableWrite) -> TableWriteResult:
-    """Write an Arrow table from this process (it is already in memory here), then commit once."""
-    table, created, added = prepare_table(catalog, write, data.schema)
-    sink = SinkJob.for_table(table, write.run_id, write.target_file_size_bytes)
-    data_files = write_batches_as_data_files(sink, data.to_batches(), 0)
-    return commit_files(table, data_files, write, created=created, added=added)
-
-
-@dataclass(frozen=True)
-class _WriteTask:
-    """One Spark task: its Arrow batches become data files; it returns them pickled (nothing is committed)."""
-
-    sink: SinkJob
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        task_id = TaskContext.get().partitionId()
-        files = write_batches_as_data_files(self.sink, batches, task_id)
-        yield pa.RecordBatch.from_pydict({"data_files": [pickle.dumps(files, pickle.HIGHEST_PROTOCOL)]})
-
-
 # ------------------------------------------------------------------------------------------------ schema
 
 
 def iceberg_schema_of(arrow_schema: pa.Schema) -> Schema:
     """The Iceberg schema of Arrow data, with fresh field ids (nullable fields become optional columns)."""
-    converted = Catalog._convert_schema_if_needed(arrow_schema)
+    converted = arrow_schema_as_iceberg(arrow_schema)
     return assign_fresh_schema_ids(converted)  # converted fields carry no ids yet, so lookups by name would mix up
 
 

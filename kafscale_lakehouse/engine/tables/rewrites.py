@@ -1,10 +1,10 @@
-"""Rewriting a table's data files in one snapshot: compaction (engine/maintenance.py) and replay (engine/replay.py).
+"""Rewriting a table's data files in one snapshot: compaction (engine/maintenance.py) and replay
+(engine/ingestion/replay.py).
 
-`run_rewrite_job` reads groups of data files in a Spark job (one task per group) and writes their rows again with
-the sink's `RollingDataFiles`, optionally without the records of one topic partition's offset range (`RecordRange`:
-what a replay replaces). `commit_rewrite` commits one overwrite snapshot (pyiceberg 0.12 has no `replace`
-operation) that removes some files and adds others, carrying the offsets of every topic forward. Each attempt
-re-reads the table: a concurrent commit makes the catalog refuse ours (pyiceberg's own retries are off, as for our
+The new files come from a Spark job (`engine/spark/rewrite_job.py`), optionally without the records of one topic
+partition's offset range (`RecordRange`: what a replay replaces). `commit_rewrite` commits one overwrite snapshot
+(pyiceberg 0.12 has no `replace` operation) that removes some files and adds others, carrying the offsets of every
+topic forward. Each attempt re-reads the table: a concurrent commit makes the catalog refuse ours (pyiceberg's own retries are off, as for our
 appends) and we retry on the new state; if a file to remove is gone (another compaction, a delete), the rewrite is
 abandoned (`RewriteAbandonedError`) so nothing is lost or doubled. An answer that does not say whether the commit
 landed is settled by looking for the rewrite's marker in the table; if it is not there either, the files are kept
@@ -14,38 +14,29 @@ landed is settled by looking for the rewrite's marker in the table; if it is not
 from __future__ import annotations
 
 import logging
-import pickle
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, Not
-from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import FileScanTask, Table, TableProperties
-from pyiceberg.table.metadata import TableMetadataUtil
-from pyspark.sql import SparkSession
+from pyiceberg.table import Table, TableProperties
 
-from kafscale_lakehouse.engine.catalog import catalog_endpoint, catalog_errors
-from kafscale_lakehouse.engine.iceberg_sink import RollingDataFiles, SinkJob
-from kafscale_lakehouse.engine.run_files import remove_run_files, run_table
-from kafscale_lakehouse.engine.snapshot_summary import (
+from kafscale_lakehouse.engine.errors import EngineError
+from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors
+from kafscale_lakehouse.engine.tables.commits import CommitOutcomeUnknownError, commit_settled, without_client_retries
+from kafscale_lakehouse.engine.tables.summary import (
     OFFSETS_PROPERTY_PREFIX,
     ancestry,
     format_offsets_property,
     read_committed_offsets,
 )
-from kafscale_lakehouse.engine.table_offsets import CommitOutcomeUnknownError, commit_settled, without_client_retries
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 
 log = logging.getLogger(__name__)
 
-_OUTPUT_SCHEMA = "task_output binary"
-
-
-class RewriteAbandonedError(RuntimeError):
+class RewriteAbandonedError(EngineError):
     """Files the rewrite replaces were removed by another commit; the rewrite's own files were deleted."""
 
 
@@ -63,53 +54,6 @@ class RecordRange:
     def __str__(self) -> str:
         return f"topic {self.topic} partition {self.offsets.partition} offsets {self.offsets.start}.." \
                f"{self.offsets.end - 1}"
-
-
-@dataclass(frozen=True)
-class RewriteTasks:
-    """Pickled into the job's closure: each task reads its group's files and writes their rows again (those of
-    `without` left out)."""
-
-    sink: SinkJob
-    groups: tuple[tuple[DataFile, ...], ...]
-    without: RecordRange | None = None
-
-    def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in task_ids:
-            for task_id in batch.column(0).to_pylist():
-                files = self.rewrite(task_id)
-                yield pa.RecordBatch.from_pydict({"task_output": [pickle.dumps(files, pickle.HIGHEST_PROTOCOL)]})
-
-    def rewrite(self, task_id: int) -> list[DataFile]:
-        metadata = TableMetadataUtil.parse_raw(self.sink.table_metadata_json)
-        row_filter = AlwaysTrue() if self.without is None else Not(self.without.expression())
-        scan = ArrowScan(metadata, self.sink.file_io(), metadata.schema(), row_filter)
-        writer = RollingDataFiles(self.sink, task_id)
-        try:
-            for data_file in self.groups[task_id]:
-                rows = scan.to_table([FileScanTask(data_file)])
-                for chunk in writer.checked(rows.to_batches()):
-                    writer.write(pa.Table.from_batches([chunk]))
-            return writer.close()
-        except BaseException:
-            writer.discard()
-            raise
-
-
-def run_rewrite_job(spark: SparkSession, table: Table, rewrite_id: str, groups: Sequence[Sequence[DataFile]], *,
-                    target_file_size_bytes: int, without: RecordRange | None = None) -> list[DataFile]:
-    """The files of each group rewritten by one Spark task into files of about `target_file_size_bytes`, in the
-    rewrite's own directory (`run_files.run_table`), uncommitted. If the job fails, what it wrote is deleted."""
-    if not groups:
-        return []
-    sink = SinkJob.for_table(table, rewrite_id, target_file_size_bytes)
-    tasks = RewriteTasks(sink, tuple(tuple(g) for g in groups), without)
-    job = spark.range(0, len(groups), 1, numPartitions=len(groups)).mapInArrow(tasks, _OUTPUT_SCHEMA)
-    try:
-        return [f for row in job.collect() for f in pickle.loads(row.task_output)]  # noqa: S301 - our own tasks' output
-    except Exception:
-        remove_run_files(table, run_table(table, rewrite_id).data_dir)
-        raise
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kafscale_lakehouse.config import ColumnConfig, ConfigError, LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.dead_letter import default_dead_letter_table
+from kafscale_lakehouse.engine.tables.dead_letters import default_dead_letter_table
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema

@@ -1,0 +1,73 @@
+"""The Spark job of a rewrite (compaction, replay): groups of a table's data files read again and written as new files.
+
+One task per group reads its files with pyiceberg's `ArrowScan` (delete files applied) and writes their rows again
+with the executor-side writer (`engine/tables/data_files.py`), optionally leaving out the records of a `RecordRange`.
+The files are returned uncommitted; `engine/tables/rewrites.commit_rewrite` commits them.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyiceberg.expressions import AlwaysTrue, Not
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table.metadata import TableMetadataUtil
+from pyspark.sql import SparkSession
+
+from kafscale_lakehouse.engine.tables.data_files import RollingDataFiles, SinkJob
+from kafscale_lakehouse.engine.tables.rewrites import RecordRange
+from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
+
+_OUTPUT_SCHEMA = "task_output binary"
+
+
+@dataclass(frozen=True)
+class RewriteTasks:
+    """Pickled into the job's closure: each task reads its group's files and writes their rows again (those of
+    `without` left out)."""
+
+    sink: SinkJob
+    groups: tuple[tuple[DataFile, ...], ...]
+    without: RecordRange | None = None
+
+    def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in task_ids:
+            for task_id in batch.column(0).to_pylist():
+                files = self.rewrite(task_id)
+                yield pa.RecordBatch.from_pydict({"task_output": [pickle.dumps(files, pickle.HIGHEST_PROTOCOL)]})
+
+    def rewrite(self, task_id: int) -> list[DataFile]:
+        metadata = TableMetadataUtil.parse_raw(self.sink.table_metadata_json)
+        row_filter = AlwaysTrue() if self.without is None else Not(self.without.expression())
+        scan = ArrowScan(metadata, self.sink.file_io(), metadata.schema(), row_filter)
+        writer = RollingDataFiles(self.sink, task_id)
+        try:
+            for data_file in self.groups[task_id]:
+                rows = scan.to_table([FileScanTask(data_file)])
+                for chunk in writer.checked(rows.to_batches()):
+                    writer.write(pa.Table.from_batches([chunk]))
+            return writer.close()
+        except BaseException:
+            writer.discard()
+            raise
+
+
+def run_rewrite_job(spark: SparkSession, table: Table, rewrite_id: str, groups: Sequence[Sequence[DataFile]], *,
+                    target_file_size_bytes: int, without: RecordRange | None = None) -> list[DataFile]:
+    """The files of each group rewritten by one Spark task into files of about `target_file_size_bytes`, in the
+    rewrite's own directory (`run_files.run_table`), uncommitted. If the job fails, what it wrote is deleted."""
+    if not groups:
+        return []
+    sink = SinkJob.for_table(table, rewrite_id, target_file_size_bytes)
+    tasks = RewriteTasks(sink, tuple(tuple(g) for g in groups), without)
+    job = spark.range(0, len(groups), 1, numPartitions=len(groups)).mapInArrow(tasks, _OUTPUT_SCHEMA)
+    try:
+        return [f for row in job.collect() for f in pickle.loads(row.task_output)]  # noqa: S301 - our own tasks' output
+    except Exception:
+        remove_run_files(table, run_table(table, rewrite_id).data_dir)
+        raise
