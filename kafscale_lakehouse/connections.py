@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import timedelta
 
 from pydantic import SecretStr
 
-from kafscale_lakehouse.config import ConfigError, LakehouseConfig
+from kafscale_lakehouse.config import ConfigError, LakehouseConfig, MappingConfig
+from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, TableMaintenance
 from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.etcd_store import EtcdOffsetStore
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.offsets.store import OffsetStore
@@ -146,3 +148,17 @@ def schema_registry_client(config: LakehouseConfig) -> SchemaRegistryClient | No
     with at_key("schema.registry"):
         return SchemaRegistryClient(registry.base_url, timeout_seconds=registry.timeout_seconds,
                                     cache_seconds=registry.cache_seconds)
+
+
+def table_maintenance(config: LakehouseConfig, mapping: MappingConfig) -> TableMaintenance:
+    """What maintaining the table of `mapping` takes: the catalog, its tables and `mappings[].maintenance`."""
+    block = mapping.maintenance
+    settings = MaintenanceSettings(
+        snapshot_max_age=timedelta(hours=block.snapshot_max_age_hours), retain_last=block.retain_last,
+        max_snapshots=block.max_snapshots,
+        orphan_min_age=timedelta(hours=block.orphan_min_age_hours),
+        target_file_size_bytes=block.target_file_size_bytes or config.processor.target_file_size_bytes,
+        min_input_files=block.min_input_files, manifest_min_count=block.manifest_min_count,
+        manifest_target_size_bytes=block.manifest_target_size_bytes)
+    return TableMaintenance(catalog=catalog_settings(config), table=mapping.table,
+                            dead_letter_table=mapping.dead_letter_table, settings=settings)

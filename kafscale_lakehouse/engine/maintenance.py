@@ -44,15 +44,22 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 from pyspark.sql import SparkSession
 
-from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
-from kafscale_lakehouse.engine.tables.catalogs import BOUNDED_METADATA_PROPERTIES, catalog_endpoint, catalog_errors
+from kafscale_lakehouse.engine.tables.catalogs import (
+    BOUNDED_METADATA_PROPERTIES,
+    CatalogSettings,
+    catalog_endpoint,
+    catalog_errors,
+    load_catalog,
+    open_table,
+)
 from kafscale_lakehouse.engine.tables.commits import (
     CommitOutcomeUnknownError,
     HistoryIndependentTransaction,
     delete_data_files,
 )
-from kafscale_lakehouse.engine.tables.dead_letters import StagedDeadLetters
+from kafscale_lakehouse.engine.tables.dead_letters import StagedDeadLetters, open_dead_letter_table
 from kafscale_lakehouse.engine.tables.rewrites import ManifestMerge, commit_rewrite
 from kafscale_lakehouse.engine.tables.summary import (
     SOURCE_TABLE_PROPERTY,
@@ -73,7 +80,7 @@ DEFAULT_MAX_SNAPSHOTS = 1000
 DEFAULT_COMMIT_ATTEMPTS = 10
 
 
-class MaintenanceError(RuntimeError):
+class MaintenanceError(EngineError):
     """Maintenance cannot run safely on this table; the message names the table and why."""
 
 
@@ -443,33 +450,26 @@ def rewrite_manifests(table: Table, *, min_count: int, target_size_bytes: int,
 MAINTENANCE_STEPS = ("properties", "compact", "manifests", "expire", "orphans")
 
 
-def mapping_settings(config: LakehouseConfig, mapping: MappingConfig) -> MaintenanceSettings:
-    """`mappings[].maintenance` as settings."""
-    block = mapping.maintenance
-    return MaintenanceSettings(
-        snapshot_max_age=timedelta(hours=block.snapshot_max_age_hours), retain_last=block.retain_last,
-        max_snapshots=block.max_snapshots,
-        orphan_min_age=timedelta(hours=block.orphan_min_age_hours),
-        target_file_size_bytes=block.target_file_size_bytes or config.processor.target_file_size_bytes,
-        min_input_files=block.min_input_files, manifest_min_count=block.manifest_min_count,
-        manifest_target_size_bytes=block.manifest_target_size_bytes)
+@dataclass(frozen=True)
+class TableMaintenance:
+    """What maintaining one mapped table takes (`connections.table_maintenance` builds it from `mappings[]`)."""
+
+    catalog: CatalogSettings
+    table: str
+    dead_letter_table: str | None  # only an explicitly configured one; the default is left alone
+    settings: MaintenanceSettings
 
 
-def maintain_mapping(config: LakehouseConfig, spark: SparkSession | None, mapping: MappingConfig, *,
+def maintain_mapping(spark: SparkSession | None, target: TableMaintenance, *,
                      steps: Sequence[str] = MAINTENANCE_STEPS) -> MaintenanceSummary:
-    """Maintain the table of `mapping` (an existing table; nothing is created) with its `maintenance:` settings."""
-    from kafscale_lakehouse.engine.ingestion.run import catalog_settings
-    from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
-    from kafscale_lakehouse.engine.tables.dead_letters import open_dead_letter_table
-
+    """Maintain the table of `target` (an existing table; nothing is created) with its settings."""
     unknown = sorted(set(steps) - set(MAINTENANCE_STEPS))
     if unknown:
         raise ValueError(f"unknown maintenance steps {unknown}; expected some of {list(MAINTENANCE_STEPS)}")
-    catalog = load_catalog(catalog_settings(config))
-    table = open_table(catalog, mapping.table)
-    dead_letters = (open_dead_letter_table(catalog, mapping.dead_letter_table)
-                    if mapping.dead_letter_table else None)
-    settings = mapping_settings(config, mapping)
+    catalog = load_catalog(target.catalog)
+    table = open_table(catalog, target.table)
+    dead_letters = open_dead_letter_table(catalog, target.dead_letter_table) if target.dead_letter_table else None
+    settings = target.settings
     started = time.monotonic()
     summary = MaintenanceSummary(".".join(table.name()))
     summary.before = table_files(table)

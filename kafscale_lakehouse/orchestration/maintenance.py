@@ -7,6 +7,7 @@ from __future__ import annotations
 import dagster as dg
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
+from kafscale_lakehouse.connections import table_maintenance
 from kafscale_lakehouse.engine.maintenance import maintain_mapping
 from kafscale_lakehouse.orchestration.naming import dagster_name_part
 from kafscale_lakehouse.orchestration.resources import SPARK_RESOURCE_KEY, SparkResource
@@ -21,7 +22,7 @@ def build_maintenance_job(config: LakehouseConfig, mapping: MappingConfig) -> dg
            description=f"Compaction, snapshot expiry, orphan-file removal and metadata properties of {mapping.table}.")
     def maintain(context) -> None:  # noqa: ANN001 - Dagster reads the annotation; `from __future__` hides it
         spark: SparkResource = getattr(context.resources, SPARK_RESOURCE_KEY)
-        summary = maintain_mapping(config, spark.spark_session, mapping)
+        summary = maintain_mapping(spark.spark_session, table_maintenance(config, mapping))
         metadata = {key: value for key, value in summary.as_dict().items()
                     if value is not None and key != "properties_set"}
         metadata["properties_set"] = dg.MetadataValue.json(summary.properties_set)

@@ -15,7 +15,7 @@ from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.columns import record_arrow_schema
 from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS, PIZZA_COLUMNS, IngestWorld
@@ -93,7 +93,7 @@ def test_cut_over_from_the_go_processor_and_back(production_world, spark, caplog
         go_lease = client.grant_lease(2)
         client.put(f"{world.name}/leases/{world.topic}/0", go_lease_value(go_committed_at + 2000), go_lease)
 
-    with caplog.at_level(logging.INFO, logger="kafscale_lakehouse.engine.ingestion.handover"):
+    with caplog.at_level(logging.INFO, logger="kafscale_lakehouse.engine.ingestion.positions"):
         [result] = ingest(world.config(), spark)
 
     assert {p: (o.start_offset, o.end_offset, o.records) for p, o in result.partitions.items()} == {
@@ -133,7 +133,7 @@ def test_cut_over_from_the_go_processor_and_back(production_world, spark, caplog
     # A second run of ours is an ordinary one: the table's offsets, nothing read twice, no hand-over.
     caplog.clear()
     world.write_segments(0, 20, base_offset=100, records_per_segment=20)
-    with caplog.at_level(logging.INFO, logger="kafscale_lakehouse.engine.ingestion.handover"):
+    with caplog.at_level(logging.INFO, logger="kafscale_lakehouse.engine.ingestion.positions"):
         [second] = ingest(world.config(), spark)
     assert second.records == 20 and not caplog.records
     world.assert_exactly_once(runs=2, expected={0: range(120), 1: range(90)})

@@ -10,7 +10,7 @@ import pytest
 
 import kafscale_lakehouse.engine.maintenance as maintenance
 import kafscale_lakehouse.engine.tables.rewrites as table_rewrites
-from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
+from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config, table_maintenance
 from kafscale_lakehouse.engine.ingestion.positions import reset_from_store
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.maintenance import (
@@ -220,7 +220,8 @@ def test_maintain_mapping_sets_bounded_metadata_properties_and_reports(embedded_
         transaction.remove_properties("write.metadata.delete-after-commit.enabled",
                                       "write.metadata.previous-versions-max")
     config = world.config()
-    summary = maintain_mapping(config, spark, config.mappings[0], steps=["properties", "compact", "expire"])
+    summary = maintain_mapping(spark, table_maintenance(config, config.mappings[0]),
+                               steps=["properties", "compact", "expire"])
 
     table = world.table()
     assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"

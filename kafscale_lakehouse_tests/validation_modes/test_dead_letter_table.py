@@ -8,24 +8,24 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StringType
 
 from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.engine.ingestion.rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
+from kafscale_lakehouse.engine.ingestion.rows import SourceRowSplitter, SourceTaskStats
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
     SegmentRunPartition,
     read_input_partition,
 )
-from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput
+from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput, split_dead_letter_files
 from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.engine.tables.dead_letters import (
     DeadLetterTableError,
+    DeadLetterTarget,
     StagedDeadLetters,
     dead_letter_target,
     open_dead_letter_table,
     publish_dead_letters,
     publish_pending_dead_letters,
-    split_dead_letter_files,
     stage_dead_letters,
 )
 from kafscale_lakehouse.engine.tables.summary import LOST_RECORDS_PROPERTY, RUN_ID_PROPERTY

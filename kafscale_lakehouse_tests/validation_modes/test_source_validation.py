@@ -8,11 +8,11 @@ import pyarrow as pa
 import pytest
 
 from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.engine.ingestion.rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.engine.ingestion.segment_reader import INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN
 from kafscale_lakehouse.engine.ingestion.spark_job import run_ingestion_spark_job
 from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.engine.tables.data_files import SinkJob
+from kafscale_lakehouse.engine.tables.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.validation import compile_json_schema

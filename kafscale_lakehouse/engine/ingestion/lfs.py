@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafscale_lakehouse.config import LfsConfig
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.tables.summary import LfsStats
 from kafscale_lakehouse.format.lfs import (
     LFS_METADATA_FIELDS,
@@ -106,8 +107,8 @@ class LfsBatch:
     stop: LfsFailure | None = None
 
 
-class LfsBlobFetchError(Exception):
-    pass
+class LfsBlobFetchError(EngineError):
+    """A blob of an LFS envelope could not be fetched (missing, S3 error, over the size limit)."""
 
 
 class BlobReader:

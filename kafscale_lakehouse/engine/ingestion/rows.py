@@ -19,39 +19,20 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile
-from pyiceberg.schema import Schema
-from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
     SOURCE_STATUS_COLUMNS,
 )
-from kafscale_lakehouse.engine.tables.data_files import RollingDataFiles, SinkJob
+from kafscale_lakehouse.engine.tables.data_files import RollingDataFiles
+from kafscale_lakehouse.engine.tables.dead_letters import DEAD_LETTER_ARROW_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.engine.tables.summary import LfsStats
 
 log = logging.getLogger(__name__)
 
 MAX_INVALID_SAMPLES = 20
-
-# The dead-letter table: each invalid record with its raw value, why it is invalid and which run held it back.
-DEAD_LETTER_SCHEMA = Schema(
-    NestedField(1, "record_id", StringType(), required=True),
-    NestedField(2, "topic", StringType(), required=True),
-    NestedField(3, "partition", IntegerType(), required=True),
-    NestedField(4, "offset", LongType(), required=True),
-    NestedField(5, "timestamp_ms", LongType(), required=True),
-    NestedField(6, "value", BinaryType(), required=False),
-    NestedField(7, "error", StringType(), required=True),
-    NestedField(8, "schema_path", StringType(), required=False),  # JSON Pointer of the violated schema keyword
-    NestedField(9, "run_id", StringType(), required=True),
-    NestedField(10, "ingested_at", TimestamptzType(), required=True),
-)
-_DEAD_LETTER_ARROW_SCHEMA = schema_to_pyarrow(DEAD_LETTER_SCHEMA, include_field_ids=False)
-
 
 @dataclass(frozen=True)
 class InvalidRecord:
@@ -83,19 +64,6 @@ class SourceTaskStats:
     lfs: LfsStats = field(default_factory=LfsStats)  # what the task did with LFS envelopes
 
 
-@dataclass(frozen=True)
-class DeadLetterTarget:
-    """Where a run's tasks write dead-letter data files (pickled into the ingestion job's tasks): the dead-letter
-    table's sink job, whose run id names the files like the table's own (so crash leftovers are found by the same
-    cleanup), and `ingested_at_us` (UTC microseconds), the same for every row of a run."""
-
-    sink: SinkJob
-    ingested_at_us: int
-
-    def file_io(self) -> FileIO:
-        return self.sink.file_io()
-
-
 class DeadLetterFileWriter:
     """Turns one task's invalid records into dead-letter rows, written as Parquet data files of the dead-letter
     table as they come (`RollingDataFiles`)."""
@@ -117,8 +85,8 @@ class DeadLetterFileWriter:
             "ingested_at": pa.repeat(pa.scalar(self._target.ingested_at_us, pa.int64()), rows),
         }
         # The source's large or differently-zoned variants of these types; the table's are fixed.
-        self._files.write(pa.Table.from_arrays([columns[f.name].cast(f.type) for f in _DEAD_LETTER_ARROW_SCHEMA],
-                                               schema=_DEAD_LETTER_ARROW_SCHEMA))
+        self._files.write(pa.Table.from_arrays([columns[f.name].cast(f.type) for f in DEAD_LETTER_ARROW_SCHEMA],
+                                               schema=DEAD_LETTER_ARROW_SCHEMA))
 
     def close(self) -> list[DataFile]:
         return self._files.close()

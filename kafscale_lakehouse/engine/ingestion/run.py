@@ -36,23 +36,21 @@ from kafscale_lakehouse.connections import (
     schema_registry_client,
     segment_store_from_config,
 )
-from kafscale_lakehouse.engine.ingestion.handover import (
-    HandoverConflictError,
-    acquire_handover_lease,
-    continued_elsewhere,
-    handover_partitions,
-    handover_start,
-)
 from kafscale_lakehouse.engine.ingestion.lag import lag
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, lfs_read_settings
-from kafscale_lakehouse.engine.ingestion.positions import offsets_disagree_error, table_identity
+from kafscale_lakehouse.engine.ingestion.positions import acquire_partition_leases, partition_starts, table_identity
 from kafscale_lakehouse.engine.ingestion.rows import InvalidRecord
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SegmentReadFailure,
     SegmentRunPartition,
     segment_run_partitions,
 )
-from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput, run_ingestion_spark_job
+from kafscale_lakehouse.engine.ingestion.spark_job import (
+    DeadLetterFiles,
+    IngestionTaskOutput,
+    run_ingestion_spark_job,
+    split_dead_letter_files,
+)
 from kafscale_lakehouse.engine.ingestion.validation import (
     RecordValidation,
     resolve_record_validation,
@@ -62,12 +60,10 @@ from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
 from kafscale_lakehouse.engine.tables.commits import delete_data_files
 from kafscale_lakehouse.engine.tables.dead_letters import (
-    DeadLetterFiles,
     dead_letter_target,
     open_dead_letter_table,
     publish_dead_letters,
     publish_pending_dead_letters,
-    split_dead_letter_files,
     stage_dead_letters,
 )
 from kafscale_lakehouse.engine.tables.run_files import clean_ended_runs, forget_run, register_run
@@ -79,8 +75,8 @@ from kafscale_lakehouse.engine.tables.summary import (
     read_topic_offsets,
     skipped_summary_properties,
 )
-from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError, OffsetStore, TableIdentity
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
+from kafscale_lakehouse.etcd import EtcdClient
+from kafscale_lakehouse.offsets import Lease, LeaseLostError, OffsetStore, TableIdentity
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
@@ -339,20 +335,11 @@ def prepare_ingest(
         pending_dead_letters.published_through_properties(),
     )
     try:
-        # Partitions the Go processor wrote: its lease may still be on its way out (cutover.py).
         identity = context.offsets.table_identity(topic)
-        handover = {p for p in handover_partitions(read_topic_offsets(table, topic),
-                                                   context.offsets.committed_offsets(topic))
-                    if identity is None or p not in identity.partitions}
-        for partition in wanted:
-            owner = f"{context.owner_id}-{run_id[:8]}"
-            try:
-                if partition in handover:
-                    leases[partition] = acquire_handover_lease(context.offsets, topic, partition, owner)
-                else:
-                    leases[partition] = context.offsets.acquire_lease(topic, partition, owner)
-            except LeaseHeldError as exc:
-                result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
+        refused = acquire_partition_leases(table, topic, context.offsets, identity, wanted,
+                                           f"{context.owner_id}-{run_id[:8]}", leases)
+        for partition, error in refused.items():
+            result.partitions[partition] = PartitionOutcome(partition, None, None, error=error)
         if leases:
             written_to = [t for t in (table, dead_letters) if t is not None]
             # Files of ended runs of this topic (run_files.py: only those known to have ended uncommitted), then
@@ -388,41 +375,14 @@ def commit_ingest(prepared: PreparedIngest) -> IngestResult:
 
 def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange], identity: TableIdentity | None) -> None:
     context, mapping, topic = prepared.context, prepared.mapping, prepared.mapping.topic
-    table_next_offsets = read_topic_offsets(prepared.table, topic)
-    etcd_committed = context.offsets.committed_offsets(topic)
-    this_table = table_identity(prepared.table, table_next_offsets)
-    continued = continued_elsewhere(prepared.table, topic, table_next_offsets, etcd_committed, context.offsets.location)
-    for partition, error in continued.items():
-        if partition in prepared.leases:
-            prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=error)
-    leases = {p: lease for p, lease in prepared.leases.items() if p not in continued}
-    _repair_etcd(context, topic, table_next_offsets, etcd_committed, leases)
-    if identity != this_table and leases and table_next_offsets:
-        context.offsets.record_table_identity(list(leases.values()), this_table)  # the table's offsets are the store's
-
+    starts = partition_starts(prepared.table, topic, context.offsets, prepared.leases, identity)
     allow_gaps = mapping.allow_gaps if mapping.allow_gaps is not None else context.config.processor.allow_gaps
     budget = max(1, context.config.processor.max_bytes_per_run // len(prepared.leases))
-    for partition in sorted(leases):
-        if partition in table_next_offsets:
-            start = table_next_offsets[partition]
-        elif partition in etcd_committed and identity is not None and partition in identity.partitions:
-            # Our own offsets, but the table has none: never a silent fresh start or skip (offsets_admin.py).
-            prepared.result.partitions[partition] = PartitionOutcome(
-                partition, None, None, error=offsets_disagree_error(prepared.table, topic, partition,
-                                                                    etcd_committed[partition], identity,
-                                                                    context.offsets.location))
+    for position in starts:
+        partition, start = position.partition, position.next_offset
+        if position.error is not None:
+            prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=position.error)
             continue
-        elif partition in etcd_committed:
-            # The table has never been written by us: continue where the Go processor's etcd offsets stopped.
-            try:
-                start = handover_start(
-                    prepared.table, topic, partition, etcd_committed[partition], context.offsets.location
-                )
-            except HandoverConflictError as exc:
-                prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=str(exc))
-                continue
-        else:
-            start = None
         _recheck_planned(topic, partition, planned.get(partition), start)
         outcome = PartitionOutcome(partition, start, start)
         prepared.result.partitions[partition] = outcome
@@ -453,41 +413,6 @@ def _record_lag(prepared: PreparedIngest) -> None:
     for outcome in prepared.result.partitions.values():
         if outcome.end_offset is not None:
             outcome.lag = lag(watermarks.get(outcome.partition), outcome.end_offset)
-
-
-def _repair_etcd(
-    context: IngestContext,
-    topic: str,
-    table_next_offsets: dict[int, int],
-    etcd_committed: dict,
-    leases: dict[int, Lease],
-) -> None:
-    """etcd is a cache of the table's offsets: bring it in line (either direction) before anything else."""
-    repairs = {}
-    for partition in leases:
-        if partition not in table_next_offsets:
-            continue
-        cached = etcd_committed.get(partition)
-        cached_next = cached.next_offset if cached is not None else None
-        if cached_next != table_next_offsets[partition]:
-            if cached_next is not None and cached_next > table_next_offsets[partition]:
-                log.warning(
-                    "topic %s partition %d: %s says next offset %d but table says %d; the table wins",
-                    topic,
-                    partition,
-                    context.offsets.location,
-                    cached_next,
-                    table_next_offsets[partition],
-                )
-            repairs[partition] = (table_next_offsets[partition], cached.last_timestamp_ms if cached else 0)
-    if repairs:
-        log.info(
-            "topic %s: repairing offsets in %s from the table: %s",
-            topic,
-            context.offsets.location,
-            {p: o for p, (o, _) in repairs.items()},
-        )
-        context.offsets.repair_offsets([leases[p] for p in repairs], repairs)
 
 
 @timed("plan (list segments, footers)")
@@ -540,17 +465,45 @@ def _plan_partition(
 
 
 def _write_and_commit(prepared: PreparedIngest) -> None:
-    context, mapping, table, result = prepared.context, prepared.mapping, prepared.table, prepared.result
-    plans, leases = prepared.plans, prepared.leases
+    """The run's steps after planning: write (one Spark job), select what commits, commit once, update the store."""
+    written = _write(prepared)
+    selected = _select_commit(prepared, written)
+    if selected is None:
+        return
+    snapshot_id = _commit(prepared, written, selected)
+    _update_store(prepared, selected, snapshot_id)
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What the run's Spark job returned: one output per task, and when writing started."""
+
+    messages: list[IngestionTaskOutput]
+    started: float
+
+
+@dataclass(frozen=True)
+class _CommitSelection:
+    """The partitions that commit, where each ends, their data files and the run's dead-letter files to keep."""
+
+    committing: dict[int, _PartitionPlan]
+    ends: dict[int, int]
+    keep: dict[int, list[DataFile]]
+    dead_letter_files: DeadLetterFiles
+
+
+def _write(prepared: PreparedIngest) -> _Written:
+    """Step 1: one Spark job reads the planned segments and writes data files (and dead-letter files), uncommitted."""
+    context, mapping, result = prepared.context, prepared.mapping, prepared.result
     topic, run_id, config = mapping.topic, result.run_id, context.config
     log.info(
         "topic %s → %s run %s: reading %s",
         topic,
         mapping.table,
         run_id,
-        {p: f"{plan.read} ({len(plan.segments)} segments)" for p, plan in plans.items()},
+        {p: f"{plan.read} ({len(plan.segments)} segments)" for p, plan in prepared.plans.items()},
     )
-    write_started = time.monotonic()
+    started = time.monotonic()
     dead_letters = prepared.dead_letters
     target = (
         None
@@ -562,7 +515,7 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     )
     messages = run_ingestion_spark_job(
         context.spark,
-        table,
+        prepared.table,
         run_id,
         context.store,
         topic,
@@ -573,15 +526,24 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         dead_letters=target,
         lfs=lfs_read_settings(mapping.lfs, prepared.validation.mode),
     )
+    return _Written(messages, started)
+
+
+def _select_commit(prepared: PreparedIngest, written: _Written) -> _CommitSelection | None:
+    """Step 2: per partition, the files below its first unreadable segment commit if it still holds its lease;
+    every other file is deleted now. None when nothing commits."""
+    context, plans, leases, result = prepared.context, prepared.plans, prepared.leases, prepared.result
+    messages = written.messages
     keep, drop, failures = _files_to_commit(messages, plans)
     for message in messages:
         stats = message.source_stats
         result.invalid_count += stats.invalid_count
         result.invalid_samples.extend(stats.invalid_samples[: max(0, 20 - len(result.invalid_samples))])
-    io = table.io
+    io = prepared.table.io
+    dead_letters = prepared.dead_letters
     if result.invalid_count and dead_letters is None:
         delete_data_files(io, [f.file_path for m in messages for f in m.data_files])
-        return  # nothing is committed while invalid records have nowhere to go (IngestFailedError follows)
+        return None  # nothing is committed while invalid records have nowhere to go (IngestFailedError follows)
     delete_data_files(io, [f.file_path for f in drop])
 
     ends = {p: plan.read.end for p, plan in plans.items()}
@@ -607,7 +569,16 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         dead_letter_files = split_dead_letter_files(messages, {p: ends[p] for p in committing})
         delete_data_files(dead_letters.io, [f.file_path for f in dead_letter_files.drop])
     if not committing:
-        return
+        return None
+    return _CommitSelection(committing, ends, keep, dead_letter_files)
+
+
+def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelection) -> int:
+    """Step 3: one table commit (offsets re-checked), its dead letters staged before and published after it;
+    returns the snapshot id."""
+    mapping, result, plans = prepared.mapping, prepared.result, prepared.plans
+    topic, run_id = mapping.topic, result.run_id
+    messages, committing, ends = written.messages, selected.committing, selected.ends
     for p, plan in committing.items():
         _fill_outcome(plan, ends[p], messages)
     skipped = {
@@ -616,17 +587,19 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         if plan.outcome.skipped
     }
     properties = skipped_summary_properties(topic, skipped)
-    properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - write_started) * 1000))
+    properties[WRITE_LATENCY_PROPERTY] = str(round((time.monotonic() - written.started) * 1000))
     properties.update(prepared.commit_properties)
     properties[WATERMARK_TIMESTAMP_PROPERTY] = json.dumps(_last_record_timestamps(messages, committing, ends))
     properties.update(lfs_summary_properties(_committed_lfs_stats(prepared, messages, ends, committing)))
     staged = None
+    dead_letters = prepared.dead_letters
     if dead_letters is not None:
-        # Staged before the table commit, published right after it (dead_letter.py: why nothing is lost or doubled).
+        # Staged before the table commit, published right after it (engine/tables/dead_letters.py: why nothing is
+        # lost or doubled).
         ranges = {p: (plans[p].commit_start, ends[p]) for p in committing}
         staged = stage_dead_letters(
             dead_letters,
-            dead_letter_files.keep,
+            selected.dead_letter_files.keep,
             run_id=run_id,
             source_table=mapping.table,
             topic=topic,
@@ -635,10 +608,10 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         if staged is not None:
             properties.update(staged.summary_properties())
         for p in committing:
-            plans[p].outcome.dead_lettered = dead_letter_files.records.get(p, 0)
+            plans[p].outcome.dead_lettered = selected.dead_letter_files.records.get(p, 0)
     commit = commit_append(
-        table,
-        [f for p in committing for f in keep.get(p, [])],
+        prepared.table,
+        [f for p in committing for f in selected.keep.get(p, [])],
         topic,
         {p: plans[p].commit_start for p in committing},
         {p: ends[p] for p in committing},
@@ -646,10 +619,18 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
         snapshot_properties=properties,
     )
     result.snapshot_id = commit.snapshot_id
-    if staged is not None:
+    if staged is not None and dead_letters is not None:
         result.dead_letter_snapshot_id = publish_dead_letters(
             dead_letters, staged, source_snapshot_id=commit.snapshot_id
         )
+    return commit.snapshot_id
+
+
+def _update_store(prepared: PreparedIngest, selected: _CommitSelection, snapshot_id: int) -> None:
+    """Step 4: the offsets store (KafScale's keys) follows the table, fenced by the leases; a lost lease only
+    leaves the store behind, and the next run repairs it from the table."""
+    context, table, leases, topic = prepared.context, prepared.table, prepared.leases, prepared.mapping.topic
+    committing, ends = selected.committing, selected.ends
     try:
         # Go's `last_timestamp_ms` is the wall-clock time of the commit (checkpoint.OffsetState.Timestamp).
         committed_at_ms = time.time_ns() // 1_000_000
@@ -659,11 +640,10 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
             [leases[p] for p in committing], {p: (ends[p], committed_at_ms) for p in committing}
         )
     except LeaseLostError as exc:
-        # The table has the data and the offsets; the next run repairs etcd from it.
         log.warning(
             "topic %s: committed snapshot %d but could not update %s: %s",
             topic,
-            commit.snapshot_id,
+            snapshot_id,
             context.offsets.location,
             exc,
         )

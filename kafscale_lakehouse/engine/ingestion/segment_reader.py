@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafscale_lakehouse.config import ColumnConfig
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, LfsFailure, LfsReadSettings, LfsResolver, LfsStats
 from kafscale_lakehouse.format import (
     BASE_SCHEMA,
@@ -74,7 +75,7 @@ SOURCE_STATUS_COLUMNS = (INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN)
 MAX_ROWS_PER_BATCH = 65_536
 
 
-class KafscaleSourceError(Exception):
+class KafscaleSourceError(EngineError):
     """Segments cannot be read as asked; the message names the topic and partition."""
 
 

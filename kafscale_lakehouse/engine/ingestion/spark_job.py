@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
@@ -31,7 +31,7 @@ from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.ingestion.lfs import LfsReadSettings
-from kafscale_lakehouse.engine.ingestion.rows import DeadLetterTarget, SourceRowSplitter, SourceTaskStats
+from kafscale_lakehouse.engine.ingestion.rows import SourceRowSplitter, SourceTaskStats
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SOURCE_STATUS_COLUMNS,
     SegmentReadError,
@@ -48,6 +48,7 @@ from kafscale_lakehouse.engine.tables.data_files import (
     root_cause,
     write_batches_as_data_files,
 )
+from kafscale_lakehouse.engine.tables.dead_letters import DeadLetterTarget
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import SegmentStore
@@ -147,3 +148,33 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     log.info("table %s run %s: %d data files written (%d rows, %d bytes), not yet committed", sink.table_name, run_id,
              len(data_files), sum(f.record_count for f in data_files), sum(f.file_size_in_bytes for f in data_files))
     return outputs
+
+
+@dataclass(frozen=True)
+class DeadLetterFiles:
+    """A run's dead-letter files split like its data files: `keep` those of offsets the run commits."""
+
+    keep: list[DataFile] = field(default_factory=list)
+    drop: list[DataFile] = field(default_factory=list)
+    records: dict[int, int] = field(default_factory=dict)  # per Kafka partition, in `keep`
+
+
+def split_dead_letter_files(messages: Iterable[IngestionTaskOutput], ends: Mapping[int, int]) -> DeadLetterFiles:
+    """Keep a task's dead-letter files when its Kafka partition commits (`ends`: partition → next offset after the
+    commit, committing partitions only) and its records lie below that end; drop the rest.
+
+    A task reads one Kafka partition, and a partition stops at a segment boundary, so a task's records are either
+    all below the partition's end or all at or beyond it.
+    """
+    split = DeadLetterFiles()
+    for message in messages:
+        stats = message.source_stats
+        if not stats.dead_letter_files:
+            continue
+        [partition] = stats.invalid_first_offset  # one Kafka partition per task
+        if partition in ends and stats.invalid_first_offset[partition] < ends[partition]:
+            split.keep.extend(stats.dead_letter_files)
+            split.records[partition] = split.records.get(partition, 0) + stats.invalid_by_partition[partition]
+        else:
+            split.drop.extend(stats.dead_letter_files)
+    return split

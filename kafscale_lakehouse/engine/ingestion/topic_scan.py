@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.connections import etcd_client_from_config, offset_store_from_config, segment_store_from_config
 from kafscale_lakehouse.engine.ingestion.lag import lag
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import OffsetStore
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.storage import (
     DiscoveryMode,

@@ -12,6 +12,7 @@ without either, `engine.spark.get_spark_session` builds the embedded session fro
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -19,10 +20,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Never
 from urllib.parse import urlsplit
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+from kafscale_lakehouse.engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +53,7 @@ READY_TIMEOUT_SECONDS = 300  # a busy 2-core machine took 147 s
 STOP_GRACE_SECONDS = 20
 
 
-class SparkEngineError(RuntimeError):
+class SparkEngineError(EngineError):
     """The Spark engine cannot be started or reached; the message names the address or setting at fault."""
 
 
@@ -182,21 +192,84 @@ def stop_connect_server(process: subprocess.Popen, grace_seconds: float = STOP_G
         time.sleep(0.2)
 
 
-def warm_up(session, tasks: int) -> float:  # noqa: ANN001 - a Spark Connect session (pyspark is imported lazily)
-    """Start the shared session's Python workers and import the ingestion job's modules in them, so the first run
-    does not wait for that (the slowest part of a cold engine: 40-70 s on a busy 2-core machine); returns seconds."""
+def warm_up(session: SparkSession, tasks: int, modules: Sequence[str]) -> float:
+    """Start the shared session's Python workers and import `modules` in them (the ingestion job's: pyiceberg,
+    pyarrow, the decoder, the writer), so the first run does not wait for that (the slowest part of a cold engine:
+    40-70 s on a busy 2-core machine); returns seconds."""
     started = time.monotonic()
-    session.range(0, tasks, 1, numPartitions=tasks).mapInArrow(_import_spark_ingestion, "ready boolean").collect()
+    job = session.range(0, tasks, 1, numPartitions=tasks).mapInArrow(partial(_import_modules, tuple(modules)),
+                                                                     "ready boolean")
+    job.collect()
     return time.monotonic() - started
 
 
-def _import_spark_ingestion(batches):  # noqa: ANN001, ANN202 - runs in the engine's Python workers
-    import pyarrow as pa
-
-    import kafscale_lakehouse.engine.ingestion.spark_job  # noqa: F401 - pyiceberg, pyarrow, the decoder, the sink
-
+def _import_modules(modules: tuple[str, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Runs in the engine's Python workers."""
+    for module in modules:
+        importlib.import_module(module)
     for batch in batches:
         yield pa.RecordBatch.from_pydict({"ready": [True] * batch.num_rows})
+
+
+def serve(address: ConnectAddress, master: str, conf: Mapping[str, str], *, warm_modules: Sequence[str]) -> int:
+    """Run the engine at `address` until SIGTERM or Ctrl-C, or until the parent process is gone (`make demo` killed
+    hard); runs connect to it with `SPARK_REMOTE`. Returns the exit code: 1 when the server died by itself.
+    `SparkEngineError` when it cannot start or its workers cannot import `warm_modules`."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    parent = os.getppid()
+    server = start_connect_server(address, master, conf)
+    wildcard = address.host in ("0.0.0.0", "::")  # noqa: S104 - a wildcard server is reached on loopback
+    client_url = f"sc://127.0.0.1:{address.port}" if wildcard else address.url
+    os.environ.pop(SPARK_REMOTE_VARIABLE, None)  # this process is a client of its own engine only
+    try:
+        # Runs share one session of the engine: warm its Python workers now rather than in the first run.
+        session, _ = open_connect_session(shared_session_url(client_url), {}, "kafscale-lakehouse")
+        try:
+            seconds = warm_up(session, os.cpu_count() or 1, warm_modules)
+        except Exception as err:
+            raise SparkEngineError(
+                f"the Spark engine on {address.url} cannot run the ingestion job's Python "
+                f"code (its workers import kafscale_lakehouse with {sys.executable}): {err}"
+            ) from err
+        finally:
+            # Close this client now (the shared session stays): at exit it would otherwise retry its pending
+            # requests against the stopped server for minutes.
+            session.stop()
+        log.info(
+            "Spark engine serving on %s (Python workers warmed up in %.1f s); runs connect with SPARK_REMOTE=%s",
+            address.url,
+            seconds,
+            client_url,
+        )
+        while server.poll() is None and os.getppid() == parent:
+            time.sleep(1)
+        if server.returncode is not None:
+            log.error("the Spark engine exited with %s", server.returncode)
+            return 1
+    except (KeyboardInterrupt, SystemExit):
+        log.info("stopping the Spark engine")
+    finally:
+        stop_connect_server(server)
+    return 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> Never:
+    raise SystemExit(128 + signum)
+
+
+def open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tuple[SparkSession, str]:
+    """A new Spark Connect client session at `url` (`sc://...`) and the engine's Spark version."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
+
+    # As `SparkSession.builder.remote` does: `pyspark.sql.functions` (F.col, ...) in the assets' own code build
+    # Spark Connect columns only with this set.
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    builder = ConnectSparkSession.builder.remote(url).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.create()  # not getOrCreate: that would hand back a session that just failed
+    session.release_session_on_close = False  # other runs share it
+    return session, session.version  # the first round trip: fails here if the engine cannot serve
 
 
 def _die_with_parent() -> None:

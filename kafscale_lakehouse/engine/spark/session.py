@@ -1,5 +1,5 @@
 """The one place that builds the SparkSession, with the settings of shared/infra.md: a Spark Connect client of the
-long-lived engine (`engine.spark_engine`) when one is configured, else the embedded session of `spark.master`."""
+long-lived engine (`engine/spark/engine.py`) when one is configured, else the embedded session of `spark.master`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from kafscale_lakehouse.engine.spark.engine import (
     SPARK_REMOTE_VARIABLE,
     SparkEngineError,
+    open_connect_session,
     parse_remote_url,
     port_open,
     shared_session_url,
@@ -108,29 +109,15 @@ def _connect_session(url: str, setting: str, conf: Mapping[str, str], app_name: 
         time.sleep(0.5)
     try:
         try:
-            session, version = _open_connect_session(shared_session_url(url), conf, app_name)
+            session, version = open_connect_session(shared_session_url(url), conf, app_name)
         except Exception as exc:
             if "SESSION_CLOSED" not in str(exc):
                 raise
             log.warning("the Spark engine at %s dropped the runs' shared session; this run uses a new one (its Python "
                         "workers start cold)", address.url)
-            session, version = _open_connect_session(url, conf, app_name)
+            session, version = open_connect_session(url, conf, app_name)
     except Exception as exc:
         raise SparkEngineError(f"{setting}: the Spark engine at {address.url} does not answer: {exc}") from exc
     log.info("Spark session ready: engine %s (Spark Connect, from %s) app=%s version=%s", address.url, setting,
              app_name, version)
     return session
-
-
-def _open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tuple[SparkSession, str]:
-    from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
-
-    # As `SparkSession.builder.remote` does: `pyspark.sql.functions` (F.col, ...) in the assets' own code build
-    # Spark Connect columns only with this set.
-    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    builder = ConnectSparkSession.builder.remote(url).appName(app_name)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    session = builder.create()  # not getOrCreate: that would hand back a session that just failed
-    session.release_session_on_close = False  # other runs share it
-    return session, session.version  # the first round trip: fails here if the engine cannot serve

@@ -43,6 +43,7 @@ from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.typedef import Record
 from pyiceberg.utils.config import Config
 
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.tables.commits import (
     check_pyarrow_schema_compatible,
     delete_data_files,
@@ -60,7 +61,7 @@ _FILE_IO_PROPERTY_PREFIXES = ("s3.", "client.", "gcs.", "adls.", "hdfs.", "hf.",
 _RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-class IcebergSinkError(RuntimeError):
+class IcebergSinkError(EngineError):
     """Writing data files for an Iceberg table failed; the message names the table (and run)."""
 
 

@@ -3,7 +3,7 @@
 Invalid records (a value violating the topic's JSON Schema in lenient mode, or a required column that cannot be
 coerced, when a dead-letter table is configured) are kept out of the table but not lost: the Spark tasks that write
 the table's data files also write them, with their raw value, error, violated schema path and run id, as data files
-of the dead-letter table (`source_rows.DeadLetterFileWriter`, columns `source_rows.DEAD_LETTER_SCHEMA`).
+of the dead-letter table (`engine/ingestion/rows.DeadLetterFileWriter`, columns `DEAD_LETTER_SCHEMA`).
 
 Order of one run, and what a crash between the steps leaves:
 1. Spark job: table data files + dead-letter data files, all uncommitted.
@@ -34,18 +34,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile, ManifestEntryStatus
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
+from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
-from kafscale_lakehouse.engine.ingestion.rows import DEAD_LETTER_SCHEMA, DeadLetterTarget
-from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors, open_table
 from kafscale_lakehouse.engine.tables.commits import append_without_client_retries
@@ -73,7 +76,7 @@ DEFAULT_PUBLISH_ATTEMPTS = 5
 _RETRY_WAIT_SECONDS = 0.2
 
 
-class DeadLetterError(RuntimeError):
+class DeadLetterError(EngineError):
     """A dead-letter table problem; the message names the table (and run)."""
 
 
@@ -111,42 +114,41 @@ def open_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
     return table
 
 
+# The dead-letter table: each invalid record with its raw value, why it is invalid and which run held it back.
+DEAD_LETTER_SCHEMA = Schema(
+    NestedField(1, "record_id", StringType(), required=True),
+    NestedField(2, "topic", StringType(), required=True),
+    NestedField(3, "partition", IntegerType(), required=True),
+    NestedField(4, "offset", LongType(), required=True),
+    NestedField(5, "timestamp_ms", LongType(), required=True),
+    NestedField(6, "value", BinaryType(), required=False),
+    NestedField(7, "error", StringType(), required=True),
+    NestedField(8, "schema_path", StringType(), required=False),  # JSON Pointer of the violated schema keyword
+    NestedField(9, "run_id", StringType(), required=True),
+    NestedField(10, "ingested_at", TimestamptzType(), required=True),
+)
+DEAD_LETTER_ARROW_SCHEMA = schema_to_pyarrow(DEAD_LETTER_SCHEMA, include_field_ids=False)
+
+
+@dataclass(frozen=True)
+class DeadLetterTarget:
+    """Where a run's tasks write dead-letter data files (pickled into the ingestion job's tasks): the dead-letter
+    table's sink job, whose run id names the files like the table's own (so crash leftovers are found by the same
+    cleanup), and `ingested_at_us` (UTC microseconds), the same for every row of a run."""
+
+    sink: SinkJob
+    ingested_at_us: int
+
+    def file_io(self) -> FileIO:
+        return self.sink.file_io()
+
+
 def dead_letter_target(table: Table, run_id: str, *, target_file_size_bytes: int,
                        ingested_at: datetime | None = None) -> DeadLetterTarget:
     """What the run's Spark tasks need to write dead-letter files of `table` (`ingested_at` defaults to now)."""
     ingested_at = ingested_at or datetime.now(UTC)
     return DeadLetterTarget(sink=SinkJob.for_table(table, run_id, target_file_size_bytes),
                             ingested_at_us=int(ingested_at.timestamp() * 1_000_000))
-
-
-@dataclass(frozen=True)
-class DeadLetterFiles:
-    """A run's dead-letter files split like its data files: `keep` those of offsets the run commits."""
-
-    keep: list[DataFile] = field(default_factory=list)
-    drop: list[DataFile] = field(default_factory=list)
-    records: dict[int, int] = field(default_factory=dict)  # per Kafka partition, in `keep`
-
-
-def split_dead_letter_files(messages: Iterable[IngestionTaskOutput], ends: Mapping[int, int]) -> DeadLetterFiles:
-    """Keep a task's dead-letter files when its Kafka partition commits (`ends`: partition → next offset after the
-    commit, committing partitions only) and its records lie below that end; drop the rest.
-
-    A task reads one Kafka partition, and a partition stops at a segment boundary, so a task's records are either
-    all below the partition's end or all at or beyond it.
-    """
-    split = DeadLetterFiles()
-    for message in messages:
-        stats = message.source_stats
-        if not stats.dead_letter_files:
-            continue
-        [partition] = stats.invalid_first_offset  # one Kafka partition per task
-        if partition in ends and stats.invalid_first_offset[partition] < ends[partition]:
-            split.keep.extend(stats.dead_letter_files)
-            split.records[partition] = split.records.get(partition, 0) + stats.invalid_by_partition[partition]
-        else:
-            split.drop.extend(stats.dead_letter_files)
-    return split
 
 
 @dataclass(frozen=True)

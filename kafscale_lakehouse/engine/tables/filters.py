@@ -33,13 +33,14 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.tables.catalogs import PartitionFieldSpec
 
 _SPEC_FIELD = re.compile(r"^\s*(?:(?P<transform>[a-z]+(?:\[[1-9][0-9]*\])?)\s*\(\s*(?P<column>[^()\s]+)\s*\)"
                          r"|(?P<bare>[^()\s]+))\s*$")
 
 
-class PartitionFilterError(ValueError):
+class PartitionFilterError(EngineError, ValueError):
     """A partition cannot be expressed as a row filter on the named column."""
 
 

@@ -4,11 +4,11 @@
 The new files come from a Spark job (`engine/spark/rewrite_job.py`), optionally without the records of one topic
 partition's offset range (`RecordRange`: what a replay replaces). `commit_rewrite` commits one overwrite snapshot
 (pyiceberg 0.12 has no `replace` operation) that removes some files and adds others, carrying the offsets of every
-topic forward. Each attempt re-reads the table: a concurrent commit makes the catalog refuse ours (pyiceberg's own retries are off, as for our
-appends) and we retry on the new state; if a file to remove is gone (another compaction, a delete), the rewrite is
-abandoned (`RewriteAbandonedError`) so nothing is lost or doubled. An answer that does not say whether the commit
-landed is settled by looking for the rewrite's marker in the table; if it is not there either, the files are kept
-(`CommitOutcomeUnknownError`): they may be referenced.
+topic forward. Each attempt re-reads the table: a concurrent commit makes the catalog refuse ours (pyiceberg's own
+retries are off, as for our appends) and we retry on the new state; if a file to remove is gone (another compaction,
+a delete), the rewrite is abandoned (`RewriteAbandonedError`) so nothing is lost or doubled. An answer that does not
+say whether the commit landed is settled by looking for the rewrite's marker in the table; if it is not there
+either, the files are kept (`CommitOutcomeUnknownError`): they may be referenced.
 """
 
 from __future__ import annotations

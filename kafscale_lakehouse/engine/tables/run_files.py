@@ -30,6 +30,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
 
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.tables.commits import delete_data_files
 from kafscale_lakehouse.engine.tables.data_files import run_data_dir
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 CLOCK_SKEW_MS = 10 * 60 * 1000
 
 
-class RunRecordError(RuntimeError):
+class RunRecordError(EngineError):
     """A run record in the offsets store cannot be read."""
 
 
