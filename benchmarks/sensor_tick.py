@@ -41,7 +41,7 @@ from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.connections import offset_store_from_config, segment_store_from_config
 from kafscale_lakehouse.engine.ingestion.topic_scan import WatchSources
 from kafscale_lakehouse.format import encode_segment
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name
 from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key

@@ -34,7 +34,7 @@ from kafscale_lakehouse.connections import etcd_client_from_config, offset_store
 from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.offsets import LocalOffsetStore
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, SegmentStore
 

@@ -81,7 +81,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     parse_commit,
 )
 from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient, EtcdError, EtcdUnavailableError
+from kafscale_lakehouse.etcd import EtcdClient, EtcdError, EtcdUnavailableError
 from kafscale_lakehouse.storage import (
     METADATA_SNAPSHOT_KEY,
     DiscoveryMode,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class OffsetStoreError(Exception):
-    """Base class of errors raised by an offset store (etcd's own errors come from `etcd_client`)."""
+    """Base class of errors raised by an offset store (etcd's own errors come from `kafscale_lakehouse.etcd`)."""
 
 
 class LeaseHeldError(OffsetStoreError):

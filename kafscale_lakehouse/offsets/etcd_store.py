@@ -12,8 +12,8 @@ import random
 import time
 from collections.abc import Mapping
 
+from kafscale_lakehouse.etcd import EtcdClient, EtcdCompare, LeaseIs, ModRevisionIs, PutOp, VersionIs
 from kafscale_lakehouse.offsets.errors import CommitConflictError, LeaseHeldError, LeaseLostError
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient, EtcdCompare, LeaseIs, ModRevisionIs, PutOp, VersionIs
 from kafscale_lakehouse.offsets.records import (
     decode_lease_owner,
     decode_partition_offsets,

@@ -33,8 +33,8 @@ from kafscale_lakehouse.connections import (
 from kafscale_lakehouse.engine.ingestion.run import IngestContext
 from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog, open_table
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import OffsetStore
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
 from kafscale_lakehouse.storage import SegmentStore
 
 SPARK_RESOURCE_KEY = "spark"

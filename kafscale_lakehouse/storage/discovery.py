@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient, EtcdError
+from kafscale_lakehouse.etcd import EtcdClient, EtcdError
 from kafscale_lakehouse.storage.errors import MetadataSnapshotError
 from kafscale_lakehouse.storage.store import SegmentStore
 

@@ -8,7 +8,7 @@ from pyiceberg.expressions import And, EqualTo
 
 from kafscale_lakehouse.definitions import build_definitions
 from kafscale_lakehouse.engine.tables.checks import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.naming import topic_asset_key
 from kafscale_lakehouse_tests.dagster_core.conftest import run_ingest_job

@@ -9,7 +9,7 @@ import pytest
 
 import kafscale_lakehouse.engine.ingestion.run as ingest_module
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, IngestFailedError, ingest, ingest_mapping
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.testing.servers import Etcd
 from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS, IngestWorld
 

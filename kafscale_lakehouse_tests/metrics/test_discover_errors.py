@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.storage import METADATA_SNAPSHOT_KEY
 from kafscale_lakehouse.testing.servers import Etcd
 from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld

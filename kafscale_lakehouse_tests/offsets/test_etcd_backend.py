@@ -16,7 +16,7 @@ import pytest
 from kafscale_lakehouse.config import ConfigError, parse_config
 from kafscale_lakehouse.connections import etcd_client_from_config
 from kafscale_lakehouse.offsets import EtcdOffsetStore
-from kafscale_lakehouse.offsets.etcd_client import EtcdAuthError, EtcdClient, EtcdUnavailableError
+from kafscale_lakehouse.etcd import EtcdAuthError, EtcdClient, EtcdUnavailableError
 from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse.testing.servers import Etcd, free_ports
 
@@ -89,7 +89,7 @@ def test_etcd_killed_and_restarted_mid_use_recovers_with_data_intact(tmp_path, c
                 except BaseException as exc:
                     outcome.append(exc)
 
-            with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.offsets.etcd_client"):
+            with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.etcd.client"):
                 writer = threading.Thread(target=commit_while_down)
                 writer.start()
                 time.sleep(1.5)

@@ -32,7 +32,7 @@ from kafscale_lakehouse.definitions import build_definitions
 from kafscale_lakehouse.engine.tables.catalogs import CatalogError, load_catalog, open_table
 from kafscale_lakehouse.engine.tables.checks import CHECK_NAMES
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
-from kafscale_lakehouse.offsets.etcd_client import EtcdAuthError, EtcdClient
+from kafscale_lakehouse.etcd import EtcdAuthError, EtcdClient
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX, lakehouse_resources
 from kafscale_lakehouse.schema.registry import SchemaRegistryError
 from kafscale_lakehouse.storage import StorageAuthError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kafscale_lakehouse.offsets.etcd_client import EtcdClient, EtcdUnavailableError
+from kafscale_lakehouse.etcd import EtcdClient, EtcdUnavailableError
 from kafscale_lakehouse.storage import (
     METADATA_SNAPSHOT_KEY,
     Discovery,

@@ -21,6 +21,13 @@ import pyetcd
 from pyetcd import exceptions as pyetcd_errors
 from pyetcd import transactions as pyetcd_txn
 
+from kafscale_lakehouse.etcd.errors import (
+    EtcdAuthError,
+    EtcdError,
+    EtcdRequestError,
+    EtcdUnavailableError,
+)
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -43,32 +50,6 @@ _UNAVAILABLE_ERRORS = (
 )
 _UNAVAILABLE_VALUE_ERRORS = ("Trying to use a failed node", "closed channel")
 _UNAVAILABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL}
-
-
-class EtcdError(Exception):
-    """Base class of every error raised by `EtcdClient`."""
-
-
-class EtcdUnavailableError(EtcdError):
-    """etcd could not be reached (or kept timing out) for the whole retry window."""
-
-    def __init__(
-        self, endpoints: Sequence[str], operation: str, attempts: int, waited_seconds: float, cause: str,
-    ) -> None:
-        self.endpoints = list(endpoints)
-        self.operation = operation
-        super().__init__(
-            f"etcd unreachable at {', '.join(self.endpoints)}: {operation} failed {attempts} times "
-            f"over {waited_seconds:.1f}s (last error: {cause})"
-        )
-
-
-class EtcdAuthError(EtcdError):
-    """Authentication failed, or the user may not access a key."""
-
-
-class EtcdRequestError(EtcdError):
-    """etcd rejected a request for another reason (bad argument, too large, ...)."""
 
 
 @dataclass(frozen=True)
