@@ -345,8 +345,8 @@ def run_replay(config_path: str | None, *, topic: str, partition: int, start: in
 
 
 def run_serve_metrics_command(config_path: str | None, *, address: str | None) -> int:
-    """Serve /metrics, /healthz and /readyz until SIGTERM or Ctrl-C (kafscale_lakehouse/apps/metrics.py)."""
-    from kafscale_lakehouse.apps.metrics import resolve_metrics_address, serve_metrics
+    """Serve /metrics, /healthz and /readyz until SIGTERM or Ctrl-C (kafscale_lakehouse/apps/metrics_server.py)."""
+    from kafscale_lakehouse.apps.metrics_server import resolve_metrics_address, serve_metrics
     from kafscale_lakehouse.config import load_config
 
     host, port = resolve_metrics_address(address)

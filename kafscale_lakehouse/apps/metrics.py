@@ -1,4 +1,5 @@
-"""`kafscale-lakehouse serve-metrics`: the Go iceberg-processor's Prometheus metrics and health endpoints.
+"""The Go iceberg-processor's Prometheus metrics, derived from durable state on every scrape: the collector that
+`kafscale-lakehouse serve-metrics` serves (its HTTP server and endpoints are in apps/metrics_server.py).
 
 KafScale's Go processor counts in its own long-running process. Here ingestion runs in Dagster run pods (or
 `kafscale-lakehouse ingest`) that come and go, so this small process derives every series from durable state when
@@ -43,32 +44,25 @@ they are in Dagster (run status, asset checks) or the exit code of `kafscale-lak
 catalog is down, `/metrics` still answers:
 the series of the failing source are left out of that scrape and `errors_total` goes up.
 
-Endpoints: `/metrics`, `/healthz` (200 `ok` while the process runs: liveness) and `/readyz` (200 when etcd and the
-catalog answer within a few seconds, else 503 naming the one that did not). Listens on `--address`, else
-`$KAFSCALE_METRICS_ADDR`, else `:9093` (all interfaces), as the Go processor.
+Readiness (`/readyz`) is asked of the collector too: `readiness_problems` probes etcd (or the offsets store) and the
+catalog with the same per-source deadline as a scrape.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TypeVar
+from typing import TypeVar, cast
 
-from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
-from kafscale_lakehouse.config import ConfigError, LakehouseConfig, redact_url
+from kafscale_lakehouse.config import LakehouseConfig, redact_url
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.engine.ingestion.lag import lag as partition_lag
 from kafscale_lakehouse.engine.ingestion.lfs import ERROR_DECODE, ERROR_RESOLVE
@@ -80,8 +74,8 @@ from kafscale_lakehouse.engine.tables.summary import (
     is_kafscale_commit,
     parse_commit,
 )
-from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
 from kafscale_lakehouse.etcd import EtcdClient, EtcdError, EtcdUnavailableError
+from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
 from kafscale_lakehouse.storage import (
     METADATA_SNAPSHOT_KEY,
     DiscoveryMode,
@@ -94,9 +88,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NAMESPACE = "kafscale_processor"
-METRICS_ADDRESS_ENV = "KAFSCALE_METRICS_ADDR"
-DEFAULT_METRICS_ADDRESS = ":9093"
-METRICS_PATH, HEALTH_PATH, READY_PATH = "/metrics", "/healthz", "/readyz"
 # Milliseconds (the Go processor's name says ms but it kept Prometheus' second-sized default buckets).
 WRITE_LATENCY_BUCKETS_MS = (50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000, 300000)
 RESULT_WRITTEN, RESULT_INVALID, RESULT_DROPPED, RESULT_SKIPPED_LFS = "written", "invalid", "dropped", "skipped_lfs"
@@ -113,32 +104,6 @@ ETCD_RPC_TIMEOUT_SECONDS = 1.5
 
 class SourceTimeoutError(RuntimeError):
     """A source did not answer before the deadline (or an earlier call to it still has not returned)."""
-
-
-# ------------------------------------------------------------------------------------------- address
-
-
-def parse_metrics_address(text: str, *, source: str) -> tuple[str, int]:
-    """`HOST:PORT`, `:PORT` (all interfaces, as Go) or `[IPv6]:PORT` → (host, port); `source` names where it came
-    from (`--address`, `KAFSCALE_METRICS_ADDR`) in the `ConfigError`."""
-    host, separator, port_text = text.strip().rpartition(":")
-    if not separator or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError(source, [f"{text!r} is not HOST:PORT or :PORT with a port 0-65535 (e.g. :9093)"])
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ConfigError(source, [f"{text!r}: write an IPv6 host in brackets, e.g. [::]:9093"])
-    return host, int(port_text)
-
-
-def resolve_metrics_address(option: str | None) -> tuple[str, int]:
-    """`--address` when given, else `$KAFSCALE_METRICS_ADDR`, else `:9093`."""
-    if option is not None:
-        return parse_metrics_address(option, source="--address")
-    from_env = os.environ.get(METRICS_ADDRESS_ENV)
-    if from_env:
-        return parse_metrics_address(from_env, source=METRICS_ADDRESS_ENV)
-    return parse_metrics_address(DEFAULT_METRICS_ADDRESS, source="default address")
 
 
 # -------------------------------------------------------------------------------------- bounded calls
@@ -164,13 +129,14 @@ class _BoundedCaller:
                 f"{self.name}: an earlier request has not returned after {self.timeout_seconds:g}s"
             )
         finished = threading.Event()
-        outcome: list[tuple[bool, object]] = []
+        results: list[T] = []
+        failures: list[BaseException] = []
 
         def work() -> None:
             try:
-                outcome.append((True, fn()))
+                results.append(fn())
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                outcome.append((False, exc))
+                failures.append(exc)
             finally:
                 self._slot.release()
                 finished.set()
@@ -178,10 +144,9 @@ class _BoundedCaller:
         threading.Thread(target=work, name=f"serve-metrics {self.name}", daemon=True).start()
         if not finished.wait(max(0.0, deadline - time.monotonic())):
             raise SourceTimeoutError(f"{self.name} did not answer within {self.timeout_seconds:g}s")
-        ok, value = outcome[0]
-        if not ok:
-            raise value  # type: ignore[misc]
-        return value  # type: ignore[return-value]
+        if failures:
+            raise failures[0]
+        return results[0]
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -218,14 +183,8 @@ class TopicTotals:
     metadata_location: str | None = None
 
     def cumulative_buckets(self) -> list[tuple[str, float]]:
-        """Prometheus `le` buckets (cumulative), ending with `+Inf`."""
-        buckets, running = [], 0
-        for bound, count in zip(
-            (*map(str, WRITE_LATENCY_BUCKETS_MS), "+Inf"), self.latency_bucket_counts, strict=False
-        ):
-            running += count
-            buckets.append((bound, float(running)))
-        return buckets
+        """Prometheus `le` buckets (cumulative) of the write latency, ending with `+Inf`."""
+        return _cumulative_buckets(WRITE_LATENCY_BUCKETS_MS, self.latency_bucket_counts)
 
     def add_new_snapshots(self, table: Table, topic: str) -> None:
         """Count the snapshots of `table`'s current ancestry not seen before that carry `topic`'s offsets.
@@ -336,16 +295,16 @@ class LakehouseStateCollector:
                     self._offsets.location,
                     describe_failure(exc),
                 )
-        if STAGE_DISCOVER in self._errors:
-            self._check_metadata_snapshot()
+        if self._etcd is not None and STAGE_DISCOVER in self._errors:
+            self._check_metadata_snapshot(self._etcd)
         return found
 
-    def _check_metadata_snapshot(self) -> None:
+    def _check_metadata_snapshot(self, etcd: EtcdClient) -> None:
         """Count (`discover`) a broker metadata snapshot that ingest runs could not use: missing in etcd mode,
         unreadable in etcd or auto mode (runs in auto mode then list S3 instead, with a warning)."""
-        where = f"{METADATA_SNAPSHOT_KEY} in etcd at {', '.join(self._etcd.endpoints)}"
+        where = f"{METADATA_SNAPSHOT_KEY} in etcd at {', '.join(etcd.endpoints)}"
         try:
-            raw = self._etcd.get(METADATA_SNAPSHOT_KEY)
+            raw = etcd.get(METADATA_SNAPSHOT_KEY)
             if raw is None:
                 if self._discovery_mode is DiscoveryMode.ETCD:
                     raise MetadataSnapshotError(f"{where} does not exist", key=METADATA_SNAPSHOT_KEY)
@@ -504,12 +463,19 @@ def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
         lfs_bytes.add_metric([topic], lfs.resolved_bytes)
         for reason in (ERROR_DECODE, ERROR_RESOLVE):
             lfs_errors.add_metric([topic, reason], lfs.errors.get(reason, 0))
-        running, buckets = 0, []
-        for bound, count in zip((*map(str, LFS_DURATION_BUCKETS_SECONDS), "+Inf"), lfs.duration_buckets, strict=False):
-            running += count
-            buckets.append((bound, float(running)))
-        lfs_duration.add_metric([topic], buckets, lfs.resolution_seconds)
+        lfs_duration.add_metric(
+            [topic], _cumulative_buckets(LFS_DURATION_BUCKETS_SECONDS, lfs.duration_buckets), lfs.resolution_seconds
+        )
     return records, batches, latency, lfs_resolved, lfs_bytes, lfs_errors, lfs_duration
+
+
+def _cumulative_buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    """Prometheus `le` buckets (cumulative) of per-bucket `counts` (one more than `bounds`), ending with `+Inf`."""
+    buckets, running = [], 0
+    for bound, count in zip((*map(str, bounds), "+Inf"), counts, strict=False):
+        running += count
+        buckets.append((bound, float(running)))
+    return buckets
 
 
 def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTotals]) -> Iterable[Metric]:
@@ -542,110 +508,8 @@ def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTo
             if partition in timestamps:
                 watermark_timestamp.add_metric(partition_labels, timestamps[partition])
         for partition, log_end in sorted(topic_offsets.log_ends.items()):
-            committed = topic_offsets.committed.get(partition)
-            next_offset = committed.next_offset if committed is not None else None
-            lag.add_metric([topic, str(partition)], partition_lag(log_end, next_offset))
+            partition_committed = topic_offsets.committed.get(partition)
+            next_offset = partition_committed.next_offset if partition_committed is not None else None
+            # `lag` is None only for an unknown log end; this one is known.
+            lag.add_metric([topic, str(partition)], cast(int, partition_lag(log_end, next_offset)))
     return last_offset, watermark_offset, watermark_timestamp, lag
-
-
-# ------------------------------------------------------------------------------------------- server
-
-
-class _Handler(BaseHTTPRequestHandler):
-    collector: LakehouseStateCollector  # set on the subclass made per server
-    registry: CollectorRegistry
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == METRICS_PATH:
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self._answer(HTTPStatus.OK, encoder(self.registry), content_type)
-        elif path == HEALTH_PATH:
-            self._answer(HTTPStatus.OK, b"ok")
-        elif path == READY_PATH:
-            problems = self.collector.readiness_problems()
-            if problems:
-                body = "".join(f"{name}: {problem}\n" for name, problem in problems.items())
-                log.warning("not ready: %s", body.strip().replace("\n", "; "))
-                self._answer(HTTPStatus.SERVICE_UNAVAILABLE, body.encode())
-            else:
-                self._answer(HTTPStatus.OK, b"ok")
-        else:
-            self._answer(HTTPStatus.NOT_FOUND, f"not found; try {METRICS_PATH}, {HEALTH_PATH}, {READY_PATH}\n".encode())
-
-    def _answer(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-
-class _IPv6ThreadingHTTPServer(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-
-
-class MetricsServer:
-    """`/metrics`, `/healthz` and `/readyz` for `collector` on (host, port); port 0 picks a free port."""
-
-    def __init__(self, collector: LakehouseStateCollector, host: str, port: int) -> None:
-        self.collector = collector
-        # Our own registry: nothing else in the process (Dagster, libraries) ends up on this endpoint.
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(collector)
-        ProcessCollector(registry=self.registry)  # process_* series (memory, CPU, open fds), as Go's default handler
-        handler = type("MetricsHandler", (_Handler,), {"collector": collector, "registry": self.registry})
-        server_class = _IPv6ThreadingHTTPServer if ":" in host else ThreadingHTTPServer
-        try:
-            self._httpd = server_class((host, port), handler)
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot listen on {_format_address(host, port)}: {exc.strerror}") from exc
-        self._httpd.daemon_threads = True
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    @property
-    def url(self) -> str:
-        host = self._httpd.server_address[0]
-        return f"http://{_format_address(host, self.port)}"
-
-    def serve_forever(self) -> None:
-        self._httpd.serve_forever(poll_interval=0.5)
-
-    def shutdown(self) -> None:
-        """Stop `serve_forever` running in another thread."""
-        self._httpd.shutdown()
-
-    def close(self) -> None:
-        self._httpd.server_close()
-
-
-def _format_address(host: str, port: int) -> str:
-    shown = host or "0.0.0.0"  # noqa: S104 - shows the address the empty host binds
-    return f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
-
-
-def serve_metrics(config: LakehouseConfig, host: str, port: int) -> None:
-    """Serve until interrupted (KeyboardInterrupt, or SystemExit from the CLI's SIGTERM handler)."""
-    collector = LakehouseStateCollector(config)
-    try:
-        server = MetricsServer(collector, host, port)
-        try:
-            log.info(
-                "serving Prometheus metrics on %s%s (liveness %s, readiness %s) for %d mapping(s)",
-                server.url,
-                METRICS_PATH,
-                HEALTH_PATH,
-                READY_PATH,
-                len(config.mappings),
-            )
-            server.serve_forever()
-        finally:
-            server.close()
-    finally:
-        collector.close()

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kafscale_lakehouse.apps.metrics import LakehouseStateCollector, MetricsServer
+from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
+from kafscale_lakehouse.apps.metrics_server import MetricsServer
 from kafscale_lakehouse.config import LakehouseConfig
 
 # sample name → {sorted label items: value}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kafscale_lakehouse.apps import cli
-from kafscale_lakehouse.apps.metrics import (
+from kafscale_lakehouse.apps.metrics_server import (
     HEALTH_PATH,
     METRICS_ADDRESS_ENV,
     METRICS_PATH,
