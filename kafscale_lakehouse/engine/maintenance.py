@@ -257,7 +257,7 @@ def expire_snapshots(table: Table, *, older_than: datetime, retain_last: int = D
 
 
 def _published_staged_ids(table: Table) -> set[int]:
-    return {int(s.summary[STAGED_SNAPSHOT_PROPERTY])
+    return {int(s.summary.additional_properties[STAGED_SNAPSHOT_PROPERTY])
             for s in ancestry(table)
             if s.summary is not None and STAGED_SNAPSHOT_PROPERTY in s.summary.additional_properties}
 
@@ -320,7 +320,7 @@ def _refuse_shared_location(table: Table, io: PyArrowFileIO, unreferenced: Seque
     for path in [p for p in unreferenced if p.endswith(".metadata.json")][:5]:
         try:
             with io.new_input(path).open() as stream:
-                other = TableMetadataUtil.parse_raw(stream.read())
+                other = TableMetadataUtil.parse_raw(stream.read().decode())
         except Exception:  # noqa: BLE001, S112 - unreadable: not evidence of another table
             continue
         if str(other.table_uuid) != own_uuid:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -160,7 +160,9 @@ class BlobReader:
         except StorageError as exc:
             raise LfsBlobFetchError(str(exc)) from None
         finally:
-            chunks.close()
+            close = getattr(chunks, "close", None)  # a generator: stops its GET when not read to the end
+            if close is not None:
+                close()
         verifier.verify()
         return b"".join(parts)
 
@@ -198,13 +200,16 @@ class LfsResolver:
         record_ids = batch.column("record_id").take(rows).to_pylist()
         offsets = batch.column("offset").take(rows).to_pylist()
         # Split where the blobs to resolve would exceed RESOLVE_BATCH_BYTES, so only that much is held at once.
-        start_row, pending = 0, []
+        start_row = 0
+        pending: list[tuple[int, str, int, LfsEnvelope | LfsEnvelopeError, bool]] = []  # rows up to the next split
         budget = 0
         for i, row in enumerate(rows):
             envelope_or_error = _parse(values[i])
             resolve = isinstance(envelope_or_error, LfsEnvelope) and self._resolves(envelope_or_error)
             # An envelope without a size (0) counts as a full chunk: still bounded, if loosely.
-            size = (envelope_or_error.size or STREAM_CHUNK_BYTES) if resolve else 0
+            size = 0
+            if resolve and isinstance(envelope_or_error, LfsEnvelope):
+                size = envelope_or_error.size or STREAM_CHUNK_BYTES
             if pending and resolve and budget + size > RESOLVE_BATCH_BYTES:
                 end_row = row
                 result = self._finish(batch.slice(start_row, end_row - start_row), start_row, pending)
@@ -308,7 +313,7 @@ def _scatter(length: int, items: list[tuple[int, object]], type_: pa.DataType) -
     return _scatter_into(pa.nulls(length, type_), items, type_)
 
 
-def _scatter_into(array: pa.Array, items: list[tuple[int, object]], type_: pa.DataType) -> pa.Array:
+def _scatter_into(array: pa.Array, items: Sequence[tuple[int, object]], type_: pa.DataType) -> pa.Array:
     if not items:
         return array
     mask = np.zeros(len(array), dtype=bool)

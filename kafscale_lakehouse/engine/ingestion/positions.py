@@ -127,6 +127,8 @@ def handover_start(table: Table, topic: str, partition: int, committed: Committe
     """The next offset to read on a hand-over partition: after etcd's offset and after any row beyond it."""
     offsets = _offsets_beyond(table, topic, partition, committed.offset)
     start = committed.next_offset
+    if start is None:  # not a hand-over partition (handover_partitions): nothing to continue from
+        raise HandoverConflictError(f"topic {topic} partition {partition}: {location} holds no committed offset")
     if len(offsets):
         last = pc.max(offsets).as_py()
         if pc.min(offsets).as_py() != start or len(offsets) != last - committed.offset:

@@ -82,7 +82,6 @@ from kafscale_lakehouse.schema import evolve_table_schema, table_schema
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
-    Gap,
     OffsetBeyondSegmentsError,
     SegmentRef,
     SegmentStore,
@@ -446,7 +445,7 @@ def _plan_partition(
         read_start = gap.found_offset
         segments = [s for s in segments if s.last_offset >= read_start]
     if gaps:
-        gap: Gap = gaps[0]
+        gap = gaps[0]
         if not allow_gaps:  # reported from the first run that sees it, not only once the partition reaches it
             outcome.error = (
                 f"gap: offsets {gap.expected_offset}..{gap.found_offset - 1} are missing before "
@@ -455,7 +454,8 @@ def _plan_partition(
         if gap.expected_offset == read_start:
             return None
         segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
-    chosen, used = [], 0
+    chosen: list[SegmentRef] = []
+    used = 0
     for segment in segments:
         if chosen and used + segment.kfs_size > budget:
             break

@@ -43,13 +43,14 @@ def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
     if needs_registry and registry is None:
         raise ConfigError("record validation", [f"schema.registry.base_url: is required for topic {mapping.topic} "
                                                 f"(schema.mode {mode}, schema.source {mapping.schema_config.source})"])
-    if mapping.schema_config.source == "registry":
+    if mapping.schema_config.source == "registry" and registry is not None:  # not None: needs_registry above
         columns = tuple(registry.columns(mapping.topic))
     else:
         columns = tuple(mapping.schema_config.columns)
     if mapping.lfs.store_metadata:
         columns += LFS_METADATA_COLUMNS
-    json_schema = registry.get_schema(mapping.topic) if mode != "off" else None
+    json_schema = registry.get_schema(mapping.topic) if mode != "off" and registry is not None else None
+    dead_letter_table: str | None
     if mode == "lenient":
         dead_letter_table = mapping.dead_letter_table or default_dead_letter_table(mapping.table)
     elif mode == "off":

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Never
+from typing import TYPE_CHECKING, Never, cast
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -269,7 +269,8 @@ def open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tu
         builder = builder.config(key, value)
     session = builder.create()  # not getOrCreate: that would hand back a session that just failed
     session.release_session_on_close = False  # other runs share it
-    return session, session.version  # the first round trip: fails here if the engine cannot serve
+    # The Connect session serves the classic session's API (pyspark 4 types them apart).
+    return cast("SparkSession", session), session.version  # the first round trip: fails here if the engine cannot serve
 
 
 def _die_with_parent() -> None:

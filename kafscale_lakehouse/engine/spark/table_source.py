@@ -32,6 +32,7 @@ from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, StaticTable, Table
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.types import PrimitiveType
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -167,7 +168,7 @@ class IcebergTableReader(DataSourceReader):
         state["_table"] = None  # planning only; executors get the trimmed metadata
         return state
 
-    def partitions(self) -> list[FileScanPartition]:
+    def partitions(self) -> list[InputPartition]:
         table = self._table or StaticTable.from_metadata(self.metadata_location, properties=self.io_properties)
         scan = table.scan(row_filter=self.row_filter, selected_fields=tuple(self.columns or ("*",)),
                           snapshot_id=self.snapshot_id)
@@ -220,6 +221,7 @@ def count_rows_equal(table: Table, column: str, value: object) -> int:
             not task.delete_files
             and lower is not None
             and lower == upper
+            and isinstance(field.field_type, PrimitiveType)
             and from_bytes(field.field_type, lower) == value
         ):
             total += task.file.record_count

@@ -64,6 +64,7 @@ class _WriteTask:
     sink: SinkJob
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        task_id = TaskContext.get().partitionId()
+        context = TaskContext.get()  # set in every Spark task
+        task_id = context.partitionId() if context is not None else 0
         files = write_batches_as_data_files(self.sink, batches, task_id)
         yield pa.RecordBatch.from_pydict({"data_files": [pickle.dumps(files, pickle.HIGHEST_PROTOCOL)]})

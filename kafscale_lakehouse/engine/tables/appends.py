@@ -22,6 +22,7 @@ from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_
 from kafscale_lakehouse.engine.tables.commits import (
     CommitOutcomeUnknownError,
     append_without_client_retries,
+    committed_snapshot_id,
     delete_uncommitted,
     find_commit_after_refresh,
 )
@@ -134,7 +135,7 @@ def commit_append(
         properties = {**offsets_summary_properties(committed, topic, end_offsets), **markers}
         try:
             append_without_client_retries(table, data_files, properties)
-            snapshot_id = table.metadata.current_snapshot_id
+            snapshot_id = committed_snapshot_id(table)
         except CommitFailedException as exc:
             if attempt >= max_attempts:
                 if find_commit_after_refresh(table, commit_id, before_first_attempt) is not None:

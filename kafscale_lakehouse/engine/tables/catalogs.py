@@ -32,7 +32,8 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform, UnknownTransform, parse_transform
 from sqlalchemy.exc import SQLAlchemyError
 
-from kafscale_lakehouse.config import SSE_TYPES, redact_url
+from kafscale_lakehouse.redaction import redact_url
+from kafscale_lakehouse.storage.s3_store import SSE_TYPES
 
 log = logging.getLogger(__name__)
 

@@ -53,6 +53,14 @@ def append_without_client_retries(table: Table, data_files: Sequence[DataFile], 
     table.metadata_location = view.metadata_location
 
 
+def committed_snapshot_id(table: Table) -> int:
+    """The table's current snapshot id right after one of our commits landed (a commit always leaves one)."""
+    snapshot_id = table.metadata.current_snapshot_id
+    if snapshot_id is None:
+        raise EngineError(f"table {'.'.join(table.name())}: no current snapshot after a commit that landed")
+    return snapshot_id
+
+
 def without_client_retries(table: Table) -> Table:
     """A view of `table` whose commits pyiceberg does not retry by itself. pyiceberg re-applies a conflicting commit
     on the new metadata with the old summary and the old plan: our writers re-check offsets or re-plan deletes and

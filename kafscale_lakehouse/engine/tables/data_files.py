@@ -213,7 +213,7 @@ class RollingDataFiles:
         task_schema = pyarrow_to_schema(chunk.schema, name_mapping=self._schema.name_mapping,
                                         format_version=self._metadata.format_version)
         if self._spec.is_unpartitioned():
-            parts = [(None, chunk)]
+            parts: list[tuple[PartitionKey | None, pa.Table]] = [(None, chunk)]
         else:
             parts = [(p.partition_key, p.arrow_table_partition)
                      for p in determine_partitions(spec=self._spec, schema=self._schema, arrow_table=chunk)]

@@ -51,7 +51,7 @@ from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, Stri
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors, open_table
-from kafscale_lakehouse.engine.tables.commits import append_without_client_retries
+from kafscale_lakehouse.engine.tables.commits import append_without_client_retries, committed_snapshot_id
 from kafscale_lakehouse.engine.tables.data_files import SinkJob
 from kafscale_lakehouse.engine.tables.summary import (
     DEAD_LETTER_RECORDS_PROPERTY,
@@ -67,6 +67,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     CommittedOffsets,
     format_ranges_property,
     parse_commit,
+    summary_properties,
 )
 
 log = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ def publish_dead_letters(table: Table, staged: StagedDeadLetters, *, source_snap
                 f"dead-letter table {table_name}: staged snapshot {staged.snapshot_id} holding {staged.records} "
                 f"invalid records (table snapshot {source_snapshot_id}) no longer exists (expired?); those records "
                 "are in neither table")
-        summary = staged_snapshot.summary.additional_properties
+        summary = summary_properties(staged_snapshot)
         properties = {**{k: v for k, v in summary.items() if k.startswith(KAFSCALE_PROPERTY_PREFIX)},
                       STAGED_SNAPSHOT_PROPERTY: str(staged.snapshot_id),
                       SOURCE_SNAPSHOT_PROPERTY: str(source_snapshot_id)}
@@ -230,7 +231,7 @@ def publish_dead_letters(table: Table, staged: StagedDeadLetters, *, source_snap
                                       f"{staged.snapshot_id} lost to concurrent commits {attempt} times") from exc
             time.sleep(_RETRY_WAIT_SECONDS * attempt)
             continue
-        snapshot_id = table.metadata.current_snapshot_id
+        snapshot_id = committed_snapshot_id(table)
         log.info("dead-letter table %s: published %d invalid records of run %s as snapshot %d", table_name,
                  staged.records, summary.get(RUN_ID_PROPERTY), snapshot_id)
         return snapshot_id
@@ -277,7 +278,7 @@ def publish_pending_dead_letters(table: Table, catalog: Catalog) -> PendingDeadL
             stop_at = int(through)
     outcome = PendingDeadLetters(through_snapshot_id=table.metadata.current_snapshot_id)
     for snapshot, staged in reversed(pending):
-        run_id = snapshot.summary.get(RUN_ID_PROPERTY)
+        run_id = summary_properties(snapshot).get(RUN_ID_PROPERTY)
         log.warning("table %s snapshot %d (run %s): its %d invalid records were staged but not published to %s; "
                     "publishing them now", ".".join(table.name()), snapshot.snapshot_id, run_id, staged.records,
                     staged.table_name)
@@ -294,7 +295,8 @@ def _record_lost(dead_letter_table: Table, staged: StagedDeadLetters, table: Tab
                  reason: str) -> str:
     """Report staged dead letters that cannot be published, and mark them settled so later runs go on."""
     ranges = _committed_ranges(table, snapshot)
-    message = (f"{reason}. Run {snapshot.summary.get(RUN_ID_PROPERTY)} committed table {'.'.join(table.name())} "
+    run_id = summary_properties(snapshot).get(RUN_ID_PROPERTY)
+    message = (f"{reason}. Run {run_id} committed table {'.'.join(table.name())} "
                f"snapshot {snapshot.snapshot_id}; its invalid records lie in the offsets "
                f"{ranges or 'of that snapshot'}: replay them to recover them")
     log.error("%s", message)

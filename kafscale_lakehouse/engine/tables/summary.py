@@ -292,7 +292,7 @@ def _int_property(table_name: str, snapshot: Snapshot, properties: Mapping[str, 
 
 def ancestry(table: Table) -> Iterator[Snapshot]:
     """The table's current snapshot and its ancestors, newest first (lazily: stop early by breaking)."""
-    return ancestors_of(table.current_snapshot(), table.metadata)
+    return iter(ancestors_of(table.current_snapshot(), table.metadata))
 
 
 def kafscale_commits(table: Table, topic: str | None = None) -> Iterator[KafscaleCommit]:

@@ -24,7 +24,7 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema, assign_fresh_schema_ids, promote
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.types import IcebergType, PrimitiveType
+from pyiceberg.types import IcebergType, MapType, PrimitiveType
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.tables.catalogs import (
@@ -193,7 +193,9 @@ def _shape(field_type: IcebergType) -> object:
         return tuple((child.name, _shape(child.field_type)) for child in children)
     if hasattr(field_type, "element_type"):
         return ("list", _shape(field_type.element_type))
-    return ("map", _shape(field_type.key_type), _shape(field_type.value_type))
+    if isinstance(field_type, MapType):
+        return ("map", _shape(field_type.key_type), _shape(field_type.value_type))
+    raise TypeError(f"unexpected Iceberg type {field_type}")
 
 
 def _promotes(narrow: IcebergType, wide: IcebergType) -> bool:
