@@ -31,10 +31,10 @@ from typing import cast
 from kafscale_lakehouse.apps.workload import ALL_CODECS, pizza_orders
 from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.connections import etcd_client_from_config, offset_store_from_config, segment_store_from_config
+from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.offsets import LocalOffsetStore
-from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, SegmentStore
 
@@ -109,6 +109,8 @@ class DemoProducer:
 
     def _as_lfs_envelope(self, partition: int, offset: int, record: Record) -> Record:
         """The order with a photo, stored as an LFS blob; the record carries its envelope."""
+        if record.value is None:  # pizza_orders always writes a value
+            raise TypeError(f"order at offset {offset} of partition {partition} has no value to store as a blob")
         order = json.loads(record.value)
         order["photo"] = base64.b64encode(pizza_photo(offset)).decode()
         blob = json.dumps(order, separators=(",", ":")).encode()

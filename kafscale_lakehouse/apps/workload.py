@@ -83,8 +83,9 @@ def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int 
     digest = hashlib.blake2b(f"{seed}:{partition}:{index}".encode(), digest_size=24).digest()
     store_id = digest[16] % STORE_COUNT + 1
     timestamp_ms = start_ms + index * interval_ms
+    order_id = str(uuid.UUID(bytes=digest[:16]))
     order = {
-        "order_id": str(uuid.UUID(bytes=digest[:16])),
+        "order_id": order_id,
         "store_id": store_id,
         "sauce": _SAUCES[digest[17] % len(_SAUCES)],
         "cheese": _CHEESES[digest[18] % len(_CHEESES)],
@@ -107,8 +108,8 @@ def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int 
     if extra[0] % 3:
         headers.append(("tracestate", f"kfs={digest[:8].hex()},rojo={span_id}".encode()))
     if extra[0] % 3 == 2:
-        headers.append(("baggage", f"order.id={order['order_id']},store.id={store_id}".encode()))
-    return Record(key=order["order_id"].encode(), value=value.encode(), headers=tuple(headers),
+        headers.append(("baggage", f"order.id={order_id},store.id={store_id}".encode()))
+    return Record(key=order_id.encode(), value=value.encode(), headers=tuple(headers),
                   timestamp_ms=timestamp_ms)
 
 
