@@ -196,7 +196,8 @@ def run_demo_producer_command(args: argparse.Namespace) -> int:
 
 def run_report(config_path: str | None, *, table: str, output: str) -> int:
     """Write the data-owner report of `table` (check history from the Dagster instance at $DAGSTER_HOME)."""
-    from kafscale_lakehouse.apps.report import ReportError, write_table_report
+    from kafscale_lakehouse.apps.report import ReportError
+    from kafscale_lakehouse.apps.report_html import write_table_report
     from kafscale_lakehouse.config import load_config
 
     config = load_config(config_path)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from kafscale_lakehouse.apps.report import SnapshotPoint, TableReport, render_report_html
+from kafscale_lakehouse.apps.report import SnapshotPoint, TableReport
+from kafscale_lakehouse.apps.report_html import render_report_html
 
 
 def _point(minute: int, files: int | None, size: int | None) -> SnapshotPoint:

@@ -9,7 +9,8 @@ from pathlib import Path
 import dagster as dg
 
 from kafscale_lakehouse.apps import cli
-from kafscale_lakehouse.apps.report import build_table_report, render_report_html
+from kafscale_lakehouse.apps.report import build_table_report
+from kafscale_lakehouse.apps.report_html import render_report_html
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.orchestration.naming import table_asset_key
