@@ -19,17 +19,12 @@ import gc
 import hashlib
 import logging
 import os
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import pyarrow.compute as pc
-from ingest import ProcessTreeSampler
 
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.config import parse_config
@@ -40,6 +35,7 @@ from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.storage import ObjectKind, segment_key
+from kafscale_lakehouse.testing.process_usage import ProcessTreeSampler
 from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
     REGION,

@@ -36,7 +36,7 @@ def cramjam_codec_patches() -> list[tuple[object, str, object]]:
 
 def read_segment_records(kfs: bytes) -> list[tuple[int, int, bytes | None, bytes | None, list]]:
     """(offset, timestamp, key, value, headers) of every non-control record, read by kafka-python from the body."""
-    records = []
+    records: list[tuple[int, int, bytes | None, bytes | None, list]] = []
     batches = MemoryRecords(kfs[HEADER_SIZE:len(kfs) - FOOTER_SIZE])
     while (batch := batches.next_batch()) is not None:
         if not batch.validate_crc():
