@@ -18,8 +18,8 @@ from kafscale_lakehouse.apps.metrics import WRITE_LATENCY_BUCKETS_MS
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.engine.ingestion.run import ingest
 from kafscale_lakehouse.engine.tables.summary import WRITE_LATENCY_PROPERTY
-from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.etcd import EtcdClient
+from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine_ingest.harness import CLI, IngestWorld
