@@ -21,7 +21,7 @@ def test_the_run_rechecks_the_sensor_plan_against_the_committed_offsets_and_read
         with held_leases(context.offsets, world.topic, [0], "go-processor") as leases:
             context.offsets.commit_offsets(leases.values(), {0: (25, 0)})
 
-        with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.engine.ingestion.run"):
+        with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.engine.ingestion.planning"):
             prepared = prepare_ingest(context, mapping, partitions=[0], planned={0: OffsetRange(0, 20, 40)})
         try:
             plan = prepared.plans[0]
@@ -33,7 +33,7 @@ def test_the_run_rechecks_the_sensor_plan_against_the_committed_offsets_and_read
         assert all(lease.released for lease in prepared.leases.values())
 
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.engine.ingestion.run"):
+        with caplog.at_level(logging.WARNING, logger="kafscale_lakehouse.engine.ingestion.planning"):
             prepare_ingest(context, mapping, partitions=[0], planned={0: OffsetRange(0, 25, 40)}).release_leases()
         assert "planned from next offset" not in caplog.text
     finally:

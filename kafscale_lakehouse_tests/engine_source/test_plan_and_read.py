@@ -16,7 +16,7 @@ import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.engine.ingestion.run import PartitionOutcome, _plan_partition
+from kafscale_lakehouse.engine.ingestion.planning import plan_partition
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
     MAX_ROWS_PER_BATCH,
@@ -116,9 +116,10 @@ def test_start_within_the_first_index_interval_reads_the_whole_segment(local_sto
 
 
 def plan_run(store, partition: int, start: int | None, *, allow_gaps: bool = False):
-    """The ingestion run's plan of one partition from its next offset `start` (None: nothing committed)."""
-    outcome = PartitionOutcome(partition, start, start)
-    return _plan_partition(store, TOPIC, partition, start, 1 << 40, allow_gaps, outcome), outcome
+    """The ingestion run's plan of one partition from its next offset `start` (None: nothing committed), and the
+    planning's outcome (the gap it skips or stops at)."""
+    planning = plan_partition(store, TOPIC, partition, start, 1 << 40, allow_gaps)
+    return planning.plan, planning
 
 
 def read_run(store, partition: int, plan) -> pa.Table:
@@ -315,3 +316,4 @@ def test_an_opened_store_pickles_so_each_task_opens_the_same(tmp_path):
     assert "SECRET" not in repr(copy) and "TOKEN" not in repr(copy)
     local = LocalSegmentStore(tmp_path, namespace="ns")
     assert pickle.loads(pickle.dumps(local)).root == local.root
+

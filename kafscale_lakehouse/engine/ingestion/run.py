@@ -38,6 +38,7 @@ from kafscale_lakehouse.connections import (
 )
 from kafscale_lakehouse.engine.ingestion.lag import lag
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, lfs_read_settings
+from kafscale_lakehouse.engine.ingestion.planning import plan_partition, recheck_planned
 from kafscale_lakehouse.engine.ingestion.positions import acquire_partition_leases, partition_starts, table_identity
 from kafscale_lakehouse.engine.ingestion.rows import InvalidRecord
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
@@ -86,8 +87,6 @@ from kafscale_lakehouse.storage import (
     SegmentRef,
     SegmentStore,
     discover_partitions,
-    find_gaps,
-    segments_from,
 )
 
 log = logging.getLogger(__name__)
@@ -382,29 +381,18 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange], identity
         if position.error is not None:
             prepared.result.partitions[partition] = PartitionOutcome(partition, None, None, error=position.error)
             continue
-        _recheck_planned(topic, partition, planned.get(partition), start)
+        recheck_planned(topic, partition, planned.get(partition), start)
         outcome = PartitionOutcome(partition, start, start)
         prepared.result.partitions[partition] = outcome
         try:
-            plan = _plan_partition(context.store, topic, partition, start, budget, allow_gaps, outcome)
+            planning = plan_partition(context.store, topic, partition, start, budget, allow_gaps)
         except OffsetBeyondSegmentsError as exc:
             outcome.error = str(exc)
             continue
-        if plan is not None:
-            prepared.plans[partition] = plan
-
-
-def _recheck_planned(topic: str, partition: int, planned: OffsetRange | None, start: int | None) -> None:
-    """The sensor planned from the offsets store; the table is the truth (a run or repair may have moved it since)."""
-    if planned is not None and planned.start != (start or 0):
-        log.warning(
-            "topic %s partition %d: planned from next offset %d, but the committed offsets say %s (the "
-            "table's, else the offsets store's); they win",
-            topic,
-            partition,
-            planned.start,
-            "nothing committed" if start is None else start,
-        )
+        outcome.skipped, outcome.error = planning.skipped, planning.error
+        if planning.plan is not None:
+            plan = planning.plan
+            prepared.plans[partition] = _PartitionPlan(outcome, plan.commit_start, plan.read, plan.segments)
 
 
 def _record_lag(prepared: PreparedIngest) -> None:
@@ -412,56 +400,6 @@ def _record_lag(prepared: PreparedIngest) -> None:
     for outcome in prepared.result.partitions.values():
         if outcome.end_offset is not None:
             outcome.lag = lag(watermarks.get(outcome.partition), outcome.end_offset)
-
-
-@timed("plan (list segments, footers)")
-def _plan_partition(
-    store: SegmentStore,
-    topic: str,
-    partition: int,
-    start: int | None,
-    budget: int,
-    allow_gaps: bool,
-    outcome: PartitionOutcome,
-) -> _PartitionPlan | None:
-    segments = segments_from(store, topic, partition, start).segments
-    if not segments:
-        return None
-    gaps = find_gaps(segments, next_offset=start)
-    read_start = segments[0].base_offset if start is None else start
-    commit_start = read_start if start is None else start
-    if gaps and gaps[0].expected_offset == read_start and allow_gaps:
-        gap = gaps.pop(0)
-        outcome.skipped = OffsetRange(partition, gap.expected_offset, gap.found_offset)
-        log.warning(
-            "topic %s partition %d: offsets %d..%d were deleted before ingestion (%s); skipping them as "
-            "allow_gaps says",
-            topic,
-            partition,
-            gap.expected_offset,
-            gap.found_offset - 1,
-            gap.kfs_key,
-        )
-        read_start = gap.found_offset
-        segments = [s for s in segments if s.last_offset >= read_start]
-    if gaps:
-        gap = gaps[0]
-        if not allow_gaps:  # reported from the first run that sees it, not only once the partition reaches it
-            outcome.error = (
-                f"gap: offsets {gap.expected_offset}..{gap.found_offset - 1} are missing before "
-                f"{gap.kfs_key} (deleted before ingestion?); set allow_gaps to skip them"
-            )
-        if gap.expected_offset == read_start:
-            return None
-        segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
-    chosen: list[SegmentRef] = []
-    used = 0
-    for segment in segments:
-        if chosen and used + segment.kfs_size > budget:
-            break
-        chosen.append(segment)
-        used += segment.kfs_size
-    return _PartitionPlan(outcome, commit_start, OffsetRange(partition, read_start, chosen[-1].last_offset + 1), chosen)
 
 
 def _write_and_commit(prepared: PreparedIngest) -> None:

@@ -1,0 +1,103 @@
+"""Planning one Kafka partition of a run: which completed segments it reads from its start offset.
+
+`positions.py` decides where the partition starts; here that start becomes whole completed segments (listed from the
+start offset, so the cost follows new data) up to the run's byte budget, stopping before a gap: data deleted before
+ingestion is never skipped silently (only with `allow_gaps`, and then recorded in the commit). The sensor's own plan
+(from the offsets store) is only re-checked against the table's start, never used in its place.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kafscale_lakehouse.engine.phases import timed
+from kafscale_lakehouse.offsets.ranges import OffsetRange
+from kafscale_lakehouse.storage import SegmentRef, SegmentStore, find_gaps, segments_from
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """What a run reads of one partition."""
+
+    commit_start: int  # the table's next offset, what the commit re-checks (the oldest segment's: nothing committed)
+    read: OffsetRange  # what the Spark tasks read: from `commit_start`, or past a skipped gap, to the planned end
+    segments: list[SegmentRef]
+
+
+@dataclass(frozen=True)
+class PartitionPlanning:
+    """The plan (None: nothing to read now), the gap it skips (`allow_gaps`) and the gap it stops at."""
+
+    plan: SegmentPlan | None = None
+    skipped: OffsetRange | None = None
+    error: str | None = None
+
+
+@timed("plan (list segments, footers)")
+def plan_partition(
+    store: SegmentStore,
+    topic: str,
+    partition: int,
+    start: int | None,
+    budget: int,
+    allow_gaps: bool,
+) -> PartitionPlanning:
+    """What to read of `partition` from `start` (None: its oldest segment): whole completed segments up to
+    `budget` bytes of `.kfs` (at least one), stopping before a gap; a gap right at the start is skipped only with
+    `allow_gaps` (and recorded), else the partition reports it (from the first run that sees it)."""
+    segments = segments_from(store, topic, partition, start).segments
+    if not segments:
+        return PartitionPlanning()
+    skipped = error = None
+    gaps = find_gaps(segments, next_offset=start)
+    read_start = segments[0].base_offset if start is None else start
+    commit_start = read_start if start is None else start
+    if gaps and gaps[0].expected_offset == read_start and allow_gaps:
+        gap = gaps.pop(0)
+        skipped = OffsetRange(partition, gap.expected_offset, gap.found_offset)
+        log.warning(
+            "topic %s partition %d: offsets %d..%d were deleted before ingestion (%s); skipping them as "
+            "allow_gaps says",
+            topic,
+            partition,
+            gap.expected_offset,
+            gap.found_offset - 1,
+            gap.kfs_key,
+        )
+        read_start = gap.found_offset
+        segments = [s for s in segments if s.last_offset >= read_start]
+    if gaps:
+        gap = gaps[0]
+        if not allow_gaps:  # reported from the first run that sees it, not only once the partition reaches it
+            error = (
+                f"gap: offsets {gap.expected_offset}..{gap.found_offset - 1} are missing before "
+                f"{gap.kfs_key} (deleted before ingestion?); set allow_gaps to skip them"
+            )
+        if gap.expected_offset == read_start:
+            return PartitionPlanning(skipped=skipped, error=error)
+        segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
+    chosen: list[SegmentRef] = []
+    used = 0
+    for segment in segments:
+        if chosen and used + segment.kfs_size > budget:
+            break
+        chosen.append(segment)
+        used += segment.kfs_size
+    read = OffsetRange(partition, read_start, chosen[-1].last_offset + 1)
+    return PartitionPlanning(SegmentPlan(commit_start, read, chosen), skipped, error)
+
+
+def recheck_planned(topic: str, partition: int, planned: OffsetRange | None, start: int | None) -> None:
+    """The sensor planned from the offsets store; the table is the truth (a run or repair may have moved it since)."""
+    if planned is not None and planned.start != (start or 0):
+        log.warning(
+            "topic %s partition %d: planned from next offset %d, but the committed offsets say %s (the "
+            "table's, else the offsets store's); they win",
+            topic,
+            partition,
+            planned.start,
+            "nothing committed" if start is None else start,
+        )
