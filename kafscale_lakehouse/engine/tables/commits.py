@@ -6,7 +6,7 @@
 - `commit_settled`: a refused commit's manifests are deleted only once the refreshed table shows it did not land.
 - `find_commit_after_refresh` / `delete_uncommitted`: settling an answer that did not say whether a commit landed.
 - The other private pyiceberg functions we rely on, under names of ours (`PRIVATE_API`): pyiceberg is pinned
-  (pyproject.toml) and `tests/engine/tables/test_commits.py` checks each of them against the pinned version.
+  (pyproject.toml) and `kafscale_lakehouse_tests/engine/tables/test_commits.py` checks each against that version.
 """
 
 from __future__ import annotations
