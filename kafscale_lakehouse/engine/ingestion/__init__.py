@@ -1,0 +1,52 @@
+"""Ingestion runs of a topic→table mapping, without Dagster: what the layers above use."""
+
+from kafscale_lakehouse.engine.ingestion.lag import lag, lag_and_reference
+from kafscale_lakehouse.engine.ingestion.lfs import ERROR_DECODE, ERROR_RESOLVE
+from kafscale_lakehouse.engine.ingestion.positions import offsets_view, reset_from_store, reset_from_table
+from kafscale_lakehouse.engine.ingestion.replay import ReplayError, move_position, plan_replay, replay_range
+from kafscale_lakehouse.engine.ingestion.run import (
+    IngestContext,
+    IngestFailedError,
+    IngestResult,
+    PartitionOutcome,
+    commit_ingest,
+    ingest,
+    open_mapping_table,
+    prepare_ingest,
+)
+from kafscale_lakehouse.engine.ingestion.topic_scan import (
+    PartitionCursor,
+    PartitionState,
+    TopicScan,
+    WatchSources,
+    scan_topic,
+)
+from kafscale_lakehouse.engine.ingestion.validation import resolve_record_validation
+
+__all__ = [
+    "ERROR_DECODE",
+    "ERROR_RESOLVE",
+    "IngestContext",
+    "IngestFailedError",
+    "IngestResult",
+    "PartitionCursor",
+    "PartitionOutcome",
+    "PartitionState",
+    "ReplayError",
+    "TopicScan",
+    "WatchSources",
+    "commit_ingest",
+    "ingest",
+    "lag",
+    "lag_and_reference",
+    "move_position",
+    "offsets_view",
+    "open_mapping_table",
+    "plan_replay",
+    "prepare_ingest",
+    "replay_range",
+    "reset_from_store",
+    "reset_from_table",
+    "resolve_record_validation",
+    "scan_topic",
+]

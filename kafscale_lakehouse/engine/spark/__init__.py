@@ -1,0 +1,26 @@
+"""Spark: the session, the long-lived engine (Spark Connect), table reads and writes for downstream assets."""
+
+from kafscale_lakehouse.engine.spark.engine import (
+    DEFAULT_ENGINE_ADDRESS,
+    ENGINE_ADDRESS_VARIABLE,
+    SparkEngineError,
+    parse_engine_address,
+    serve,
+)
+from kafscale_lakehouse.engine.spark.session import get_spark_session, spark_settings_from_env
+from kafscale_lakehouse.engine.spark.table_source import count_rows_equal, read_table
+from kafscale_lakehouse.engine.spark.writes import write_arrow, write_dataframe
+
+__all__ = [
+    "DEFAULT_ENGINE_ADDRESS",
+    "ENGINE_ADDRESS_VARIABLE",
+    "SparkEngineError",
+    "count_rows_equal",
+    "get_spark_session",
+    "parse_engine_address",
+    "read_table",
+    "serve",
+    "spark_settings_from_env",
+    "write_arrow",
+    "write_dataframe",
+]

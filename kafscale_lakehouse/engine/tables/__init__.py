@@ -1,0 +1,87 @@
+"""Iceberg tables through pyiceberg only (no Spark, no config): what the layers above use of them."""
+
+from kafscale_lakehouse.engine.tables.catalogs import (
+    CatalogError,
+    CatalogSettings,
+    PartitionFieldSpec,
+    TableDefinitionError,
+    TableNotFoundError,
+    catalog_endpoint,
+    catalog_errors,
+    load_catalog,
+    open_table,
+)
+from kafscale_lakehouse.engine.tables.checks import (
+    CHECK_NAMES,
+    FRESHNESS,
+    OFFSETS_CONTIGUOUS,
+    RECORD_ID_UNIQUE,
+    SAMPLE_SIZE,
+    SCHEMA_VALID,
+    check_offset_contiguity,
+    find_duplicate_record_ids,
+    latest_committed_ranges,
+    table_asset_path,
+)
+from kafscale_lakehouse.engine.tables.dead_letters import default_dead_letter_table
+from kafscale_lakehouse.engine.tables.filters import (
+    all_of,
+    any_of,
+    parse_partition_spec,
+    time_window_filter,
+    values_filter,
+)
+from kafscale_lakehouse.engine.tables.rewrites import RecordRange, RewriteAbandonedError
+from kafscale_lakehouse.engine.tables.summary import (
+    LFS_DURATION_BUCKETS_SECONDS,
+    RUN_ID_PROPERTY,
+    LfsStats,
+    ancestry,
+    is_kafscale_commit,
+    parse_commit,
+    read_topic_offsets,
+    summary_properties,
+)
+from kafscale_lakehouse.engine.tables.writes import WRITE_MODES, TableWrite, TableWriteResult, iceberg_schema_of
+
+__all__ = [
+    "CHECK_NAMES",
+    "FRESHNESS",
+    "LFS_DURATION_BUCKETS_SECONDS",
+    "OFFSETS_CONTIGUOUS",
+    "RECORD_ID_UNIQUE",
+    "RUN_ID_PROPERTY",
+    "SAMPLE_SIZE",
+    "SCHEMA_VALID",
+    "WRITE_MODES",
+    "CatalogError",
+    "CatalogSettings",
+    "LfsStats",
+    "PartitionFieldSpec",
+    "RecordRange",
+    "RewriteAbandonedError",
+    "TableDefinitionError",
+    "TableNotFoundError",
+    "TableWrite",
+    "TableWriteResult",
+    "all_of",
+    "ancestry",
+    "any_of",
+    "catalog_endpoint",
+    "catalog_errors",
+    "check_offset_contiguity",
+    "default_dead_letter_table",
+    "find_duplicate_record_ids",
+    "iceberg_schema_of",
+    "is_kafscale_commit",
+    "latest_committed_ranges",
+    "load_catalog",
+    "open_table",
+    "parse_commit",
+    "parse_partition_spec",
+    "read_topic_offsets",
+    "summary_properties",
+    "table_asset_path",
+    "time_window_filter",
+    "values_filter",
+]
