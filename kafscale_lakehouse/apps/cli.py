@@ -101,9 +101,10 @@ def run_report(config_path: str | None, *, table: str, output: str) -> int:
 def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: list[str] | None) -> int:
     """Maintain each mapping's table (or those of `tables`) with its `maintenance:` settings; one JSON line each."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.maintenance import MAINTENANCE_STEPS, MaintenanceError, maintain_mapping
+    from kafscale_lakehouse.connections import table_maintenance
+    from kafscale_lakehouse.engine import EngineError
+    from kafscale_lakehouse.engine.maintenance import MAINTENANCE_STEPS, maintain_mapping
     from kafscale_lakehouse.engine.spark.session import get_spark_session
-    from kafscale_lakehouse.engine.tables.rewrites import RewriteAbandonedError
 
     config = load_config(config_path)
     mappings = [m for m in config.mappings if tables is None or m.table in tables]
@@ -116,8 +117,8 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
     failed = 0
     for mapping in mappings:
         try:
-            summary = maintain_mapping(config, spark, mapping, steps=steps)
-        except (MaintenanceError, RewriteAbandonedError) as err:
+            summary = maintain_mapping(spark, table_maintenance(config, mapping), steps=steps)
+        except EngineError as err:
             print(f"error: {err}", file=sys.stderr)
             failed += 1
             continue
@@ -130,8 +131,9 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     --from-table | --from-store`: one side set from the other (engine/ingestion/positions.py)."""
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
+    from kafscale_lakehouse.engine import EngineError
     from kafscale_lakehouse.engine.ingestion.positions import offsets_view, reset_from_store, reset_from_table
-    from kafscale_lakehouse.engine.tables.catalogs import CatalogError, TableDefinitionError, load_catalog, open_table
+    from kafscale_lakehouse.engine.tables import load_catalog, open_table
     from kafscale_lakehouse.offsets import OffsetStoreError
 
     config = load_config(config_path)
@@ -155,7 +157,7 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
                     return 1
                 reset = reset_from_table if source == "table" else reset_from_store
                 view = reset(table, topic, store)
-    except (OffsetStoreError, CatalogError, TableDefinitionError) as err:
+    except (OffsetStoreError, EngineError) as err:
         raise CommandError(str(err)) from err
     print("\n".join(view.lines()))
     return 0
@@ -184,12 +186,10 @@ def _with_ingest_context(config_path: str | None, topic: str, action) -> int:  #
     """`action(context, mapping)` with the IngestContext of the config and the mapping of `topic`; the errors of an
     offsets command become `CommandError`s."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.ingestion.replay import ReplayError
+    from kafscale_lakehouse.engine import EngineError
     from kafscale_lakehouse.engine.ingestion.run import IngestContext
     from kafscale_lakehouse.engine.spark.session import get_spark_session
-    from kafscale_lakehouse.engine.tables.catalogs import CatalogError, TableDefinitionError
-    from kafscale_lakehouse.engine.tables.rewrites import RewriteAbandonedError
-    from kafscale_lakehouse.offsets import LeaseLostError, OffsetStoreError
+    from kafscale_lakehouse.offsets import OffsetStoreError
 
     config = load_config(config_path)
     mapping = next((m for m in config.mappings if m.topic == topic), None)
@@ -200,8 +200,7 @@ def _with_ingest_context(config_path: str | None, topic: str, action) -> int:  #
     try:
         with IngestContext.from_config(config, spark) as context:
             return action(context, mapping)
-    except (ReplayError, RewriteAbandonedError, LeaseLostError, OffsetStoreError, CatalogError,
-            TableDefinitionError) as err:
+    except (OffsetStoreError, EngineError) as err:
         raise CommandError(str(err)) from err
 
 
@@ -253,15 +252,9 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
     """Run the Spark engine (a Spark Connect server, `spark.master` and `spark.conf` of the config) until SIGTERM or
     Ctrl-C, or until the parent process is gone (`make demo` killed hard); runs connect to it with `SPARK_REMOTE`."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.spark.engine import (
-        SPARK_REMOTE_VARIABLE,
-        SparkEngineError,
-        parse_engine_address,
-        start_connect_server,
-        stop_connect_server,
-        warm_up,
-    )
-    from kafscale_lakehouse.engine.spark.session import get_spark_session, spark_settings_from_env
+    from kafscale_lakehouse.engine.ingestion import spark_job
+    from kafscale_lakehouse.engine.spark.engine import SparkEngineError, parse_engine_address, serve
+    from kafscale_lakehouse.engine.spark.session import spark_settings_from_env
 
     try:
         engine_address = parse_engine_address(address)
@@ -269,47 +262,11 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
         raise CommandError(str(err)) from None
     config = load_config(config_path)
     env_master, env_conf = spark_settings_from_env(os.environ)  # the pod's KAFSCALE_SPARK_* win, as for runs
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    parent = os.getppid()
     try:
-        server = start_connect_server(
-            engine_address, env_master or config.spark.master, {**config.spark.conf, **env_conf}
-        )
+        return serve(engine_address, env_master or config.spark.master, {**config.spark.conf, **env_conf},
+                     warm_modules=[spark_job.__name__])
     except SparkEngineError as err:
         raise CommandError(str(err)) from None
-    wildcard = engine_address.host in ("0.0.0.0", "::")  # noqa: S104 - a wildcard server is reached on loopback
-    client_url = f"sc://127.0.0.1:{engine_address.port}" if wildcard else engine_address.url
-    os.environ.pop(SPARK_REMOTE_VARIABLE, None)  # this process is a client of its own engine only
-    try:
-        # Runs share one session of the engine: warm its Python workers now rather than in the first run.
-        session = get_spark_session(remote=client_url)
-        try:
-            seconds = warm_up(session, os.cpu_count() or 1)
-        except Exception as err:
-            raise CommandError(
-                f"the Spark engine on {engine_address.url} cannot run the ingestion job's Python "
-                f"code (its workers import kafscale_lakehouse with {sys.executable}): {err}"
-            ) from err
-        finally:
-            # Close this client now (the shared session stays): at exit it would otherwise retry its pending
-            # requests against the stopped server for minutes.
-            session.stop()
-        log.info(
-            "Spark engine serving on %s (Python workers warmed up in %.1f s); runs connect with SPARK_REMOTE=%s",
-            engine_address.url,
-            seconds,
-            client_url,
-        )
-        while server.poll() is None and os.getppid() == parent:
-            time.sleep(1)
-        if server.returncode is not None:
-            log.error("the Spark engine exited with %s", server.returncode)
-            return 1
-    except (KeyboardInterrupt, SystemExit):
-        log.info("stopping the Spark engine")
-    finally:
-        stop_connect_server(server)
-    return 0
 
 
 def _exit_on_sigterm(signum, frame) -> Never:  # noqa: ANN001 - signal handler signature
