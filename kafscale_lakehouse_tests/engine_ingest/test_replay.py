@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kafscale_lakehouse.connections import offset_store_from_config
-from kafscale_lakehouse.engine.ingestion.replay import REPLAY_PROPERTY, ReplayError, replay_range
+import kafscale_lakehouse.engine.ingestion.replay as replay_module
+from kafscale_lakehouse.engine.ingestion.replay import REPLAY_PROPERTY, ReplayError, move_position, replay_range
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest
 from kafscale_lakehouse.engine.tables.summary import read_committed_offsets
 from kafscale_lakehouse.offsets.ranges import OffsetRange
@@ -131,6 +132,37 @@ def test_an_explicit_position_moves_back_removing_the_rows_to_land_again_and_for
     assert read_committed_offsets(table) == {world.topic: {0: 200, 1: 40}} and world.store_next_offsets() == {
         0: 200, 1: 40}
     assert sorted(o for _, p, o in world.table_rows(table) if p == 0) == list(range(120)), "once each, none skipped"
+
+
+def test_a_position_moved_back_while_a_run_commits_the_partition_lands_every_record_once(embedded_world, spark,
+                                                                                        monkeypatch):
+    """Issue 19, hole 3: the move read the partition's position before holding its lease, and its rewrite did not
+    re-check it at commit; a run that committed 200..299 in between left those rows behind position 100, and the
+    next run landed them again."""
+    world = embedded_world
+    world.write_segments(0, 200, records_per_segment=50)
+    ingest(world.config(), spark)
+    world.write_segments(0, 100, base_offset=200, records_per_segment=50)
+    real_lease = replay_module._lease
+
+    def a_run_commits_first(*args, **kwargs):
+        [landed] = ingest(world.config(), spark)  # after the move loaded the table, before it holds the lease
+        assert landed.records == 100
+        return real_lease(*args, **kwargs)
+
+    monkeypatch.setattr(replay_module, "_lease", a_run_commits_first)
+    config = world.config()
+    with IngestContext.from_config(config, spark) as context:
+        moved = move_position(context, config.mappings[0], 0, 100)
+    assert (moved.before, moved.after) == (300, 100)
+    table = world.table()
+    assert read_committed_offsets(table)[world.topic] == {0: 100}
+    assert sorted(o for _, _, o in world.table_rows(table)) == list(range(100))
+    assert world.table_data_files() >= world.referenced_data_files(table)
+
+    [result] = ingest(world.config(), spark)
+    assert result.records == 200, "the removed rows land again, once"
+    world.assert_exactly_once(runs=4)
 
 
 def test_the_dagster_replay_job_replays_from_the_launchpads_run_config(embedded_world, spark):

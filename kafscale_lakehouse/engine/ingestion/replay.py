@@ -222,6 +222,7 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
     run_id = f"position-{uuid.uuid4().hex}"
     lease = _lease(context, table_name, topic, partition, run_id, f"move partition {partition}")
     try:
+        table.refresh()  # a run may have committed the partition before we held its lease
         before = read_topic_offsets(table, topic).get(partition)
         if before is None or next_offset > before:
             skipped = {} if before is None else {partition: (before, next_offset)}
@@ -255,7 +256,8 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
             table, removed, rewritten, marker=(REPLAY_PROPERTY, f"{records.topic}/{records.offsets.partition}/"
                                                                f"position-{records.offsets.start}-{run_id}"),
             what=f"the removal of {records}", properties={RUN_ID_PROPERTY: run_id}, check=holds_lease,
-            positions=(records.topic, {records.offsets.partition: records.offsets.start}))
+            positions=(records.topic, {records.offsets.partition: records.offsets.start}),
+            expected=(records.topic, {records.offsets.partition: plan.table_next_offset}))
     except CommitOutcomeUnknownError:
         raise
     except BaseException:

@@ -40,6 +40,10 @@ class RewriteAbandonedError(EngineError):
     """Files the rewrite replaces were removed by another commit; the rewrite's own files were deleted."""
 
 
+class PositionsMovedError(EngineError):
+    """A partition's next offset in the refreshed table is not the one the rewrite was planned on; nothing committed."""
+
+
 @dataclass(frozen=True)
 class RecordRange:
     """The records of `offsets` (one Kafka partition) of `topic`, by the base columns every mapped table has."""
@@ -69,11 +73,15 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
                    what: str, properties: Mapping[str, str] | None = None,
                    check: Callable[[Table], None] | None = None, max_attempts: int = 10,
                    retry_wait_seconds: float = 0.2, merge_manifests: ManifestMerge | None = None,
-                   positions: tuple[str, Mapping[int, int]] | None = None) -> tuple[int, int]:
+                   positions: tuple[str, Mapping[int, int]] | None = None,
+                   expected: tuple[str, Mapping[int, int | None]] | None = None) -> tuple[int, int]:
     """One overwrite snapshot removing `removed` and adding `added` (see the module docstring); returns its id and
     the attempts it took. `marker` (a summary property unique to this rewrite) finds a commit whose answer was lost;
     `check` runs on the refreshed table before every attempt (it raises to stop). `table` holds the new state.
     `positions` (topic, {partition: next offset}) sets those partitions' offsets instead of carrying them forward.
+    `expected` (topic, {partition: next offset or None}) are the positions the rewrite was planned on: every attempt
+    re-reads them on the refreshed table and refuses (`PositionsMovedError`, nothing committed) when one moved, so
+    rows landed since the plan are never left behind a position moved back (duplicates on the next run).
 
     With `merge_manifests` (and no files), the snapshot instead merges the current snapshot's data manifests into
     manifests of about `target_size_bytes`: pyiceberg's merge append, told by the client-side properties of the
@@ -100,6 +108,8 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
         if check is not None:
             check(table)
         committed = dict(read_committed_offsets(table))
+        if expected is not None:
+            _refuse_moved_positions(table_name, what, committed.get(expected[0], {}), *expected)
         if positions is not None:
             committed[positions[0]] = {**committed.get(positions[0], {}), **positions[1]}
         snapshot_properties = {OFFSETS_PROPERTY_PREFIX + topic: format_offsets_property(offsets)
@@ -143,6 +153,16 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
         table.metadata, table.metadata_location = view.metadata, view.metadata_location
         return table.metadata.current_snapshot_id, attempt
     raise AssertionError("unreachable")
+
+
+def _refuse_moved_positions(table_name: str, what: str, committed: Mapping[int, int], topic: str,
+                            expected: Mapping[int, int | None]) -> None:
+    for partition, offset in sorted(expected.items()):
+        if committed.get(partition) != offset:
+            raise PositionsMovedError(
+                f"table {table_name}: {what} was planned with topic {topic} partition {partition} at next offset "
+                f"{offset}, but the table is now at {committed.get(partition)} (another commit landed since); "
+                "nothing committed, run it again")
 
 
 def _landed(table: Table, key: str, value: str, since: int | None) -> int | None:
