@@ -36,7 +36,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -292,7 +292,7 @@ def lakehouse_config_document(seaweedfs: SeaweedFS, etcd: Etcd | None, workdir: 
     """The config document of our pipeline, mapping topic → table name of `tables`."""
     def mapping(topic: str, table: str) -> dict:
         return {"topic": topic, "table": f"{table_namespace}.{table}", "create_table_if_missing": True,
-                "schema": {"columns": [column.model_dump() for column in PIZZA_COLUMNS]}}
+                "schema": {"columns": [asdict(column) for column in PIZZA_COLUMNS]}}
 
     offsets = {"backend": "etcd"} if etcd else {"backend": "local", "local_path": str(workdir / f"{offsets_name}.db")}
     return {

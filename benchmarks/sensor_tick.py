@@ -29,7 +29,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import boto3
@@ -40,8 +40,8 @@ from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, pizza_order
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.connections import offset_store_from_config, segment_store_from_config
 from kafscale_lakehouse.engine.ingestion.topic_scan import WatchSources
-from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.etcd import EtcdClient
+from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name
 from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key
@@ -109,7 +109,7 @@ def benchmark_config(seaweedfs: SeaweedFS, etcd: Etcd, *, namespace: str, key_pr
         "etcd": {"endpoints": [etcd.endpoint]},
         "discovery": {"mode": discovery},
         "mappings": [{"topic": topic, "table": f"bench.{topic.replace('-', '_')}", "create_table_if_missing": True,
-                      "schema": {"columns": [column.model_dump() for column in PIZZA_COLUMNS]}}
+                      "schema": {"columns": [asdict(column) for column in PIZZA_COLUMNS]}}
                      for topic in topics],
     }, source="benchmarks/sensor_tick.py")
 

@@ -127,7 +127,7 @@ def catalog_settings(config: LakehouseConfig) -> CatalogSettings:
     catalog, s3 = config.iceberg.catalog, config.warehouse_s3
     username, password = catalog.username, _secret(catalog.password)
     if catalog.credential is not None:
-        username, _, password = _secret(catalog.credential).partition(":")
+        username, _, password = catalog.credential.get_secret_value().partition(":")
     s3_key = "iceberg.s3" if config.iceberg.s3 is not None else "s3"
     with at_key("iceberg", {"s3_sse_type": f"{s3_key}.sse.type", "s3_sse_kms_key_id": f"{s3_key}.sse.kms_key_id"}):
         return CatalogSettings(

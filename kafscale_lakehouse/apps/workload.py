@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.format import DEFAULT_INDEX_INTERVAL, Record, encode_segment
+from kafscale_lakehouse.schema.columns import Column
 
 PIZZA_TOPIC = "completed-pizzas"
 PIZZA_HEADERS = (("source", b"pizza-svc"),)
@@ -54,13 +54,13 @@ class WrittenSegment:
 
 # The mapped columns of the pizza orders (the demo's `rpc.pizzas`), for benchmarks and tests.
 PIZZA_COLUMNS = (
-    ColumnConfig(name="order_id", type="string", required=True),
-    ColumnConfig(name="store_id", type="int"),
-    ColumnConfig(name="sauce", type="string"),
-    ColumnConfig(name="cheese", type="string"),
-    ColumnConfig(name="meats", type="string"),
-    ColumnConfig(name="veggies", type="string"),
-    ColumnConfig(name="date_ordered", type="timestamp"),
+    Column(name="order_id", type="string", required=True),
+    Column(name="store_id", type="int"),
+    Column(name="sauce", type="string"),
+    Column(name="cheese", type="string"),
+    Column(name="meats", type="string"),
+    Column(name="veggies", type="string"),
+    Column(name="date_ordered", type="timestamp"),
 )
 
 # Value sizes of the realistic workload: (cumulative share out of 1000, smallest, largest) in bytes.

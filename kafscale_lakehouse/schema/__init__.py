@@ -4,7 +4,11 @@ from kafscale_lakehouse.schema.coercion import CoercionResult, JsonColumnCoercer
 from kafscale_lakehouse.schema.columns import (
     ARROW_TYPES,
     BASE_COLUMN_NAMES,
+    BASE_COLUMNS,
+    COLUMN_TYPES,
     ICEBERG_TYPES,
+    Column,
+    ColumnType,
     columns_from_json_schema,
     record_arrow_schema,
     table_schema,
@@ -20,10 +24,14 @@ from kafscale_lakehouse.schema.evolution import (
 
 __all__ = [
     "ARROW_TYPES",
+    "BASE_COLUMNS",
     "BASE_COLUMN_NAMES",
+    "COLUMN_TYPES",
     "ICEBERG_TYPES",
     "CoercionResult",
+    "Column",
     "ColumnChange",
+    "ColumnType",
     "JsonColumnCoercer",
     "SchemaError",
     "SchemaEvolutionError",

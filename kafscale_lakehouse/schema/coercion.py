@@ -27,14 +27,14 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from kafscale_lakehouse.config import ColumnConfig
-from kafscale_lakehouse.schema.columns import ARROW_TYPES
+from kafscale_lakehouse.schema.columns import ARROW_TYPES, Column
 from kafscale_lakehouse.schema.json_values import (
     INT_RANGES,
     MAX_DATE_DAYS,
@@ -135,7 +135,7 @@ class JsonColumnCoercer:
     `use_arrow_reader=False` applies the reference rules to every row (slow; to verify the fast path).
     """
 
-    def __init__(self, columns: Sequence[ColumnConfig], *, use_arrow_reader: bool = True) -> None:
+    def __init__(self, columns: Sequence[Column], *, use_arrow_reader: bool = True) -> None:
         self.columns = tuple(columns)
         self._use_arrow_reader = use_arrow_reader
         self._parse_types = {column.name: _PARSE_TYPES[column.type][0] for column in self.columns}
@@ -304,7 +304,7 @@ class JsonColumnCoercer:
         for position, raw in enumerate(raws):
             document, problem = parse_json_object(raw)
             if document is None:
-                value_problems[position] = problem
+                value_problems[position] = cast(str, problem)  # no object comes with the reason why
                 for values in column_values:
                     values.append(None)
                 continue
@@ -339,9 +339,9 @@ class JsonColumnCoercer:
                 for position, reason in failures.items():
                     problems.setdefault(int(part.rows[position]), (column.name, reason))
                 if array.null_count:
-                    for position in np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False)):
-                        if position not in failures and position not in part.value_problems:
-                            problems.setdefault(int(part.rows[position]), (column.name, MISSING_REQUIRED_REASON))
+                    for null_position in np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False)):
+                        if null_position not in failures and null_position not in part.value_problems:
+                            problems.setdefault(int(part.rows[null_position]), (column.name, MISSING_REQUIRED_REASON))
 
         columns = {
             column.name: _in_row_order(parts, index, column.type, row_count)
@@ -362,7 +362,7 @@ class JsonColumnCoercer:
         return CoercionResult(columns, invalid_column, invalid_reason, nulled_counts, unparsed_count)
 
 
-def coerce_json_values(values: pa.Array | pa.ChunkedArray, columns: Sequence[ColumnConfig]) -> CoercionResult:
+def coerce_json_values(values: pa.Array | pa.ChunkedArray, columns: Sequence[Column]) -> CoercionResult:
     """Coerce one batch (a fresh coercer: use `JsonColumnCoercer` across batches to keep learned parse types)."""
     return JsonColumnCoercer(columns).coerce(values)
 

@@ -2,13 +2,18 @@
 
 Types follow KafScale's Go processor (`internal/sink/iceberg.go`): boolean, int (32-bit), long, float, double,
 string, binary, timestamp (Iceberg `timestamp`, without zone, values in UTC), date.
+
+`Column` is the layer's own column type (the config's `mappings[].schema.columns[]` validate into it, the registry
+derives it from a JSON Schema); a `Column` always has a known `type`. The base columns are defined once, as the
+Arrow schema `format.BASE_SCHEMA`; `BASE_COLUMNS` is that schema seen as `Column`s.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 from pyiceberg.schema import Schema
@@ -26,18 +31,30 @@ from pyiceberg.types import (
     TimestampType,
 )
 
-from kafscale_lakehouse.config import BASE_COLUMNS, ColumnConfig
+from kafscale_lakehouse.format.base_columns import BASE_SCHEMA
 from kafscale_lakehouse.format.lfs import LFS_METADATA_FIELDS
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 
 log = logging.getLogger(__name__)
 
-BASE_COLUMN_NAMES = tuple(column.name for column in BASE_COLUMNS)
-# The six columns `mappings[].lfs.store_metadata` adds after the mapped columns (kafscale-format.md §9); the LFS
-# stage fills them (null for records that are no envelope), never the JSON coercion.
-LFS_METADATA_COLUMNS: tuple[ColumnConfig, ...] = tuple(
-    ColumnConfig(name=f.name, type="long" if f.type == pa.int64() else "string") for f in LFS_METADATA_FIELDS)
-FIRST_MAPPED_FIELD_ID = len(BASE_COLUMNS) + 1
+# Column types (the Go processor's set; the config matches `mappings[].schema.columns[].type` case-insensitively).
+ColumnType = Literal["boolean", "int", "long", "float", "double", "string", "binary", "timestamp", "date"]
+COLUMN_TYPES: tuple[ColumnType, ...] = get_args(ColumnType)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: mapped columns are the top-level JSON key `name` of the record value, coerced to `type`;
+    `required` columns are not nullable (a record without a valid value for one is invalid)."""
+
+    name: str
+    type: ColumnType
+    required: bool = False
+
+    def __post_init__(self) -> None:
+        if self.type not in COLUMN_TYPES:
+            raise ValueError(f"column {self.name!r}: type {self.type!r} is not one of {', '.join(COLUMN_TYPES)}")
+
 
 ICEBERG_TYPES: dict[str, PrimitiveType] = {
     "boolean": BooleanType(),
@@ -64,11 +81,27 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "date": pa.date32(),
 }
 
+# The columns KafScale's Go processor writes first in every table (kafscale-format.md §8), in this order (field ids
+# 1-8): `format.BASE_SCHEMA` as `Column`s, non-nullable fields required.
+_COLUMN_TYPE_OF_ARROW: dict[pa.DataType, ColumnType] = {ARROW_TYPES[name]: name for name in COLUMN_TYPES}
+BASE_COLUMNS: tuple[Column, ...] = tuple(
+    Column(name=field.name, type=_COLUMN_TYPE_OF_ARROW[field.type], required=not field.nullable)
+    for field in BASE_SCHEMA
+)
+BASE_COLUMN_NAMES = tuple(column.name for column in BASE_COLUMNS)
+# The six columns `mappings[].lfs.store_metadata` adds after the mapped columns (kafscale-format.md §9); the LFS
+# stage fills them (null for records that are no envelope), never the JSON coercion.
+LFS_METADATA_COLUMNS: tuple[Column, ...] = tuple(
+    Column(name=f.name, type="long" if f.type == pa.int64() else "string") for f in LFS_METADATA_FIELDS)
+FIRST_MAPPED_FIELD_ID = len(BASE_COLUMNS) + 1
+
 # JSON Schema property types → column types, as the Go processor maps registry schemas.
-_JSON_SCHEMA_TYPES = {"integer": "long", "number": "double", "boolean": "boolean", "string": "string"}
+_JSON_SCHEMA_TYPES: dict[str, ColumnType] = {
+    "integer": "long", "number": "double", "boolean": "boolean", "string": "string",
+}
 
 
-def table_schema(columns: Sequence[ColumnConfig]) -> Schema:
+def table_schema(columns: Sequence[Column]) -> Schema:
     """The Iceberg schema of a new table: base columns with ids 1-8, then the mapped columns from id 9 in order."""
     all_columns = [*BASE_COLUMNS, *columns]
     check_column_names(all_columns)
@@ -81,7 +114,7 @@ def table_schema(columns: Sequence[ColumnConfig]) -> Schema:
     return Schema(*fields)
 
 
-def record_arrow_schema(columns: Sequence[ColumnConfig]) -> pa.Schema:
+def record_arrow_schema(columns: Sequence[Column]) -> pa.Schema:
     """The Arrow schema of decoded records: base columns then mapped columns; required columns are not nullable."""
     all_columns = [*BASE_COLUMNS, *columns]
     check_column_names(all_columns)
@@ -90,7 +123,7 @@ def record_arrow_schema(columns: Sequence[ColumnConfig]) -> pa.Schema:
     )
 
 
-def check_column_names(columns: Sequence[ColumnConfig]) -> None:
+def check_column_names(columns: Sequence[Column]) -> None:
     """Raise `SchemaMappingError` when a name repeats (a mapped column reusing a base column name included)."""
     seen: set[str] = set()
     for column in columns:
@@ -103,7 +136,7 @@ def check_column_names(columns: Sequence[ColumnConfig]) -> None:
         seen.add(column.name)
 
 
-def columns_from_json_schema(document: Mapping[str, Any], topic: str) -> list[ColumnConfig]:
+def columns_from_json_schema(document: Mapping[str, Any], topic: str) -> list[Column]:
     """Mapped columns from a registry JSON Schema, as the Go processor derives them: each top-level property whose
     type (or first non-null type of a list) is integer → long, number → double, boolean, string; `required` from the
     schema's `required`; sorted by name. Properties of other types (object, array) stay only in `value`."""
@@ -114,11 +147,11 @@ def columns_from_json_schema(document: Mapping[str, Any], topic: str) -> list[Co
     columns = []
     skipped = []
     for name, definition in properties.items():
-        column_type = _JSON_SCHEMA_TYPES.get(_json_schema_type(definition))
+        column_type = _JSON_SCHEMA_TYPES.get(_json_schema_type(definition) or "")
         if column_type is None or name in BASE_COLUMN_NAMES:
             skipped.append(name)
             continue
-        columns.append(ColumnConfig(name=name, type=column_type, required=name in required))
+        columns.append(Column(name=name, type=column_type, required=name in required))
     if skipped:
         log.info(
             "registry schema of topic %s: properties %s get no column (not a scalar JSON type, or a base column name)",

@@ -26,8 +26,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType, IcebergType, IntegerType, LongType
 
-from kafscale_lakehouse.config import BASE_COLUMNS, ColumnConfig
-from kafscale_lakehouse.schema.columns import ICEBERG_TYPES, check_column_names
+from kafscale_lakehouse.schema.columns import BASE_COLUMNS, ICEBERG_TYPES, Column, check_column_names
 from kafscale_lakehouse.schema.errors import SchemaEvolutionError
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ class SchemaEvolutionPlan:
 
 def plan_schema_evolution(
     current: Schema,
-    columns: Sequence[ColumnConfig],
+    columns: Sequence[Column],
     *,
     allow_type_widening: bool,
     table: str,
@@ -162,7 +161,7 @@ def apply_schema_evolution(table: Table, plan: SchemaEvolutionPlan) -> Schema:
 
 def evolve_table_schema(
     table: Table,
-    columns: Sequence[ColumnConfig],
+    columns: Sequence[Column],
     *,
     allow_type_widening: bool,
     max_attempts: int = 3,

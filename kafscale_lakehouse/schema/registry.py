@@ -28,8 +28,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kafscale_lakehouse.config import ColumnConfig, redact_url
-from kafscale_lakehouse.schema.columns import columns_from_json_schema
+from kafscale_lakehouse.redaction import redact_url
+from kafscale_lakehouse.schema.columns import Column, columns_from_json_schema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, InvalidSchemaDocumentError, compile_json_schema
 
@@ -144,7 +144,7 @@ class SchemaRegistryClient:
                 self._cache[topic] = _CacheEntry(schema, fetched_at + self._cache_seconds)
             return schema
 
-    def columns(self, topic: str) -> list[ColumnConfig]:
+    def columns(self, topic: str) -> list[Column]:
         """The mapped columns of a `schema.source: registry` mapping, derived from the topic's schema as the Go
         processor derives them (`columns.columns_from_json_schema`)."""
         document = self.get_schema(topic).document

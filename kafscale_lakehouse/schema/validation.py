@@ -274,6 +274,7 @@ def _validate(
     valid = [True] * len(instances)
     invalid_records = []
     for row, instance in enumerate(instances):
+        failure: tuple[str, str, str | None]  # reason, instance path, schema path
         if isinstance(instance, _NotJson):
             failure = (instance.reason, "$", None)
         else:

@@ -32,7 +32,7 @@ from kafscale_lakehouse.storage.keys import (
 )
 from kafscale_lakehouse.storage.local_store import LocalSegmentStore
 from kafscale_lakehouse.storage.offset_listing import segments_from
-from kafscale_lakehouse.storage.s3_store import S3SegmentStore
+from kafscale_lakehouse.storage.s3_store import SSE_TYPES, S3SegmentStore, SseType
 from kafscale_lakehouse.storage.store import (
     IncompleteSegment,
     ObjectInfo,
@@ -44,6 +44,7 @@ from kafscale_lakehouse.storage.store import (
 __all__ = [
     "DEFAULT_NAMESPACE",
     "METADATA_SNAPSHOT_KEY",
+    "SSE_TYPES",
     "BucketNotFoundError",
     "Discovery",
     "DiscoveryMode",
@@ -62,6 +63,7 @@ __all__ = [
     "SegmentOverlapError",
     "SegmentRef",
     "SegmentStore",
+    "SseType",
     "StorageAuthError",
     "StorageError",
     "StorageRequestError",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, get_args
 
 import boto3
 from botocore.config import Config
@@ -20,7 +20,6 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
-from kafscale_lakehouse.config import SSE_TYPES
 from kafscale_lakehouse.storage.errors import (
     BucketNotFoundError,
     ObjectNotFoundError,
@@ -33,6 +32,11 @@ from kafscale_lakehouse.storage.keys import DEFAULT_NAMESPACE
 from kafscale_lakehouse.storage.store import DEFAULT_LIST_PAGE_SIZE, ListPage, ObjectInfo, SegmentStore
 
 log = logging.getLogger(__name__)
+
+# Server-side encryption we can request for written objects (S3's x-amz-server-side-encryption values); the
+# warehouse FileIO (engine/tables/catalogs.py) and the config's `s3.sse.type` take the same.
+SseType = Literal["AES256", "aws:kms"]
+SSE_TYPES: tuple[SseType, ...] = get_args(SseType)
 
 # S3 error codes meaning "these credentials are not accepted here".
 _AUTH_ERROR_CODES = frozenset({

@@ -258,19 +258,19 @@ class SegmentStore(ABC):
         pairs = self._pair_objects(prefix, start_after, after_base)
 
         incomplete: list[IncompleteSegment] = []
-        candidates: list[tuple[int, _SegmentPair]] = []  # both objects present, before any orphan
+        # Both objects present (the pair, its .kfs, its .index), before any orphan.
+        candidates: list[tuple[int, _SegmentPair, ObjectInfo, ObjectInfo]] = []
         for base_offset in sorted(pairs):
             pair = pairs[base_offset]
             if pair.kfs is None or pair.index is None:
                 missing = "no .index (orphan .kfs)" if pair.index is None else "no .kfs (orphan .index)"
                 incomplete.append(_incomplete(topic, partition, base_offset, pair, missing))
             elif not incomplete and (limit is None or len(candidates) < limit):
-                candidates.append((base_offset, pair))
+                candidates.append((base_offset, pair, pair.kfs, pair.index))
 
         segments: list[SegmentRef] = []
-        footers = self._read_footers([pair.kfs for _, pair in candidates])
-        for (base_offset, pair), footer in zip(candidates, footers, strict=True):
-            kfs, index = pair.kfs, pair.index
+        footers = self._read_footers([kfs for _, _, kfs, _ in candidates])
+        for (base_offset, pair, kfs, index), footer in zip(candidates, footers, strict=True):
             if isinstance(footer, SegmentFormatError):
                 incomplete.insert(0, _incomplete(topic, partition, base_offset, pair, f"not finished: {footer}"))
                 break

@@ -17,12 +17,12 @@ from dagster._serdes import ConfigurableClassData
 from dagster_k8s import K8sRunLauncher
 
 from kafscale_lakehouse.config import load_config
+from kafscale_lakehouse.config.spark_remote import parse_remote_url
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.spark.engine import (
     ENGINE_ADDRESS_VARIABLE,
     SPARK_REMOTE_VARIABLE,
     parse_engine_address,
-    parse_remote_url,
 )
 from kafscale_lakehouse.engine.spark.session import spark_settings_from_env
 from kafscale_lakehouse_tests.conftest import REPO_ROOT

@@ -27,8 +27,8 @@ from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY, SKIPPED_PROPERTY_PREFIX, read_topic_offsets
-from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.etcd import EtcdClient
+from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.offsets.records import decode_offset
 from kafscale_lakehouse.storage import ObjectKind, segment_key

@@ -11,13 +11,12 @@ import time
 import pyarrow as pa
 import pytest
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.schema import table_schema
-from kafscale_lakehouse.schema.columns import record_arrow_schema
+from kafscale_lakehouse.schema.columns import Column, record_arrow_schema
 from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS, PIZZA_COLUMNS, IngestWorld
 
 pytestmark = pytest.mark.integration
@@ -34,7 +33,7 @@ def go_offset_value(offset: int, at_ms: int) -> bytes:
 def create_go_table(world: IngestWorld, rows: dict[int, range]) -> None:
     """The table as the Go processor creates and appends it: base columns (ids 1-8) then the mapping's columns, one
     snapshot per write with Go's only summary property, no `kafscale.offsets.*` of ours."""
-    columns = [ColumnConfig(**c) for c in PIZZA_COLUMNS]
+    columns = [Column(**c) for c in PIZZA_COLUMNS]
     catalog = load_catalog(catalog_settings(world.config()))
     namespace, _ = world.table_name.split(".")
     catalog.create_namespace_if_not_exists(namespace)
@@ -44,7 +43,7 @@ def create_go_table(world: IngestWorld, rows: dict[int, range]) -> None:
 
 def go_append(world: IngestWorld, rows: dict[int, range]) -> None:
     table = world.table()
-    arrow_schema = record_arrow_schema([ColumnConfig(**c) for c in PIZZA_COLUMNS])
+    arrow_schema = record_arrow_schema([Column(**c) for c in PIZZA_COLUMNS])
     for partition, offsets in rows.items():
         batch = {"record_id": [f"{world.topic}:{partition}:{o}" for o in offsets],
                  "topic": [world.topic] * len(offsets), "partition": [partition] * len(offsets),

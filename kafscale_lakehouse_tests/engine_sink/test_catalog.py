@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 
-from kafscale_lakehouse.config import redact_url
 from kafscale_lakehouse.engine.tables.catalogs import (
     CatalogAuthenticationError,
     CatalogSettings,
@@ -17,6 +16,7 @@ from kafscale_lakehouse.engine.tables.catalogs import (
     load_catalog,
     open_table,
 )
+from kafscale_lakehouse.redaction import redact_url
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.engine_sink.helpers import BASE_COLUMNS, MAPPED_COLUMNS, lakehouse_schema, rest_settings
 

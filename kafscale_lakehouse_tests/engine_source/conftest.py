@@ -9,7 +9,6 @@ import pyarrow as pa
 import pytest
 
 from kafscale_lakehouse.apps.workload import ALL_CODECS, PIZZA_TOPIC, pizza_orders
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SegmentReadError,
     SegmentReadFailure,
@@ -20,6 +19,7 @@ from kafscale_lakehouse.engine.ingestion.segment_reader import (
 )
 from kafscale_lakehouse.format import EncodedSegment, encode_segment
 from kafscale_lakehouse.offsets.ranges import OffsetRange
+from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import (
     LocalSegmentStore,
@@ -38,9 +38,9 @@ RECORDS_PER_BATCH = 10
 INDEX_INTERVAL = 20
 
 PIZZA_COLUMNS = (
-    ColumnConfig(name="order_id", type="string", required=True),
-    ColumnConfig(name="store_id", type="int", required=True),
-    ColumnConfig(name="date_ordered", type="timestamp"),
+    Column(name="order_id", type="string", required=True),
+    Column(name="store_id", type="int", required=True),
+    Column(name="date_ordered", type="timestamp"),
 )
 
 
@@ -112,7 +112,7 @@ class ReadRequest:
     starting: dict[int, int | None]
     ending: dict[int, int] = field(default_factory=dict)
     topic: str = TOPIC
-    columns: tuple[ColumnConfig, ...] = ()
+    columns: tuple[Column, ...] = ()
     max_bytes_per_partition: int = 128 * 1024 * 1024
     json_schema: CompiledJsonSchema | None = None
 

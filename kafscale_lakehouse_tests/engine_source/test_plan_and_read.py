@@ -15,7 +15,6 @@ import pyarrow.compute as pc
 import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.ingestion.planning import plan_partition
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
@@ -26,6 +25,7 @@ from kafscale_lakehouse.engine.ingestion.segment_reader import (
 )
 from kafscale_lakehouse.format import CrcMismatchError, encode_segment, entry_for_offset, go_headers_json, parse_index
 from kafscale_lakehouse.offsets.ranges import OffsetRange
+from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, ObjectNotFoundError, S3SegmentStore, segment_key
 from kafscale_lakehouse_tests.engine_source.conftest import (
     PIZZA_COLUMNS,
@@ -266,7 +266,7 @@ def test_mapped_columns_come_out_typed_and_invalid_records_are_kept_with_a_reaso
     local_store.put(kfs_key, (fixture / kfs_key.rsplit("/", 1)[1]).read_bytes())
     local_store.put(kfs_key.removesuffix(".kfs") + ".index",
                     (fixture / kfs_key.rsplit("/", 1)[1]).with_suffix(".index").read_bytes())
-    columns = (ColumnConfig(name="name", type="string", required=True), ColumnConfig(name="n", type="int"))
+    columns = (Column(name="name", type="string", required=True), Column(name="n", type="int"))
     options = ReadRequest(topic=meta["topic"], starting={meta["partition"]: None},
                           columns=columns)
 
@@ -316,4 +316,3 @@ def test_an_opened_store_pickles_so_each_task_opens_the_same(tmp_path):
     assert "SECRET" not in repr(copy) and "TOKEN" not in repr(copy)
     local = LocalSegmentStore(tmp_path, namespace="ns")
     assert pickle.loads(pickle.dumps(local)).root == local.root
-

@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
-from kafscale_lakehouse.config import ColumnConfig, LfsConfig
+from kafscale_lakehouse.config import LfsConfig
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, LfsReadSettings
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SegmentReadError,
@@ -20,7 +20,7 @@ from kafscale_lakehouse.engine.tables.summary import LfsStats
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.offsets.ranges import OffsetRange
-from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
+from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
 from kafscale_lakehouse.storage import LocalSegmentStore, segments_from
 
 TOPIC = "photos"
@@ -66,7 +66,7 @@ def test_the_settings_travel_pickled_and_metadata_columns_must_end_the_columns(t
     store = store_with_missing_blob(tmp_path)
     [partition] = whole_partition(store)
     with pytest.raises(ValueError, match="must end with the lfs_"):
-        next(read_input_partition(store, partition, (ColumnConfig(name="order_id", type="string"),), None, settings))
+        next(read_input_partition(store, partition, (Column(name="order_id", type="string"),), None, settings))
     batches = list(read_input_partition(store, partition, LFS_METADATA_COLUMNS, None, settings))
     [invalid] = [r for b in batches for r in b.to_pylist() if r["_kafscale_invalid_reason"] is not None]
     assert invalid["offset"] == 3 and "s3://blobs/gone.png" in invalid["_kafscale_invalid_reason"]

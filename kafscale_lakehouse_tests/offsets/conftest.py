@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kafscale_lakehouse.offsets import EtcdOffsetStore, LocalOffsetStore, OffsetStore
 from kafscale_lakehouse.etcd import EtcdClient
+from kafscale_lakehouse.offsets import EtcdOffsetStore, LocalOffsetStore, OffsetStore
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 
 # etcd grants at least 2 s whatever is asked, so both backends use 2 s in lease timing tests.

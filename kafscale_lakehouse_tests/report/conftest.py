@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
-from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, load_config
+from kafscale_lakehouse.config import LakehouseConfig, load_config
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.ingestion.rows import DeadLetterFileWriter
 from kafscale_lakehouse.engine.ingestion.segment_reader import INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN
@@ -24,10 +24,11 @@ from kafscale_lakehouse.engine.tables.dead_letters import (
 )
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.schema import record_arrow_schema, table_schema
+from kafscale_lakehouse.schema.columns import Column
 
 TABLE = "rpt.pizzas"
 TOPIC = "report-pizzas"
-COLUMNS = (ColumnConfig(name="order_id", type="string", required=True),)
+COLUMNS = (Column(name="order_id", type="string", required=True),)
 REGISTRY_PASSWORD = "registry-pass-8d1f"
 CATALOG_PASSWORD = "catalog-pass-51ac"
 # (schema path, error) of the dead letters of the second commit, at offsets 30, 31, 32 of partition 0.
@@ -55,7 +56,7 @@ def report_world(tmp_path) -> ReportWorld:
         "schema": {"mode": "lenient",
                    "registry": {"base_url": f"https://reader:{REGISTRY_PASSWORD}@registry.invalid/schemas"}},
         "mappings": [{"topic": TOPIC, "table": TABLE, "create_table_if_missing": True,
-                      "schema": {"columns": [c.model_dump() for c in COLUMNS]}}],
+                      "schema": {"columns": [asdict(c) for c in COLUMNS]}}],
     }
     config_path = tmp_path / "lakehouse.yaml"
     config_path.write_text(yaml.safe_dump(document))

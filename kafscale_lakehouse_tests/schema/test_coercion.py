@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.schema import ARROW_TYPES, JsonColumnCoercer, coerce_json_values
+from kafscale_lakehouse.schema.columns import Column
 
 NOT_COERCIBLE = object()
 REPEAT = 20  # more rows than a Python fallback block, so the vectorized conversions run
@@ -129,7 +129,7 @@ ALL_TYPE_CASES = [
 ]
 
 
-def run(values: list[bytes | None], columns: list[ColumnConfig], arrow_reader: bool = True):
+def run(values: list[bytes | None], columns: list[Column], arrow_reader: bool = True):
     return JsonColumnCoercer(columns, use_arrow_reader=arrow_reader).coerce(pa.array(values, pa.binary()))
 
 
@@ -137,7 +137,7 @@ def documents(value_texts: list[str], key: str = "v") -> list[bytes]:
     return [f'{{"{key}":{text},"other":{{"x":[1,"y"]}}}}'.encode() for text in value_texts]
 
 
-def check_rows(result, column: ColumnConfig, expectations: list[object]) -> None:
+def check_rows(result, column: Column, expectations: list[object]) -> None:
     got = result.columns[column.name].to_pylist()
     reasons = result.invalid_reason.to_pylist()
     for row, expected in enumerate(expectations):
@@ -159,7 +159,7 @@ def check_rows(result, column: ColumnConfig, expectations: list[object]) -> None
 @pytest.mark.parametrize("required", [False, True], ids=["optional", "required"])
 @pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])
 def test_type_rules_in_a_mixed_batch(column_type, required, arrow_reader):
-    column = ColumnConfig(name="v", type=column_type, required=required)
+    column = Column(name="v", type=column_type, required=required)
     cases = TYPE_CASES[column_type] * REPEAT
     result = run(documents([text for text, _ in cases]), [column], arrow_reader)
     assert result.columns["v"].type == ARROW_TYPES[column_type]
@@ -172,13 +172,13 @@ def test_type_rules_in_a_mixed_batch(column_type, required, arrow_reader):
 def test_type_rule_in_a_uniform_batch(column_type, text, expected):
     # A batch where every value has this JSON type: the reader parses it as that type (learned) and the
     # vectorized conversion handles it.
-    column = ColumnConfig(name="v", type=column_type)
+    column = Column(name="v", type=column_type)
     result = run(documents([text] * 2 * REPEAT), [column])
     check_rows(result, column, [expected] * 2 * REPEAT)
 
 
 def test_not_coercible_reasons_name_the_value_and_type():
-    columns = [ColumnConfig(name="n", type="int", required=True)]
+    columns = [Column(name="n", type="int", required=True)]
     result = run(documents(["2147483648", '"2024-13-01"', "1.5"], key="n"), columns)
     assert result.invalid_column.to_pylist() == ["n", "n", "n"]
     assert result.invalid_reason.to_pylist() == [
@@ -186,7 +186,7 @@ def test_not_coercible_reasons_name_the_value_and_type():
         "cannot coerce string '2024-13-01' to int",
         "number 1.5 is not an integer, so it cannot be stored as int",
     ]
-    ts = run(documents(['"2024-02-30T00:00:00Z"'], key="t"), [ColumnConfig(name="t", type="timestamp", required=True)])
+    ts = run(documents(['"2024-02-30T00:00:00Z"'], key="t"), [Column(name="t", type="timestamp", required=True)])
     assert (
         ts.invalid_reason[0].as_py()
         == "cannot parse string '2024-02-30T00:00:00Z' as timestamp: day is out of range for month"
@@ -196,9 +196,9 @@ def test_not_coercible_reasons_name_the_value_and_type():
 @pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])
 def test_required_columns_missing_or_null_make_the_record_invalid(arrow_reader):
     columns = [
-        ColumnConfig(name="id", type="long", required=True),
-        ColumnConfig(name="name", type="string", required=True),
-        ColumnConfig(name="note", type="string"),
+        Column(name="id", type="long", required=True),
+        Column(name="name", type="string", required=True),
+        Column(name="note", type="string"),
     ]
     values = [
         b'{"id":1,"name":"a"}',
@@ -241,21 +241,21 @@ def test_values_that_are_not_json_objects(arrow_reader):
     values = good[:20] + [raw for raw, _ in BAD_VALUES] + good[20:]
     bad_rows = range(20, 20 + len(BAD_VALUES))
 
-    required = run(values, [ColumnConfig(name="id", type="long", required=True)], arrow_reader)
+    required = run(values, [Column(name="id", type="long", required=True)], arrow_reader)
     assert [required.invalid_reason[row].as_py() for row in bad_rows] == [reason for _, reason in BAD_VALUES]
     assert all(required.invalid_column[row].as_py() is None for row in bad_rows)  # the whole value is at fault
     assert required.invalid_count == len(BAD_VALUES) and required.unparsed_count == len(BAD_VALUES)
     ids = required.columns["id"].to_pylist()
     assert ids[:20] + ids[20 + len(BAD_VALUES) :] == list(range(40))  # rows stay aligned
 
-    optional = run(values, [ColumnConfig(name="id", type="long")], arrow_reader)
+    optional = run(values, [Column(name="id", type="long")], arrow_reader)
     assert optional.invalid_count == 0 and optional.unparsed_count == len(BAD_VALUES)
     assert [optional.columns["id"][row].as_py() for row in bad_rows] == [None] * len(BAD_VALUES)
 
 
 @pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])
 def test_pretty_printed_values(arrow_reader):
-    columns = [ColumnConfig(name="id", type="long", required=True), ColumnConfig(name="tags", type="string")]
+    columns = [Column(name="id", type="long", required=True), Column(name="tags", type="string")]
     # Over 1 MiB, so pretty-printed values straddle the Arrow reader's block boundaries.
     count = 6000 if arrow_reader else 200
     documents_ = [{"id": i, "tags": ["a", {"b": i}], "nested": {"id": -1}, "pad": "x" * 100} for i in range(count)]
@@ -270,7 +270,7 @@ def test_pretty_printed_values(arrow_reader):
 
 
 def test_rows_stay_aligned_when_bad_rows_are_isolated_from_a_large_batch():
-    columns = [ColumnConfig(name="id", type="long", required=True), ColumnConfig(name="at", type="timestamp")]
+    columns = [Column(name="id", type="long", required=True), Column(name="at", type="timestamp")]
     values = []
     for row in range(5000):
         if row % 613 == 0:
@@ -289,7 +289,7 @@ def test_rows_stay_aligned_when_bad_rows_are_isolated_from_a_large_batch():
 
 
 def test_parse_types_are_learned_and_kept_across_batches():
-    column = ColumnConfig(name="at", type="timestamp", required=True)
+    column = Column(name="at", type="timestamp", required=True)
     coercer = JsonColumnCoercer([column])
     epoch_ms = [b'{"at":%d}' % (1_700_000_000_000 + i) for i in range(100)]
     for _ in range(2):
@@ -302,7 +302,7 @@ def test_parse_types_are_learned_and_kept_across_batches():
 
 
 def test_input_array_kinds_and_no_columns():
-    columns = [ColumnConfig(name="a", type="int")]
+    columns = [Column(name="a", type="int")]
     chunked = pa.chunked_array([pa.array([b'{"a":1}'], pa.large_binary()), pa.array([b'{"a":2}'], pa.large_binary())])
     assert coerce_json_values(chunked, columns).columns["a"].to_pylist() == [1, 2]
     assert coerce_json_values(pa.array(['{"a":3}'], pa.string()), columns).columns["a"].to_pylist() == [3]
@@ -314,7 +314,7 @@ def test_input_array_kinds_and_no_columns():
 
 # ------------------------------------------------------------------------------- fast path = reference rules
 
-HYPOTHESIS_COLUMNS = [ColumnConfig(name=t, type=t, required=(t in ("long", "timestamp"))) for t in TYPE_CASES]
+HYPOTHESIS_COLUMNS = [Column(name=t, type=t, required=(t in ("long", "timestamp"))) for t in TYPE_CASES]
 _special_texts = st.sampled_from([text for cases in TYPE_CASES.values() for text, _ in cases])
 _scalars = st.one_of(
     st.none(),

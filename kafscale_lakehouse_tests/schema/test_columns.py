@@ -6,14 +6,14 @@ import pyarrow as pa
 import pytest
 from pyiceberg.types import BinaryType, DateType, IntegerType, LongType, StringType, TimestampType
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.schema import SchemaMappingError, columns_from_json_schema, record_arrow_schema, table_schema
+from kafscale_lakehouse.schema.columns import Column
 
 PIZZA_COLUMNS = [
-    ColumnConfig(name="order_id", type="string", required=True),
-    ColumnConfig(name="store_id", type="int"),
-    ColumnConfig(name="date_ordered", type="timestamp"),
-    ColumnConfig(name="day", type="date"),
+    Column(name="order_id", type="string", required=True),
+    Column(name="store_id", type="int"),
+    Column(name="date_ordered", type="timestamp"),
+    Column(name="day", type="date"),
 ]
 
 
@@ -48,7 +48,7 @@ def test_record_arrow_schema_matches_the_table_schema():
 @pytest.mark.parametrize("name", ["offset", "order_id"])
 def test_duplicate_or_base_column_names_are_rejected(name):
     with pytest.raises(SchemaMappingError, match=repr(name)):
-        table_schema([*PIZZA_COLUMNS, ColumnConfig(name=name, type="long")])
+        table_schema([*PIZZA_COLUMNS, Column(name=name, type="long")])
 
 
 def test_columns_from_a_registry_json_schema_follow_the_go_processor():
@@ -65,10 +65,10 @@ def test_columns_from_a_registry_json_schema_follow_the_go_processor():
         },
     }
     assert columns_from_json_schema(document, "payments") == [
-        ColumnConfig(name="amount", type="double", required=True),
-        ColumnConfig(name="id", type="long", required=True),
-        ColumnConfig(name="paid", type="boolean"),
-        ColumnConfig(name="status", type="string"),
+        Column(name="amount", type="double", required=True),
+        Column(name="id", type="long", required=True),
+        Column(name="paid", type="boolean"),
+        Column(name="status", type="string"),
     ]
     with pytest.raises(SchemaMappingError, match="registry schema of topic 'payments' gives no columns"):
         columns_from_json_schema({"properties": {"lines": {"type": "array"}}}, "payments")

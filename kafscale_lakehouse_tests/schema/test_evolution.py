@@ -11,7 +11,6 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, FloatType, IntegerType, LongType, NestedField, StringType
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.schema import (
     SchemaEvolutionError,
     apply_schema_evolution,
@@ -19,11 +18,12 @@ from kafscale_lakehouse.schema import (
     plan_schema_evolution,
     table_schema,
 )
+from kafscale_lakehouse.schema.columns import Column
 
 ORDERS = [
-    ColumnConfig(name="order_id", type="long", required=True),
-    ColumnConfig(name="amount", type="float"),
-    ColumnConfig(name="qty", type="int"),
+    Column(name="order_id", type="long", required=True),
+    Column(name="amount", type="float"),
+    Column(name="qty", type="int"),
 ]
 
 
@@ -65,7 +65,7 @@ def test_no_change_when_the_table_matches(catalog):
 def test_new_columns_are_added_optional_keeping_rows_and_field_ids(catalog):
     table = create(catalog)
     append_rows(table, [{**base_row(0), "order_id": 7, "amount": 1.5, "qty": 2}])
-    desired = [*ORDERS, ColumnConfig(name="status", type="string"), ColumnConfig(name="dotted.name", type="date")]
+    desired = [*ORDERS, Column(name="status", type="string"), Column(name="dotted.name", type="date")]
     plan = evolve_table_schema(table, desired, allow_type_widening=False)
     assert [str(change) for change in plan.changes] == [
         "add optional column 'status' (string)",
@@ -85,7 +85,7 @@ def test_new_columns_are_added_optional_keeping_rows_and_field_ids(catalog):
 def test_widening_only_with_allow_type_widening(catalog, column, old_type, new_type):
     table = create(catalog)
     widened = [
-        ColumnConfig(
+        Column(
             name=c.name,
             type={"qty": "long", "amount": "double"}[c.name] if c.name == column else c.type,
             required=c.required,
@@ -119,7 +119,7 @@ def test_widening_only_with_allow_type_widening(catalog, column, old_type, new_t
 def test_other_type_changes_are_errors_naming_the_column(catalog, column, new_type, message):
     table = create(catalog)
     changed = [
-        ColumnConfig(name=c.name, type=new_type if c.name == column else c.type, required=c.required) for c in ORDERS
+        Column(name=c.name, type=new_type if c.name == column else c.type, required=c.required) for c in ORDERS
     ]
     with pytest.raises(SchemaEvolutionError, match=re.escape(message)):
         evolve_table_schema(table, changed, allow_type_widening=True)
@@ -128,7 +128,7 @@ def test_other_type_changes_are_errors_naming_the_column(catalog, column, new_ty
 
 def test_required_ness(catalog):
     table = create(catalog)
-    loosened = [ColumnConfig(name="order_id", type="long"), *ORDERS[1:]]
+    loosened = [Column(name="order_id", type="long"), *ORDERS[1:]]
     plan = evolve_table_schema(table, loosened, allow_type_widening=False)
     assert [(c.action, c.name) for c in plan.changes] == [("make_optional", "order_id")]
     assert not catalog.load_table("prod.orders").schema().find_field("order_id").required
@@ -141,7 +141,7 @@ def test_required_ness(catalog):
         SchemaEvolutionError, match="column 'new' is new and declared required, but existing rows have no value for it"
     ):
         evolve_table_schema(
-            table, [*loosened, ColumnConfig(name="new", type="string", required=True)], allow_type_widening=False
+            table, [*loosened, Column(name="new", type="string", required=True)], allow_type_widening=False
         )
 
 
@@ -177,7 +177,7 @@ def test_base_columns_and_required_extra_columns_are_checked_all_at_once(catalog
     )
     with pytest.raises(SchemaEvolutionError) as caught:
         plan_schema_evolution(
-            broken, [ColumnConfig(name="qty", type="long")], allow_type_widening=False, table="prod.orders"
+            broken, [Column(name="qty", type="long")], allow_type_widening=False, table="prod.orders"
         )
     assert caught.value.table == "prod.orders"
     assert caught.value.problems == [
@@ -193,10 +193,10 @@ def test_concurrent_schema_change_is_replanned(catalog):
     stale = create(catalog)
     other_writer = catalog.load_table("prod.orders")
     evolve_table_schema(
-        other_writer, [*ORDERS, ColumnConfig(name="by_other", type="string")], allow_type_widening=False
+        other_writer, [*ORDERS, Column(name="by_other", type="string")], allow_type_widening=False
     )
 
-    desired = [*ORDERS, ColumnConfig(name="mine", type="string")]
+    desired = [*ORDERS, Column(name="mine", type="string")]
     plan = plan_schema_evolution(stale.schema(), desired, allow_type_widening=False, table="prod.orders")
     with pytest.raises(CommitFailedException):
         apply_schema_evolution(stale, plan)  # the catalog rejects a change based on an old schema

@@ -12,8 +12,9 @@ import urllib.parse
 import pytest
 import yaml
 
-from kafscale_lakehouse.config import ColumnConfig, ConfigError, parse_config
+from kafscale_lakehouse.config import ConfigError, parse_config
 from kafscale_lakehouse.connections import schema_registry_client
+from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.registry import (
     SchemaNotFoundError,
@@ -286,12 +287,12 @@ def test_registry_columns_follow_the_go_processor_mapping(registry):
     # Sorted by name; strings stay strings whatever their format; `toppings` (array) and `sauce` (enum, no type) get
     # none.
     assert columns == [
-        ColumnConfig(name="cheese", type="string"),
-        ColumnConfig(name="date_ordered", type="string", required=True),
-        ColumnConfig(name="meats", type="string"),
-        ColumnConfig(name="order_id", type="string", required=True),
-        ColumnConfig(name="store_id", type="long", required=True),
-        ColumnConfig(name="veggies", type="string"),
+        Column(name="cheese", type="string"),
+        Column(name="date_ordered", type="string", required=True),
+        Column(name="meats", type="string"),
+        Column(name="order_id", type="string", required=True),
+        Column(name="store_id", type="long", required=True),
+        Column(name="veggies", type="string"),
     ]
 
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import kafscale_lakehouse.engine.spark.session as spark_module
+from kafscale_lakehouse.config.spark_remote import parse_remote_url
 from kafscale_lakehouse.engine.spark.engine import (
     CONNECT_SERVER_CLASS,
     SHARED_SESSION_ID,
@@ -17,7 +18,6 @@ from kafscale_lakehouse.engine.spark.engine import (
     connect_server_command,
     connect_server_env,
     parse_engine_address,
-    parse_remote_url,
     shared_session_url,
 )
 from kafscale_lakehouse.engine.spark.session import get_spark_session

@@ -7,7 +7,6 @@ import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StringType
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.ingestion.rows import SourceRowSplitter, SourceTaskStats
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
@@ -32,13 +31,14 @@ from kafscale_lakehouse.engine.tables.summary import LOST_RECORDS_PROPERTY, RUN_
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import table_schema
+from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.validation import compile_json_schema
 from kafscale_lakehouse.storage import LocalSegmentStore
 from kafscale_lakehouse_tests.engine_sink.helpers import rest_settings
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, PIZZA_SCHEMA, SEGMENT_RECORDS, records_with_faults
 
 TOPIC = "dead-letter-pizzas"
-COLUMNS = (ColumnConfig(name="order_id", type="string", required=True),)
+COLUMNS = (Column(name="order_id", type="string", required=True),)
 
 
 @pytest.fixture(params=["sql", "rest"])

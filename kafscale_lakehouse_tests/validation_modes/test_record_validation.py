@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kafscale_lakehouse.config import ColumnConfig, ConfigError, parse_config
+from kafscale_lakehouse.config import ConfigError, parse_config
 from kafscale_lakehouse.connections import schema_registry_client
 from kafscale_lakehouse.engine.ingestion.validation import resolve_record_validation
+from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.registry import SchemaNotFoundError, SchemaRegistryUnavailableError
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.validation_modes.faults import PIZZA_SCHEMA, serve_schema
@@ -35,7 +36,7 @@ def test_lenient_validates_against_the_registry_schema_into_the_default_dead_let
 
     assert validation.json_schema.document == PIZZA_SCHEMA
     assert validation.json_schema.source == f"{registry.base_url}/{TOPIC}.json"
-    assert validation.columns == (ColumnConfig(name="order_id", type="string"),)
+    assert validation.columns == (Column(name="order_id", type="string"),)
     assert validation.dead_letter_table == "rpc.pizzas_dead_letters"
 
 
@@ -47,8 +48,8 @@ def test_registry_columns_come_from_the_topic_schema(registry):
 
     assert validation.json_schema is None and validation.dead_letter_table is None
     assert validation.columns == (
-        ColumnConfig(name="date_ordered", type="string"), ColumnConfig(name="order_id", type="string", required=True),
-        ColumnConfig(name="sauce", type="string"), ColumnConfig(name="store_id", type="long", required=True))
+        Column(name="date_ordered", type="string"), Column(name="order_id", type="string", required=True),
+        Column(name="sauce", type="string"), Column(name="store_id", type="long", required=True))
 
 
 @pytest.mark.parametrize("mode, configured, expected", [

@@ -7,7 +7,6 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.ingestion.segment_reader import INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN
 from kafscale_lakehouse.engine.ingestion.spark_job import run_ingestion_spark_job
 from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog, open_table
@@ -15,13 +14,14 @@ from kafscale_lakehouse.engine.tables.data_files import SinkJob
 from kafscale_lakehouse.engine.tables.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.schema import table_schema
+from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.validation import compile_json_schema
 from kafscale_lakehouse.storage import LocalSegmentStore
 from kafscale_lakehouse_tests.engine_source.conftest import ReadRequest
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, PIZZA_SCHEMA, SEGMENT_RECORDS, records_with_faults
 
 TOPIC = "validated-pizzas"
-COLUMNS = (ColumnConfig(name="order_id", type="string", required=True), ColumnConfig(name="store_id", type="int"))
+COLUMNS = (Column(name="order_id", type="string", required=True), Column(name="store_id", type="int"))
 SCHEMA_SOURCE = "http://registry.test/schemas/validated-pizzas.json"
 
 

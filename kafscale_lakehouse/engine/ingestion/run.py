@@ -28,7 +28,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
-from kafscale_lakehouse.config import ColumnConfig, LakehouseConfig, MappingConfig
+from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.connections import (
     catalog_settings,
     etcd_client_from_config,
@@ -80,6 +80,7 @@ from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseLostError, OffsetStore, TableIdentity
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
+from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
@@ -187,7 +188,7 @@ class IngestContext:
 
 
 @timed("open/create table")
-def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[ColumnConfig]) -> Table:
+def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[Column]) -> Table:
     """The mapping's table, created when allowed, with its schema evolved to the mapped columns."""
     table = open_table(
         load_catalog(context.catalog_settings),

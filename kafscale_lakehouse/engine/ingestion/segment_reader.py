@@ -43,7 +43,6 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, LfsFailure, LfsReadSettings, LfsResolver, LfsStats
 from kafscale_lakehouse.format import (
@@ -62,7 +61,7 @@ from kafscale_lakehouse.format import (
 from kafscale_lakehouse.format.segment_index import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import JsonColumnCoercer, record_arrow_schema
-from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
+from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, ValidationResult, validate_values
 from kafscale_lakehouse.storage import SegmentRef, SegmentStore, StorageError
 
@@ -82,7 +81,7 @@ class KafscaleSourceError(EngineError):
 # ----------------------------------------------------------------------------------------------------- schema
 
 
-def source_arrow_schema(columns: Sequence[ColumnConfig], *, validated: bool = False) -> pa.Schema:
+def source_arrow_schema(columns: Sequence[Column], *, validated: bool = False) -> pa.Schema:
     """Base columns, mapped columns (nullable: invalid records keep nulls there), then `_kafscale_invalid_reason`,
     then (`validated`: the read has a `jsonSchema`) `_kafscale_invalid_schema_path`."""
     record_schema = record_arrow_schema(columns)
@@ -158,7 +157,7 @@ class SegmentReadError(KafscaleSourceError):
         return (type(self), (self.failure,))
 
 
-def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[ColumnConfig],
+def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[Column],
                          json_schema: CompiledJsonSchema | None = None, lfs: LfsReadSettings | None = None,
                          lfs_stats: LfsStats | None = None) -> Iterator[pa.RecordBatch]:
     """Arrow batches (`source_arrow_schema(columns, validated=json_schema is not None)`) of the records of
@@ -182,7 +181,7 @@ def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, co
         resolver.close()
 
 
-def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[ColumnConfig],
+def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[Column],
                    json_schema: CompiledJsonSchema | None, schema: pa.Schema,
                    resolver: LfsResolver | None) -> Iterator[pa.RecordBatch]:
     lfs_columns = resolver is not None and resolver.settings.config.store_metadata

@@ -29,7 +29,6 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
-from kafscale_lakehouse.config import ColumnConfig
 from kafscale_lakehouse.engine.ingestion.lfs import LfsReadSettings
 from kafscale_lakehouse.engine.ingestion.rows import SourceRowSplitter, SourceTaskStats
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
@@ -50,6 +49,7 @@ from kafscale_lakehouse.engine.tables.data_files import (
 )
 from kafscale_lakehouse.engine.tables.dead_letters import DeadLetterTarget
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
+from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import SegmentStore
 
@@ -75,7 +75,7 @@ class IngestionTaskSpec:
 
     store: SegmentStore  # pickles as its settings; each task opens its own client
     input_partitions: tuple[SegmentRunPartition, ...]
-    columns: tuple[ColumnConfig, ...]
+    columns: tuple[Column, ...]
     json_schema: CompiledJsonSchema | None  # validate every value against it (pickles as its document)
     sink: SinkJob
     dead_letters: DeadLetterTarget | None
@@ -111,7 +111,7 @@ def _until_failure(batches: Iterator[pa.RecordBatch], failures: list[SegmentRead
 
 @timed("Spark job (read, decode, write Parquet)")
 def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, store: SegmentStore, topic: str,
-                            input_partitions: Sequence[SegmentRunPartition], *, columns: Sequence[ColumnConfig],
+                            input_partitions: Sequence[SegmentRunPartition], *, columns: Sequence[Column],
                             json_schema: CompiledJsonSchema | None, target_file_size_bytes: int,
                             dead_letters: tuple[Table, DeadLetterTarget] | None = None,
                             lfs: LfsReadSettings | None = None) -> list[IngestionTaskOutput]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kafscale_lakehouse.config import ColumnConfig, ConfigError, LakehouseConfig, MappingConfig
+from kafscale_lakehouse.config import ConfigError, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.tables.dead_letters import default_dead_letter_table
-from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS
+from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 
@@ -30,7 +30,7 @@ SchemaMode = Literal["off", "lenient", "strict"]
 @dataclass(frozen=True)
 class RecordValidation:
     mode: SchemaMode
-    columns: tuple[ColumnConfig, ...]  # the mapped columns of the table and of the read
+    columns: tuple[Column, ...]  # the mapped columns of the table and of the read
     json_schema: CompiledJsonSchema | None  # validate every value against it (lenient, strict)
     dead_letter_table: str | None  # where invalid records go; None: invalid records fail the run
 

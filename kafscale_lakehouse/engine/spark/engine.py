@@ -21,17 +21,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Never, cast
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+from kafscale_lakehouse.config.spark_remote import DEFAULT_CONNECT_PORT, ConnectAddress
 from kafscale_lakehouse.engine.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 # pyspark's own variable: its builder refuses a master when it is set, so it selects the engine for every session.
 SPARK_REMOTE_VARIABLE = "SPARK_REMOTE"
-DEFAULT_CONNECT_PORT = 15002  # Spark Connect's default
 DEFAULT_ENGINE_ADDRESS = f"127.0.0.1:{DEFAULT_CONNECT_PORT}"
 ENGINE_ADDRESS_VARIABLE = "KAFSCALE_SPARK_ENGINE_ADDR"  # `spark-engine --address` default (the engine's pod)
 # Every run joins this one session of the engine (a fixed id in the connection string). Spark keeps Python workers
@@ -55,28 +53,6 @@ STOP_GRACE_SECONDS = 20
 
 class SparkEngineError(EngineError):
     """The Spark engine cannot be started or reached; the message names the address or setting at fault."""
-
-
-@dataclass(frozen=True)
-class ConnectAddress:
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"sc://{self.host}:{self.port}"
-
-
-def parse_remote_url(url: str, *, setting: str = "spark.remote") -> ConnectAddress:
-    """`sc://host[:port][/;param=value...]` (pyspark's connection string) -> address."""
-    parts = urlsplit(url.strip())
-    if parts.scheme != "sc" or not parts.hostname or not (parts.path in ("", "/") or parts.path.startswith("/;")):
-        raise ValueError(f"{setting}: {url!r} is not a Spark Connect URL sc://<host>:<port>")
-    try:
-        port = parts.port or DEFAULT_CONNECT_PORT
-    except ValueError:
-        raise ValueError(f"{setting}: {url!r} has an invalid port") from None
-    return ConnectAddress(parts.hostname, port)
 
 
 def shared_session_url(url: str) -> str:

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from kafscale_lakehouse.config.spark_remote import parse_remote_url
 from kafscale_lakehouse.engine.spark.engine import (
     SPARK_REMOTE_VARIABLE,
     SparkEngineError,
     open_connect_session,
-    parse_remote_url,
     port_open,
     shared_session_url,
 )

@@ -1,0 +1,346 @@
+"""The config's sections as pydantic models: the Go processor's keys and defaults, and our extensions.
+
+Invariants: every section is a `ConfigModel` (strict, unknown keys forbidden, keys decoded as Go's yaml.v3 decodes
+them); a model built by `parse_config` has passed the cross-key rules (`rules.py`) and has its relative paths
+resolved and its derived defaults filled in; secrets are `SecretStr`; mapped columns are the schema layer's
+`Column`. Extensions (keys the Go processor does not have) are marked on the fields.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, ConfigDict, Field, PositiveInt, SecretStr, field_serializer
+
+from kafscale_lakehouse.config.go_yaml import ConfigModel, ParsedAs
+from kafscale_lakehouse.redaction import redact_url
+from kafscale_lakehouse.schema.columns import COLUMN_TYPES, Column, ColumnType
+from kafscale_lakehouse.storage.s3_store import SseType
+
+PARTITION_TRANSFORM_PATTERN = re.compile(r"^(identity|year|month|day|hour)$|^(bucket|truncate)\[([1-9][0-9]*)\]$")
+# Which column types each partition transform accepts (Iceberg spec, "Partition Transforms").
+PARTITION_TRANSFORM_SOURCE_TYPES: dict[str, frozenset[str]] = {
+    "identity": frozenset(COLUMN_TYPES),
+    "bucket": frozenset({"int", "long", "string", "binary", "date", "timestamp"}),
+    "truncate": frozenset({"int", "long", "string", "binary"}),
+    "year": frozenset({"date", "timestamp"}),
+    "month": frozenset({"date", "timestamp"}),
+    "day": frozenset({"date", "timestamp"}),
+    "hour": frozenset({"timestamp"}),
+}
+
+
+def _lowercase(value: Any) -> Any:
+    # The Go processor lower-cases these enums before comparing them.
+    return value.lower() if isinstance(value, str) else value
+
+
+def _scalars_as_strings(value: Any) -> Any:
+    # Spark settings and Iceberg table properties are strings; YAML makes `4` an int and `true` a bool.
+    if not isinstance(value, dict):
+        return value
+    converted = {}
+    for key, item in value.items():
+        if isinstance(item, bool):
+            item = "true" if item else "false"
+        elif isinstance(item, (int, float)):
+            item = str(item)
+        converted[key] = item
+    return converted
+
+
+StringMap = Annotated[dict[str, str], BeforeValidator(_scalars_as_strings)]
+LocalPath = Annotated[Path, Field(strict=False)]
+
+
+class SseConfig(ConfigModel):
+    """Extension `s3.sse`: server-side encryption of the objects we write, passed through to S3."""
+
+    type: SseType
+    kms_key_id: str | None = None
+
+
+class S3ConnectionConfig(ConfigModel):
+    """How to reach an S3 endpoint. Without `access_key_id` the standard AWS chain (env vars, profile, role) is used."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool = False
+    access_key_id: str | None = None  # extension
+    secret_access_key: SecretStr | None = None  # extension
+    sse: SseConfig | None = None  # extension
+
+
+class S3Config(S3ConnectionConfig):
+    """Where KafScale keeps segments: `s3://<bucket>/<namespace>/<topic>/<partition>/segment-<base>.kfs`."""
+
+    _EMPTY_IS_A_VALUE = frozenset({"namespace"})
+
+    bucket: str | None = None  # required unless segments.local_root is set
+    namespace: str = "default"
+
+
+class SegmentsConfig(ConfigModel):
+    """Extension: read segments from a local directory (same layout as the bucket) instead of S3."""
+
+    local_root: LocalPath | None = None
+
+
+class CatalogConfig(ConfigModel):
+    """`iceberg.catalog`. `type: sql` (extension) is pyiceberg's SqlCatalog, e.g. `uri: sqlite:///var/catalog.db`."""
+
+    type: Literal["rest", "sql"]
+    uri: str
+    name: str = "default"  # extension: the pyiceberg catalog name (SqlCatalog stores it with every table)
+    token: SecretStr | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    credential: SecretStr | None = None  # extension: OAuth2 client credential `id:secret`
+    # extension: passed to pyiceberg's catalog as they are (SigV4 `rest.sigv4-enabled`, OAuth `scope`, `header.*`)
+    properties: StringMap = Field(default_factory=dict)
+
+
+class IcebergConfig(ConfigModel):
+    catalog: CatalogConfig
+    warehouse: str | None = None  # for `sql`, a local path (made a file:// URI) or an object-store URI
+    s3: S3ConnectionConfig | None = None  # extension: the warehouse FileIO when it is not the segment store's S3
+
+
+class OffsetsConfig(ConfigModel):
+    _ZERO_MEANS_DEFAULT = frozenset({"lease_ttl_seconds"})
+
+    backend: Literal["etcd", "local"] = "etcd"  # `local` (extension): a sqlite file at `local_path`
+    lease_ttl_seconds: PositiveInt = 30
+    key_prefix: str = "processors"
+    local_path: LocalPath | None = None  # extension
+
+
+class DiscoveryConfig(ConfigModel):
+    mode: Annotated[Literal["auto", "etcd", "s3"], BeforeValidator(_lowercase)] = "auto"
+
+
+class EtcdTlsConfig(ConfigModel):
+    """Extension `etcd.tls`: a CA to verify the server and an optional client certificate."""
+
+    ca_file: LocalPath | None = None
+    cert_file: LocalPath | None = None
+    key_file: LocalPath | None = None
+
+
+class EtcdConfig(ConfigModel):
+    endpoints: list[str] = Field(default_factory=list)
+    username: str | None = None
+    password: SecretStr | None = None
+    tls: EtcdTlsConfig | None = None  # extension
+
+
+class RegistryConfig(ConfigModel):
+    """`schema.registry`. Credentials in `base_url` (`https://user:secret@host/schemas`) show as `***@` in `repr`,
+    `str` and `model_dump`; the registry client reads the attribute itself."""
+
+    _ZERO_MEANS_DEFAULT = frozenset({"timeout_seconds", "cache_seconds"})
+
+    base_url: str | None = None
+    timeout_seconds: PositiveInt = 5
+    cache_seconds: PositiveInt = 300
+
+    def __repr_args__(self):  # noqa: ANN204 - pydantic's signature
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "base_url" else value
+
+    @field_serializer("base_url")
+    def _base_url_for_display(self, base_url: str | None) -> str | None:
+        return redact_url(base_url)
+
+
+class SchemaValidationConfig(ConfigModel):
+    """Top-level `schema`: JSON Schema validation of record values against `<base_url>/<topic>.json`."""
+
+    mode: Annotated[Literal["off", "lenient", "strict"], BeforeValidator(_lowercase)] = "off"
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
+
+
+class ProcessorConfig(ConfigModel):
+    _ZERO_MEANS_DEFAULT = frozenset({"poll_interval_seconds"})
+
+    poll_interval_seconds: PositiveInt = 5
+    max_bytes_per_run: PositiveInt = 1 << 30  # extension: segment bytes one run may read
+    target_file_size_bytes: PositiveInt = 128 << 20  # extension: Parquet data file size before rolling over
+    allow_gaps: bool = False  # extension: skip over (and record) offsets deleted before ingestion
+
+
+class SparkConfig(ConfigModel):
+    """Extension `spark`: the Spark master and extra session settings, and `remote`, the long-lived Spark engine
+    (Spark Connect, `sc://host:port`) runs connect to instead of starting Spark themselves; `$SPARK_REMOTE` wins over
+    it. `master` is where the engine (`kafscale-lakehouse spark-engine`), or without `remote` the run, runs Spark."""
+
+    master: str = "local[*]"
+    conf: StringMap = Field(default_factory=dict)
+    remote: str | None = None
+
+
+class ColumnEntry(ConfigModel):
+    """`mappings[].schema.columns[]` as written: the top-level JSON key `name` of the record value, coerced to `type`
+    (matched case-insensitively, as in Go). It is held as the schema layer's `Column` (`MappedColumn`)."""
+
+    name: str
+    type: Annotated[ColumnType, BeforeValidator(_lowercase)]
+    required: bool = False
+
+    def parsed(self) -> Column:
+        return Column(name=self.name, type=self.type, required=self.required)
+
+
+# A mapped column: written and validated as a `ColumnEntry`, held as a `schema.columns.Column`, so the engine passes
+# the config's columns on to the schema layer unchanged.
+MappedColumn = Annotated[Column, ParsedAs(ColumnEntry)]
+
+
+class MappingSchemaConfig(ConfigModel):
+    # Resolved after loading (as in Go): `mapping` when columns are given, else `registry` when
+    # `schema.registry.base_url` is set, else `none`.
+    source: Literal["mapping", "registry", "none"] | None = None
+    columns: list[MappedColumn] = Field(default_factory=list)
+    allow_type_widening: bool = False
+
+
+class PartitionFieldConfig(ConfigModel):
+    """Extension: one Iceberg partition field, e.g. `{source: date_ordered, transform: day}`."""
+
+    source: str
+    transform: str  # identity | year | month | day | hour | bucket[N] | truncate[W]
+    name: str | None = None  # default: see field_name
+
+    @property
+    def transform_name(self) -> str:
+        """`bucket` for `bucket[16]`."""
+        return self._parsed_transform()[0]
+
+    @property
+    def transform_argument(self) -> int | None:
+        """16 for `bucket[16]`, None for transforms without argument."""
+        return self._parsed_transform()[1]
+
+    @property
+    def field_name(self) -> str:
+        """The partition field's name: `name`, else the source column for identity, else `<source>_<transform>`
+        with the argument after an underscore (`order_id_bucket_16`, `created_at_day`)."""
+        if self.name is not None:
+            return self.name
+        if self.transform_name == "identity":
+            return self.source
+        argument = f"_{self.transform_argument}" if self.transform_argument is not None else ""
+        return f"{self.source}_{self.transform_name}{argument}"
+
+    def _parsed_transform(self) -> tuple[str, int | None]:
+        match = PARTITION_TRANSFORM_PATTERN.match(self.transform)
+        if match is None:  # parse_config rejects these; reaching here means the model was built by hand
+            raise ValueError(f"partition transform {self.transform!r} is not one of identity, year, month, day, hour, "
+                             "bucket[N], truncate[W]")
+        if match.group(1):
+            return match.group(1), None
+        return match.group(2), int(match.group(3))
+
+
+class MaintenanceConfig(ConfigModel):
+    """`mappings[].maintenance` (extension): the table's maintenance (engine/maintenance.py), run on a schedule by
+    Dagster and by `kafscale-lakehouse maintain`."""
+
+    enabled: bool = True
+    cron_schedule: str = "17 * * * *"  # hourly, off the hour: a streaming table gains ~120 snapshots an hour
+    snapshot_max_age_hours: PositiveInt = 120  # Iceberg's history.expire.max-snapshot-age-ms default (5 days)
+    retain_last: PositiveInt = 1  # Iceberg's history.expire.min-snapshots-to-keep default
+    # Snapshots kept at most (engine/maintenance.py DEFAULT_MAX_SNAPSHOTS: why); null: by age only.
+    max_snapshots: PositiveInt | None = 1000
+    # Files younger than this are never orphans: a writer may still be about to commit them (Iceberg: 3 days).
+    orphan_min_age_hours: int = Field(default=72, ge=24)
+    target_file_size_bytes: PositiveInt | None = None  # default: processor.target_file_size_bytes
+    min_input_files: int = Field(default=5, ge=2)  # small files a partition needs before it is compacted
+    # Data manifests of the current snapshot before they are merged (every fast append adds one); Iceberg's
+    # commit.manifest.min-count-to-merge and commit.manifest.target-size-bytes defaults.
+    manifest_min_count: int = Field(default=100, ge=2)
+    manifest_target_size_bytes: PositiveInt = 8 * 1024 * 1024
+
+
+def _lfs_mode_off(value: Any) -> Any:
+    # Go's config.yaml writes `mode: off`; a YAML 1.1 reader (Helm rendering the chart's values) makes that the
+    # boolean false, which reaches this string key as False or, from our loader (`YamlScalar`), as its text "false".
+    if value is False or (isinstance(value, str) and value.lower() == "false"):
+        return "off"
+    return value
+
+
+class LfsConfig(ConfigModel):
+    """`mappings[].lfs`: what to do with a record whose value is a KafScale LFS envelope (kafscale-format.md §9).
+
+    Go's defaults and rules: `mode` off; `resolve_concurrency` 0 means 4, negative is an error; `validate_checksum`
+    true unless set; `max_inline_size` (bytes) must be > 0 for hybrid, and in resolve mode a blob larger than it is
+    an error when it is > 0.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    _ZERO_MEANS_DEFAULT = frozenset({"resolve_concurrency"})
+
+    mode: Annotated[Literal["off", "resolve", "reference", "skip", "hybrid"], BeforeValidator(_lowercase),
+                    BeforeValidator(_lfs_mode_off)] = "off"
+    max_inline_size: Annotated[int, Field(ge=0)] = 0
+    store_metadata: bool = False
+    validate_checksum: bool = True
+    resolve_concurrency: Annotated[int, Field(ge=0)] = 4
+
+
+class MappingConfig(ConfigModel):
+    """`mappings[]`: one KafScale topic landed into one Iceberg table (`namespace.table`)."""
+
+    topic: str
+    table: str
+    mode: Literal["append"] = "append"
+    create_table_if_missing: bool = False
+    schema_config: MappingSchemaConfig = Field(default_factory=MappingSchemaConfig, alias="schema")
+    partition_spec: list[PartitionFieldConfig] = Field(default_factory=list)  # extension
+    table_properties: StringMap = Field(default_factory=dict)  # extension
+    dead_letter_table: str | None = None  # extension: where lenient validation puts invalid records
+    allow_gaps: bool | None = None  # extension; resolved to processor.allow_gaps when not set
+    freshness_max_lag_records: PositiveInt = 10_000  # extension: the freshness check warns above this lag
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)  # extension
+    # extension: the table's Dagster FreshnessPolicy fails when no commit landed for this long (ingestion stalled)
+    freshness_fail_window_seconds: PositiveInt = 3600
+    freshness_warn_window_seconds: PositiveInt | None = None
+    owners: list[str] = Field(default_factory=list)  # extension: Dagster asset owners (emails or team:name)
+    tags: StringMap = Field(default_factory=dict)  # extension: Dagster asset tags
+    lfs: LfsConfig = Field(default_factory=LfsConfig)
+
+    @property
+    def columns(self) -> list[Column]:
+        """The mapped columns (empty for `schema.source` registry/none until resolved elsewhere)."""
+        return self.schema_config.columns
+
+    @property
+    def table_identifier(self) -> tuple[str, ...]:
+        """`("prod", "orders")` for `prod.orders`."""
+        return tuple(self.table.split("."))
+
+
+class LakehouseConfig(ConfigModel):
+    """The whole config file. Build it with `load_config` or `parse_config`, which also apply the cross-key rules."""
+
+    s3: S3Config = Field(default_factory=S3Config)
+    segments: SegmentsConfig = Field(default_factory=SegmentsConfig)  # extension
+    iceberg: IcebergConfig
+    offsets: OffsetsConfig = Field(default_factory=OffsetsConfig)
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
+    etcd: EtcdConfig = Field(default_factory=EtcdConfig)
+    schema_config: SchemaValidationConfig = Field(default_factory=SchemaValidationConfig, alias="schema")
+    processor: ProcessorConfig = Field(default_factory=ProcessorConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)  # extension
+    mappings: list[MappingConfig] = Field(default_factory=list)
+
+    @property
+    def warehouse_s3(self) -> S3ConnectionConfig:
+        """S3 settings for the Iceberg warehouse FileIO: `iceberg.s3` when given (as a whole), else those of `s3`."""
+        if self.iceberg.s3 is not None:
+            return self.iceberg.s3
+        fields = {name: getattr(self.s3, name) for name in S3ConnectionConfig.model_fields}
+        return S3ConnectionConfig.model_construct(**fields)

@@ -1,0 +1,264 @@
+"""Cross-key rules of the config, and the values that depend on other keys, applied after the models validated.
+
+Invariants: relative paths (local segments, offsets file, etcd TLS files, a `sql` catalog's sqlite URI and
+warehouse) resolve against the config file's directory; `mappings[].allow_gaps` and `mappings[].schema.source` are
+filled in as the Go processor fills them; every rule that spans keys reports a `key.path: problem` line naming the
+key to change, and all problems are reported together. Most rules are the Go processor's; those that are ours (a
+topic or table mapped once, columns only with `schema.source: mapping`, partition specs, ...) are stricter, never
+looser.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from kafscale_lakehouse.config.models import (
+    PARTITION_TRANSFORM_PATTERN,
+    PARTITION_TRANSFORM_SOURCE_TYPES,
+    LakehouseConfig,
+    MappingConfig,
+)
+from kafscale_lakehouse.config.spark_remote import parse_remote_url
+from kafscale_lakehouse.format.lfs import LFS_METADATA_COLUMNS
+from kafscale_lakehouse.schema.columns import BASE_COLUMNS
+
+_IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def resolve_paths_and_defaults(config: LakehouseConfig, base_dir: Path) -> list[str]:
+    """Resolve relative paths against `base_dir` (local segments, offsets file, etcd TLS files, a `sql` catalog's
+    sqlite URI and warehouse) and fill in the defaults that depend on other keys (`mappings[].allow_gaps`,
+    `mappings[].schema.source`), in place; returns the problems of values that cannot be resolved."""
+    problems: list[str] = []
+    catalog = config.iceberg.catalog
+    if catalog.type == "sql":
+        catalog.uri = _resolve_sqlite_uri(catalog.uri, base_dir)
+        if config.iceberg.warehouse is not None:
+            warehouse = _resolve_warehouse(config.iceberg.warehouse, base_dir)
+            if warehouse is None:
+                problems.append(
+                    f"iceberg.warehouse: {config.iceberg.warehouse!r} is not an absolute file URI; write a "
+                    "path or file:///absolute/path"
+                )
+            else:
+                config.iceberg.warehouse = warehouse
+    if config.segments.local_root is not None:
+        config.segments.local_root = _resolve_path(config.segments.local_root, base_dir)
+    if config.offsets.local_path is not None:
+        config.offsets.local_path = _resolve_path(config.offsets.local_path, base_dir)
+    tls = config.etcd.tls
+    if tls is not None:
+        for key in ("ca_file", "cert_file", "key_file"):
+            if getattr(tls, key) is not None:
+                setattr(tls, key, _resolve_path(getattr(tls, key), base_dir))
+    for mapping in config.mappings:
+        if mapping.allow_gaps is None:
+            mapping.allow_gaps = config.processor.allow_gaps
+        schema = mapping.schema_config
+        if schema.source is None:
+            if schema.columns:
+                schema.source = "mapping"
+            elif config.schema_config.registry.base_url is not None:
+                schema.source = "registry"
+            else:
+                schema.source = "none"
+    return problems
+
+
+def check_rules(config: LakehouseConfig) -> list[str]:
+    """Rules that span keys (most are the Go processor's); run after `resolve_paths_and_defaults`."""
+    problems: list[str] = []
+
+    def problem(path: str, message: str) -> None:
+        problems.append(f"{path}: {message}")
+
+    if config.segments.local_root is None and not config.s3.bucket:
+        problem("s3.bucket", "is required (or set segments.local_root to read segments from a local directory)")
+    if config.segments.local_root is not None and config.s3.bucket:
+        problem("segments.local_root", "and s3.bucket both say where segments are; set only one")
+    for path, s3 in (("s3", config.s3), ("iceberg.s3", config.iceberg.s3)):
+        if s3 is None:
+            continue
+        if s3.secret_access_key is not None and s3.access_key_id is None:
+            problem(f"{path}.access_key_id", f"is required when {path}.secret_access_key is set")
+        if s3.access_key_id is not None and s3.secret_access_key is None:
+            problem(f"{path}.secret_access_key", f"is required when {path}.access_key_id is set")
+        if s3.sse is not None and s3.sse.kms_key_id is not None and s3.sse.type != "aws:kms":
+            problem(f"{path}.sse.kms_key_id", "is only used with sse.type aws:kms")
+
+    catalog = config.iceberg.catalog
+    if catalog.credential is not None and (catalog.username is not None or catalog.password is not None):
+        problem(
+            "iceberg.catalog.credential",
+            "and iceberg.catalog.username/password are two ways to set the same credential; set only one",
+        )
+    if catalog.password is not None and catalog.username is None:
+        problem("iceberg.catalog.username", "is required when iceberg.catalog.password is set")
+    if catalog.type == "sql" and config.iceberg.warehouse is None:
+        problem(
+            "iceberg.warehouse", "is required for iceberg.catalog.type sql (a local directory or an object-store URI)"
+        )
+
+    if config.spark.remote is not None:
+        try:
+            parse_remote_url(config.spark.remote)
+        except ValueError as exc:
+            problems.append(str(exc))
+
+    if config.schema_config.mode != "off" and config.schema_config.registry.base_url is None:
+        problem("schema.registry.base_url", f"is required when schema.mode is {config.schema_config.mode}")
+    if config.offsets.backend == "etcd" and not config.etcd.endpoints:
+        problem("etcd.endpoints", "is required for offsets.backend etcd")
+    if config.offsets.backend == "local" and config.offsets.local_path is None:
+        problem("offsets.local_path", "is required for offsets.backend local")
+    if config.offsets.backend != "local" and config.offsets.local_path is not None:
+        problem("offsets.local_path", "is only used with offsets.backend local")
+    if config.discovery.mode == "etcd" and not config.etcd.endpoints:
+        problem("etcd.endpoints", "is required for discovery.mode etcd")
+    if config.etcd.password is not None and config.etcd.username is None:
+        problem("etcd.username", "is required when etcd.password is set")
+    tls = config.etcd.tls
+    if tls is not None and (tls.cert_file is None) != (tls.key_file is None):
+        problem("etcd.tls", "cert_file and key_file go together (a client certificate and its key)")
+
+    for index, mapping in enumerate(config.mappings):
+        _check_mapping(config, index, mapping, problem)
+    _check_unique(config, problem)
+    return problems
+
+
+def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
+    at = f"mappings[{index}]"
+    base_types = {column.name: column.type for column in BASE_COLUMNS}
+    if not _KAFKA_TOPIC.match(mapping.topic) or mapping.topic in (".", ".."):
+        problem(f"{at}.topic", f"{mapping.topic!r} is not a valid Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)")
+    for key, identifier in (("table", mapping.table), ("dead_letter_table", mapping.dead_letter_table)):
+        if identifier is not None and not _is_table_identifier(identifier):
+            problem(
+                f"{at}.{key}",
+                f"{identifier!r} is not a table identifier namespace.table (each part a letter or _ "
+                "then letters, digits, _)",
+            )
+    if mapping.dead_letter_table is not None and mapping.dead_letter_table == mapping.table:
+        problem(f"{at}.dead_letter_table", "must differ from the mapping's table")
+
+    if mapping.lfs.mode == "hybrid" and mapping.lfs.max_inline_size <= 0:
+        problem(f"{at}.lfs.max_inline_size", "must be > 0 for lfs.mode hybrid")
+    if mapping.lfs.store_metadata:
+        for column_index, column in enumerate(mapping.schema_config.columns):
+            if column.name in LFS_METADATA_COLUMNS:
+                problem(
+                    f"{at}.schema.columns[{column_index}].name",
+                    f"{column.name!r} is a column lfs.store_metadata "
+                    "adds; rename the mapped column or turn store_metadata off",
+                )
+
+    schema = mapping.schema_config
+    if schema.source == "mapping" and not schema.columns:
+        problem(f"{at}.schema.columns", "is required for schema.source mapping")
+    if schema.source != "mapping" and schema.columns:
+        problem(
+            f"{at}.schema.columns",
+            f"is only used with schema.source mapping (this mapping has schema.source {schema.source})",
+        )
+    if schema.source == "registry" and config.schema_config.registry.base_url is None:
+        problem("schema.registry.base_url", f"is required for {at}.schema.source registry")
+
+    column_types = dict(base_types)
+    for column_index, column in enumerate(schema.columns):
+        column_at = f"{at}.schema.columns[{column_index}].name"
+        if not column.name:
+            problem(column_at, "must not be empty")
+        elif column.name in base_types:
+            problem(column_at, f"{column.name!r} is a base column KafScale always writes ({', '.join(base_types)})")
+        elif column.name in column_types:
+            problem(column_at, f"{column.name!r} is declared twice")
+        column_types.setdefault(column.name, column.type)
+
+    partition_names: set[str] = set()
+    for field_index, field in enumerate(mapping.partition_spec):
+        field_at = f"{at}.partition_spec[{field_index}]"
+        if not PARTITION_TRANSFORM_PATTERN.match(field.transform):
+            problem(
+                f"{field_at}.transform",
+                f"{field.transform!r} is not one of identity, year, month, day, hour, bucket[N], truncate[W]",
+            )
+            continue
+        source_type = column_types.get(field.source)
+        if source_type is None:
+            # Registry columns are only known when the table is created; base columns always are.
+            if schema.source != "registry":
+                problem(
+                    f"{field_at}.source",
+                    f"{field.source!r} is not a column of this mapping ({', '.join(column_types)})",
+                )
+        elif source_type not in PARTITION_TRANSFORM_SOURCE_TYPES[field.transform_name]:
+            allowed = ", ".join(sorted(PARTITION_TRANSFORM_SOURCE_TYPES[field.transform_name]))
+            problem(
+                f"{field_at}.transform",
+                f"{field.transform} cannot partition {field.source!r} of type {source_type} (it takes {allowed})",
+            )
+        name = field.field_name
+        if name in partition_names:
+            problem(f"{field_at}.name", f"partition field name {name!r} is used twice")
+        elif name in column_types and not (field.transform_name == "identity" and name == field.source):
+            problem(f"{field_at}.name", f"partition field name {name!r} is already a column name")
+        partition_names.add(name)
+
+
+def _check_unique(config: LakehouseConfig, problem) -> None:  # noqa: ANN001
+    # Offsets and leases are per topic/partition and the Dagster asset key is the table: both must be unique.
+    first_by_topic: dict[str, int] = {}
+    first_by_table: dict[str, int] = {}
+    for index, mapping in enumerate(config.mappings):
+        if mapping.topic in first_by_topic:
+            problem(
+                f"mappings[{index}].topic",
+                f"topic {mapping.topic!r} is already mapped by mappings[{first_by_topic[mapping.topic]}]",
+            )
+        first_by_topic.setdefault(mapping.topic, index)
+        if mapping.table in first_by_table:
+            problem(
+                f"mappings[{index}].table",
+                f"table {mapping.table!r} is already the target of mappings[{first_by_table[mapping.table]}]",
+            )
+        first_by_table.setdefault(mapping.table, index)
+    for index, mapping in enumerate(config.mappings):
+        if mapping.dead_letter_table is not None and mapping.dead_letter_table in first_by_table:
+            problem(
+                f"mappings[{index}].dead_letter_table",
+                f"{mapping.dead_letter_table!r} is the table of mappings[{first_by_table[mapping.dead_letter_table]}]",
+            )
+
+
+def _is_table_identifier(identifier: str) -> bool:
+    parts = identifier.split(".")
+    return len(parts) >= 2 and all(_IDENTIFIER_PART.match(part) for part in parts)
+
+
+def _resolve_path(path: Path, base_dir: Path) -> Path:
+    path = path.expanduser()
+    return path if path.is_absolute() else Path(os.path.normpath(base_dir / path))
+
+
+def _resolve_sqlite_uri(uri: str, base_dir: Path) -> str:
+    # SQLAlchemy: sqlite:///relative.db is relative to the cwd; we make it relative to the config file.
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return uri
+    location, question, query = uri[len(prefix) :].partition("?")
+    if not location or location == ":memory:" or location.startswith("/"):
+        return uri
+    return f"{prefix}{_resolve_path(Path(location), base_dir)}{question}{query}"
+
+
+def _resolve_warehouse(warehouse: str, base_dir: Path) -> str | None:
+    """A local warehouse as an absolute file:// URI; object-store URIs unchanged; None for a relative file:// URI."""
+    if warehouse.startswith("file://"):
+        return warehouse if warehouse.startswith("file:///") else None
+    if "://" in warehouse:
+        return warehouse
+    return _resolve_path(Path(warehouse), base_dir).as_uri()
