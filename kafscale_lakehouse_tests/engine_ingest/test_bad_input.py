@@ -10,9 +10,12 @@ import logging
 import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
+from kafscale_lakehouse.engine.ingestion import run as run_module
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
+from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.ranges import OffsetRange
+from kafscale_lakehouse.storage import ObjectKind
 
 
 def test_corrupt_segment_stops_its_partition_until_replaced(production_world, cli_main, caplog):
@@ -99,3 +102,40 @@ def test_invalid_records_commit_nothing_and_are_named(embedded_world, spark):
     assert result.snapshot_id is None and world.our_snapshots() == []
     assert world.store_next_offsets() == {}
     assert world.table_data_files() == set(), "the files written for the batch were deleted"
+
+
+def test_segment_replaced_between_planning_and_reading_stops_its_partition_and_loses_nothing(
+        embedded_world, spark, monkeypatch):
+    """Issue 19 hole 4: a segment re-cut after planning (offsets 100..199 → 100..149) is not read as the planned one:
+    the partition commits below it, the error names the object, and a later run lands every offset once."""
+    world = embedded_world
+    world.write_segments(0, 200, records_per_segment=100)  # segments 0, 100
+    world.write_segments(1, 80, records_per_segment=40)
+    recut_key, recut_index_key = world.segment_object_key(0, 100), world.segment_object_key(0, 100, ObjectKind.INDEX)
+    original = world.segments[0][100]
+    original_kfs, original_index = original.kfs_path.read_bytes(), original.index_path.read_bytes()  # embedded: the
+    # world's files are the store's objects, so keep the bytes before they are overwritten
+    recut = encode_segment(pizza_orders(100, 50, partition=0), base_offset=100, codec="zstd", records_per_batch=10)
+    prepare = run_module.prepare_ingest
+
+    def prepare_then_recut(*args, **kwargs):
+        prepared = prepare(*args, **kwargs)
+        world.put_object(recut_key, recut.kfs)
+        world.put_object(recut_index_key, recut.index)
+        return prepared
+
+    monkeypatch.setattr(run_module, "prepare_ingest", prepare_then_recut)
+    with pytest.raises(IngestFailedError) as failed:
+        ingest(world.config(), spark)
+    monkeypatch.undo()
+
+    error = failed.value.result.partitions[0].error
+    assert f"segment {recut_key} could not be read" in error and "planned offsets 100..199" in error
+    assert "found offsets 100..149" in error
+    assert failed.value.result.partitions[1].error is None
+    world.assert_exactly_once(runs=1, expected={0: range(100), 1: range(80)})
+
+    world.put_object(recut_key, original_kfs)  # the original segment is back
+    world.put_object(recut_index_key, original_index)
+    ingest(world.config(), spark)
+    world.assert_exactly_once(runs=2, expected={0: range(200), 1: range(80)})

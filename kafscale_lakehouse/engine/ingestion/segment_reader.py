@@ -32,6 +32,9 @@ Segment errors: a segment that cannot be read (`SegmentFormatError` / `StorageEr
 (`SegmentReadFailure`) names the object at fault and the byte offset, and the first offset of the Kafka partition
 not delivered (`next_offset`); the ingestion task returns it beside the files it wrote, and the run commits that
 partition only below it. Other input partitions of the same Kafka partition (later segments) still run.
+An object that is not the segment planned (replaced after planning: other base offset, last offset or size) is such
+a segment too (`SegmentChangedError`, naming what was planned and what was found): the run commits up to the
+planned end, so reading it as it is now could skip offsets silently.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from kafscale_lakehouse.format import (
     decode_segment,
     entry_for_offset,
     parse_footer,
+    parse_header,
     parse_index,
 )
 from kafscale_lakehouse.format.segment_index import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE
@@ -144,6 +148,19 @@ class SegmentReadFailure:
     next_offset: int  # first offset of the partition not delivered
 
 
+class SegmentChangedError(SegmentMismatchError):
+    """The object at a planned segment's key is not the segment planned (other base offset, last offset or size):
+    it was replaced (re-cut, rewritten) after planning. Its records are not delivered: the run's commit would advance
+    to the planned end, so a shorter object would skip offsets silently."""
+
+    @classmethod
+    def of(cls, segment: SegmentRef, position: int, found: str) -> SegmentChangedError:
+        """`found` says what the object read holds (`offsets 0..149 in 2000 bytes`)."""
+        return cls(segment.kfs_key, position,
+                   f"not the segment planned: planned offsets {segment.base_offset}..{segment.last_offset} in "
+                   f"{segment.kfs_size} bytes, found {found} (replaced after planning)")
+
+
 class SegmentReadError(KafscaleSourceError):
     """A segment of an input partition could not be read; `failure` says where its Kafka partition stops."""
 
@@ -226,6 +243,11 @@ def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: Off
 
     When `offsets.start` falls mid-way, only the bytes from the index entry at or before it are fetched; then the
     batch CRCs are verified but not the footer's body CRC, which covers bytes that were not fetched.
+
+    Invariant: records are delivered only from the segment planned (`segment`: base offset, last offset, `.kfs`
+    size), since the run commits up to the planned end. An object replaced after planning raises
+    `SegmentChangedError` before any of its records are decoded (`_check_planned`); in a range read a shorter
+    object fails the exact-length read and a different one the footer check at the planned end.
     """
     if offsets.start > segment.base_offset:
         entries = parse_index(store.read(segment.index_key), key=segment.index_key)
@@ -233,9 +255,24 @@ def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: Off
         if entry.position > HEADER_SIZE:
             entry_position = INDEX_HEADER_SIZE + entries.index(entry) * INDEX_ENTRY_SIZE
             return _decode_from_index_entry(store, segment, offsets, entry.offset, entry.position, entry_position)
-    decoded = decode_segment(store.read(segment.kfs_key), key=segment.kfs_key, topic=segment.topic,
-                             partition=segment.partition, start_offset=offsets.start, end_offset=offsets.end)
+    data = store.read(segment.kfs_key)
+    _check_planned(segment, data)
+    decoded = decode_segment(data, key=segment.kfs_key, topic=segment.topic, partition=segment.partition,
+                             start_offset=offsets.start, end_offset=offsets.end)
     return decoded.records
+
+
+def _check_planned(segment: SegmentRef, data: bytes) -> None:
+    """`data` (the whole `.kfs` fetched) is `segment` as planned: same size, header base offset and footer last
+    offset; else `SegmentChangedError` naming both. A malformed header or footer raises its `SegmentFormatError`."""
+    if len(data) < HEADER_SIZE + FOOTER_SIZE:
+        return  # not a segment at all: decode_segment names what is wrong with it
+    footer_position = len(data) - FOOTER_SIZE
+    base_offset = parse_header(data, segment.kfs_key).base_offset
+    last_offset = parse_footer(data[footer_position:], segment.kfs_key, footer_position).last_offset
+    if (len(data), base_offset, last_offset) != (segment.kfs_size, segment.base_offset, segment.last_offset):
+        raise SegmentChangedError.of(segment, footer_position,
+                                     f"offsets {base_offset}..{last_offset} in {len(data)} bytes")
 
 
 def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange, entry_offset: int,
@@ -248,6 +285,9 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
                             f"of {segment.kfs_key} (byte {footer_position})")
     data = store.read_range(segment.kfs_key, byte_position, segment.kfs_size - byte_position)
     footer = parse_footer(data[-FOOTER_SIZE:], segment.kfs_key, footer_position)
+    if footer.last_offset != segment.last_offset:  # the size matched no further than the exact-length read shows
+        raise SegmentChangedError.of(segment, footer_position,
+                                     f"last offset {footer.last_offset} in the footer at byte {footer_position}")
     decoded = decode_batches(memoryview(data)[:-FOOTER_SIZE], key=segment.kfs_key, position=byte_position,
                              topic=segment.topic, partition=segment.partition, start_offset=offsets.start,
                              end_offset=offsets.end)
