@@ -1,23 +1,47 @@
 """One asset per mapping (the Iceberg table, partitioned by Kafka partition id) and its upstream observable source
 asset (the KafScale topic).
 
-The table asset only prepares the run (`engine.ingest.prepare_ingest`: leases, offsets, the planned segments); the
-IO manager (`io_manager.py`) writes and commits it. Several Kafka partitions materialize in
-one run (`BackfillPolicy.single_run`) and one Iceberg commit; the table's pool serializes runs on one table.
+The table asset runs the ingestion in its own body, through the engine (`engine.ingestion.run`): `prepare_ingest`
+(leases, offsets, the planned segments), then `commit_ingest` (one Spark job whose tasks decode the segments and
+write Parquet data files, one Iceberg commit that re-checks the start offsets, then the offsets store). The leases
+are released before the body hands anything to Dagster, on every path. It returns a `MaterializeResult`: each
+Kafka partition's materialization carries the run's metadata and its own (metadata.py). A run that could commit
+only some partitions yields a materialization for each partition that landed, then fails naming the rest.
+
+Several Kafka partitions materialize in one run (`BackfillPolicy.single_run`) and one Iceberg commit; the table's
+pool serializes runs on one table. The asset has no output to store; its IO manager key names what loads the table
+for downstream assets (`io_manager.py`).
 """
 
 # No `from __future__ import annotations`: Dagster reads the context and resource parameter annotations at runtime.
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 
 import dagster as dg
+from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.ingestion.run import PreparedIngest, prepare_ingest
+from kafscale_lakehouse.engine.ingestion.run import (
+    IngestContext,
+    IngestFailedError,
+    IngestResult,
+    commit_ingest,
+    prepare_ingest,
+)
 from kafscale_lakehouse.engine.ingestion.topic_scan import TopicScan, WatchSources, scan_topic
-from kafscale_lakehouse.offsets.ranges import parse_ranges
+from kafscale_lakehouse.offsets.ranges import OffsetRange, parse_ranges
+from kafscale_lakehouse.orchestration.metadata import (
+    TABLE_NAME_KEY,
+    TOPIC_KEY,
+    landed_partition_metadata,
+    partition_metadata,
+    run_metadata,
+    table_metadata,
+)
 from kafscale_lakehouse.orchestration.naming import (
     dagster_name_part,
     kafka_partition_id,
+    kafka_partition_key,
     pool_name,
     table_asset_key,
     topic_asset_key,
@@ -85,6 +109,7 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
         partitions_def=topic_partitions_def(topic),
         backfill_policy=dg.BackfillPolicy.single_run(),
         pool=pool_name(table),
+        # Nothing is stored (a MaterializeResult has no value); downstream assets load the table through it.
         io_manager_key=ICEBERG_IO_MANAGER_KEY,
         group_name=ASSET_GROUP,
         kinds={"iceberg", "pyspark"},
@@ -92,15 +117,70 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
         tags=dict(mapping.tags),
         freshness_policy=table_freshness_policy(mapping),
         description=f"Iceberg table {table}, landed from KafScale topic {topic!r}; partitions are Kafka partition ids.",
-        metadata={"dagster/table_name": table, "kafscale/topic": topic},
+        metadata={TABLE_NAME_KEY: table, TOPIC_KEY: topic},
     )
-    def ingest_table(context: dg.AssetExecutionContext, spark: SparkResource, segment_store: SegmentStoreResource,
-                     offset_store: OffsetStoreResource, iceberg_catalog: IcebergCatalogResource) -> PreparedIngest:
+    # A generator (a partial commit yields the partitions that landed, then fails), left unannotated: Dagster reads a
+    # return annotation as the output type.
+    def ingest_table(context: dg.AssetExecutionContext, spark: SparkResource,  # noqa: ANN202
+                     segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
+                     iceberg_catalog: IcebergCatalogResource):
         partitions = sorted(kafka_partition_id(key) for key in context.partition_keys)
-        context.log.info("topic %s → %s: preparing Kafka partitions %s", topic, table, partitions)
+        context.log.info("topic %s → %s: ingesting Kafka partitions %s", topic, table, partitions)
         planned_tag = context.run.tags.get(PLANNED_RANGES_TAG)
         planned = parse_ranges(planned_tag, where=f"run tag {PLANNED_RANGES_TAG}") if planned_tag else None
         engine = ingest_context(config, spark, segment_store, offset_store, iceberg_catalog)
-        return prepare_ingest(engine, mapping, partitions=partitions, run_id=context.run.run_id, planned=planned)
+        result, failure = ingest_partitions(engine, mapping, partitions, run_id=context.run.run_id, planned=planned)
+        yield from landed_table_events(context, result, failure, iceberg_catalog)
 
     return ingest_table
+
+
+def ingest_partitions(engine: IngestContext, mapping: MappingConfig, partitions: Sequence[int], *, run_id: str,
+                      planned: Mapping[int, OffsetRange] | None) -> tuple[IngestResult, IngestFailedError | None]:
+    """Prepare, write and commit the run; returns its result and, when some partitions could not advance, the
+    engine's error (what was complete is committed). The leases are released before this returns, on every path:
+    none is held while Dagster handles the result."""
+    prepared = prepare_ingest(engine, mapping, partitions=partitions, run_id=run_id, planned=planned)
+    try:
+        return commit_ingest(prepared), None
+    except IngestFailedError as exc:
+        return exc.result, exc
+    finally:
+        prepared.release_leases()  # commit_ingest releases them on every path too; releasing is idempotent
+
+
+def landed_table_events(context: dg.AssetExecutionContext, result: IngestResult, failure: IngestFailedError | None,
+                        catalog: IcebergCatalogResource) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
+    """A run's materializations: the run's metadata and the table's on every partition of the run, each partition's
+    own (`context.add_asset_metadata`) on it. After a partial commit: a materialization of each partition the commit
+    covered, then `dg.Failure` with the engine's message (the other partitions show as failed)."""
+    if failure is not None:
+        yield from _partial_commit_materializations(context, result, catalog)
+        raise dg.Failure(description=str(failure), metadata=run_metadata(result)) from failure
+    table = catalog.load_table(result.table)
+    for partition_key in context.partition_keys:
+        outcome = result.partitions.get(kafka_partition_id(partition_key))
+        if outcome is not None:
+            context.add_asset_metadata(landed_partition_metadata(table, outcome), partition_key=partition_key)
+    context.log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table,
+                     result.run_id, result.records, result.topic, result.snapshot_id)
+    yield dg.MaterializeResult(metadata={**run_metadata(result), **table_metadata(table, result.table)})
+
+
+def _partial_commit_materializations(context: dg.AssetExecutionContext, result: IngestResult,
+                                     catalog: IcebergCatalogResource) -> Iterator[dg.AssetMaterialization]:
+    """A materialization of each Kafka partition the run's commit covered (none when nothing was committed)."""
+    landed = [result.partitions[p] for p in sorted(result.committed_ranges())]
+    if not landed:
+        return
+    table: Table | None = None
+    try:
+        table = catalog.load_table(result.table)
+    except Exception as exc:  # noqa: BLE001 - the run's failure is what the step reports; this must not replace it
+        context.log.warning("table %s: could not load it for the metadata of the partitions committed in "
+                            "snapshot %s: %s", result.table, result.snapshot_id, exc)
+    shared = {**run_metadata(result), **(table_metadata(table, result.table) if table is not None else {})}
+    for outcome in landed:
+        own = landed_partition_metadata(table, outcome) if table is not None else partition_metadata(outcome)
+        yield dg.AssetMaterialization(asset_key=context.asset_key, partition=kafka_partition_key(outcome.partition),
+                                      metadata={**shared, **own})

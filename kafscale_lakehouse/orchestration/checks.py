@@ -32,13 +32,13 @@ from kafscale_lakehouse.engine.tables.checks import (
 )
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.orchestration.assets import scan_topic_now
-from kafscale_lakehouse.orchestration.io_manager import (
+from kafscale_lakehouse.orchestration.metadata import (
     DEAD_LETTER_TABLE_KEY,
     INVALID_RECORDS_KEY,
     INVALID_SAMPLES_SCHEMA,
-    SNAPSHOT_ID_KEY,
     committed_ranges_from_metadata,
     invalid_samples_from_metadata,
+    snapshot_id_from_metadata,
 )
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, OffsetStoreResource, SegmentStoreResource
@@ -51,9 +51,8 @@ def run_committed_ranges(table: Table, topic: str, metadata: Mapping[str, dg.Met
     """(snapshot id, ranges) the run recorded in its materialization metadata; when it committed nothing, or a check
     runs with no materialization of ours recorded, the table's latest commit instead."""
     ranges = committed_ranges_from_metadata(metadata) if metadata is not None else None
-    if ranges:
-        snapshot = metadata.get(SNAPSHOT_ID_KEY)
-        return (snapshot.value if isinstance(snapshot, dg.IntMetadataValue) else None), ranges
+    if metadata is not None and ranges:
+        return snapshot_id_from_metadata(metadata), ranges
     commit, ranges = latest_committed_ranges(table, topic)
     return (commit.snapshot_id if commit is not None else None), ranges
 
@@ -64,7 +63,7 @@ def evaluate_record_id_unique(table: Table, topic: str,
     scan = find_duplicate_record_ids(table, topic, ranges)
     extra = sum(count - 1 for count in scan.duplicates.values())
     samples = sorted(scan.duplicates.items())[:SAMPLE_SIZE]
-    metadata = {
+    result_metadata: dict[str, dg.RawMetadataValue] = {
         "snapshot_id": dg.MetadataValue.int(snapshot_id) if snapshot_id is not None else dg.MetadataValue.null(),
         "offset_ranges_scanned": dg.MetadataValue.json({str(p): [r.start, r.end] for p, r in sorted(ranges.items())}),
         "rows_scanned": scan.rows_scanned,
@@ -78,11 +77,11 @@ def evaluate_record_id_unique(table: Table, topic: str,
                                            dg.TableColumn("occurrences", "int")])),
     }
     if not scan.duplicates:
-        return dg.AssetCheckResult(passed=True, metadata=metadata,
+        return dg.AssetCheckResult(passed=True, metadata=result_metadata,
                                    description=f"{scan.rows_scanned} rows in the committed offset ranges, no record_id "
                                                "twice" if ranges else "no commit of this topic to check yet")
     return dg.AssetCheckResult(
-        passed=False, metadata=metadata, severity=dg.AssetCheckSeverity.ERROR,
+        passed=False, metadata=result_metadata, severity=dg.AssetCheckSeverity.ERROR,
         description=f"{len(scan.duplicates)} record_ids occur more than once ({extra} extra rows), e.g. "
                     f"{', '.join(r for r, _ in samples[:5])}: another writer appended rows of these offsets again; "
                     "delete the extra copies (same record_id) from the table")
@@ -91,7 +90,7 @@ def evaluate_record_id_unique(table: Table, topic: str,
 def evaluate_offsets_contiguous(table: Table, topic: str) -> dg.AssetCheckResult:
     contiguity = check_offset_contiguity(table, topic)
     problems = contiguity.problems
-    metadata = {
+    metadata: dict[str, dg.RawMetadataValue] = {
         "commits_checked": contiguity.commits_checked,
         "next_offsets": dg.MetadataValue.json({str(p): o for p, o in sorted(contiguity.next_offsets.items())}),
         "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
@@ -119,7 +118,7 @@ def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: in
     rows = [dg.TableRecord({"partition": p, "lag": lag, "measured_against": against,
                             "committed_next_offset": states[p].next_offset, "broker_next_offset": states[p].log_end})
             for p, (lag, against) in lags.items()]
-    metadata = {
+    metadata: dict[str, dg.RawMetadataValue] = {
         "max_lag": max((lag for lag, _ in lags.values()), default=0),
         "max_lag_threshold": max_lag_records,
         "lag_by_partition": dg.MetadataValue.table(rows, schema=dg.TableSchema(columns=[
@@ -143,12 +142,12 @@ def evaluate_schema_valid(metadata: Mapping[str, dg.MetadataValue] | None,
         return dg.AssetCheckResult(passed=True, description="no materialization yet: nothing was validated",
                                    metadata={"schema_mode": schema_mode})
     invalid_value = metadata.get(INVALID_RECORDS_KEY)
-    invalid = int(invalid_value.value) if isinstance(invalid_value, dg.IntMetadataValue) else 0
+    invalid = (invalid_value.value or 0) if isinstance(invalid_value, dg.IntMetadataValue) else 0
     samples = invalid_samples_from_metadata(metadata)
     # Where the run put them (lenient mode has a default dead-letter table, which the mapping need not name).
     dead_letter_value = metadata.get(DEAD_LETTER_TABLE_KEY)
     dead_letter_table = dead_letter_value.value if isinstance(dead_letter_value, dg.TextMetadataValue) else None
-    result_metadata = {
+    result_metadata: dict[str, dg.RawMetadataValue] = {
         "schema_mode": schema_mode,
         "invalid_records": invalid,
         "invalid_samples": dg.MetadataValue.table([dg.TableRecord(s) for s in samples], schema=INVALID_SAMPLES_SCHEMA),

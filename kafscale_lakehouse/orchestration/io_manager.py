@@ -1,27 +1,20 @@
-"""The PySpark Iceberg IO manager of every asset: landed tables, and downstream assets that return a Spark DataFrame
-or a pyarrow Table; `load_input` reads any of them on the executors.
+"""The PySpark Iceberg IO manager: it stores what downstream assets return, a Spark DataFrame or a pyarrow Table, as
+Iceberg tables, and `load_input` reads any table asset (landed or downstream) on the executors.
 
-Downstream assets (`engine.table_writes`): the table is `dagster/table_name` metadata, else the asset key joined by
-`.` (`rpc/sauce_daily` -> `rpc.sauce_daily`). `write_mode` metadata is `overwrite` (default) or `append`; for a
-partitioned asset an overwrite replaces only the materialized partitions' rows, found through `partition_expr`
-metadata (the column of a single partitions definition, or `{dimension: column}` for multi partitions), as
-dagster-iceberg does. `partition_spec` metadata (`"day(order_date)"` or a list) partitions a table created on first
-write. Snapshot properties name the Dagster run and partitions.
+Downstream assets (`engine.tables.writes`, `engine.spark.writes`): the table is `dagster/table_name` metadata,
+else the asset key joined by `.` (`rpc/sauce_daily` -> `rpc.sauce_daily`). `write_mode` metadata is `overwrite`
+(default) or `append`; for a partitioned asset an overwrite replaces only the materialized partitions' rows, found
+through `partition_expr` metadata (the column of a single partitions definition, or `{dimension: column}` for multi
+partitions), as dagster-iceberg does. `partition_spec` metadata (`"day(order_date)"` or a list) partitions a table
+created on first write. Snapshot properties name the Dagster run and partitions.
 
-`load_input` (`engine.table_reads`): the columns of `AssetIn(metadata={"columns": [...]})`, the downstream partition
-as a row filter (Kafka partitions of a landed table as `partition IN (...)`; otherwise through `partition_expr` of the
-input or the upstream asset), pinned to the `snapshot_id` of the upstream asset's latest materialization.
+`load_input` (`engine.spark.table_source`): the columns of `AssetIn(metadata={"columns": [...]})`, the downstream
+partition as a row filter (Kafka partitions of a landed table as `partition IN (...)`; otherwise through
+`partition_expr` of the input or the upstream asset), pinned to the `snapshot_id` of the upstream asset's latest
+materialization.
 
-Landed tables:
-
-`handle_output` runs `engine.ingest.commit_ingest`: one Spark job whose tasks decode the planned segments and write
-them as Parquet data files (`engine.spark_ingestion`), then one Iceberg commit re-checks the start offsets, then etcd
-offsets; the
-run's leases are released on every exit path (as `PreparedIngest.release_leases` does). Each Kafka partition's
-materialization
-gets its own offset range, records, bytes, data files and lag; all of them carry the run's snapshot id, a
-per-partition table and the invalid records. A run that could commit only some partitions records materializations
-for those, then fails naming the rest.
+Landed tables are committed by their asset (assets.py), which returns a `MaterializeResult`: nothing reaches
+`handle_output`; the IO manager only loads them, for downstream assets.
 """
 
 import json
@@ -31,19 +24,12 @@ from typing import Any
 
 import dagster as dg
 import pyarrow as pa
-from pyiceberg.expressions import BooleanExpression, EqualTo, In
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 
-from kafscale_lakehouse.engine.ingestion.run import (
-    IngestFailedError,
-    IngestResult,
-    PartitionOutcome,
-    PreparedIngest,
-    commit_ingest,
-)
-from kafscale_lakehouse.engine.spark.table_source import count_rows_equal, read_table
+from kafscale_lakehouse.engine.spark.table_source import read_table
 from kafscale_lakehouse.engine.spark.writes import write_arrow, write_dataframe
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.engine.tables.filters import (
@@ -54,99 +40,46 @@ from kafscale_lakehouse.engine.tables.filters import (
     values_filter,
 )
 from kafscale_lakehouse.engine.tables.writes import WRITE_MODES, TableWrite, TableWriteResult, iceberg_schema_of
-from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges, parse_ranges
+from kafscale_lakehouse.orchestration.metadata import (
+    PARTITION_ROW_COUNT_KEY,
+    SNAPSHOT_ID_KEY,
+    TABLE_NAME_KEY,
+    TOPIC_KEY,
+    column_schema,
+    snapshot_id_from_metadata,
+)
 from kafscale_lakehouse.orchestration.naming import kafka_partition_id, kafka_partition_key
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, SparkResource
 
 log = logging.getLogger(__name__)
 
-# Materialization metadata keys that asset checks read back (checks.py).
-INVALID_RECORDS_KEY = "invalid_records"
-INVALID_SAMPLES_KEY = "invalid_samples"
-DEAD_LETTER_TABLE_KEY = "dead_letter_table"
-SNAPSHOT_ID_KEY = "snapshot_id"
-# `{"<partition>": [start, end]}`: the offsets the run committed (record_id_unique scans them).
-COMMITTED_RANGES_KEY = "committed_offset_ranges"
-# Definition metadata the IO manager reads (dagster-iceberg's names where it has one).
-TABLE_NAME_KEY = "dagster/table_name"
+# Definition metadata the IO manager reads (dagster-iceberg's names where it has one; TABLE_NAME_KEY, and TOPIC_KEY
+# marking a landed table, are in metadata.py).
 WRITE_MODE_KEY = "write_mode"
 PARTITION_EXPR_KEY = "partition_expr"
 PARTITION_SPEC_KEY = "partition_spec"
 COLUMNS_KEY = "columns"
-TOPIC_KEY = "kafscale/topic"  # marks a landed table (partitions = Kafka partition ids)
 # Snapshot summary properties of a downstream write.
 DAGSTER_RUN_PROPERTY = "dagster.run-id"
 DAGSTER_ASSET_PROPERTY = "dagster.asset-key"
 DAGSTER_PARTITIONS_PROPERTY = "dagster.partition-keys"
 
-_PARTITION_TABLE_SCHEMA = dg.TableSchema(
-    columns=[
-        dg.TableColumn("partition", "int"),
-        dg.TableColumn("start_offset", "int", description="next offset before the run"),
-        dg.TableColumn("end_offset", "int", description="next offset after the run (exclusive end)"),
-        dg.TableColumn("records", "int"),
-        dg.TableColumn("value_bytes", "int"),
-        dg.TableColumn("data_files", "int"),
-        dg.TableColumn("segments", "int"),
-        dg.TableColumn("lag", "int", description="broker next offset - end_offset"),
-        dg.TableColumn("skipped", "string", description="offsets deleted before ingestion, skipped by allow_gaps"),
-        dg.TableColumn("error", "string"),
-    ]
-)
-INVALID_SAMPLES_SCHEMA = dg.TableSchema(
-    columns=[
-        dg.TableColumn("record_id", "string"),
-        dg.TableColumn("reason", "string"),
-        dg.TableColumn(
-            "schema_path", "string", description="the violated JSON Schema keyword (none: a coercion failure)"
-        ),
-    ]
-)
-
 
 class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
-    """Stores what an asset returns in Iceberg (a landed table's `PreparedIngest`, a Spark DataFrame, a pyarrow
-    Table) and loads tables as Spark DataFrames read on the executors."""
+    """Stores what a downstream asset returns in Iceberg (a Spark DataFrame or a pyarrow Table) and loads tables,
+    landed or downstream, as Spark DataFrames read on the executors."""
 
     iceberg_catalog: IcebergCatalogResource
     spark: SparkResource
     target_file_size_bytes: int = 128 << 20
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
-        if isinstance(obj, PreparedIngest):
-            self._commit_ingest(context, obj)
-        elif isinstance(obj, (DataFrame, pa.Table)):
-            self._write_table(context, obj)
-        else:
+        if not isinstance(obj, (DataFrame, pa.Table)):
             raise TypeError(
                 f"asset {context.asset_key.to_user_string()}: the Iceberg IO manager stores a Spark "
-                f"DataFrame, a pyarrow Table or a landed table's PreparedIngest, not "
-                f"{type(obj).__name__}"
+                f"DataFrame or a pyarrow Table, not {type(obj).__name__}"
             )
-
-    def _commit_ingest(self, context: dg.OutputContext, obj: PreparedIngest) -> None:
-        try:
-            result = commit_ingest(obj)
-        except IngestFailedError as exc:
-            self._record_partial_commit(context, exc.result)
-            raise dg.Failure(description=str(exc), metadata=run_metadata(exc.result)) from exc
-        table = self.iceberg_catalog.load_table(result.table)
-        context.add_output_metadata({**run_metadata(result), **table_metadata(table, result.table)})
-        for partition_key in context.asset_partition_keys:
-            outcome = result.partitions.get(kafka_partition_id(partition_key))
-            if outcome is not None:
-                rows = count_rows_equal(table, "partition", outcome.partition)
-                context.step_context.add_asset_metadata(
-                    {**partition_metadata(outcome), "dagster/partition_row_count": rows}, partition_key=partition_key
-                )
-        context.log.info(
-            "table %s: run %s committed %d records of topic %s in snapshot %s",
-            result.table,
-            result.run_id,
-            result.records,
-            result.topic,
-            result.snapshot_id,
-        )
+        self._write_table(context, obj)
 
     def _write_table(self, context: dg.OutputContext, obj: DataFrame | pa.Table) -> None:
         metadata = plain_metadata(context.definition_metadata)
@@ -193,23 +126,6 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
             result.snapshot_id,
         )
 
-    def _record_partial_commit(self, context: dg.OutputContext, result: IngestResult) -> None:
-        """Materializations for the partitions committed before the run failed on others. Events logged through
-        the context are dropped when `handle_output` raises, so they are reported to the instance directly (as
-        events outside the run, naming it in `run_id`)."""
-        if result.snapshot_id is None:
-            return
-        shared = {**run_metadata(result), "run_id": dg.MetadataValue.text(result.run_id)}
-        for outcome in result.partitions.values():
-            if outcome.error is None and outcome.records > 0:
-                context.step_context.instance.report_runless_asset_event(
-                    dg.AssetMaterialization(
-                        asset_key=context.asset_key,
-                        partition=kafka_partition_key(outcome.partition),
-                        metadata={**shared, **partition_metadata(outcome)},
-                    )
-                )
-
     def load_input(self, context: dg.InputContext) -> DataFrame:
         upstream = context.upstream_output
         upstream_metadata = plain_metadata(upstream.definition_metadata if upstream is not None else None)
@@ -222,9 +138,8 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
             what = f"input {context.asset_key.to_user_string()}"
             if TOPIC_KEY in upstream_metadata:
                 partitions = sorted(kafka_partition_id(key) for key in context.asset_partition_keys)
-                row_filter = (
-                    EqualTo("partition", partitions[0]) if len(partitions) == 1 else In("partition", partitions)
-                )
+                row_filter = values_filter(table.schema(), "partition", [kafka_partition_key(p) for p in partitions],
+                                           what=what)
             else:
                 expr = input_metadata.get(PARTITION_EXPR_KEY, upstream_metadata.get(PARTITION_EXPR_KEY))
                 row_filter = partition_row_filter(context, table.schema(), expr, what)
@@ -306,6 +221,8 @@ def run_partition_filter(context: dg.InputContext, schema: Schema, partition_exp
     step = context.step_context
     partitions_def = step.run_partitions_def
     what = f"input {context.asset_key.to_user_string()} ({PARTITION_EXPR_KEY} {partition_expr!r})"
+    if partitions_def is None:
+        raise ValueError(f"{what}: the run materializes no partitions to filter by")
     if not isinstance(partition_expr, str) or isinstance(partitions_def, dg.MultiPartitionsDefinition):
         raise ValueError(
             f"{what}: filtering an unpartitioned upstream by a multi-partitioned asset is not supported; "
@@ -314,7 +231,8 @@ def run_partition_filter(context: dg.InputContext, schema: Schema, partition_exp
     if isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
         window = step.partition_time_window
         return time_window_filter(schema, partition_expr, window.start, window.end, what=what)
-    keys = partitions_def.get_partition_keys_in_range(step.partition_key_range, dynamic_partitions_store=step.instance)
+    with dg.partition_loading_context(dynamic_partitions_store=step.instance):
+        keys = partitions_def.get_partition_keys_in_range(step.partition_key_range)
     return values_filter(schema, partition_expr, keys, what=what)
 
 
@@ -322,8 +240,7 @@ def upstream_snapshot_id(context: dg.InputContext, table: Table) -> int | None:
     """The `snapshot_id` of the upstream asset's latest materialization, when it is still in the table."""
     event = context.instance.get_latest_materialization_event(context.asset_key)
     materialization = event.asset_materialization if event is not None else None
-    value = materialization.metadata.get(SNAPSHOT_ID_KEY) if materialization is not None else None
-    snapshot_id = value.value if isinstance(value, dg.IntMetadataValue) else None
+    snapshot_id = snapshot_id_from_metadata(materialization.metadata) if materialization is not None else None
     if snapshot_id is None:
         return None
     if table.metadata.snapshot_by_id(snapshot_id) is None:
@@ -338,21 +255,9 @@ def upstream_snapshot_id(context: dg.InputContext, table: Table) -> int | None:
     return snapshot_id
 
 
-def table_metadata(table: Table, identifier: str) -> dict[str, Any]:
-    """The Dagster table metadata keys of the table as it is now: name, URI, column schema, row count."""
-    snapshot = table.current_snapshot()
-    total = snapshot.summary.get("total-records") if snapshot is not None and snapshot.summary else None
-    return {
-        "dagster/table_name": identifier,
-        "dagster/column_schema": column_schema(table.schema()),
-        "dagster/row_count": int(total) if total is not None else 0,
-        "dagster/uri": dg.MetadataValue.path(table.location()),
-    }
-
-
 def write_metadata(result: TableWriteResult, mode: str, *, partition_scoped: bool) -> dict[str, Any]:
     metadata: dict[str, Any] = {
-        "dagster/table_name": result.identifier,
+        TABLE_NAME_KEY: result.identifier,
         "dagster/column_schema": column_schema(result.schema),
         "dagster/row_count": result.table_rows if result.table_rows is not None else dg.MetadataValue.null(),
         "dagster/uri": dg.MetadataValue.path(result.location),
@@ -366,120 +271,13 @@ def write_metadata(result: TableWriteResult, mode: str, *, partition_scoped: boo
     }
     if partition_scoped:
         # A partition-scoped overwrite leaves exactly the rows written in the partition.
-        metadata["dagster/partition_row_count"] = result.rows_written
+        metadata[PARTITION_ROW_COUNT_KEY] = result.rows_written
     if result.columns_added:
         metadata["columns_added"] = dg.MetadataValue.json(list(result.columns_added))
     return metadata
-
-
-def column_schema(schema: Schema) -> dg.TableSchemaMetadataValue:
-    return dg.MetadataValue.table_schema(
-        dg.TableSchema(
-            columns=[
-                dg.TableColumn(
-                    f.name,
-                    str(f.field_type),
-                    description=f.doc,
-                    constraints=dg.TableColumnConstraints(nullable=not f.required),
-                )
-                for f in schema.fields
-            ]
-        )
-    )
 
 
 def _spark_arrow_schema(df: DataFrame) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(df.schema, timezone="UTC")
-
-
-def run_metadata(result: IngestResult) -> dict[str, dg.MetadataValue]:
-    """What every partition's materialization of a run carries: snapshot, per-partition table, invalid records."""
-    rows = [
-        dg.TableRecord(
-            {
-                "partition": o.partition,
-                "start_offset": o.start_offset,
-                "end_offset": o.end_offset,
-                "records": o.records,
-                "value_bytes": o.value_bytes,
-                "data_files": o.data_files,
-                "segments": o.segments,
-                "lag": o.lag,
-                "skipped": _skipped_text(o),
-                "error": o.error,
-            }
-        )
-        for o in sorted(result.partitions.values(), key=lambda o: o.partition)
-    ]
-    samples = [
-        dg.TableRecord({"record_id": s.record_id, "reason": s.reason, "schema_path": s.schema_path})
-        for s in result.invalid_samples
-    ]
-    lost = (
-        {"dead_letters_lost": dg.MetadataValue.md("\n".join(f"- {m}" for m in result.dead_letters_lost))}
-        if result.dead_letters_lost
-        else {}
-    )
-    return {
-        **lost,
-        SNAPSHOT_ID_KEY: dg.MetadataValue.int(result.snapshot_id)
-        if result.snapshot_id is not None
-        else dg.MetadataValue.null(),
-        "kafka_partitions": dg.MetadataValue.table(rows, schema=_PARTITION_TABLE_SCHEMA),
-        "records_in_run": dg.MetadataValue.int(result.records),
-        COMMITTED_RANGES_KEY: dg.MetadataValue.json(json.loads(format_ranges(result.committed_ranges()))),
-        INVALID_RECORDS_KEY: dg.MetadataValue.int(result.invalid_count),
-        INVALID_SAMPLES_KEY: dg.MetadataValue.table(samples, schema=INVALID_SAMPLES_SCHEMA),
-        DEAD_LETTER_TABLE_KEY: dg.MetadataValue.text(result.dead_letter_table)
-        if result.dead_letter_table
-        else dg.MetadataValue.null(),
-    }
-
-
-def partition_metadata(outcome: PartitionOutcome) -> dict[str, dg.MetadataValue]:
-    """One Kafka partition's part of a run, for that partition's materialization."""
-    metadata: dict[str, dg.MetadataValue] = {
-        "kafka_partition": dg.MetadataValue.int(outcome.partition),
-        "offset_range": dg.MetadataValue.text(
-            f"[{_offset_text(outcome.start_offset)}, {_offset_text(outcome.end_offset)})"
-        ),
-        "records": dg.MetadataValue.int(outcome.records),
-        "value_bytes": dg.MetadataValue.int(outcome.value_bytes),
-        "data_files": dg.MetadataValue.int(outcome.data_files),
-        "segments": dg.MetadataValue.int(outcome.segments),
-        "lag": dg.MetadataValue.int(outcome.lag) if outcome.lag is not None else dg.MetadataValue.null(),
-    }
-    for key, value in (("start_offset", outcome.start_offset), ("end_offset", outcome.end_offset)):
-        if value is not None:
-            metadata[key] = dg.MetadataValue.int(value)
-    if outcome.skipped is not None:
-        metadata["skipped_offsets"] = dg.MetadataValue.text(_skipped_text(outcome))
-    if outcome.error is not None:
-        metadata["error"] = dg.MetadataValue.text(outcome.error)
-    return metadata
-
-
-def invalid_samples_from_metadata(metadata: Mapping[str, dg.MetadataValue]) -> list[dict[str, str | None]]:
-    """The `{record_id, reason, schema_path}` samples `run_metadata` stored."""
-    value = metadata.get(INVALID_SAMPLES_KEY)
-    if not isinstance(value, dg.TableMetadataValue):
-        return []
-    return [dict(record.data) for record in value.records]
-
-
-def committed_ranges_from_metadata(metadata: Mapping[str, dg.MetadataValue]) -> dict[int, OffsetRange] | None:
-    """The ranges `run_metadata` stored; None when the metadata has none (not a materialization of ours)."""
-    value = metadata.get(COMMITTED_RANGES_KEY)
-    if not isinstance(value, dg.JsonMetadataValue):
-        return None
-    return parse_ranges(json.dumps(value.value), where=f"materialization metadata {COMMITTED_RANGES_KEY}")
-
-
-def _offset_text(offset: int | None) -> str:
-    return "earliest" if offset is None else str(offset)
-
-
-def _skipped_text(outcome: PartitionOutcome) -> str | None:
-    return None if outcome.skipped is None else f"{outcome.skipped.start}..{outcome.skipped.end - 1}"

@@ -22,7 +22,7 @@ from kafscale_lakehouse.orchestration.checks import (
     evaluate_schema_valid,
     run_committed_ranges,
 )
-from kafscale_lakehouse.orchestration.io_manager import run_metadata
+from kafscale_lakehouse.orchestration.metadata import run_metadata
 from kafscale_lakehouse.schema import table_schema
 
 TOPIC = "orders.v1"

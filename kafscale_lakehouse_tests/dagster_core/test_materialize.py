@@ -38,6 +38,7 @@ def test_partitions_materialize_in_one_run_and_one_commit_with_metadata_and_pass
     result = run_ingest_job(world.config(), instance, [0, 1])
 
     assert result.success
+    assert world.lease_keys() == [], "the asset released every lease before it returned"
     table = world.assert_exactly_once(runs=1)
     snapshot_id = table.current_snapshot().snapshot_id
     by_partition = materializations(result)
@@ -51,6 +52,11 @@ def test_partitions_materialize_in_one_run_and_one_commit_with_metadata_and_pass
         assert metadata["snapshot_id"] == snapshot_id and metadata["invalid_records"] == 0
         rows = {r.data["partition"]: r.data for r in metadata["kafka_partitions"].records}
         assert {p: rows[p]["end_offset"] for p in rows} == {0: 120, 1: 60}
+        assert metadata["committed_offset_ranges"] == {"0": [0, 120], "1": [0, 60]}
+        # The Dagster table keys: the table's, and the rows of this Kafka partition.
+        assert (metadata["dagster/table_name"], metadata["dagster/uri"]) == (world.table_name, table.location())
+        assert metadata["dagster/row_count"] == 180 and metadata["dagster/partition_row_count"] == records
+        assert "record_id" in [c.name for c in metadata["dagster/column_schema"].columns]
     assert by_partition["0"]["lag"] == 30
     checks = check_results(result)
     assert set(checks) == {SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS}
@@ -108,12 +114,17 @@ def test_an_unreadable_segment_fails_the_run_naming_it_after_committing_the_othe
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     assert bad_key in failure.step_failure_data.user_failure_data.description
-    assert materializations(result) == {}, "the failed step materializes nothing in the run"
+    # The asset yielded the committed partition's materialization before it failed: in the run, and only that one.
+    assert set(materializations(result)) == {"0"}, "the failed partition is not materialized"
     [committed] = instance.fetch_materializations(dg.AssetKey(world.table_name.split(".")), limit=10).records
     materialization = committed.asset_materialization
     assert materialization.partition == "0", "the committed partition is recorded as materialized"
-    assert materialization.metadata["run_id"].value == result.run_id
+    assert committed.run_id == result.run_id
     assert materialization.metadata["records"].value == 40
+    assert materialization.metadata["snapshot_id"].value == world.table().current_snapshot().snapshot_id
+    assert materialization.metadata["dagster/partition_row_count"].value == 40
+    assert instance.get_materialized_partitions(dg.AssetKey(world.table_name.split("."))) == {"0"}
+    assert world.lease_keys() == [], "the asset released every lease before it failed"
     world.assert_exactly_once(runs=1, expected={0: range(40)})
 
 

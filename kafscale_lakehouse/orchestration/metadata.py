@@ -1,0 +1,192 @@
+"""Materialization metadata of the tables: what a landed table's asset records per run and per Kafka partition, the
+Dagster table keys every table asset carries, and the keys the asset checks and `load_input` read back.
+
+A landed table's run (assets.py) records on every partition's materialization the run's snapshot id, a table of the
+Kafka partitions, the committed offset ranges and the invalid records (`run_metadata`), the table's name, URI, column
+schema and row count (`table_metadata`), and that partition's own offset range, records, bytes, data files and lag
+(`partition_metadata`, with `dagster/partition_row_count`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import dagster as dg
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+
+from kafscale_lakehouse.engine.ingestion.run import IngestResult, PartitionOutcome
+from kafscale_lakehouse.engine.spark.table_source import count_rows_equal
+from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges, parse_ranges
+
+# Materialization metadata keys that asset checks (checks.py) and `load_input` (io_manager.py) read back.
+INVALID_RECORDS_KEY = "invalid_records"
+INVALID_SAMPLES_KEY = "invalid_samples"
+DEAD_LETTER_TABLE_KEY = "dead_letter_table"
+SNAPSHOT_ID_KEY = "snapshot_id"
+# `{"<partition>": [start, end]}`: the offsets the run committed (record_id_unique scans them).
+COMMITTED_RANGES_KEY = "committed_offset_ranges"
+# Definition metadata: the table of an asset (dagster-iceberg's name), and the mark of a landed table (partitions =
+# Kafka partition ids).
+TABLE_NAME_KEY = "dagster/table_name"
+TOPIC_KEY = "kafscale/topic"
+PARTITION_ROW_COUNT_KEY = "dagster/partition_row_count"
+
+TableValue = str | int | float | bool | None  # a cell of a `dg.TableRecord`
+
+_PARTITION_TABLE_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("partition", "int"),
+        dg.TableColumn("start_offset", "int", description="next offset before the run"),
+        dg.TableColumn("end_offset", "int", description="next offset after the run (exclusive end)"),
+        dg.TableColumn("records", "int"),
+        dg.TableColumn("value_bytes", "int"),
+        dg.TableColumn("data_files", "int"),
+        dg.TableColumn("segments", "int"),
+        dg.TableColumn("lag", "int", description="broker next offset - end_offset"),
+        dg.TableColumn("skipped", "string", description="offsets deleted before ingestion, skipped by allow_gaps"),
+        dg.TableColumn("error", "string"),
+    ]
+)
+INVALID_SAMPLES_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("record_id", "string"),
+        dg.TableColumn("reason", "string"),
+        dg.TableColumn(
+            "schema_path", "string", description="the violated JSON Schema keyword (none: a coercion failure)"
+        ),
+    ]
+)
+
+
+def table_metadata(table: Table, identifier: str) -> dict[str, dg.RawMetadataValue]:
+    """The Dagster table metadata keys of the table as it is now: name, URI, column schema, row count."""
+    snapshot = table.current_snapshot()
+    total = snapshot.summary.get("total-records") if snapshot is not None and snapshot.summary else None
+    return {
+        TABLE_NAME_KEY: identifier,
+        "dagster/column_schema": column_schema(table.schema()),
+        "dagster/row_count": int(total) if total is not None else 0,
+        "dagster/uri": dg.MetadataValue.path(table.location()),
+    }
+
+
+def column_schema(schema: Schema) -> dg.TableSchemaMetadataValue:
+    return dg.MetadataValue.table_schema(
+        dg.TableSchema(
+            columns=[
+                dg.TableColumn(
+                    f.name,
+                    str(f.field_type),
+                    description=f.doc,
+                    constraints=dg.TableColumnConstraints(nullable=not f.required),
+                )
+                for f in schema.fields
+            ]
+        )
+    )
+
+
+def run_metadata(result: IngestResult) -> dict[str, dg.MetadataValue]:
+    """What every partition's materialization of a run carries: snapshot, per-partition table, invalid records."""
+    rows = [
+        dg.TableRecord(
+            {
+                "partition": o.partition,
+                "start_offset": o.start_offset,
+                "end_offset": o.end_offset,
+                "records": o.records,
+                "value_bytes": o.value_bytes,
+                "data_files": o.data_files,
+                "segments": o.segments,
+                "lag": o.lag,
+                "skipped": _skipped_text(o),
+                "error": o.error,
+            }
+        )
+        for o in sorted(result.partitions.values(), key=lambda o: o.partition)
+    ]
+    samples = [
+        dg.TableRecord({"record_id": s.record_id, "reason": s.reason, "schema_path": s.schema_path})
+        for s in result.invalid_samples
+    ]
+    lost = (
+        {"dead_letters_lost": dg.MetadataValue.md("\n".join(f"- {m}" for m in result.dead_letters_lost))}
+        if result.dead_letters_lost
+        else {}
+    )
+    return {
+        **lost,
+        SNAPSHOT_ID_KEY: dg.MetadataValue.int(result.snapshot_id)
+        if result.snapshot_id is not None
+        else dg.MetadataValue.null(),
+        "kafka_partitions": dg.MetadataValue.table(rows, schema=_PARTITION_TABLE_SCHEMA),
+        "records_in_run": dg.MetadataValue.int(result.records),
+        COMMITTED_RANGES_KEY: dg.MetadataValue.json(json.loads(format_ranges(result.committed_ranges()))),
+        INVALID_RECORDS_KEY: dg.MetadataValue.int(result.invalid_count),
+        INVALID_SAMPLES_KEY: dg.MetadataValue.table(samples, schema=INVALID_SAMPLES_SCHEMA),
+        DEAD_LETTER_TABLE_KEY: dg.MetadataValue.text(result.dead_letter_table)
+        if result.dead_letter_table
+        else dg.MetadataValue.null(),
+    }
+
+
+def partition_metadata(outcome: PartitionOutcome) -> dict[str, dg.MetadataValue]:
+    """One Kafka partition's part of a run, for that partition's materialization."""
+    metadata: dict[str, dg.MetadataValue] = {
+        "kafka_partition": dg.MetadataValue.int(outcome.partition),
+        "offset_range": dg.MetadataValue.text(
+            f"[{_offset_text(outcome.start_offset)}, {_offset_text(outcome.end_offset)})"
+        ),
+        "records": dg.MetadataValue.int(outcome.records),
+        "value_bytes": dg.MetadataValue.int(outcome.value_bytes),
+        "data_files": dg.MetadataValue.int(outcome.data_files),
+        "segments": dg.MetadataValue.int(outcome.segments),
+        "lag": dg.MetadataValue.int(outcome.lag) if outcome.lag is not None else dg.MetadataValue.null(),
+    }
+    for key, value in (("start_offset", outcome.start_offset), ("end_offset", outcome.end_offset)):
+        if value is not None:
+            metadata[key] = dg.MetadataValue.int(value)
+    skipped = _skipped_text(outcome)
+    if skipped is not None:
+        metadata["skipped_offsets"] = dg.MetadataValue.text(skipped)
+    if outcome.error is not None:
+        metadata["error"] = dg.MetadataValue.text(outcome.error)
+    return metadata
+
+
+def landed_partition_metadata(table: Table, outcome: PartitionOutcome) -> dict[str, dg.MetadataValue]:
+    """`partition_metadata` and the rows the table now holds of that Kafka partition."""
+    rows = count_rows_equal(table, "partition", outcome.partition)
+    return {**partition_metadata(outcome), PARTITION_ROW_COUNT_KEY: dg.MetadataValue.int(rows)}
+
+
+def invalid_samples_from_metadata(metadata: Mapping[str, dg.MetadataValue]) -> list[dict[str, TableValue]]:
+    """The `{record_id, reason, schema_path}` samples `run_metadata` stored."""
+    value = metadata.get(INVALID_SAMPLES_KEY)
+    if not isinstance(value, dg.TableMetadataValue):
+        return []
+    return [dict(record.data) for record in value.records]
+
+
+def committed_ranges_from_metadata(metadata: Mapping[str, dg.MetadataValue]) -> dict[int, OffsetRange] | None:
+    """The ranges `run_metadata` stored; None when the metadata has none (not a materialization of ours)."""
+    value = metadata.get(COMMITTED_RANGES_KEY)
+    if not isinstance(value, dg.JsonMetadataValue):
+        return None
+    return parse_ranges(json.dumps(value.value), where=f"materialization metadata {COMMITTED_RANGES_KEY}")
+
+
+def snapshot_id_from_metadata(metadata: Mapping[str, dg.MetadataValue]) -> int | None:
+    """The snapshot id `run_metadata` (or a downstream write) stored; None when there is none."""
+    value = metadata.get(SNAPSHOT_ID_KEY)
+    return value.value if isinstance(value, dg.IntMetadataValue) else None
+
+
+def _offset_text(offset: int | None) -> str:
+    return "earliest" if offset is None else str(offset)
+
+
+def _skipped_text(outcome: PartitionOutcome) -> str | None:
+    return None if outcome.skipped is None else f"{outcome.skipped.start}..{outcome.skipped.end - 1}"
