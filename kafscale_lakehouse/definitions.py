@@ -35,9 +35,9 @@ def build_definitions(config: LakehouseConfig, *, source: str = "<config>") -> d
     resources[ICEBERG_IO_MANAGER_KEY] = KafscaleIcebergIOManager(
         iceberg_catalog=resources[CATALOG_RESOURCE_KEY], spark=resources[SPARK_RESOURCE_KEY],
         target_file_size_bytes=config.processor.target_file_size_bytes)
-    assets: list[object] = []
+    assets: list[dg.AssetsDefinition] = []
     checks: list[dg.AssetChecksDefinition] = []
-    jobs = []
+    jobs: list[dg.JobDefinition | dg.UnresolvedAssetJobDefinition] = []
     for mapping in config.mappings:
         assets += [build_topic_source_asset(config, mapping), build_table_asset(config, mapping)]
         checks += build_table_checks(config, mapping)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import dagster as dg
 from dagster_pyspark import PySparkResource
-from pydantic import PrivateAttr, SecretStr
+from pydantic import BaseModel, PrivateAttr, SecretStr
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
@@ -78,7 +78,14 @@ def _secret_shown(value: Any) -> Any:
     return value if value is None or isinstance(value, dg.EnvVar) else SECRET_MASK
 
 
-class _SecretsHiddenInRepr:
+# The mixin below overrides a method of the pydantic models it is mixed into; a type checker is told so.
+if TYPE_CHECKING:
+    _PydanticModel = BaseModel
+else:
+    _PydanticModel = object
+
+
+class _SecretsHiddenInRepr(_PydanticModel):
     """`repr`/`str` of a resource show its `_SECRET_FIELDS` through `_secret_shown`: in the definitions they are
     EnvVar references, but once a run resolves the resource they hold the secrets themselves."""
 
@@ -139,7 +146,10 @@ class _ConnectionResource(_SecretsHiddenInRepr, dg.ConfigurableResource):
         for key in self._SECRET_KEYS:
             value = getattr(self, _secret_field(key))
             if key == CATALOG_PROPERTIES_KEY and value is not None:
-                value = json.loads(value.get_value() if isinstance(value, dg.EnvVar) else value)
+                text = value.get_value() if isinstance(value, dg.EnvVar) else value
+                if text is None:
+                    raise ValueError(f"{key}: environment variable {value} is not set")
+                value = json.loads(text)
             _set_path(document, key, value)
         return LakehouseConfig.model_validate(document)
 
@@ -159,17 +169,18 @@ def _get_path(config: LakehouseConfig, key: str) -> Any:
     return value
 
 
-def _set_path(document: dict[str, Any], key: str, value: str | None) -> None:
+def _set_path(document: dict[str, Any], key: str, value: Any) -> None:
     """Set `key` (dotted) in `document` where its parent section exists; a None value removes it."""
     *parents, name = key.split(".")
+    section: Any = document
     for part in parents:
-        document = document.get(part) if isinstance(document, dict) else None
-        if document is None:
+        section = section.get(part) if isinstance(section, dict) else None
+        if section is None:
             return
     if value is None:
-        document.pop(name, None)
+        section.pop(name, None)
     else:
-        document[name] = value
+        section[name] = value
 
 
 class SegmentStoreResource(_ConnectionResource):

@@ -198,7 +198,7 @@ def _run_request(context: dg.SensorEvaluationContext, job_name: str, ordered_key
     """The run to request for `pending` partitions, or why none is requested; records the request in `cursor`."""
     if not pending:
         return None, "no completed segments beyond the committed offsets"
-    planned = {p: s.pending_range for p, s in pending.items()}
+    planned = {p: r for p, s in pending.items() if (r := s.pending_range) is not None}  # all of them: pending
     state = {p: (r.start, r.end) for p, r in planned.items()}
     if state == cursor.requested:
         return None, ("a run was already requested for exactly these pending segments; waiting for new segments, "
