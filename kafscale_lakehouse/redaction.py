@@ -6,7 +6,13 @@ the config's display of `schema.registry.base_url`, the metrics server) redacts 
 
 from __future__ import annotations
 
+from typing import overload
 
+
+@overload
+def redact_url(url: str) -> str: ...
+@overload
+def redact_url(url: None) -> None: ...
 def redact_url(url: str | None) -> str | None:
     """`url` with its user info (`user:password@`, `token@`), if any, replaced by `***@`: for messages and logs."""
     if url is None:

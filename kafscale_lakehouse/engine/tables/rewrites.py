@@ -25,7 +25,12 @@ from pyiceberg.table import Table, TableProperties
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors
-from kafscale_lakehouse.engine.tables.commits import CommitOutcomeUnknownError, commit_settled, without_client_retries
+from kafscale_lakehouse.engine.tables.commits import (
+    CommitOutcomeUnknownError,
+    commit_settled,
+    committed_snapshot_id,
+    without_client_retries,
+)
 from kafscale_lakehouse.engine.tables.summary import (
     OFFSETS_PROPERTY_PREFIX,
     ancestry,
@@ -126,7 +131,7 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
                 update = transaction.update_snapshot(snapshot_properties=snapshot_properties)
                 with update.merge_append() if merge_manifests is not None else update.overwrite() as rewrite:
                     for data_file in removed:
-                        rewrite.delete_data_file(data_file)  # type: ignore[union-attr]
+                        rewrite.delete_data_file(data_file)  # a manifest merge (merge_append) removes none
                     for data_file in added:
                         rewrite.append_data_file(data_file)
                 view = commit_settled(transaction)
@@ -151,7 +156,7 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
             log.warning("table %s: the commit of %s reported %r but landed", table_name, what, exc)
             return landed, attempt
         table.metadata, table.metadata_location = view.metadata, view.metadata_location
-        return table.metadata.current_snapshot_id, attempt
+        return committed_snapshot_id(table), attempt
     raise AssertionError("unreachable")
 
 
