@@ -19,7 +19,7 @@ from pydantic import SecretStr
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, TableMaintenance
-from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings
+from kafscale_lakehouse.engine.tables import CatalogSettings
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.etcd_store import EtcdOffsetStore
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore

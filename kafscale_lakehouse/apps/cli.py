@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Never
 
 from kafscale_lakehouse.apps.segment_inspect import SegmentLocationError, inspect_segment
 from kafscale_lakehouse.config import ConfigError
-from kafscale_lakehouse.engine.spark.engine import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
+from kafscale_lakehouse.engine.spark import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
 from kafscale_lakehouse.format import SegmentFormatError
 from kafscale_lakehouse.storage import StorageError
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the heavy engine imports load only for the commands that ne
     from pyspark.sql import SparkSession
 
     from kafscale_lakehouse.config import LakehouseConfig
-    from kafscale_lakehouse.engine.ingestion.run import IngestContext
+    from kafscale_lakehouse.engine.ingestion import IngestContext
 
 log = logging.getLogger("kafscale_lakehouse.apps.cli")
 
@@ -34,8 +34,8 @@ class CommandError(Exception):
 def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool) -> int:
     """`--once`: one pass over every mapping; otherwise poll every `processor.poll_interval_seconds` until stopped."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.ingestion.run import IngestContext
-    from kafscale_lakehouse.engine.spark.session import get_spark_session
+    from kafscale_lakehouse.engine.ingestion import IngestContext
+    from kafscale_lakehouse.engine.spark import get_spark_session
 
     config = load_config(config_path)
     # SIGTERM (Kubernetes, `kill`) unwinds like Ctrl-C, so leases are released and no run is left half-done.
@@ -47,7 +47,7 @@ def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool)
 
 def _ingest_loop(config: LakehouseConfig, spark: SparkSession, context: IngestContext, *, topics: list[str] | None,
                  once: bool) -> int:
-    from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
+    from kafscale_lakehouse.engine.ingestion import IngestFailedError, ingest
 
     while True:
         try:
@@ -104,7 +104,7 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
     from kafscale_lakehouse.connections import table_maintenance
     from kafscale_lakehouse.engine import EngineError
     from kafscale_lakehouse.engine.maintenance import MAINTENANCE_STEPS, maintain_mapping
-    from kafscale_lakehouse.engine.spark.session import get_spark_session
+    from kafscale_lakehouse.engine.spark import get_spark_session
 
     config = load_config(config_path)
     mappings = [m for m in config.mappings if tables is None or m.table in tables]
@@ -132,7 +132,7 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
     from kafscale_lakehouse.engine import EngineError
-    from kafscale_lakehouse.engine.ingestion.positions import offsets_view, reset_from_store, reset_from_table
+    from kafscale_lakehouse.engine.ingestion import offsets_view, reset_from_store, reset_from_table
     from kafscale_lakehouse.engine.tables import load_catalog, open_table
     from kafscale_lakehouse.offsets import OffsetStoreError
 
@@ -166,7 +166,7 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
 def run_move_position(config_path: str | None, *, topic: str, partition: int, next_offset: int, yes: bool) -> int:
     """`offsets reset --to-offset N --partition P`: the table's position of one partition set explicitly
     (engine/replay.move_position); without --yes, what would change."""
-    from kafscale_lakehouse.engine.ingestion.replay import move_position
+    from kafscale_lakehouse.engine.ingestion import move_position
 
     def move(context, mapping) -> int:  # noqa: ANN001
         moved = move_position(context, mapping, partition, next_offset, dry_run=not yes)
@@ -187,8 +187,8 @@ def _with_ingest_context(config_path: str | None, topic: str, action) -> int:  #
     offsets command become `CommandError`s."""
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.engine import EngineError
-    from kafscale_lakehouse.engine.ingestion.run import IngestContext
-    from kafscale_lakehouse.engine.spark.session import get_spark_session
+    from kafscale_lakehouse.engine.ingestion import IngestContext
+    from kafscale_lakehouse.engine.spark import get_spark_session
     from kafscale_lakehouse.offsets import OffsetStoreError
 
     config = load_config(config_path)
@@ -208,11 +208,13 @@ def run_replay(config_path: str | None, *, topic: str, partition: int, start: in
                yes: bool) -> int:
     """`offsets replay`: the rows of one partition's offset range replaced by the records read again, in one commit
     (engine/ingestion/replay.py); without --yes, what would be replaced."""
-    from kafscale_lakehouse.engine.ingestion.replay import plan_replay, replay_range
-    from kafscale_lakehouse.engine.ingestion.run import open_mapping_table
-    from kafscale_lakehouse.engine.ingestion.validation import resolve_record_validation
-    from kafscale_lakehouse.engine.tables.rewrites import RecordRange
-    from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
+    from kafscale_lakehouse.engine.ingestion import (
+        open_mapping_table,
+        plan_replay,
+        replay_range,
+        resolve_record_validation,
+    )
+    from kafscale_lakehouse.engine.tables import RecordRange, read_topic_offsets
     from kafscale_lakehouse.offsets.ranges import OffsetRange
 
     def replay(context, mapping) -> int:  # noqa: ANN001
@@ -253,8 +255,7 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
     Ctrl-C, or until the parent process is gone (`make demo` killed hard); runs connect to it with `SPARK_REMOTE`."""
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.engine.ingestion import spark_job
-    from kafscale_lakehouse.engine.spark.engine import SparkEngineError, parse_engine_address, serve
-    from kafscale_lakehouse.engine.spark.session import spark_settings_from_env
+    from kafscale_lakehouse.engine.spark import SparkEngineError, parse_engine_address, serve, spark_settings_from_env
 
     try:
         engine_address = parse_engine_address(address)

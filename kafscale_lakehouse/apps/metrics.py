@@ -64,14 +64,17 @@ from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, redact_url
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
+from kafscale_lakehouse.engine.ingestion import ERROR_DECODE, ERROR_RESOLVE
 from kafscale_lakehouse.engine.ingestion.lag import lag as partition_lag
-from kafscale_lakehouse.engine.ingestion.lfs import ERROR_DECODE, ERROR_RESOLVE
-from kafscale_lakehouse.engine.tables.catalogs import CatalogError, catalog_endpoint, catalog_errors, load_catalog
-from kafscale_lakehouse.engine.tables.summary import (
+from kafscale_lakehouse.engine.tables import (
     LFS_DURATION_BUCKETS_SECONDS,
+    CatalogError,
     LfsStats,
     ancestry,
+    catalog_endpoint,
+    catalog_errors,
     is_kafscale_commit,
+    load_catalog,
     parse_commit,
 )
 from kafscale_lakehouse.etcd import EtcdClient, EtcdError, EtcdUnavailableError

@@ -31,11 +31,17 @@ from pyiceberg.table.snapshots import ADDED_RECORDS
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
-from kafscale_lakehouse.engine.ingestion.lag import lag
-from kafscale_lakehouse.engine.tables.catalogs import load_catalog
-from kafscale_lakehouse.engine.tables.checks import CHECK_NAMES, table_asset_path
-from kafscale_lakehouse.engine.tables.dead_letters import default_dead_letter_table
-from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY, ancestry, parse_commit, summary_properties
+from kafscale_lakehouse.engine.ingestion import lag
+from kafscale_lakehouse.engine.tables import (
+    CHECK_NAMES,
+    RUN_ID_PROPERTY,
+    ancestry,
+    default_dead_letter_table,
+    load_catalog,
+    parse_commit,
+    summary_properties,
+    table_asset_path,
+)
 
 log = logging.getLogger(__name__)
 

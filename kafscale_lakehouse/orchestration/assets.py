@@ -21,14 +21,16 @@ import dagster as dg
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.ingestion.run import (
+from kafscale_lakehouse.engine.ingestion import (
     IngestContext,
     IngestFailedError,
     IngestResult,
+    TopicScan,
+    WatchSources,
     commit_ingest,
     prepare_ingest,
+    scan_topic,
 )
-from kafscale_lakehouse.engine.ingestion.topic_scan import TopicScan, WatchSources, scan_topic
 from kafscale_lakehouse.offsets.ranges import OffsetRange, parse_ranges
 from kafscale_lakehouse.orchestration.metadata import (
     TABLE_NAME_KEY,

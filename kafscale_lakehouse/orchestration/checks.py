@@ -17,15 +17,14 @@ import dagster as dg
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.ingestion.lag import lag_and_reference
-from kafscale_lakehouse.engine.ingestion.topic_scan import PartitionState
-from kafscale_lakehouse.engine.tables.catalogs import TableNotFoundError
-from kafscale_lakehouse.engine.tables.checks import (
+from kafscale_lakehouse.engine.ingestion import PartitionState, lag_and_reference
+from kafscale_lakehouse.engine.tables import (
     FRESHNESS,
     OFFSETS_CONTIGUOUS,
     RECORD_ID_UNIQUE,
     SAMPLE_SIZE,
     SCHEMA_VALID,
+    TableNotFoundError,
     check_offset_contiguity,
     find_duplicate_record_ids,
     latest_committed_ranges,

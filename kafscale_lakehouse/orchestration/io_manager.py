@@ -29,17 +29,19 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 
-from kafscale_lakehouse.engine.spark.table_source import read_table
-from kafscale_lakehouse.engine.spark.writes import write_arrow, write_dataframe
-from kafscale_lakehouse.engine.tables.catalogs import load_catalog
-from kafscale_lakehouse.engine.tables.filters import (
+from kafscale_lakehouse.engine.spark import read_table, write_arrow, write_dataframe
+from kafscale_lakehouse.engine.tables import (
+    WRITE_MODES,
+    TableWrite,
+    TableWriteResult,
     all_of,
     any_of,
+    iceberg_schema_of,
+    load_catalog,
     parse_partition_spec,
     time_window_filter,
     values_filter,
 )
-from kafscale_lakehouse.engine.tables.writes import WRITE_MODES, TableWrite, TableWriteResult, iceberg_schema_of
 from kafscale_lakehouse.orchestration.metadata import (
     PARTITION_ROW_COUNT_KEY,
     SNAPSHOT_ID_KEY,

@@ -16,8 +16,8 @@ import dagster as dg
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from kafscale_lakehouse.engine.ingestion.run import IngestResult, PartitionOutcome
-from kafscale_lakehouse.engine.spark.table_source import count_rows_equal
+from kafscale_lakehouse.engine.ingestion import IngestResult, PartitionOutcome
+from kafscale_lakehouse.engine.spark import count_rows_equal
 from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges, parse_ranges
 
 # Materialization metadata keys that asset checks (checks.py) and `load_input` (io_manager.py) read back.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from kafscale_lakehouse.engine.tables.checks import table_asset_path
+from kafscale_lakehouse.engine.tables import table_asset_path
 
 # `_` is doubled so that the `_dot_`/`_dash_` escapes cannot be produced by a name that contained them literally.
 _ESCAPES = {"_": "__", ".": "_dot_", "-": "_dash_"}

@@ -8,9 +8,8 @@ import dagster as dg
 from pydantic import Field
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.ingestion.replay import ReplayError, replay_range
-from kafscale_lakehouse.engine.tables.rewrites import RewriteAbandonedError
-from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
+from kafscale_lakehouse.engine.ingestion import ReplayError, replay_range
+from kafscale_lakehouse.engine.tables import RewriteAbandonedError, read_topic_offsets
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.orchestration.naming import dagster_name_part, pool_name, table_asset_key
 from kafscale_lakehouse.orchestration.resources import (

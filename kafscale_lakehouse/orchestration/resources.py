@@ -30,9 +30,9 @@ from kafscale_lakehouse.connections import (
     schema_registry_client,
     segment_store_from_config,
 )
-from kafscale_lakehouse.engine.ingestion.run import IngestContext
-from kafscale_lakehouse.engine.spark.session import get_spark_session
-from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog, open_table
+from kafscale_lakehouse.engine.ingestion import IngestContext
+from kafscale_lakehouse.engine.spark import get_spark_session
+from kafscale_lakehouse.engine.tables import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import OffsetStore
 from kafscale_lakehouse.storage import SegmentStore

@@ -31,13 +31,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.ingestion.topic_scan import (
-    PartitionCursor,
-    PartitionState,
-    TopicScan,
-    WatchSources,
-    scan_topic,
-)
+from kafscale_lakehouse.engine.ingestion import PartitionCursor, PartitionState, TopicScan, WatchSources, scan_topic
 from kafscale_lakehouse.offsets.ranges import format_ranges
 from kafscale_lakehouse.orchestration.naming import (
     dagster_name_part,
