@@ -10,8 +10,8 @@ Watermarks go where the sensors read them: the sqlite offsets store (`offsets.ba
 
 With `lfs` (`--lfs`), every `LFS_EVERY`th order carries a photo (a small generated PNG, base64 in the order's
 `photo` field) and goes the way KafScale's LFS proxy sends a large payload: the order is stored as a blob and the
-record value is its LFS envelope (kafscale-format.md §9). Blobs go to the segment bucket under `lfs/` (S3), or for a
-local segment directory to `<local_root>/<LOCAL_LFS_BUCKET>/lfs/...`, where the ingestion's LFS stage looks for
+record value is its LFS envelope (docs/kafscale-format.md §9). Blobs go to the segment bucket under `lfs/` (S3), or
+for a local segment directory to `<local_root>/<LOCAL_LFS_BUCKET>/lfs/...`, where the ingestion's LFS stage looks for
 bucket `LOCAL_LFS_BUCKET`. A mapping with `lfs.mode: resolve` (the embedded default's) lands the full orders.
 """
 

@@ -273,7 +273,7 @@ def _lfs_mode_off(value: Any) -> Any:
 
 
 class LfsConfig(ConfigModel):
-    """`mappings[].lfs`: what to do with a record whose value is a KafScale LFS envelope (kafscale-format.md §9).
+    """`mappings[].lfs`: what to do with a record whose value is a KafScale LFS envelope (docs/kafscale-format.md §9).
 
     Go's defaults and rules: `mode` off; `resolve_concurrency` 0 means 4, negative is an error; `validate_checksum`
     true unless set; `max_inline_size` (bytes) must be > 0 for hybrid, and in resolve mode a blob larger than it is

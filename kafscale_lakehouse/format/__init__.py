@@ -1,4 +1,4 @@
-"""KafScale segment and index codec: pure functions on bytes, no I/O (kafscale-format.md)."""
+"""KafScale segment and index codec: pure functions on bytes, no I/O (docs/kafscale-format.md)."""
 
 from kafscale_lakehouse.format.base_columns import BASE_SCHEMA, build_base_table, record_id
 from kafscale_lakehouse.format.compression import CODEC_IDS, CODEC_NAMES, SNAPPY_FRAMINGS

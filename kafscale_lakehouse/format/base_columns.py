@@ -1,4 +1,4 @@
-"""The eight base columns of every landed record (kafscale-format.md §8) as an Arrow schema and table builder.
+"""The eight base columns of every landed record (docs/kafscale-format.md §8) as an Arrow schema and table builder.
 
 `BASE_SCHEMA` is the one definition of the base columns: their names, order (Iceberg field ids 1-8 in the tables we
 create), types and nullability; the schema layer reads its `Column`s from it. `record_id` is

@@ -1,4 +1,4 @@
-"""Kafka record-batch compression codecs (kafscale-format.md §3): pure functions on bytes.
+"""Kafka record-batch compression codecs (docs/kafscale-format.md §3): pure functions on bytes.
 
 gzip goes through zlib; snappy, lz4 (frame format) and zstd through cramjam's Rust bindings.
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class SegmentFormatError(ValueError):
-    """A `.kfs` or `.index` object that does not follow kafscale-format.md.
+    """A `.kfs` or `.index` object that does not follow docs/kafscale-format.md.
 
     `key` is the object key (or local path) and `position` the byte offset in that object where the problem is.
     """

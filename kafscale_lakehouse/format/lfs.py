@@ -1,4 +1,4 @@
-"""KafScale Large File Support envelopes (kafscale-format.md §9): detection, parsing, checksums. Pure, no I/O.
+"""KafScale Large File Support envelopes (docs/kafscale-format.md §9): detection, parsing, checksums. Pure, no I/O.
 
 A producer going through KafScale's LFS proxy stores a large payload as an S3 object and puts a small JSON envelope
 in the record value instead (`pkg/lfs/envelope.go`). Detection follows Go's `IsLfsEnvelope` and is vectorized over an

@@ -1,4 +1,4 @@
-"""Kafka v2 record batches (kafscale-format.md §3): decode runs of batches into Arrow, and encode them.
+"""Kafka v2 record batches (docs/kafscale-format.md §3): decode runs of batches into Arrow, and encode them.
 
 This module walks batch headers (CRC, codec, offsets) and hands the records sections to `record_columns`.
 """

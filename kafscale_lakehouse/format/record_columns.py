@@ -1,4 +1,4 @@
-"""Kafka v2 records (kafscale-format.md §3) decoded into BASE_SCHEMA columns, vectorized.
+"""Kafka v2 records (docs/kafscale-format.md §3) decoded into BASE_SCHEMA columns, vectorized.
 
 The records of all decoded batches of a run sit back to back in one buffer. Python touches each record only
 to hop over its length varint (records are only findable one after another); every other field is decoded for

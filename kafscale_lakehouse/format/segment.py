@@ -1,4 +1,4 @@
-"""Whole `.kfs` segments (kafscale-format.md §2): decode to Arrow with every consistency check, and encode."""
+"""Whole `.kfs` segments (docs/kafscale-format.md §2): decode to Arrow with every consistency check, and encode."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The 32-byte `.kfs` header and 16-byte footer (kafscale-format.md §2); pure functions on bytes."""
+"""The 32-byte `.kfs` header and 16-byte footer (docs/kafscale-format.md §2); pure functions on bytes."""
 
 from __future__ import annotations
 

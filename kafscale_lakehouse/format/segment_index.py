@@ -1,4 +1,4 @@
-"""The sparse `.index` object (kafscale-format.md §4): parse, validate, build, encode, look up."""
+"""The sparse `.index` object (docs/kafscale-format.md §4): parse, validate, build, encode, look up."""
 
 from __future__ import annotations
 

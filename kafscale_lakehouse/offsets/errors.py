@@ -42,7 +42,7 @@ class OffsetRegressionError(OffsetStoreError):
 
 
 class CorruptOffsetRecordError(OffsetStoreError):
-    """A stored key or value does not follow kafscale-format.md §6-7."""
+    """A stored key or value does not follow docs/kafscale-format.md §6-7."""
 
     def __init__(self, location: str, key: str, reason: str) -> None:
         self.key = key

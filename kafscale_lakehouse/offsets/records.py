@@ -1,4 +1,4 @@
-"""Keys and values of the processor's offsets, watermarks and leases (kafscale-format.md §6-7), byte-compatible
+"""Keys and values of the processor's offsets, watermarks and leases (docs/kafscale-format.md §6-7), byte-compatible
 with KafScale's Go iceberg-processor (`internal/checkpoint/etcd.go`).
 
 Go's `json.Marshal` of its structs gives compact JSON with the fields in declaration order (strings escaped by the

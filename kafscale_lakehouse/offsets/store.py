@@ -153,7 +153,7 @@ def leases_lost_error(lost: Sequence[tuple[Lease, str]]) -> LeaseLostError:
 
 
 class OffsetStore(ABC):
-    """Committed offsets, watermarks and leases of the processor (kafscale-format.md §7)."""
+    """Committed offsets, watermarks and leases of the processor (docs/kafscale-format.md §7)."""
 
     def __init__(self, location: str, key_prefix: str, lease_ttl_seconds: int) -> None:
         if not isinstance(lease_ttl_seconds, int) or lease_ttl_seconds < 1:

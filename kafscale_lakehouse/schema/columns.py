@@ -81,7 +81,7 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "date": pa.date32(),
 }
 
-# The columns KafScale's Go processor writes first in every table (kafscale-format.md §8), in this order (field ids
+# The columns KafScale's Go processor writes first in every table (docs/kafscale-format.md §8), in this order (field ids
 # 1-8): `format.BASE_SCHEMA` as `Column`s, non-nullable fields required.
 _COLUMN_TYPE_OF_ARROW: dict[pa.DataType, ColumnType] = {ARROW_TYPES[name]: name for name in COLUMN_TYPES}
 BASE_COLUMNS: tuple[Column, ...] = tuple(
@@ -89,7 +89,7 @@ BASE_COLUMNS: tuple[Column, ...] = tuple(
     for field in BASE_SCHEMA
 )
 BASE_COLUMN_NAMES = tuple(column.name for column in BASE_COLUMNS)
-# The six columns `mappings[].lfs.store_metadata` adds after the mapped columns (kafscale-format.md §9); the LFS
+# The six columns `mappings[].lfs.store_metadata` adds after the mapped columns (docs/kafscale-format.md §9); the LFS
 # stage fills them (null for records that are no envelope), never the JSON coercion.
 LFS_METADATA_COLUMNS: tuple[Column, ...] = tuple(
     Column(name=f.name, type="long" if f.type == pa.int64() else "string") for f in LFS_METADATA_FIELDS)

@@ -1,6 +1,6 @@
 """Schema evolution by column name: bring an existing table's schema to a mapping's columns.
 
-Rules (DESIGN.md "Schema and coercion"), compared by name, never by position:
+Rules (docs/architecture.md "Schema and coercion"), compared by name, never by position:
 - base columns (ids 1-8 in tables we create) must be present with their types; anything else is an error;
 - a mapped column missing from the table is added, as optional: existing rows have no value for it, and
   Iceberg v1/v2 cannot add a required column without a default. So a new column declared `required: true`

@@ -1,4 +1,4 @@
-"""Which topics and partitions exist: `discovery.mode` `auto | etcd | s3` (kafscale-format.md §6).
+"""Which topics and partitions exist: `discovery.mode` `auto | etcd | s3` (docs/kafscale-format.md §6).
 
 Compatible with the Go iceberg-processor (`internal/discovery/discovery.go`):
 - `s3`: topics and partitions are the "directories" under the namespace.

@@ -1,4 +1,4 @@
-"""Offset continuity of a partition's segments (kafscale-format.md §1): next base = previous last offset + 1.
+"""Offset continuity of a partition's segments (docs/kafscale-format.md §1): next base = previous last offset + 1.
 
 A gap means data was deleted (retention, lifecycle) before it was ingested; it is reported, never skipped here.
 An overlap means two segments claim the same offsets; that cannot be resolved automatically and is an error.

@@ -1,4 +1,4 @@
-"""Object keys of KafScale segments (kafscale-format.md §1): `<namespace>/<topic>/<partition>/segment-<base>.kfs`
+"""Object keys of KafScale segments (docs/kafscale-format.md §1): `<namespace>/<topic>/<partition>/segment-<base>.kfs`
 and `.index`.
 
 Parsing is compatible with the Go iceberg-processor (`internal/discovery`), but stricter about numbers: only ASCII

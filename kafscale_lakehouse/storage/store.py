@@ -106,7 +106,7 @@ class _SegmentPair:
 
 
 class SegmentStore(ABC):
-    """Object store holding KafScale segments under `namespace` (kafscale-format.md §1).
+    """Object store holding KafScale segments under `namespace` (docs/kafscale-format.md §1).
 
     Object keys are full keys relative to the bucket (or root directory), e.g. `default/orders/0/segment-…kfs`.
     `request_counts` counts requests by kind (`list` per page, `get`, `head`, `put`) since construction.

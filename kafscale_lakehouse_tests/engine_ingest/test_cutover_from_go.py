@@ -1,5 +1,5 @@
 """Switching from KafScale's Go iceberg-processor and back, on SeaweedFS + etcd + Spark: a table and etcd state as
-the Go processor leaves them -> our runs -> etcd keys a Go processor resumes from (kafscale-format.md §7)."""
+the Go processor leaves them -> our runs -> etcd keys a Go processor resumes from (docs/kafscale-format.md §7)."""
 
 from __future__ import annotations
 

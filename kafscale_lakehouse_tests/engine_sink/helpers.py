@@ -23,7 +23,7 @@ MAPPED_COLUMNS = ["amount", "customer"]
 
 
 def lakehouse_schema() -> Schema:
-    """Base columns (ids 1-8, kafscale-format.md §8) followed by two mapped columns."""
+    """Base columns (ids 1-8, docs/kafscale-format.md §8) followed by two mapped columns."""
     return Schema(
         NestedField(1, "record_id", StringType(), required=True),
         NestedField(2, "topic", StringType(), required=True),

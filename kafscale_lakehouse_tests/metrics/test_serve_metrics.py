@@ -83,7 +83,7 @@ def test_metrics_carry_the_go_processor_series_with_the_values_of_an_ingest_run(
     last_timestamps = {p: max((r["offset"], r["timestamp_ms"]) for r in rows if r["partition"] == p)[1] for p in (0, 1)}
     assert last_timestamps[1] == records[-1].timestamp_ms
     assert last_timestamps[1] < max(r["timestamp_ms"] for r in rows if r["partition"] == 1)
-    # The gauges hold what the Go processor sets after its commit; etcd what it writes (kafscale-format.md §7).
+    # The gauges hold what the Go processor sets after its commit; etcd what it writes (docs/kafscale-format.md §7).
     for partition, end in ((0, PARTITION_0_RECORDS), (1, PARTITION_1_RECORDS)):
         labels = {"topic": topic, "partition": str(partition)}
         stored = etcd_offset_record(world, partition)

@@ -1,4 +1,4 @@
-"""Discovery modes auto | etcd | s3 against the real etcd and SeaweedFS (kafscale-format.md §6)."""
+"""Discovery modes auto | etcd | s3 against the real etcd and SeaweedFS (docs/kafscale-format.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Segment key parsing and building (kafscale-format.md §1)."""
+"""Segment key parsing and building (docs/kafscale-format.md §1)."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ def test_discovery_mode_parses_like_the_go_processor():
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# Both broker shapes (kafscale-format.md §6) hold the same cluster: an unhealthy topic, an unhealthy partition, a
+# Both broker shapes (docs/kafscale-format.md §6) hold the same cluster: an unhealthy topic, an unhealthy partition, a
 # topic without partitions and (main only) a topic whose name is null.
 SNAPSHOT_FIXTURES = ["metadata_snapshot_v1.5.0.json", "metadata_snapshot_main.json"]
 

@@ -1,7 +1,7 @@
 """Lag: the one definition the sensor, the run, the freshness check, the report and `serve-metrics` share.
 
 Lag is the number of records the log holds that the table does not: the log end (the broker's `next_offset`
-watermark, kafscale-format.md §6) minus the partition's next offset to ingest (nothing committed counts from 0),
+watermark, docs/kafscale-format.md §6) minus the partition's next offset to ingest (nothing committed counts from 0),
 never below 0. Without a broker watermark the freshness check measures against the end of the completed segments.
 """
 

@@ -1,6 +1,6 @@
 """Large File Support on the executors: what an ingestion task does with records whose value is an LFS envelope.
 
-Per `mappings[].lfs` (config.LfsConfig, kafscale-format.md §9), for each Arrow batch of decoded records:
+Per `mappings[].lfs` (config.LfsConfig, docs/kafscale-format.md §9), for each Arrow batch of decoded records:
 - detection is vectorized (`format.lfs.lfs_envelope_mask`): a batch without envelopes passes through untouched;
 - `skip`: envelope records are taken out and counted (`records_total{result="skipped_lfs"}`);
 - `reference`: the value stays the envelope; `resolve`: the value becomes the blob; `hybrid`: resolve when
