@@ -36,7 +36,7 @@ from kafscale_lakehouse.etcd import EtcdAuthError, EtcdClient
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX, lakehouse_resources
 from kafscale_lakehouse.schema.registry import SchemaRegistryError
 from kafscale_lakehouse.storage import StorageAuthError
-from kafscale_lakehouse_tests.dagster_core.conftest import run_ingest_job
+from kafscale_lakehouse_tests.orchestration.core.conftest import run_ingest_job
 from kafscale_lakehouse_tests.schema_registry.conftest import REGISTRY_PATH, Answer
 from kafscale_lakehouse_tests.security.conftest import (
     ETCD_USER,

@@ -17,7 +17,7 @@ from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
 
 pytestmark = pytest.mark.integration
 
-MAIN_SNAPSHOT = Path(__file__).parents[1] / "storage" / "fixtures" / "metadata_snapshot_main.json"
+MAIN_SNAPSHOT = Path(__file__).parents[2] / "storage" / "fixtures" / "metadata_snapshot_main.json"
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,15 @@ from kafscale_lakehouse.engine.tables.summary import WRITE_LATENCY_PROPERTY
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
+from kafscale_lakehouse_tests.apps.metrics.conftest import (
+    http_get,
+    parse_samples,
+    running_metrics_server,
+    scrape,
+    value,
+)
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine_ingest.harness import CLI, IngestWorld
-from kafscale_lakehouse_tests.metrics.conftest import http_get, parse_samples, running_metrics_server, scrape, value
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 from kafscale_lakehouse.schema import table_schema
-from kafscale_lakehouse_tests.report.conftest import (
+from kafscale_lakehouse_tests.apps.report.conftest import (
     CATALOG_PASSWORD,
     COLUMNS,
     DEAD_LETTERS,

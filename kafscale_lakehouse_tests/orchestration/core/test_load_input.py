@@ -6,7 +6,7 @@ import dagster as dg
 
 from kafscale_lakehouse.definitions import build_definitions
 from kafscale_lakehouse.orchestration.naming import table_asset_key, topic_partitions_def
-from kafscale_lakehouse_tests.dagster_core.conftest import run_ingest_job
+from kafscale_lakehouse_tests.orchestration.core.conftest import run_ingest_job
 
 
 def test_downstream_assets_read_the_table_as_a_spark_dataframe(embedded_world, spark):

@@ -11,7 +11,7 @@ from kafscale_lakehouse.engine.tables.checks import FRESHNESS, OFFSETS_CONTIGUOU
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.naming import topic_asset_key
-from kafscale_lakehouse_tests.dagster_core.conftest import run_ingest_job
+from kafscale_lakehouse_tests.orchestration.core.conftest import run_ingest_job
 
 
 def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, object]]:

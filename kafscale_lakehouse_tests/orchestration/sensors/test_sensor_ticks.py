@@ -21,7 +21,7 @@ from kafscale_lakehouse.orchestration.sensors import (
     sensor_name,
 )
 from kafscale_lakehouse.storage import ObjectKind, segment_key
-from kafscale_lakehouse_tests.dagster_sensors.conftest import POLL_INTERVAL_SECONDS
+from kafscale_lakehouse_tests.orchestration.sensors.conftest import POLL_INTERVAL_SECONDS
 
 
 def requested_range(result) -> tuple[str, str, str]:

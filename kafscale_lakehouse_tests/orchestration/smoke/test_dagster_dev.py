@@ -29,7 +29,7 @@ from kafscale_lakehouse.testing.servers import free_ports
 
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 TABLE = "rpc.pizzas"
 PARTITIONS = 3

@@ -18,7 +18,7 @@ from kafscale_lakehouse.format import decode_segment
 from kafscale_lakehouse.offsets import LocalOffsetStore
 from kafscale_lakehouse.storage import ObjectKind, segment_key
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 ORDER_FIELDS = {"order_id", "store_id", "sauce", "cheese", "meats", "veggies", "date_ordered"}
 
 

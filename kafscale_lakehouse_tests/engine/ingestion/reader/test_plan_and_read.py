@@ -27,7 +27,7 @@ from kafscale_lakehouse.format import CrcMismatchError, encode_segment, entry_fo
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, ObjectNotFoundError, S3SegmentStore, segment_key
-from kafscale_lakehouse_tests.engine_source.conftest import (
+from kafscale_lakehouse_tests.engine.ingestion.reader.conftest import (
     PIZZA_COLUMNS,
     TOPIC,
     ReadRequest,

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from kafscale_lakehouse.engine.ingestion.segment_reader import SegmentReadError, read_input_partition
-from kafscale_lakehouse_tests.engine_source.conftest import TOPIC, ReadRequest, write_pizza_segments
+from kafscale_lakehouse_tests.engine.ingestion.reader.conftest import TOPIC, ReadRequest, write_pizza_segments
 
 
 def test_a_segment_replaced_after_planning_stops_its_partition_naming_planned_and_found(local_store):

@@ -15,7 +15,7 @@ from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_cata
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import LocalSegmentStore
-from kafscale_lakehouse_tests.engine_source.conftest import (
+from kafscale_lakehouse_tests.engine.ingestion.reader.conftest import (
     PIZZA_COLUMNS,
     TOPIC,
     ReadRequest,
