@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kafscale_lakehouse.connections import offset_store_from_config
 import kafscale_lakehouse.engine.ingestion.replay as replay_module
+from kafscale_lakehouse.connections import offset_store_from_config
 from kafscale_lakehouse.engine.ingestion.replay import REPLAY_PROPERTY, ReplayError, move_position, replay_range
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest
 from kafscale_lakehouse.engine.tables.summary import read_committed_offsets

@@ -80,6 +80,40 @@ def test_a_live_run_keeps_its_files_while_another_run_prepares(production_world,
     assert world.recorded_runs() == []
 
 
+def test_a_run_that_opened_the_table_before_an_ended_runs_commit_keeps_that_runs_files(embedded_world, spark,
+                                                                                       monkeypatch):
+    """Issue 19, hole 1: run A commits and dies before forgetting its record; run B, which opened the table before
+    A's commit, takes the lease once A's is gone and cleaned up with its old view: A's committed files deleted."""
+    world = embedded_world
+    world.write_segments(0, 100, records_per_segment=50)
+    config = world.config()
+    mapping = config.mappings[0]
+    real_acquire, real_forget = ingest_module.acquire_partition_leases, ingest_module.forget_run
+    interleaved: list[IngestResult] = []
+    started: list[bool] = []
+
+    def run_a_commits_and_dies_first(*args, **kwargs):
+        if not started:  # run B has opened the table; run A runs to its commit, and dies before forgetting
+            started.append(True)
+            monkeypatch.setattr(ingest_module, "forget_run", lambda *a, **k: None)
+            with IngestContext.from_config(config, spark) as context_a:
+                interleaved.append(ingest_mapping(context_a, mapping, partitions=[0]))
+            monkeypatch.setattr(ingest_module, "forget_run", real_forget)
+            assert world.recorded_runs(), "run A's record is left behind"
+        return real_acquire(*args, **kwargs)
+
+    monkeypatch.setattr(ingest_module, "acquire_partition_leases", run_a_commits_and_dies_first)
+    with IngestContext.from_config(config, spark) as context_b:
+        result_b = ingest_mapping(context_b, mapping, partitions=[0])
+    assert interleaved and interleaved[0].records == 100
+    assert result_b.records == 0, "run B starts where run A's commit ended"
+    table = world.table()
+    assert world.referenced_data_files(table) <= world.table_data_files(), "run B deleted files of A's commit"
+    assert table.scan().to_arrow().num_rows == 100
+    world.assert_exactly_once(runs=1)
+    assert world.recorded_runs() == []
+
+
 def test_rename_and_recreate_keeps_the_backup_readable(embedded_world, spark):
     world = embedded_world
     world.write_segments(0, 100, records_per_segment=50)

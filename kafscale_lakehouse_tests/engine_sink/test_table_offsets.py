@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pytest
 from pyiceberg.exceptions import CommitStateUnknownException
 
 import kafscale_lakehouse.engine.tables.appends as table_offsets
+import kafscale_lakehouse.engine.tables.run_files as run_files
 from kafscale_lakehouse.engine.tables.appends import (
     CommitOutcomeUnknownError,
     CommitRetriesExhaustedError,
     OffsetConflictError,
     commit_append,
 )
-from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_committed, run_table
+from kafscale_lakehouse.engine.tables.run_files import (
+    clean_ended_runs,
+    record_commit_attempt,
+    register_run,
+    remove_run_files,
+    run_committed,
+    run_table,
+)
 from kafscale_lakehouse.engine.tables.summary import (
     COMMIT_ID_PROPERTY,
     OFFSETS_PROPERTY_PREFIX,
@@ -25,6 +35,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     read_committed_offsets,
     read_topic_offsets,
 )
+from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse_tests.engine_sink.helpers import start_end, write_batch
 
 pytestmark = pytest.mark.integration
@@ -202,6 +213,81 @@ def test_unknown_outcome_keeps_files_until_cleanup_proves_them_unreferenced(cata
         f.file_path for f in files
     )
     assert _exists(table, files) == [False] * len(files)
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_an_ended_runs_commit_applied_late_by_the_catalog_keeps_its_files(catalog, make_table, monkeypatch, tmp_path):
+    """Issue 19, hole 1: a commit whose outcome was unknown is applied by the catalog after its run ended; the
+    clean-up of ended runs must not delete its files before main has moved past the snapshot it was built on."""
+    table = make_table()
+    commit_append(table, write_batch(table, "t", {0: (0, 3)}, "run-first"), "t", {0: 0}, {0: 3}, "run-first")
+    with LocalOffsetStore(tmp_path / "offsets.db", lease_ttl_seconds=30) as store:
+        lease = store.acquire_lease("t", 0, "owner-a")
+        record = register_run(store, [lease], "run-a", [table])
+        files = write_batch(table, "t", {0: (3, 8)}, "run-a")
+        real_commit, in_flight = catalog.commit_table, []
+
+        def held_in_flight(*args, **kwargs):
+            in_flight.append((args, kwargs))
+            raise CommitStateUnknownException("gateway timeout; the catalog applies it later")
+
+        monkeypatch.setattr(catalog, "commit_table", held_in_flight)
+        with pytest.raises(CommitOutcomeUnknownError, match="run-a"):
+            commit_append(table, files, "t", {0: 3}, {0: 8}, "run-a", max_attempts=1,
+                          before_attempt=lambda current: record_commit_attempt(store, [lease], record, current))
+        monkeypatch.undo()
+        lease.release()  # run A has ended (its lease expired)
+
+        stale = catalog.load_table(table.name())
+        assert clean_ended_runs(store, "t", [stale]) == [], "the commit may still land"
+        assert all(_exists(table, files)) and [r for r, _ in store.recorded_runs("t")] == ["run-a"]
+
+        real_commit(*in_flight[0][0], **in_flight[0][1])  # the catalog applies it now
+        table.refresh()
+        assert read_topic_offsets(table, "t") == {0: 8}
+        assert clean_ended_runs(store, "t", [stale]) == [] and store.recorded_runs("t") == []
+        assert all(_exists(table, files)) and table.scan().to_arrow().num_rows == 8
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_an_ended_runs_commit_that_can_no_longer_land_has_its_files_removed(catalog, make_table, tmp_path):
+    """The other side of the rule: once main has moved past the snapshot the ended run's commit was built on,
+    without it, the catalog refuses that commit whenever it arrives: its files are deleted."""
+    table = make_table()
+    commit_append(table, write_batch(table, "t", {0: (0, 3)}, "run-first"), "t", {0: 0}, {0: 3}, "run-first")
+    with LocalOffsetStore(tmp_path / "offsets.db", lease_ttl_seconds=30) as store:
+        lease = store.acquire_lease("t", 0, "owner-a")
+        record = register_run(store, [lease], "run-a", [table])
+        files = write_batch(table, "t", {0: (3, 8)}, "run-a")
+        record_commit_attempt(store, [lease], record, table)  # then it died without sending
+        lease.release()
+        commit_append(table, write_batch(table, "t", {0: (3, 5)}, "run-b"), "t", {0: 3}, {0: 5}, "run-b")
+        stale = catalog.load_table(table.name())
+        assert sorted(clean_ended_runs(store, "t", [stale])) == sorted(f.file_path for f in files)
+        assert store.recorded_runs("t") == [] and table.scan().to_arrow().num_rows == 5
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_a_run_whose_commit_was_expired_behind_an_older_tag_is_not_proven_uncommitted(make_table, monkeypatch):
+    """Issue 19, hole 2: the walk stopped at the first retained snapshot older than the run's start (here a tag) and
+    answered "not committed" although the snapshot after it, the run's commit, had been expired."""
+    monkeypatch.setattr(run_files, "CLOCK_SKEW_MS", 0)
+    table = make_table()
+    commit_append(table, write_batch(table, "t", {0: (0, 5)}, "run-old"), "t", {0: 0}, {0: 5}, "run-old")
+    tagged = table.current_snapshot()
+    table.manage_snapshots().create_tag(tagged.snapshot_id, "audit").commit()
+    started_ms = tagged.timestamp_ms + 1
+    time.sleep(0.01)
+    ours = commit_append(table, write_batch(table, "t", {0: (5, 9)}, "run-ours"), "t", {0: 5}, {0: 9}, "run-ours")
+    commit_append(table, write_batch(table, "t", {0: (9, 12)}, "run-new"), "t", {0: 9}, {0: 12}, "run-new")
+    table.maintenance.expire_snapshots().by_id(ours.snapshot_id).commit()
+    table.refresh()
+    assert table.metadata.snapshot_by_id(ours.snapshot_id) is None
+    assert table.metadata.snapshot_by_id(tagged.snapshot_id) is not None
+
+    assert run_committed(table, "run-ours", started_ms) is None, "a hole in the history proves nothing"
+    assert run_committed(table, "run-new", started_ms) is True
+    assert table.scan().to_arrow().num_rows == 12
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)

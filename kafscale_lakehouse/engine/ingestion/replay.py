@@ -39,7 +39,13 @@ from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
 from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.commits import CommitOutcomeUnknownError, delete_data_files, rows_must_match
 from kafscale_lakehouse.engine.tables.rewrites import RecordRange, commit_rewrite
-from kafscale_lakehouse.engine.tables.run_files import clean_ended_runs, forget_run, register_run
+from kafscale_lakehouse.engine.tables.run_files import (
+    RunRecord,
+    clean_ended_runs,
+    forget_run,
+    record_commit_attempt,
+    register_run,
+)
 from kafscale_lakehouse.engine.tables.summary import (
     RUN_ID_PROPERTY,
     read_topic_offsets,
@@ -128,10 +134,10 @@ def replay_range(context: IngestContext, mapping: MappingConfig, offsets: Offset
         clean_ended_runs(context.offsets, topic, [table])
         plan = plan_replay(table, records)
         segments = _segments(context, table_name, records)
-        register_run(context.offsets, [lease], run_id, [table])
+        record = register_run(context.offsets, [lease], run_id, [table])
         log.info("%s; reading %d segments again (run %s)", plan.describe(), len(segments), run_id)
         try:
-            result = _replace(context, mapping, validation, table, plan, segments, lease, run_id)
+            result = _replace(context, mapping, validation, table, plan, segments, lease, record)
         except CommitOutcomeUnknownError:
             raise  # its files may be referenced: the run's record stays, a later run of the topic settles them
         except Exception:
@@ -145,10 +151,10 @@ def replay_range(context: IngestContext, mapping: MappingConfig, offsets: Offset
 
 
 def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordValidation, table: Table,
-             plan: ReplayPlan, segments: list[SegmentRef], lease: Lease, run_id: str) -> ReplayResult:
+             plan: ReplayPlan, segments: list[SegmentRef], lease: Lease, record: RunRecord) -> ReplayResult:
     """Steps 2 to 4 of the module docstring; on an error the files written are deleted (unless the commit's outcome
     is unknown)."""
-    records, offsets, topic = plan.records, plan.records.offsets, mapping.topic
+    records, offsets, topic, run_id = plan.records, plan.records.offsets, mapping.topic, record.run_id
     target = context.config.processor.target_file_size_bytes
     outputs = run_ingestion_spark_job(
         context.spark, table, run_id, context.store, topic, segment_run_partitions(topic, offsets, segments, target),
@@ -166,6 +172,7 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
             if next_offset is None or next_offset < offsets.end:
                 raise ReplayError(f"table {plan.table}: the table no longer holds {records} (its next offset is now "
                                   f"{next_offset}: rolled back?); nothing replaced")
+            record_commit_attempt(context.offsets, [lease], record, current)  # the commit's base, for clean-up
 
         snapshot_id, attempts = commit_rewrite(
             table, removed, [*read_again, *rewritten],
@@ -244,13 +251,14 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
 
 def _move_back(context: IngestContext, table: Table, records: RecordRange, lease: Lease, run_id: str) -> PositionMove:
     plan = plan_replay(table, records)
-    register_run(context.offsets, [lease], run_id, [table])
+    record = register_run(context.offsets, [lease], run_id, [table])
     rewritten: list[DataFile] = []
     try:
         removed, rewritten = _without_the_range(context, table, plan, run_id)
 
-        def holds_lease(_: Table) -> None:
+        def holds_lease(current: Table) -> None:
             context.offsets.confirm_lease(lease)
+            record_commit_attempt(context.offsets, [lease], record, current)  # the commit's base, for clean-up
 
         snapshot_id, _ = commit_rewrite(
             table, removed, rewritten, marker=(REPLAY_PROPERTY, f"{records.topic}/{records.offsets.partition}/"

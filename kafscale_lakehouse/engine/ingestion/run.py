@@ -67,7 +67,13 @@ from kafscale_lakehouse.engine.tables.dead_letters import (
     publish_pending_dead_letters,
     stage_dead_letters,
 )
-from kafscale_lakehouse.engine.tables.run_files import clean_ended_runs, forget_run, register_run
+from kafscale_lakehouse.engine.tables.run_files import (
+    RunRecord,
+    clean_ended_runs,
+    forget_run,
+    record_commit_attempt,
+    register_run,
+)
 from kafscale_lakehouse.engine.tables.summary import (
     WATERMARK_TIMESTAMP_PROPERTY,
     WRITE_LATENCY_PROPERTY,
@@ -276,6 +282,14 @@ class PreparedIngest:
     plans: dict[int, _PartitionPlan]
     commit_properties: dict[str, str] = field(default_factory=dict)  # settled dead letters, for the commit
     registered: bool = False  # the run's record (run_files.py) is in the offsets store
+    record: RunRecord | None = None  # that record, as last written
+
+    def record_commit_attempt(self, table: Table, partitions: Iterable[int], *, staged: bool = False) -> None:
+        """Before each commit to `table` is sent (run_files.record_commit_attempt), fenced by the leases of the
+        partitions it commits (raises when one is lost)."""
+        if self.record is not None:
+            leases = [self.leases[p] for p in partitions]
+            self.record = record_commit_attempt(self.context.offsets, leases, self.record, table, staged=staged)
 
     def input_partitions(self) -> list[SegmentRunPartition]:
         """The planned segments in groups of at most `processor.target_file_size_bytes`: one Spark task each."""
@@ -344,7 +358,7 @@ def prepare_ingest(
             # Files of ended runs of this topic (run_files.py: only those known to have ended uncommitted), then
             # this run's own record, before it writes anything.
             clean_ended_runs(context.offsets, topic, written_to)
-            register_run(context.offsets, list(leases.values()), run_id, written_to)
+            prepared.record = register_run(context.offsets, list(leases.values()), run_id, written_to)
             prepared.registered = True
             _plan(prepared, planned or {}, identity)
     except BaseException:
@@ -536,6 +550,8 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
         # Staged before the table commit, published right after it (engine/tables/dead_letters.py: why nothing is
         # lost or doubled).
         ranges = {p: (plans[p].commit_start, ends[p]) for p in committing}
+        if selected.dead_letter_files.keep:
+            prepared.record_commit_attempt(dead_letters, committing, staged=True)
         staged = stage_dead_letters(
             dead_letters,
             selected.dead_letter_files.keep,
@@ -556,6 +572,7 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
         {p: ends[p] for p in committing},
         run_id,
         snapshot_properties=properties,
+        before_attempt=lambda current: prepared.record_commit_attempt(current, committing),
     )
     result.snapshot_id = commit.snapshot_id
     if staged is not None and dead_letters is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
@@ -90,6 +90,7 @@ def commit_append(
     max_attempts: int = DEFAULT_COMMIT_ATTEMPTS,
     retry_wait_seconds: float = DEFAULT_RETRY_WAIT_SECONDS,
     snapshot_properties: Mapping[str, str] | None = None,
+    before_attempt: Callable[[Table], None] | None = None,
 ) -> CommitResult:
     """Append `data_files` in one snapshot whose summary advances `topic` from `start_offsets` to `end_offsets`.
 
@@ -99,6 +100,9 @@ def commit_append(
     `max_attempts` times. On a refused commit our data files are deleted; on an unknown outcome they are kept
     (they may be referenced) and a later run removes them if they are not (`run_files.clean_ended_runs`).
     `end_offsets[p]` is the next offset to read for partition p. `table` is refreshed on return.
+    `before_attempt` runs on the refreshed table right before each commit is sent (the run records the snapshot the
+    commit is built on, `run_files.record_commit_attempt`); when it raises, nothing more is sent and the files are
+    kept for the clean-up of ended runs.
     """
     table_name = ".".join(table.name())
     _check_offset_ranges(table_name, topic, start_offsets, end_offsets, run_id, snapshot_properties or {})
@@ -133,6 +137,8 @@ def commit_append(
             delete_uncommitted(table, paths, table_name, run_id)
             raise OffsetConflictError(table_name, topic, partition, start_offsets[partition], committed_offset)
         properties = {**offsets_summary_properties(committed, topic, end_offsets), **markers}
+        if before_attempt is not None:
+            before_attempt(table)
         try:
             append_without_client_retries(table, data_files, properties)
             snapshot_id = committed_snapshot_id(table)

@@ -10,10 +10,14 @@ run that crashed or whose commit outcome was unknown; a later run of the same to
   however old its files are);
 - the table is the one the run wrote to (same UUID: a table renamed and recreated at the same location is another
   table, whose files are left to that table's orphan-file removal);
-- the run did not commit to that table: no snapshot since the run started carries its run id. This reads the
-  table metadata that is already loaded, newest first and only back to the run's start, never a manifest. If the
-  table's retained history no longer reaches back to the run's start (snapshots expired since), the outcome is not
-  known and the files are left to orphan-file removal, which checks every reference.
+- the REFRESHED table (a view loaded before the leases were taken may predate the ended run's commit) proves that
+  the run's commit can never land (`run_outcome`): no commit was ever sent, or main has moved past the snapshot the
+  commit was built on (`record_commit_attempt` records it, fenced by the leases, before every attempt: a run that
+  lost its leases sends nothing the record does not name), through a complete history, and no retained snapshot
+  carries its run id. This reads table metadata only, back to that snapshot, never a manifest. While main is still
+  at that snapshot the record stays for a later run; when the outcome cannot be proven (a record of an older
+  version without the base, a staged dead-letter commit, snapshots expired since) the files are left to orphan-file
+  removal, which checks every reference.
 Then only that run's directory is listed and deleted: the cost is what the run wrote, never the table's size or age.
 """
 
@@ -23,12 +27,13 @@ import contextlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyarrow.fs import FileSelector, FileType
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.snapshots import Snapshot
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.phases import timed
@@ -48,11 +53,31 @@ class RunRecordError(EngineError):
     """A run record in the offsets store cannot be read."""
 
 
+# RunTable.attempt: what the run may have sent the catalog (None: a record written before this was recorded).
+NO_ATTEMPT = "none"  # no commit sent: the run's files can never be referenced
+ON_MAIN = "main"  # a commit requiring main to be at `base_snapshot_id` (None: the table had no snapshot)
+STAGED = "staged"  # a commit no ref guards (a staged dead-letter snapshot): it can land whatever main does
+
+
 @dataclass(frozen=True)
 class RunTable:
     name: str
     uuid: str
     data_dir: str  # the run's own directory under the table's data path
+    attempt: str | None = None
+    base_snapshot_id: int | None = None
+
+    def encode(self) -> dict:
+        encoded: dict = {"name": self.name, "uuid": self.uuid, "data_dir": self.data_dir}
+        if self.attempt is not None:
+            encoded.update(attempt=self.attempt, base=self.base_snapshot_id)
+        return encoded
+
+    @classmethod
+    def decode(cls, raw: dict) -> RunTable:
+        base = raw.get("base")
+        return cls(str(raw["name"]), str(raw["uuid"]), str(raw["data_dir"]),
+                   None if raw.get("attempt") is None else str(raw["attempt"]), None if base is None else int(base))
 
 
 @dataclass(frozen=True)
@@ -67,7 +92,7 @@ class RunRecord:
         return json.dumps({
             "run_id": self.run_id, "owner_id": self.owner_id, "partitions": list(self.partitions),
             "started_ms": self.started_ms,
-            "tables": [{"name": t.name, "uuid": t.uuid, "data_dir": t.data_dir} for t in self.tables],
+            "tables": [t.encode() for t in self.tables],
         }, separators=(",", ":")).encode()
 
     @classmethod
@@ -76,15 +101,15 @@ class RunRecord:
             raw = json.loads(value)
             return cls(run_id=str(raw["run_id"]), owner_id=str(raw["owner_id"]),
                        partitions=tuple(int(p) for p in raw["partitions"]), started_ms=int(raw["started_ms"]),
-                       tables=tuple(RunTable(str(t["name"]), str(t["uuid"]), str(t["data_dir"]))
-                                    for t in raw["tables"]))
+                       tables=tuple(RunTable.decode(t) for t in raw["tables"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise RunRecordError(f"{where}: run record {value[:200]!r} cannot be read ({exc})") from exc
 
 
 def run_table(table: Table, run_id: str) -> RunTable:
     data_path = load_location_provider(table.location(), table.properties).data_path
-    return RunTable(".".join(table.name()), str(table.metadata.table_uuid), run_data_dir(data_path, run_id))
+    return RunTable(".".join(table.name()), str(table.metadata.table_uuid), run_data_dir(data_path, run_id),
+                    attempt=NO_ATTEMPT)
 
 
 def register_run(store: OffsetStore, leases: Sequence[Lease], run_id: str, tables: Sequence[Table]) -> RunRecord:
@@ -95,6 +120,23 @@ def register_run(store: OffsetStore, leases: Sequence[Lease], run_id: str, table
                        tables=tuple(run_table(table, run_id) for table in tables))
     store.record_run(leases, run_id, record.encode())
     return record
+
+
+def record_commit_attempt(store: OffsetStore, leases: Sequence[Lease], record: RunRecord, table: Table, *,
+                          staged: bool = False) -> RunRecord:
+    """Record, fenced by the run's leases, the commit the run is about to send to `table`: built on main's current
+    snapshot of the (refreshed) `table`, or `staged`. Call right before every commit attempt, and send nothing when
+    it raises (`LeaseLostError`): a run that lost a lease can then never send a commit the record does not name, so
+    clean-up, which reads the record only once every lease is gone, knows which commit could still land."""
+    uuid = str(table.metadata.table_uuid)
+    current = next((t for t in record.tables if t.uuid == uuid), None)
+    if current is None:
+        raise RunRecordError(f"table {'.'.join(table.name())}: run {record.run_id} did not register it")
+    attempt = replace(current, attempt=STAGED if staged else ON_MAIN,
+                      base_snapshot_id=None if staged else table.metadata.current_snapshot_id)
+    updated = replace(record, tables=tuple(attempt if t.uuid == uuid else t for t in record.tables))
+    store.record_run(leases, record.run_id, updated.encode())
+    return updated
 
 
 def forget_run(store: OffsetStore, topic: str, run_id: str) -> None:
@@ -108,15 +150,22 @@ def forget_run(store: OffsetStore, topic: str, run_id: str) -> None:
 
 @timed("ended-run clean-up")
 def clean_ended_runs(store: OffsetStore, topic: str, tables: Sequence[Table]) -> list[str]:
-    """Settle the records of ended runs of `topic` (see the module docstring); returns the deleted file paths."""
+    """Settle the records of ended runs of `topic` (see the module docstring); returns the deleted file paths.
+
+    Call under the leases just taken: each table is refreshed here (once, when an ended run wrote to it), since a
+    view loaded before the leases may predate an ended run's commit. A record whose commit may still land (main is
+    still at the snapshot that commit was built on) is kept for a later run; an unknown outcome is left to
+    orphan-file removal. A crash here leaves the records, which the next run settles the same way."""
     deleted: list[str] = []
     by_uuid = {str(t.metadata.table_uuid): t for t in tables}
+    refreshed: set[str] = set()
     for run_id, value in store.recorded_runs(topic):
         record = RunRecord.decode(f"{store.location} {store.keys.run(topic, run_id)}", value)
         live = [p for p in record.partitions if store.lease_holder(topic, p) == record.owner_id]
         if live:
             log.debug("run %s of topic %s still holds partitions %s: its files are left alone", run_id, topic, live)
             continue
+        pending = False
         for recorded in record.tables:
             table = by_uuid.get(recorded.uuid)
             if table is None:
@@ -124,32 +173,87 @@ def clean_ended_runs(store: OffsetStore, topic: str, tables: Sequence[Table]) ->
                          "files in %s are left to that table's orphan-file removal", run_id, topic, recorded.name,
                          recorded.uuid, recorded.data_dir)
                 continue
-            committed = run_committed(table, run_id, record.started_ms)
-            if committed is None:
-                log.warning("table %s: cannot tell whether ended run %s committed (its snapshots may have been "
-                            "expired); its files in %s are left to orphan-file removal", recorded.name, run_id,
-                            recorded.data_dir)
-            elif not committed:
+            if recorded.uuid not in refreshed:
+                table.refresh()
+                refreshed.add(recorded.uuid)
+            outcome = run_outcome(table, recorded, run_id, record.started_ms)
+            if outcome == PENDING:
+                log.info("table %s: the commit of ended run %s may still land (main is still at snapshot %s it was "
+                         "built on); its record and files in %s stay for a later run", recorded.name, run_id,
+                         recorded.base_snapshot_id, recorded.data_dir)
+                pending = True
+            elif outcome == UNKNOWN:
+                log.warning("table %s: cannot tell whether ended run %s committed (no record of its commit's base, or "
+                            "snapshots expired since); its files in %s are left to orphan-file removal",
+                            recorded.name, run_id, recorded.data_dir)
+            elif outcome == NEVER:
                 deleted.extend(remove_run_files(table, recorded.data_dir))
-        store.forget_run(topic, run_id)
+        if not pending:
+            store.forget_run(topic, run_id)
     return deleted
 
 
+COMMITTED, NEVER, PENDING, UNKNOWN = "committed", "never", "pending", "unknown"
+
+
+def run_outcome(table: Table, recorded: RunTable, run_id: str, started_ms: int) -> str:
+    """What the REFRESHED `table` proves about an ended run's commit to it: COMMITTED (a retained snapshot carries
+    the run id), NEVER (no commit was sent; or main has moved past the snapshot the commit was built on, through a
+    complete history, without it: the catalog refuses it whenever it arrives), PENDING (main is still at that
+    snapshot: the commit may land yet) or UNKNOWN (no base recorded, a staged commit, or a hole in the history).
+    Only NEVER allows deleting the run's files. Reads only the table metadata, back to the commit's base."""
+    committed = run_committed(table, run_id, started_ms)
+    if committed:
+        return COMMITTED
+    if recorded.attempt == NO_ATTEMPT:
+        return NEVER
+    if recorded.attempt != ON_MAIN:
+        return UNKNOWN
+    head = table.metadata.current_snapshot_id
+    if head == recorded.base_snapshot_id:
+        return PENDING
+    walked = []
+    snapshot = table.metadata.snapshot_by_id(head) if head is not None else None
+    while snapshot is not None:
+        walked.append(snapshot)
+        if snapshot.parent_snapshot_id == recorded.base_snapshot_id:
+            return NEVER if history_complete(table.metadata.snapshots, walked) else UNKNOWN
+        if snapshot.parent_snapshot_id is None:
+            break
+        snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+    return UNKNOWN  # the base is not an ancestor of main (rolled back?) or the walk reached an expired snapshot
+
+
 def run_committed(table: Table, run_id: str, started_ms: int) -> bool | None:
-    """Whether a snapshot of `table` written since `started_ms` carries `run_id`; None when the retained history
-    no longer reaches back that far. Reads only snapshot summaries, newest first, back to the run's start."""
+    """Whether a snapshot of `table` carries `run_id`: True when one does; False only when the retained history
+    proves none ever did; None (unknown: keep the files) otherwise. Reads only the loaded table metadata.
+
+    Absence is proven when every snapshot written since the run started (less the clock skew) still has its parent:
+    then no snapshot of that time was expired, and the run's commit, which is one of them, would be seen. A retained
+    snapshot older than the run's start (a tag, a branch head, a staged dead-letter snapshot) proves nothing about
+    the snapshots after it: one of those may be the run's, expired since."""
+    snapshots = table.metadata.snapshots
+    if any(s.summary is not None and s.summary.get(RUN_ID_PROPERTY) == run_id for s in snapshots):
+        return True
     since = started_ms - CLOCK_SKEW_MS
-    snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)
-    for snapshot in snapshots:
-        if snapshot.timestamp_ms < since:
-            return False  # history reaches back before the run: the run's commit would have been seen
-        if snapshot.summary is not None and snapshot.summary.get(RUN_ID_PROPERTY) == run_id:
-            return True
-    # Every snapshot was looked at. If none was ever expired (each parent is still there), the run's commit would
-    # have been seen; otherwise it may have been expired, and the outcome is unknown.
+    return False if history_complete(snapshots, [s for s in snapshots if s.timestamp_ms >= since]) else None
+
+
+def history_complete(snapshots: Sequence[Snapshot], walked: Sequence[Snapshot]) -> bool:
+    """Whether no snapshot just before any of `walked` (a subset of the table's retained `snapshots`) was expired.
+
+    An expired parent shows in two ways: Java Iceberg keeps the child's parent id, which no longer resolves;
+    pyiceberg clears it, so a v2 table shows a gap in the sequence numbers (each commit takes the next one) and any
+    table shows a second root."""
     ids = {s.snapshot_id for s in snapshots}
-    complete = all(s.parent_snapshot_id is None or s.parent_snapshot_id in ids for s in snapshots)
-    return False if complete else None
+    sequence_numbers = {s.sequence_number for s in snapshots}
+    for snapshot in walked:
+        if snapshot.parent_snapshot_id is not None and snapshot.parent_snapshot_id not in ids:
+            return False
+        number = snapshot.sequence_number
+        if number is not None and number > 1 and number - 1 not in sequence_numbers:
+            return False
+    return sum(1 for s in snapshots if s.parent_snapshot_id is None) <= 1
 
 
 def remove_run_files(table: Table, data_dir: str) -> list[str]:
