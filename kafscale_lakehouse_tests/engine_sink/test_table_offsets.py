@@ -16,6 +16,7 @@ from kafscale_lakehouse.engine.tables.appends import (
     OffsetConflictError,
     commit_append,
 )
+from kafscale_lakehouse.engine.tables.rewrites import PositionsMovedError, commit_rewrite
 from kafscale_lakehouse.engine.tables.run_files import (
     clean_ended_runs,
     record_commit_attempt,
@@ -288,6 +289,22 @@ def test_a_run_whose_commit_was_expired_behind_an_older_tag_is_not_proven_uncomm
     assert run_committed(table, "run-ours", started_ms) is None, "a hole in the history proves nothing"
     assert run_committed(table, "run-new", started_ms) is True
     assert table.scan().to_arrow().num_rows == 12
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_a_rewrite_moving_a_position_back_refuses_when_the_refreshed_table_moved_it(make_table):
+    """Issue 19, hole 3, at the commit: a rewrite planned with partition 0 at 5 must not set it back to 3 once another
+    run has landed 5..7 (those rows would stay behind position 3 and land again)."""
+    table = make_table()
+    commit_append(table, write_batch(table, "t", {0: (0, 5)}, "run-1"), "t", {0: 0}, {0: 5}, "run-1")
+    planned = read_topic_offsets(table, "t")
+    commit_append(table, write_batch(table, "t", {0: (5, 8)}, "run-2"), "t", {0: 5}, {0: 8}, "run-2")
+    before = table.metadata.current_snapshot_id
+    with pytest.raises(PositionsMovedError, match="partition 0 at next offset 5, but the table is now at 8"):
+        commit_rewrite(table, [], [], marker=("kafscale.test", "move-1"), what="the removal of 3..4",
+                       positions=("t", {0: 3}), expected=("t", planned))
+    assert table.metadata.current_snapshot_id == before and read_topic_offsets(table, "t") == {0: 8}
+    assert table.scan().to_arrow().num_rows == 8
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
