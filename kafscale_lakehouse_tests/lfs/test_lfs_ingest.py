@@ -25,7 +25,7 @@ from kafscale_lakehouse.engine.tables.summary import (
 )
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.format.lfs import LFS_METADATA_COLUMNS, encode_envelope
-from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.validation_modes.faults import serve_schema
 
 BLOB_BUCKET = "lfs-blobs"

@@ -11,7 +11,7 @@ from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.engine.tables.summary import LfsStats, lfs_summary_properties
 from kafscale_lakehouse_tests.apps.metrics.test_table_totals import append, ours
-from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.schema_registry.conftest import RegistryServer
 
 

@@ -34,7 +34,7 @@ from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.validation import compile_json_schema
 from kafscale_lakehouse.storage import LocalSegmentStore
-from kafscale_lakehouse_tests.engine_sink.helpers import rest_settings
+from kafscale_lakehouse_tests.engine.tables.helpers import rest_settings
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, PIZZA_SCHEMA, SEGMENT_RECORDS, records_with_faults
 
 TOPIC = "dead-letter-pizzas"

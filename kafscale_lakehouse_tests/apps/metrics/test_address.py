@@ -10,7 +10,7 @@ import pytest
 from kafscale_lakehouse.apps import cli
 from kafscale_lakehouse.apps.metrics_server import METRICS_ADDRESS_ENV, parse_metrics_address, resolve_metrics_address
 from kafscale_lakehouse.config import ConfigError
-from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 
 
 @pytest.mark.parametrize(("text", "expected"), [

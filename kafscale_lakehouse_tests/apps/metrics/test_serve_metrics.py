@@ -29,7 +29,7 @@ from kafscale_lakehouse_tests.apps.metrics.conftest import (
     value,
 )
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
-from kafscale_lakehouse_tests.engine_ingest.harness import CLI, IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     WRITE_LATENCY_PROPERTY,
 )
 from kafscale_lakehouse.testing.leases import held_leases
-from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
-from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 
 TIMEOUT_SECONDS = 1.0
 

@@ -18,7 +18,7 @@ from kafscale_lakehouse.engine.spark.engine import SHARED_SESSION_ID, SPARK_REMO
 from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
-from kafscale_lakehouse_tests.engine_ingest.harness import CLI, IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.definitions import build_definitions
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, partitions_def_name
-from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 
 PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
 PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"

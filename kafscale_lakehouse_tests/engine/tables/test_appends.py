@@ -37,7 +37,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     read_topic_offsets,
 )
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
-from kafscale_lakehouse_tests.engine_sink.helpers import start_end, write_batch
+from kafscale_lakehouse_tests.engine.tables.helpers import start_end, write_batch
 
 pytestmark = pytest.mark.integration
 

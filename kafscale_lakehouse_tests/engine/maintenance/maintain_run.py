@@ -1,7 +1,8 @@
 """`maintenance.maintain_table` on the first mapping's table, in a process of its own (test_maintenance_kills.py
 SIGKILLs it at random points).
 
-    python -m kafscale_lakehouse_tests.engine_ingest.maintain_run --config lakehouse.yaml --orphan-min-age-seconds 60
+    python -m kafscale_lakehouse_tests.engine.maintenance.maintain_run --config lakehouse.yaml \
+        --orphan-min-age-seconds 60
 
 Test-only: every step runs on every call (snapshots of any age expired down to the newest 3, partitions with two
 small files compacted, manifests merged from two on), and orphan files need only `--orphan-min-age-seconds` (the

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from kafscale_lakehouse.apps import cli
-from kafscale_lakehouse_tests.engine_ingest.harness import IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 
 
 @pytest.fixture

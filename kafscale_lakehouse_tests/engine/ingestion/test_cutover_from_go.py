@@ -17,7 +17,7 @@ from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.columns import Column, record_arrow_schema
-from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS, PIZZA_COLUMNS, IngestWorld
+from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, PIZZA_COLUMNS, IngestWorld
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ import pytest
 from kafscale_lakehouse.engine.ingestion.run import ingest
 from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, maintain_table, remove_orphan_files
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
-from kafscale_lakehouse_tests.engine_ingest.harness import CLI, LEASE_TTL_SECONDS
-from kafscale_lakehouse_tests.engine_ingest.maintain_run import EVERY_STEP_EVERY_TIME
+from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, LEASE_TTL_SECONDS
+from kafscale_lakehouse_tests.engine.maintenance.maintain_run import EVERY_STEP_EVERY_TIME
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def test_maintenance_and_ingestion_killed_at_random_points_lose_and_double_nothi
         processes = {
             "ingest": _start(world, [str(CLI), "ingest", "--config", str(config_path), "--once"],
                              world.root / f"ingest-{round_number}.log"),
-            "maintain": _start(world, [sys.executable, "-m", "kafscale_lakehouse_tests.engine_ingest.maintain_run",
+            "maintain": _start(world, [sys.executable, "-m", "kafscale_lakehouse_tests.engine.maintenance.maintain_run",
                                        "--config", str(config_path), "--orphan-min-age-seconds",
                                        str(ORPHAN_MIN_AGE_SECONDS)], world.root / f"maintain-{round_number}.log"),
         }

@@ -32,7 +32,7 @@ from kafscale_lakehouse.engine.tables.data_files import (
     write_batches_as_data_files,
 )
 from kafscale_lakehouse.engine.tables.summary import OFFSETS_PROPERTY_PREFIX
-from kafscale_lakehouse_tests.engine_sink.helpers import (
+from kafscale_lakehouse_tests.engine.tables.helpers import (
     BASE_COLUMNS,
     MAPPED_COLUMNS,
     batch_table,

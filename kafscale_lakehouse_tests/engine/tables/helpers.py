@@ -1,4 +1,4 @@
-"""Helpers for the engine_sink tests: the table schema, batches of Kafka-like rows, catalog settings, and writing
+"""Helpers for the engine/tables tests: the table schema, batches of Kafka-like rows, catalog settings, and writing
 data files as the Spark tasks do."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from kafscale_lakehouse.engine.tables.catalogs import (
 )
 from kafscale_lakehouse.redaction import redact_url
 from kafscale_lakehouse.testing.servers import free_ports
-from kafscale_lakehouse_tests.engine_sink.helpers import BASE_COLUMNS, MAPPED_COLUMNS, lakehouse_schema, rest_settings
+from kafscale_lakehouse_tests.engine.tables.helpers import BASE_COLUMNS, MAPPED_COLUMNS, lakehouse_schema, rest_settings
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import pytest
 from kafscale_lakehouse.engine.tables.appends import TableChangedDuringRunError, commit_append
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.engine.tables.summary import COMMIT_ID_PROPERTY, read_topic_offsets
-from kafscale_lakehouse_tests.engine_sink.catalog_proxy import CommitProxy
-from kafscale_lakehouse_tests.engine_sink.helpers import lakehouse_schema, rest_settings, start_end, write_batch
+from kafscale_lakehouse_tests.engine.tables.catalog_proxy import CommitProxy
+from kafscale_lakehouse_tests.engine.tables.helpers import lakehouse_schema, rest_settings, start_end, write_batch
 
 pytestmark = pytest.mark.integration
 

@@ -295,7 +295,7 @@ class IngestWorld:
 
     def run_killed(self, config_path: Path, kill_point: str) -> subprocess.CompletedProcess:
         """The CLI run, SIGKILLed at `kill_point` (see crash_run); asserts it died there."""
-        done = self.run_process(sys.executable, "-m", "kafscale_lakehouse_tests.engine_ingest.crash_run",
+        done = self.run_process(sys.executable, "-m", "kafscale_lakehouse_tests.engine.ingestion.crash_run",
                                 kill_point, "--config", str(config_path))
         assert done.returncode == -9 and f"KILL POINT {kill_point}" in done.stderr, (
             f"exit {done.returncode}, stderr:\n{done.stderr[-4000:]}")

@@ -12,7 +12,7 @@ import pytest
 
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
-from kafscale_lakehouse_tests.engine_ingest.harness import LEASE_TTL_SECONDS
+from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS
 
 
 def test_killed_after_writing_data_files_before_the_iceberg_commit(production_world, spark):

@@ -6,7 +6,7 @@ import pytest
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
-from kafscale_lakehouse_tests.engine_sink.helpers import lakehouse_schema, rest_settings
+from kafscale_lakehouse_tests.engine.tables.helpers import lakehouse_schema, rest_settings
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Run `kafscale-lakehouse ingest --once` in this process and SIGKILL it at one step of the commit protocol.
 
-    python -m kafscale_lakehouse_tests.engine_ingest.crash_run <kill point> --config lakehouse.yaml
+    python -m kafscale_lakehouse_tests.engine.ingestion.crash_run <kill point> --config lakehouse.yaml
 
 Test-only: production code has no kill hooks, so this wraps the functions the ingest run calls (by module
 attribute, as `mock.patch` would) and then hands over to the CLI's `main()`. Kill points:
