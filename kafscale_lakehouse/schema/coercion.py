@@ -2,9 +2,10 @@
 
 The rules for one value are in `json_values.py`. A value that cannot be coerced is null in an optional column
 (counted in `nulled_counts`; the raw value stays in the `value` column) and makes the record invalid in a
-required column, as does a missing or null required value, and a value that is not a JSON object (null,
-not JSON, or other JSON) when any column is required. The reason names the column (`invalid_column` is null
-when the whole value is at fault).
+required column, as does a missing or null required value, and a value that is not a JSON object (not JSON,
+or other JSON) when any column is required. The reason names the column (`invalid_column` is null when the
+whole value is at fault). A null value is a tombstone (KafScale has no compaction, so they stay in the log): a
+record like any other, with null mapped columns, never invalid, whatever the columns require.
 
 Hot path: values from `{` to `}` in valid UTF-8 are joined with newlines by an Arrow kernel and parsed by
 pyarrow's JSON reader (parallel blocks) with an explicit schema of the mapped keys (exact top-level key match;
@@ -107,7 +108,7 @@ class CoercionResult:
     invalid_column: pa.StringArray
     invalid_reason: pa.StringArray
     nulled_counts: dict[str, int]  # per optional column: present values that were not coercible, stored as null
-    unparsed_count: int  # records whose value is not a JSON object (null, invalid JSON, other JSON); 0 without columns
+    unparsed_count: int  # non-null values that are not a JSON object (invalid JSON, other JSON); 0 without columns
 
     @property
     def invalid_mask(self) -> pa.BooleanArray:
@@ -126,6 +127,7 @@ class _Part:
     arrays: list[pa.Array]  # per column
     failures: list[dict[int, str]]  # per column: position in `rows` → why the present value is not coercible
     value_problems: dict[int, str] = field(default_factory=dict)  # position in `rows` → why the value is no JSON object
+    tombstones: set[int] = field(default_factory=set)  # positions in `rows` of null values: never invalid
 
 
 class JsonColumnCoercer:
@@ -301,10 +303,14 @@ class JsonColumnCoercer:
         column_values: list[list[object]] = [[] for _ in self.columns]
         failures: list[dict[int, str]] = [{} for _ in self.columns]
         value_problems: dict[int, str] = {}
+        tombstones: set[int] = set()
         for position, raw in enumerate(raws):
             document, problem = parse_json_object(raw)
             if document is None:
-                value_problems[position] = cast(str, problem)  # no object comes with the reason why
+                if raw is None:
+                    tombstones.add(position)
+                else:
+                    value_problems[position] = cast(str, problem)  # no object comes with the reason why
                 for values in column_values:
                     values.append(None)
                 continue
@@ -318,7 +324,7 @@ class JsonColumnCoercer:
             _python_values_to_arrow(values, column.type)
             for values, column in zip(column_values, self.columns, strict=False)
         ]
-        return _Part(rows=rows, arrays=arrays, failures=failures, value_problems=value_problems)
+        return _Part(rows=rows, arrays=arrays, failures=failures, value_problems=value_problems, tombstones=tombstones)
 
     # ----------------------------------------------------------------------------------------- assembly
 
@@ -340,7 +346,7 @@ class JsonColumnCoercer:
                     problems.setdefault(int(part.rows[position]), (column.name, reason))
                 if array.null_count:
                     for null_position in np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False)):
-                        if null_position not in failures and null_position not in part.value_problems:
+                        if not _reported_or_tombstone(part, int(null_position), failures):
                             problems.setdefault(int(part.rows[null_position]), (column.name, MISSING_REQUIRED_REASON))
 
         columns = {
@@ -360,6 +366,11 @@ class JsonColumnCoercer:
         else:
             invalid_column = invalid_reason = pa.nulls(row_count, pa.string())
         return CoercionResult(columns, invalid_column, invalid_reason, nulled_counts, unparsed_count)
+
+
+def _reported_or_tombstone(part: _Part, position: int, failures: dict[int, str]) -> bool:
+    """Whether a null at `position` of a required column is already explained, or the record is a tombstone."""
+    return position in failures or position in part.value_problems or position in part.tombstones
 
 
 def coerce_json_values(values: pa.Array | pa.ChunkedArray, columns: Sequence[Column]) -> CoercionResult:

@@ -45,7 +45,8 @@ COLUMN_TYPES: tuple[ColumnType, ...] = get_args(ColumnType)
 @dataclass(frozen=True)
 class Column:
     """A table column: mapped columns are the top-level JSON key `name` of the record value, coerced to `type`;
-    `required` columns are not nullable (a record without a valid value for one is invalid)."""
+    a record whose value is a JSON object without a valid value for a `required` one is invalid (a tombstone, a null
+    value, never is: mapped columns are optional in the table)."""
 
     name: str
     type: ColumnType
@@ -102,12 +103,14 @@ _JSON_SCHEMA_TYPES: dict[str, ColumnType] = {
 
 
 def table_schema(columns: Sequence[Column]) -> Schema:
-    """The Iceberg schema of a new table: base columns with ids 1-8, then the mapped columns from id 9 in order."""
+    """The Iceberg schema of a new table: base columns with ids 1-8, then the mapped columns from id 9 in order.
+    Mapped columns are optional in the table even when `required`: a tombstone (null value) lands with nulls there."""
     all_columns = [*BASE_COLUMNS, *columns]
     check_column_names(all_columns)
     fields = [
         NestedField(
-            field_id=field_id, name=column.name, field_type=ICEBERG_TYPES[column.type], required=column.required
+            field_id=field_id, name=column.name, field_type=ICEBERG_TYPES[column.type],
+            required=column.required and field_id <= len(BASE_COLUMNS),
         )
         for field_id, column in enumerate(all_columns, start=1)
     ]

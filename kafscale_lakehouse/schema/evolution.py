@@ -2,13 +2,12 @@
 
 Rules (docs/architecture.md "Schema and coercion"), compared by name, never by position:
 - base columns (ids 1-8 in tables we create) must be present with their types; anything else is an error;
-- a mapped column missing from the table is added, as optional: existing rows have no value for it, and
-  Iceberg v1/v2 cannot add a required column without a default. So a new column declared `required: true`
-  is an error (declare it `required: false`); the first write creates tables with required columns instead;
+- mapped columns are optional in the table, `required` or not: a tombstone (null value) lands with nulls in them
+  (`required` only makes a record whose JSON object lacks the value invalid). A mapped column missing from the
+  table is added, as optional;
 - a column whose type differs is widened int→long or float→double only with `allow_type_widening`; any
   other difference, including long→int, is an error naming the column;
-- a required table column declared optional is made optional (we will write nulls into it); an optional
-  table column declared required is an error (tightening would reject existing rows);
+- a required mapped column of the table (tables created before tombstones landed) is made optional;
 - table columns the mapping does not declare are kept (never dropped); if such a column is required we could
   not write rows, so that is an error;
 - all problems are reported together in one `SchemaEvolutionError` naming the table and columns.
@@ -95,13 +94,7 @@ def plan_schema_evolution(
         desired = ICEBERG_TYPES[column.type]
         field = fields_by_name.get(column.name)
         if field is None:
-            if column.required:
-                problems.append(
-                    f"column {column.name!r} is new and declared required, but existing rows have no value for it: "
-                    "declare it required: false"
-                )
-            else:
-                changes.append(ColumnChange("add", column.name, desired))
+            changes.append(ColumnChange("add", column.name, desired))
             continue
         if field.field_type != desired:
             if (field.field_type, desired) in _WIDENINGS and allow_type_widening:
@@ -116,13 +109,8 @@ def plan_schema_evolution(
                     f"column {column.name!r} is {field.field_type} in the table and cannot become "
                     f"{desired} (only int→long and float→double widen)"
                 )
-        if field.required and not column.required:
+        if field.required:
             changes.append(ColumnChange("make_optional", column.name, desired))
-        elif column.required and not field.required:
-            problems.append(
-                f"column {column.name!r} is optional in the table and cannot become required (existing "
-                "rows may be null)"
-            )
 
     declared = {column.name for column in (*BASE_COLUMNS, *columns)}
     problems.extend(

@@ -8,8 +8,9 @@
   don't, because `jsonschema` silently skips the checks whose optional packages are missing (`date-time`, `uri`).
 - `$ref` is resolved within the document only; remote references are never fetched (as in Go). A reference that
   cannot be resolved is a fault of the document (`InvalidSchemaDocumentError`), never of a record.
-- A null value, a value that is not UTF-8 JSON (NaN/Infinity included) and a value nested too deeply to validate
-  are invalid records with their reason. (Go accepts an empty or null value without validating it.)
+- A null value is a tombstone (KafScale has no compaction, so they stay in the log): a valid record, never judged
+  by the schema (as in Go). A value that is not UTF-8 JSON (NaN/Infinity included) and a value nested too deeply
+  to validate are invalid records with their reason. (Go accepts an empty value without validating it too.)
 - Each invalid record gets one error, jsonschema's `best_match`: the reason, the path of the offending value
   (`$.store_id`) and the violated schema keyword as a JSON Pointer (`#/properties/store_id/type`; jsonschema
   follows `$ref` transparently, so a keyword reached through a reference shows the path it was reached by).
@@ -230,7 +231,7 @@ def validate_values(
     record_ids: pa.Array | pa.ChunkedArray | Sequence[str],
     schema: CompiledJsonSchema,
 ) -> ValidationResult:
-    """Validate raw record values (Arrow binary or string, null for a null value) row by row.
+    """Validate raw record values (Arrow binary or string, null for a tombstone: always valid) row by row.
 
     `record_ids[i]` names row i in the reasons. Raises `InvalidSchemaDocumentError` when the schema itself fails
     (an unresolvable `$ref`), `ValueError` when the two inputs differ in length."""
@@ -265,6 +266,9 @@ class _NotJson:
         self.reason = reason
 
 
+_TOMBSTONE = object()  # stands for a null record value in the list of parsed values: not validated, valid
+
+
 def _validate(
     schema: CompiledJsonSchema,
     instances: Sequence[Any],
@@ -275,6 +279,8 @@ def _validate(
     invalid_records = []
     for row, instance in enumerate(instances):
         failure: tuple[str, str, str | None]  # reason, instance path, schema path
+        if instance is _TOMBSTONE:
+            continue
         if isinstance(instance, _NotJson):
             failure = (instance.reason, "$", None)
         else:
@@ -317,9 +323,9 @@ def _record_id(record_ids: pa.Array | pa.ChunkedArray | Sequence[str], row: int)
 
 
 def _parse_json_value(raw: bytes | str | None) -> Any:
-    """The JSON value of a record value, or `_NotJson` saying why it is none."""
+    """The JSON value of a record value, `_TOMBSTONE` for a null value, or `_NotJson` saying why it is none."""
     if raw is None:
-        return _NotJson("value is null")
+        return _TOMBSTONE
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")

@@ -222,7 +222,6 @@ def test_required_columns_missing_or_null_make_the_record_invalid(arrow_reader):
 
 
 BAD_VALUES = [
-    (None, "value is null"),
     (b"not json", "value is not valid JSON: Expecting value: line 1 column 1 (char 0)"),
     (b'{"id":1', "value is not valid JSON: Expecting ',' delimiter: line 1 column 8 (char 7)"),
     (b'{"id":1} {"id":2}', "value is not valid JSON: Extra data: line 1 column 10 (char 9)"),
@@ -251,6 +250,21 @@ def test_values_that_are_not_json_objects(arrow_reader):
     optional = run(values, [Column(name="id", type="long")], arrow_reader)
     assert optional.invalid_count == 0 and optional.unparsed_count == len(BAD_VALUES)
     assert [optional.columns["id"][row].as_py() for row in bad_rows] == [None] * len(BAD_VALUES)
+
+
+@pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])
+def test_tombstones_are_records_with_null_columns_never_invalid(arrow_reader):
+    # KafScale has no compaction: null values (tombstones) stay in the log and land like any record (issue 19).
+    values = [b'{"id":1,"note":"a"}', None, b'{"id":3}', None]
+    columns = [Column(name="id", type="long", required=True), Column(name="note", type="string", required=True)]
+
+    result = run(values, columns, arrow_reader)
+
+    assert result.invalid_reason.to_pylist() == [None, None, "required value is missing or null", None]
+    assert result.invalid_column.to_pylist() == [None, None, "note", None]
+    assert result.columns["id"].to_pylist() == [1, None, 3, None]
+    assert result.columns["note"].to_pylist() == ["a", None, None, None]
+    assert result.unparsed_count == 0
 
 
 @pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])

@@ -126,23 +126,24 @@ def test_other_type_changes_are_errors_naming_the_column(catalog, column, new_ty
     assert catalog.load_table("prod.orders").schema() == table_schema(ORDERS)  # nothing applied
 
 
-def test_required_ness(catalog):
+def test_mapped_columns_are_optional_in_the_table_even_when_required(catalog):
+    # Tombstones (null values) land with nulls in every mapped column (issue 19): `required` judges records only.
     table = create(catalog)
-    loosened = [Column(name="order_id", type="long"), *ORDERS[1:]]
-    plan = evolve_table_schema(table, loosened, allow_type_widening=False)
-    assert [(c.action, c.name) for c in plan.changes] == [("make_optional", "order_id")]
-    assert not catalog.load_table("prod.orders").schema().find_field("order_id").required
+    assert not table.schema().find_field("order_id").required and table.schema().find_field("offset").required
+    assert not evolve_table_schema(table, ORDERS, allow_type_widening=False)
+    new_required = [*ORDERS, Column(name="new", type="string", required=True)]
+    plan = evolve_table_schema(table, new_required, allow_type_widening=False)
+    assert [str(c) for c in plan.changes] == ["add optional column 'new' (string)"]
 
-    with pytest.raises(
-        SchemaEvolutionError, match="column 'order_id' is optional in the table and cannot become required"
-    ):
-        evolve_table_schema(table, ORDERS, allow_type_widening=False)
-    with pytest.raises(
-        SchemaEvolutionError, match="column 'new' is new and declared required, but existing rows have no value for it"
-    ):
-        evolve_table_schema(
-            table, [*loosened, Column(name="new", type="string", required=True)], allow_type_widening=False
-        )
+
+def test_a_required_mapped_column_of_an_older_table_is_made_optional(catalog):
+    required = NestedField(9, "order_id", LongType(), required=True)
+    table = create(catalog, schema=Schema(*table_schema([]).fields, required))
+    for declared in (ORDERS[:1], [Column(name="order_id", type="long")]):
+        plan = plan_schema_evolution(table.schema(), declared, allow_type_widening=False, table="prod.orders")
+        assert [(c.action, c.name) for c in plan.changes] == [("make_optional", "order_id")]
+    evolve_table_schema(table, ORDERS[:1], allow_type_widening=False)
+    assert not catalog.load_table("prod.orders").schema().find_field("order_id").required
 
 
 def test_columns_are_matched_by_name_and_never_dropped(catalog):
@@ -153,7 +154,7 @@ def test_columns_are_matched_by_name_and_never_dropped(catalog):
         NestedField(9, "qty", IntegerType(), required=False),
         NestedField(10, "legacy", StringType(), required=False),
         NestedField(11, "amount", FloatType(), required=False),
-        NestedField(12, "order_id", LongType(), required=True),
+        NestedField(12, "order_id", LongType(), required=False),
     )
     table = create(catalog, schema=schema)
     assert not evolve_table_schema(table, ORDERS, allow_type_widening=False)
