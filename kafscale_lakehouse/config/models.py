@@ -17,6 +17,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, PositiveInt, SecretStr,
 from kafscale_lakehouse.config.go_yaml import ConfigModel, ParsedAs
 from kafscale_lakehouse.redaction import redact_url
 from kafscale_lakehouse.schema.columns import COLUMN_TYPES, Column, ColumnType
+from kafscale_lakehouse.schema.json_values import NumericTimestampUnit
 from kafscale_lakehouse.storage.s3_store import SseType
 
 PARTITION_TRANSFORM_PATTERN = re.compile(r"^(identity|year|month|day|hour)$|^(bucket|truncate)\[([1-9][0-9]*)\]$")
@@ -204,6 +205,14 @@ class MappingSchemaConfig(ConfigModel):
     source: Literal["mapping", "registry", "none"] | None = None
     columns: list[MappedColumn] = Field(default_factory=list)
     allow_type_widening: bool = False
+    # Extension: what a JSON number in a `timestamp` column counts since the epoch; micros is what the Go processor
+    # stores (the raw number), so rows agree across a cut-over.
+    numeric_timestamp_unit: Annotated[Literal["micros", "millis"], BeforeValidator(_lowercase)] = "micros"
+
+    @property
+    def timestamp_unit(self) -> NumericTimestampUnit:
+        """`numeric_timestamp_unit` as the schema layer's type."""
+        return NumericTimestampUnit(self.numeric_timestamp_unit)
 
 
 class PartitionFieldConfig(ConfigModel):

@@ -21,6 +21,7 @@ from kafscale_lakehouse.schema.evolution import (
     evolve_table_schema,
     plan_schema_evolution,
 )
+from kafscale_lakehouse.schema.json_values import NumericTimestampUnit
 
 __all__ = [
     "ARROW_TYPES",
@@ -33,6 +34,7 @@ __all__ = [
     "ColumnChange",
     "ColumnType",
     "JsonColumnCoercer",
+    "NumericTimestampUnit",
     "SchemaError",
     "SchemaEvolutionError",
     "SchemaEvolutionPlan",

@@ -10,7 +10,7 @@ record like any other, with null mapped columns, never invalid, whatever the col
 Hot path: values from `{` to `}` in valid UTF-8 are joined with newlines by an Arrow kernel and parsed by
 pyarrow's JSON reader (parallel blocks) with an explicit schema of the mapped keys (exact top-level key match;
 other keys are skipped), then converted with Arrow compute kernels. When that read fails:
-- if a key mostly holds another JSON type than its parse type (epoch-millisecond numbers for a timestamp,
+- if a key mostly holds another JSON type than its parse type (epoch numbers for a timestamp,
   strings for a long), the parse type is learned from a sample and kept for later batches; read again;
 - values where a key holds another JSON type, or a number int64 cannot take (the reader reports those without
   a row), are found with one regular expression per key and take the reference rules; read the rest again;
@@ -43,6 +43,7 @@ from kafscale_lakehouse.schema.json_values import (
     MIN_DATE_DAYS,
     MIN_TIMESTAMP_MICROS,
     NotCoercibleError,
+    NumericTimestampUnit,
     coerce_json_value,
     parse_json_object,
 )
@@ -134,12 +135,15 @@ class JsonColumnCoercer:
     """Coerces batches of JSON values into `columns`. Keep one per mapping and thread (it learns the JSON types
     of keys across batches).
 
-    `use_arrow_reader=False` applies the reference rules to every row (slow; to verify the fast path).
+    `use_arrow_reader=False` applies the reference rules to every row (slow; to verify the fast path). A JSON number
+    in a timestamp column counts `numeric_timestamp_unit`s (default: microseconds, as the Go processor stores it).
     """
 
-    def __init__(self, columns: Sequence[Column], *, use_arrow_reader: bool = True) -> None:
+    def __init__(self, columns: Sequence[Column], *, use_arrow_reader: bool = True,
+                 numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS) -> None:
         self.columns = tuple(columns)
         self._use_arrow_reader = use_arrow_reader
+        self._unit = numeric_timestamp_unit
         self._parse_types = {column.name: _PARSE_TYPES[column.type][0] for column in self.columns}
 
     def coerce(self, values: pa.Array | pa.ChunkedArray) -> CoercionResult:
@@ -292,7 +296,8 @@ class JsonColumnCoercer:
     def _arrow_part(self, table: pa.Table, rows: np.ndarray) -> _Part:
         arrays, failures = [], []
         for column in self.columns:
-            array, column_failures = _convert_column(table.column(column.name).combine_chunks(), column.type)
+            array, column_failures = _convert_column(table.column(column.name).combine_chunks(), column.type,
+                                                     self._unit)
             arrays.append(array)
             failures.append(column_failures)
         return _Part(rows=rows, arrays=arrays, failures=failures)
@@ -316,7 +321,8 @@ class JsonColumnCoercer:
                 continue
             for index, column in enumerate(self.columns):
                 try:
-                    column_values[index].append(coerce_json_value(document.get(column.name), column.type))
+                    column_values[index].append(coerce_json_value(document.get(column.name), column.type,
+                                                                  self._unit))
                 except NotCoercibleError as exc:
                     column_values[index].append(None)
                     failures[index][position] = str(exc)
@@ -373,9 +379,10 @@ def _reported_or_tombstone(part: _Part, position: int, failures: dict[int, str])
     return position in failures or position in part.value_problems or position in part.tombstones
 
 
-def coerce_json_values(values: pa.Array | pa.ChunkedArray, columns: Sequence[Column]) -> CoercionResult:
+def coerce_json_values(values: pa.Array | pa.ChunkedArray, columns: Sequence[Column],
+                       numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS) -> CoercionResult:
     """Coerce one batch (a fresh coercer: use `JsonColumnCoercer` across batches to keep learned parse types)."""
-    return JsonColumnCoercer(columns).coerce(values)
+    return JsonColumnCoercer(columns, numeric_timestamp_unit=numeric_timestamp_unit).coerce(values)
 
 
 def _as_binary_array(values: pa.Array | pa.ChunkedArray) -> pa.BinaryArray:
@@ -450,8 +457,12 @@ def _python_values_to_arrow(values: list[object], column_type: str) -> pa.Array:
 # a mask of values it does not handle, which `_convert_column` hands to the reference rules.
 
 
-def _convert_column(array: pa.Array, column_type: str) -> tuple[pa.Array, dict[int, str]]:
-    converted, handled = _VECTORIZED[column_type](array, column_type)
+def _convert_column(array: pa.Array, column_type: str,
+                    unit: NumericTimestampUnit) -> tuple[pa.Array, dict[int, str]]:
+    if column_type == "timestamp":
+        converted, handled = _timestamp(array, unit)
+    else:
+        converted, handled = _VECTORIZED[column_type](array, column_type)
     delegated = pc.and_(pc.is_valid(array), pc.invert(handled.fill_null(False)))
     positions = np.flatnonzero(delegated.to_numpy(zero_copy_only=False))
     if not len(positions):
@@ -460,7 +471,7 @@ def _convert_column(array: pa.Array, column_type: str) -> tuple[pa.Array, dict[i
     failures: dict[int, str] = {}
     for position, value in zip(positions, array.take(positions).to_pylist(), strict=False):
         try:
-            results.append(coerce_json_value(value, column_type))
+            results.append(coerce_json_value(value, column_type, unit))
         except NotCoercibleError as exc:
             results.append(None)
             failures[int(position)] = str(exc)
@@ -515,10 +526,10 @@ def _text(array: pa.Array, column_type: str) -> tuple[pa.Array, pa.BooleanArray]
     return array.cast(pa.string()).cast(ARROW_TYPES[column_type]), pc.is_valid(array)
 
 
-def _timestamp(array: pa.Array, column_type: str) -> tuple[pa.Array, pa.BooleanArray]:
+def _timestamp(array: pa.Array, unit: NumericTimestampUnit) -> tuple[pa.Array, pa.BooleanArray]:
     if pa.types.is_integer(array.type):
-        handled = _between(array, MIN_TIMESTAMP_MICROS // 1000, MAX_TIMESTAMP_MICROS // 1000)
-        micros = pc.multiply(_null_where_not(handled, array), 1000)
+        handled = _between(array, MIN_TIMESTAMP_MICROS // unit.micros, MAX_TIMESTAMP_MICROS // unit.micros)
+        micros = pc.multiply(_null_where_not(handled, array), unit.micros)
         return micros.cast(ARROW_TYPES["timestamp"]), handled
     return _timestamp_text(array)
 
@@ -598,6 +609,5 @@ _VECTORIZED = {
     "double": _floating,
     "string": _text,
     "binary": _text,
-    "timestamp": _timestamp,
     "date": _date,
 }

@@ -18,8 +18,10 @@ functions, so the rules live here once. Differences from KafScale's Go processor
 - timestamp: Iceberg `timestamp` (microseconds, without zone; the Go processor's type) holding the UTC time.
   A string `YYYY-MM-DD[T| ]HH:MM:SS[.fraction][Z|+HH:MM|-HH:MM]` (RFC 3339; `t`, `z` and `+HHMM` accepted; no
   offset means UTC; fraction digits beyond microseconds are truncated) or `YYYY-MM-DD` (midnight UTC).
-  A JSON number is epoch **milliseconds** (Go stored RFC 3339 strings as milliseconds in a microsecond column,
-  1000x too small). Seconds 60 (leap seconds) are not coercible, nor instants outside the years 0001-9999
+  A JSON number counts `NumericTimestampUnit`s since the epoch: microseconds by default, as the Go processor
+  stores the raw number, so rows of one table agree across a cut-over; milliseconds when the mapping says
+  `numeric_timestamp_unit: millis`. (Go stores RFC 3339 strings as milliseconds in a microsecond column, 1000x too
+  small; we do not.) Seconds 60 (leap seconds) are not coercible, nor instants outside the years 0001-9999
   (the range Python, Java and Spark parse; Arrow could hold more, but most readers could not).
 - date: a string `YYYY-MM-DD` (Go: null), or a timestamp string as above, giving the UTC date of that instant
   (as Go does); a JSON integer is days since 1970-01-01 (as in Go); years 0001-9999 as for timestamps.
@@ -33,10 +35,28 @@ import math
 import re
 import struct
 from datetime import UTC, datetime, timedelta, timezone
+from enum import Enum
 from typing import Any
 
 INT_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 # Timestamps and dates are kept within 0001-01-01 .. 9999-12-31 (UTC).
+class NumericTimestampUnit(Enum):
+    """What a JSON number in a `timestamp` column counts since the epoch (the mapping's
+    `schema.numeric_timestamp_unit`)."""
+
+    MICROS = "micros"  # the Go processor's: it stores the raw number in its microsecond column
+    MILLIS = "millis"
+
+    @property
+    def micros(self) -> int:
+        """Microseconds per unit."""
+        return 1 if self is NumericTimestampUnit.MICROS else 1000
+
+    @property
+    def description(self) -> str:
+        return "epoch microseconds" if self is NumericTimestampUnit.MICROS else "epoch milliseconds"
+
+
 MIN_TIMESTAMP_MICROS = -62_135_596_800_000_000
 MAX_TIMESTAMP_MICROS = 253_402_300_799_999_999
 MIN_DATE_DAYS = -719_162
@@ -111,13 +131,17 @@ def describe(value: Any) -> str:
     return "array" if isinstance(value, list) else "object"
 
 
-def coerce_json_value(value: Any, column_type: str) -> Any:
-    """The value for `column_type` as Python: bool, int, float, str, bytes, int microseconds (timestamp) or
-    int days (date); None for a missing value. Raises `NotCoercibleError` with the reason."""
+def coerce_json_value(value: Any, column_type: str,
+                      numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS) -> Any:
+    """The value for `column_type` as Python: bool, int, float, str, bytes, int microseconds (timestamp; a number
+    counts `numeric_timestamp_unit`s) or int days (date); None for a missing value. Raises `NotCoercibleError` with
+    the reason."""
     if value is None:
         return None
     if isinstance(value, float) and not math.isfinite(value):
         raise NotCoercibleError(f"number beyond the range of a double cannot be stored as {column_type}")
+    if column_type == "timestamp":
+        return _to_timestamp(value, numeric_timestamp_unit)
     return _COERCERS[column_type](value, column_type)
 
 
@@ -187,16 +211,16 @@ def _to_binary(value: Any, column_type: str) -> bytes:
     return _to_text(value, column_type).encode("utf-8")
 
 
-def _to_timestamp(value: Any, column_type: str) -> int:
+def _to_timestamp(value: Any, unit: NumericTimestampUnit) -> int:
     if isinstance(value, str):
-        return parse_timestamp_text(value, column_type)
+        return parse_timestamp_text(value, "timestamp")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise NotCoercibleError(f"cannot coerce {describe(value)} to timestamp")
     # Compare before multiplying: 1e308 * 1000 is no number any more.
-    in_range = MIN_TIMESTAMP_MICROS / 1000 <= value <= MAX_TIMESTAMP_MICROS / 1000
-    micros = (value * 1000 if isinstance(value, int) else round(value * 1000)) if in_range else None
+    in_range = MIN_TIMESTAMP_MICROS / unit.micros <= value <= MAX_TIMESTAMP_MICROS / unit.micros
+    micros = (value * unit.micros if isinstance(value, int) else round(value * unit.micros)) if in_range else None
     if micros is None or not MIN_TIMESTAMP_MICROS <= micros <= MAX_TIMESTAMP_MICROS:
-        raise NotCoercibleError(f"{describe(value)} epoch milliseconds is outside the years 0001-9999")
+        raise NotCoercibleError(f"{describe(value)} {unit.description} is outside the years 0001-9999")
     return micros
 
 
@@ -240,6 +264,5 @@ _COERCERS = {
     "double": _to_floating,
     "string": _to_text,
     "binary": _to_binary,
-    "timestamp": _to_timestamp,
     "date": _to_date,
 }

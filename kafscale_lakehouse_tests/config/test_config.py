@@ -9,6 +9,7 @@ import pytest
 
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, ConfigError, LakehouseConfig, load_config, parse_config
 from kafscale_lakehouse.connections import catalog_settings
+from kafscale_lakehouse.schema import NumericTimestampUnit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
@@ -486,3 +487,15 @@ def test_parse_config_resolves_relative_paths_against_base_dir(tmp_path):
     assert str(caught.value).splitlines() == [
         "<test>: iceberg.catalog.uri: is required",
     ]
+
+
+def test_numeric_timestamp_unit_defaults_to_go_micros_and_a_wrong_one_names_the_key(tmp_path):
+    # Issue 19: the Go processor stores a JSON number in a timestamp column as microseconds.
+    (mapping,) = load_config(write_config(tmp_path, MINIMAL_GO)).mappings
+    assert mapping.schema_config.timestamp_unit is NumericTimestampUnit.MICROS
+    millis = MINIMAL_GO + "    schema:\n      numeric_timestamp_unit: MILLIS\n"
+    (mapping,) = load_config(write_config(tmp_path, millis)).mappings
+    assert mapping.schema_config.timestamp_unit is NumericTimestampUnit.MILLIS
+    problems = problems_of(tmp_path, MINIMAL_GO + "    schema:\n      numeric_timestamp_unit: seconds\n")
+    key = "mappings[0].schema.numeric_timestamp_unit: "
+    assert any(p.startswith(key) and "micros" in p for p in problems), problems

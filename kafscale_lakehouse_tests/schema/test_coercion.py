@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kafscale_lakehouse.schema import ARROW_TYPES, JsonColumnCoercer, coerce_json_values
+from kafscale_lakehouse.schema import ARROW_TYPES, JsonColumnCoercer, NumericTimestampUnit, coerce_json_values
 from kafscale_lakehouse.schema.columns import Column
 
 NOT_COERCIBLE = object()
@@ -93,9 +93,9 @@ TYPE_CASES: dict[str, list[tuple[str, object]]] = {
         ('"2024-01-02T03:04:05-0800"', datetime(2024, 1, 2, 11, 4, 5)),
         ('"2024-01-02 03:04:05"', datetime(2024, 1, 2, 3, 4, 5)),  # no offset: UTC
         ('"2024-01-02"', datetime(2024, 1, 2)),
-        ("1700000000000", datetime(2023, 11, 14, 22, 13, 20)),  # epoch ms (Go: 1000x too small)
-        ("-1", datetime(1969, 12, 31, 23, 59, 59, 999000)),
-        ("1700000000000.5", datetime(2023, 11, 14, 22, 13, 20, 500)),
+        ("1700000000000000", datetime(2023, 11, 14, 22, 13, 20)),  # epoch µs by default, as Go stores numbers
+        ("-1", datetime(1969, 12, 31, 23, 59, 59, 999999)),
+        ("1700000000000000.4", datetime(2023, 11, 14, 22, 13, 20)),
         ('"2024-02-30T00:00:00Z"', NOT_COERCIBLE),
         ('"2023-02-29 00:00:00"', NOT_COERCIBLE),
         ('"2024-01-02T24:00:00Z"', NOT_COERCIBLE),
@@ -105,8 +105,8 @@ TYPE_CASES: dict[str, list[tuple[str, object]]] = {
         ('"1700000000000"', NOT_COERCIBLE),
         ("true", NOT_COERCIBLE),
         ("1e308", NOT_COERCIBLE),
-        ("253402300800000", NOT_COERCIBLE),
-        ("253402300799999", datetime(9999, 12, 31, 23, 59, 59, 999000)),
+        ("253402300800000000", NOT_COERCIBLE),
+        ("253402300799999999", datetime(9999, 12, 31, 23, 59, 59, 999999)),
         ('"0001-01-01T00:30:00+01:00"', NOT_COERCIBLE),
         ('"9999-12-31T23:59:59.999999Z"', datetime(9999, 12, 31, 23, 59, 59, 999999)),
     ],
@@ -253,6 +253,25 @@ def test_values_that_are_not_json_objects(arrow_reader):
 
 
 @pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])
+@pytest.mark.parametrize(("unit", "scale"), [(NumericTimestampUnit.MICROS, 1), (NumericTimestampUnit.MILLIS, 1000)])
+def test_a_number_in_a_timestamp_column_counts_the_mapping_unit(arrow_reader, unit, scale):
+    # Issue 19: the Go processor stores the raw number (microseconds); `millis` is the mapping's choice.
+    out_of_range = 253_402_300_800_000_000 // scale  # 10000-01-01
+    values = [b'{"at":%d}' % (1_700_000_000_000_000 // scale), b'{"at":-1}', b'{"at":%d}' % out_of_range]
+    coercer = JsonColumnCoercer([Column(name="at", type="timestamp")], use_arrow_reader=arrow_reader,
+                                numeric_timestamp_unit=unit)
+
+    result = coercer.coerce(pa.array(values * 40, pa.binary()))
+
+    assert result.columns["at"].to_pylist()[:3] == [
+        datetime(2023, 11, 14, 22, 13, 20), datetime(1970, 1, 1) - timedelta(microseconds=scale), None]
+    assert result.nulled_counts == {"at": 40}  # the year-10000 instant
+    required = JsonColumnCoercer([Column(name="at", type="timestamp", required=True)], numeric_timestamp_unit=unit)
+    assert required.coerce(pa.array(values[2:], pa.binary())).invalid_reason.to_pylist() == [
+        f"number {out_of_range} {unit.description} is outside the years 0001-9999"]
+
+
+@pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])
 def test_tombstones_are_records_with_null_columns_never_invalid(arrow_reader):
     # KafScale has no compaction: null values (tombstones) stay in the log and land like any record (issue 19).
     values = [b'{"id":1,"note":"a"}', None, b'{"id":3}', None]
@@ -290,7 +309,7 @@ def test_rows_stay_aligned_when_bad_rows_are_isolated_from_a_large_batch():
         if row % 613 == 0:
             values.append(b'{"id": broken')
         elif row % 401 == 0:
-            values.append(b'{"id":"%d","at":1700000000000}' % row)  # other JSON types than the rest
+            values.append(b'{"id":"%d","at":1700000000000000}' % row)  # other JSON types than the rest
         else:
             values.append(b'{"id":%d,"at":"2024-01-01T00:00:00Z"}' % row)
     result = run(values, columns)
@@ -304,7 +323,7 @@ def test_rows_stay_aligned_when_bad_rows_are_isolated_from_a_large_batch():
 
 def test_parse_types_are_learned_and_kept_across_batches():
     column = Column(name="at", type="timestamp", required=True)
-    coercer = JsonColumnCoercer([column])
+    coercer = JsonColumnCoercer([column], numeric_timestamp_unit=NumericTimestampUnit.MILLIS)
     epoch_ms = [b'{"at":%d}' % (1_700_000_000_000 + i) for i in range(100)]
     for _ in range(2):
         result = coercer.coerce(pa.array(epoch_ms, pa.binary()))

@@ -478,6 +478,7 @@ def _write(prepared: PreparedIngest) -> _Written:
         target_file_size_bytes=config.processor.target_file_size_bytes,
         dead_letters=target,
         lfs=lfs_read_settings(mapping.lfs, prepared.validation.mode),
+        numeric_timestamp_unit=mapping.schema_config.timestamp_unit,
     )
     return _Written(messages, started)
 

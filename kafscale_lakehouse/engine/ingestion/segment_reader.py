@@ -64,7 +64,7 @@ from kafscale_lakehouse.format import (
 )
 from kafscale_lakehouse.format.segment_index import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE
 from kafscale_lakehouse.offsets.ranges import OffsetRange
-from kafscale_lakehouse.schema import JsonColumnCoercer, record_arrow_schema
+from kafscale_lakehouse.schema import JsonColumnCoercer, NumericTimestampUnit, record_arrow_schema
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, ValidationResult, validate_values
 from kafscale_lakehouse.storage import SegmentRef, SegmentStore, StorageError
@@ -176,33 +176,37 @@ class SegmentReadError(KafscaleSourceError):
 
 def read_input_partition(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[Column],
                          json_schema: CompiledJsonSchema | None = None, lfs: LfsReadSettings | None = None,
-                         lfs_stats: LfsStats | None = None) -> Iterator[pa.RecordBatch]:
+                         lfs_stats: LfsStats | None = None, *,
+                         numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
+                         ) -> Iterator[pa.RecordBatch]:
     """Arrow batches (`source_arrow_schema(columns, validated=json_schema is not None)`) of the records of
     `partition`, in offset order, each value validated against `json_schema` when given; with `lfs`, envelope
-    records handled first (what they did is added to `lfs_stats`).
+    records handled first (what they did is added to `lfs_stats`). A JSON number in a timestamp column counts
+    `numeric_timestamp_unit`s.
 
     A segment that cannot be read raises `SegmentReadError` (from the `SegmentFormatError` / `StorageError`) once
     the batches of the segments before it are yielded; so does a record whose LFS envelope or blob fails (with
     `lfs.on_error` stop), once the records before it are yielded."""
     schema = source_arrow_schema(columns, validated=json_schema is not None)
     if lfs is None:
-        yield from _read_segments(store, partition, columns, json_schema, schema, None)
+        yield from _read_segments(store, partition, columns, json_schema, schema, None, numeric_timestamp_unit)
         return
     if lfs.config.store_metadata and tuple(columns[-len(LFS_METADATA_COLUMNS):]) != LFS_METADATA_COLUMNS:
         raise ValueError("lfs.store_metadata: columns must end with the lfs_* columns "
                          "(schema.columns.LFS_METADATA_COLUMNS)")
     resolver = LfsResolver(lfs, store, lfs_stats)
     try:
-        yield from _read_segments(store, partition, columns, json_schema, schema, resolver)
+        yield from _read_segments(store, partition, columns, json_schema, schema, resolver, numeric_timestamp_unit)
     finally:
         resolver.close()
 
 
 def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns: Sequence[Column],
                    json_schema: CompiledJsonSchema | None, schema: pa.Schema,
-                   resolver: LfsResolver | None) -> Iterator[pa.RecordBatch]:
+                   resolver: LfsResolver | None, unit: NumericTimestampUnit) -> Iterator[pa.RecordBatch]:
     lfs_columns = resolver is not None and resolver.settings.config.store_metadata
-    coercer = JsonColumnCoercer(columns[:-len(LFS_METADATA_COLUMNS)] if lfs_columns else columns)
+    coercer = JsonColumnCoercer(columns[:-len(LFS_METADATA_COLUMNS)] if lfs_columns else columns,
+                                numeric_timestamp_unit=unit)
     for segment in partition.segments:
         try:
             records = fetch_segment_records(store, segment, partition.offsets)

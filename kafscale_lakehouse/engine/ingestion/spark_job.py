@@ -50,6 +50,7 @@ from kafscale_lakehouse.engine.tables.data_files import (
 from kafscale_lakehouse.engine.tables.dead_letters import DeadLetterTarget
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
 from kafscale_lakehouse.schema.columns import Column
+from kafscale_lakehouse.schema.json_values import NumericTimestampUnit
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import SegmentStore
 
@@ -80,6 +81,7 @@ class IngestionTaskSpec:
     sink: SinkJob
     dead_letters: DeadLetterTarget | None
     lfs: LfsReadSettings | None = None  # what to do with LFS envelope records (mappings[].lfs)
+    numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS  # mappings[].schema
 
     def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in task_ids:
@@ -92,7 +94,8 @@ class IngestionTaskSpec:
         failures: list[SegmentReadFailure] = []
         splitter = SourceRowSplitter(self.dead_letters, task_id)
         records = _until_failure(read_input_partition(self.store, self.input_partitions[task_id], self.columns,
-                                                      self.json_schema, self.lfs, splitter.stats.lfs), failures)
+                                                      self.json_schema, self.lfs, splitter.stats.lfs,
+                                                      numeric_timestamp_unit=self.numeric_timestamp_unit), failures)
         try:
             data_files = write_batches_as_data_files(self.sink, splitter.rows_to_write(records), task_id)
         except BaseException:
@@ -114,7 +117,9 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
                             input_partitions: Sequence[SegmentRunPartition], *, columns: Sequence[Column],
                             json_schema: CompiledJsonSchema | None, target_file_size_bytes: int,
                             dead_letters: tuple[Table, DeadLetterTarget] | None = None,
-                            lfs: LfsReadSettings | None = None) -> list[IngestionTaskOutput]:
+                            lfs: LfsReadSettings | None = None,
+                            numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
+                            ) -> list[IngestionTaskOutput]:
     """Read `input_partitions` and write them as data files of `table` (and invalid records as data files of the
     dead-letter table), one Spark task per input partition; returns each task's output, nothing committed.
 
@@ -127,7 +132,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     if not input_partitions:
         return []
     tasks = IngestionTaskSpec(store, tuple(input_partitions), tuple(columns), json_schema, sink,
-                              dead_letters[1] if dead_letters else None, lfs)
+                              dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit)
     count = len(input_partitions)
     log.info("table %s run %s: one Spark job of %d tasks over %d segments (%d bytes)", sink.table_name, run_id, count,
              sum(len(p.segments) for p in input_partitions),
