@@ -20,6 +20,7 @@ from pydantic import SecretStr
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, TableMaintenance
 from kafscale_lakehouse.engine.tables import CatalogSettings
+from kafscale_lakehouse.engine.tables.dead_letters import mapping_dead_letter_table
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.etcd_store import EtcdOffsetStore
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
@@ -151,7 +152,9 @@ def schema_registry_client(config: LakehouseConfig) -> SchemaRegistryClient | No
 
 
 def table_maintenance(config: LakehouseConfig, mapping: MappingConfig) -> TableMaintenance:
-    """What maintaining the table of `mapping` takes: the catalog, its tables and `mappings[].maintenance`."""
+    """What maintaining the table of `mapping` takes: the catalog, its tables and `mappings[].maintenance`. The
+    dead-letter table is the one ingestion writes to (`mapping_dead_letter_table`, the default one included), so
+    expiry keeps the table snapshots that name its unpublished staged dead letters."""
     block = mapping.maintenance
     settings = MaintenanceSettings(
         snapshot_max_age=timedelta(hours=block.snapshot_max_age_hours), retain_last=block.retain_last,
@@ -160,5 +163,6 @@ def table_maintenance(config: LakehouseConfig, mapping: MappingConfig) -> TableM
         target_file_size_bytes=block.target_file_size_bytes or config.processor.target_file_size_bytes,
         min_input_files=block.min_input_files, manifest_min_count=block.manifest_min_count,
         manifest_target_size_bytes=block.manifest_target_size_bytes)
+    dead_letter_table = mapping_dead_letter_table(config.schema_config.mode, mapping.table, mapping.dead_letter_table)
     return TableMaintenance(catalog=catalog_settings(config), table=mapping.table,
-                            dead_letter_table=mapping.dead_letter_table, settings=settings)
+                            dead_letter_table=dead_letter_table, settings=settings)

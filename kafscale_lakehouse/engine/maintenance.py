@@ -59,11 +59,14 @@ from kafscale_lakehouse.engine.tables.commits import (
     HistoryIndependentTransaction,
     delete_data_files,
 )
-from kafscale_lakehouse.engine.tables.dead_letters import StagedDeadLetters, open_dead_letter_table
+from kafscale_lakehouse.engine.tables.dead_letters import (
+    StagedDeadLetters,
+    open_dead_letter_table,
+    settled_staged_ids,
+)
 from kafscale_lakehouse.engine.tables.rewrites import ManifestMerge, commit_rewrite
 from kafscale_lakehouse.engine.tables.summary import (
     SOURCE_TABLE_PROPERTY,
-    STAGED_SNAPSHOT_PROPERTY,
     ancestry,
     is_kafscale_commit,
 )
@@ -210,14 +213,14 @@ def protected_snapshot_ids(table: Table, dead_letters: Table | None = None) -> s
         if is_kafscale_commit(snapshot):
             break  # the newest snapshot with offsets: the chain down to it is what reading offsets walks
     if dead_letters is not None:
-        published = _published_staged_ids(dead_letters)
+        published = settled_staged_ids(dead_letters)
         for snapshot in main_chain:
             staged = StagedDeadLetters.from_summary(snapshot)
             if staged is not None and staged.snapshot_id not in published:
                 protected.add(snapshot.snapshot_id)
     # On a dead-letter table: staged snapshots (on no branch, naming their source table) not yet published.
     on_branch = {s.snapshot_id for s in ancestry(table)}
-    published = _published_staged_ids(table)
+    published = settled_staged_ids(table)
     for snapshot in table.metadata.snapshots:
         if (snapshot.snapshot_id not in on_branch and snapshot.summary is not None
                 and snapshot.summary.get(SOURCE_TABLE_PROPERTY) and snapshot.snapshot_id not in published):
@@ -254,12 +257,6 @@ def expire_snapshots(table: Table, *, older_than: datetime, retain_last: int = D
              ".".join(table.name()), len(expired), older_than.isoformat(),
              "" if max_snapshots is None else f" or beyond the newest {max_snapshots}", len(keep))
     return expired
-
-
-def _published_staged_ids(table: Table) -> set[int]:
-    return {int(s.summary.additional_properties[STAGED_SNAPSHOT_PROPERTY])
-            for s in ancestry(table)
-            if s.summary is not None and STAGED_SNAPSHOT_PROPERTY in s.summary.additional_properties}
 
 
 # ---- orphan files ----------------------------------------------------------------------------------------------
@@ -456,7 +453,7 @@ class TableMaintenance:
 
     catalog: CatalogSettings
     table: str
-    dead_letter_table: str | None  # only an explicitly configured one; the default is left alone
+    dead_letter_table: str | None  # the one ingestion writes to (dead_letters.mapping_dead_letter_table); None: none
     settings: MaintenanceSettings
 
 

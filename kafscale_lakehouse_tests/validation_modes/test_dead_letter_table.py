@@ -143,6 +143,37 @@ def test_a_run_that_stopped_after_its_table_commit_gets_its_dead_letters_publish
     assert len(dead_letter_rows(dead_letters)) == len(FAULTS)
 
 
+def test_a_run_that_died_before_publishing_is_found_behind_a_later_run_that_published(catalog, namespace,
+                                                                                      source_batches):
+    """Issue 19 hole 6 (a): runs A and B on disjoint partitions; B settled the table before A committed, A commits
+    and dies before publishing, B commits and publishes. The next walk must reach A's staged snapshot behind B's
+    published one (B's `published-through` names the snapshot before A's commit)."""
+    table = open_table(catalog, f"{namespace}.pizzas", schema=table_schema(COLUMNS), create_if_missing=True)
+    dead_letters = open_dead_letter_table(catalog, f"{namespace}.pizzas_dead_letters")
+    commit_append(table, [], TOPIC, {0: 0, 1: 0}, {0: 5, 1: 5}, "run-before")
+    b_settled = publish_pending_dead_letters(table, catalog)  # run B starts: nothing pending yet
+    staged_by = {}
+    for run_id in ("run-a", "run-b"):
+        splitter, _ = split(source_batches, dead_letter_target(dead_letters, run_id, target_file_size_bytes=1 << 20))
+        staged_by[run_id] = stage_dead_letters(dead_letters, splitter.stats.dead_letter_files, run_id=run_id,
+                                               source_table=f"{namespace}.pizzas", topic=TOPIC,
+                                               offset_ranges={0: (5, 25)})
+    commit_append(table, [], TOPIC, {0: 5}, {0: 25}, "run-a",
+                  snapshot_properties=staged_by["run-a"].summary_properties())  # A dies before publishing
+    b_commit = commit_append(table, [], TOPIC, {1: 5}, {1: 25}, "run-b",
+                             snapshot_properties={**staged_by["run-b"].summary_properties(),
+                                                  **b_settled.published_through_properties()})
+    publish_dead_letters(dead_letters, staged_by["run-b"], source_snapshot_id=b_commit.snapshot_id)
+
+    pending = publish_pending_dead_letters(table, catalog)
+
+    assert len(pending.published) == 1 and pending.lost == [], "run A's staged dead letters are published"
+    dead_letters.refresh()
+    run_ids = [row["run_id"] for row in dead_letter_rows(dead_letters)]
+    assert sorted(run_ids) == ["run-a"] * len(FAULTS) + ["run-b"] * len(FAULTS)
+    assert publish_pending_dead_letters(table, catalog).published == [], "published once"
+
+
 def test_dead_letters_whose_staged_snapshot_is_gone_are_reported_once_and_never_wedge_later_runs(catalog, namespace):
     table = open_table(catalog, f"{namespace}.pizzas", schema=table_schema(COLUMNS), create_if_missing=True)
     dead_letters = open_dead_letter_table(catalog, f"{namespace}.pizzas_dead_letters")

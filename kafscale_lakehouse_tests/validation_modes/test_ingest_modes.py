@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import signal
 
 import pytest
 from pyiceberg.table import Table
 
 import kafscale_lakehouse.engine.ingestion.run as ingest_module
+from kafscale_lakehouse.apps import cli
 from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, IngestFailedError, ingest_mapping
@@ -164,6 +167,65 @@ def test_a_run_stopped_after_the_table_commit_has_its_dead_letters_published_by_
     world.assert_exactly_once(runs=1, expected={0: VALID_OFFSETS, 1: range(SEGMENT_RECORDS)})
     assert dead_letter_offsets(dead_letters) == INVALID_OFFSETS
     assert dead_letters.current_snapshot().summary[RUN_ID_PROPERTY] == table.current_snapshot().summary[RUN_ID_PROPERTY]
+
+
+def lose_the_dead_letters_of_a_stopped_run(world: IngestWorld, config, spark, monkeypatch) -> str:
+    """A run stops between its table commit and publishing; then its staged snapshot goes (the dead-letter table is
+    dropped) and partition 1 gets a new segment. Returns the stopped run's id."""
+    def stop(*args, **kwargs):
+        raise StopRun("between the table commit and publishing the dead letters")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ingest_module, "publish_dead_letters", stop)
+        with pytest.raises(StopRun):
+            run(world, config, spark)
+    load_catalog(catalog_settings(config)).drop_table(f"{world.table_name}_dead_letters")
+    world.write_records(1, SEGMENT_RECORDS, pizza_orders(SEGMENT_RECORDS, SEGMENT_RECORDS, partition=1))
+    return world.table().current_snapshot().summary[RUN_ID_PROPERTY]
+
+
+def test_a_run_that_finds_dead_letters_lost_fails_naming_them_once_and_keeps_its_commit(embedded_world, registry,
+                                                                                       spark, monkeypatch):
+    """Issue 19 hole 6 (c): a run stops between its table commit and publishing, then its staged snapshot goes
+    (the dead-letter table dropped). The next run commits what it read, then fails naming the stopped run, the
+    record count and the offsets to replay; the run after it is not wedged."""
+    world = embedded_world
+    config = lenient_faulty_topic(world, registry)
+    stopped_run = lose_the_dead_letters_of_a_stopped_run(world, config, spark, monkeypatch)
+
+    with pytest.raises(IngestFailedError) as failure:
+        run(world, config, spark)
+
+    message = str(failure.value)
+    assert f"(run {failure.value.result.run_id})" in message and f"Run {stopped_run}" in message
+    assert f"{len(INVALID_OFFSETS)} invalid records" in message
+    assert f"{{0: [0, {2 * SEGMENT_RECORDS}], 1: [0, {SEGMENT_RECORDS}]}}" in message, "the offsets to replay"
+    assert failure.value.result.snapshot_id is not None, "what the run read is committed"
+    world.assert_exactly_once(runs=2, expected={0: VALID_OFFSETS, 1: range(2 * SEGMENT_RECORDS)})
+    again = run(world, config, spark)
+    assert not again.failed and again.dead_letters_lost == [], "reported once"
+
+
+def test_ingest_once_exits_1_on_dead_letters_found_lost_then_0(embedded_world, registry, spark, monkeypatch,
+                                                                 caplog):
+    """Issue 19 hole 6 (c), through `kafscale-lakehouse ingest --once`: exit 1 naming the lost dead letters, once."""
+    world = embedded_world
+    serve_schema(registry, world.topic)
+    write_faulty_topic(world)
+    document = world.config_document()
+    document["schema"] = {"mode": "lenient", "registry": {"base_url": registry.base_url, "timeout_seconds": 2}}
+    config_path = world.write_config_file(document)
+    stopped_run = lose_the_dead_letters_of_a_stopped_run(world, world.config(document), spark, monkeypatch)
+    sigterm = signal.getsignal(signal.SIGTERM)  # the CLI installs its own handler
+    try:
+        with caplog.at_level(logging.ERROR, logger="kafscale_lakehouse.apps.cli"):
+            assert cli.main(["ingest", "--config", str(config_path), "--once"]) == 1
+        [error] = [r.getMessage() for r in caplog.records if r.name == "kafscale_lakehouse.apps.cli"]
+        assert f"Run {stopped_run}" in error and f"{len(INVALID_OFFSETS)} invalid records" in error
+        assert cli.main(["ingest", "--config", str(config_path), "--once"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    world.assert_exactly_once(runs=2, expected={0: VALID_OFFSETS, 1: range(2 * SEGMENT_RECORDS)})
 
 
 def test_a_run_stopped_before_the_table_commit_leaves_no_dead_letter_behind(embedded_world, registry, spark,

@@ -38,7 +38,7 @@ from kafscale_lakehouse.connections import (
 )
 from kafscale_lakehouse.engine.ingestion.lag import lag
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, lfs_read_settings
-from kafscale_lakehouse.engine.ingestion.planning import plan_partition, recheck_planned
+from kafscale_lakehouse.engine.ingestion.planning import PARTITION_PLANNING_ERRORS, plan_partition, recheck_planned
 from kafscale_lakehouse.engine.ingestion.positions import acquire_partition_leases, partition_starts, table_identity
 from kafscale_lakehouse.engine.ingestion.rows import InvalidRecord
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
@@ -90,7 +90,6 @@ from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
-    OffsetBeyondSegmentsError,
     SegmentRef,
     SegmentStore,
     discover_partitions,
@@ -100,13 +99,15 @@ log = logging.getLogger(__name__)
 
 
 class IngestFailedError(RuntimeError):
-    """Some partitions could not advance; `result` says which and why (what was complete is committed)."""
+    """Some partitions could not advance, or the run found an earlier run's dead letters lost; `result` says which
+    and why (what was complete is committed)."""
 
     def __init__(self, result: IngestResult) -> None:
         self.result = result
         problems = "; ".join(f"partition {p.partition}: {p.error}" for p in result.partitions.values() if p.error)
         if result.invalid_count and result.dead_letter_table is None:
             problems = "; ".join(filter(None, [problems, _describe_invalid(result)]))
+        problems = "; ".join(filter(None, [problems, *(f"dead letters lost: {m}" for m in result.dead_letters_lost)]))
         super().__init__(f"topic {result.topic} → table {result.table} (run {result.run_id}): {problems}")
 
 
@@ -137,12 +138,15 @@ class IngestResult:
     invalid_samples: list[InvalidRecord] = field(default_factory=list)
     dead_letter_table: str | None = None  # where invalid records go; None: they fail the run
     dead_letter_snapshot_id: int | None = None
-    dead_letters_lost: list[str] = field(default_factory=list)  # staged by an earlier run, gone before published
+    # Staged by an earlier run, gone before published: each names that run, the record count and the offsets to
+    # replay. Recorded on the dead-letter table before this run commits, so they fail this run only.
+    dead_letters_lost: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
+        """A partition could not advance, invalid records had nowhere to go, or dead letters were found lost."""
         invalid_failed = self.invalid_count > 0 and self.dead_letter_table is None
-        return invalid_failed or any(p.error for p in self.partitions.values())
+        return invalid_failed or bool(self.dead_letters_lost) or any(p.error for p in self.partitions.values())
 
     @property
     def records(self) -> int:
@@ -401,7 +405,8 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange], identity
         prepared.result.partitions[partition] = outcome
         try:
             planning = plan_partition(context.store, topic, partition, start, budget, allow_gaps)
-        except OffsetBeyondSegmentsError as exc:
+        except PARTITION_PLANNING_ERRORS as exc:  # this partition's segments alone: the others go on
+            log.error("topic %s partition %d stops: %s", topic, partition, exc)
             outcome.error = str(exc)
             continue
         outcome.skipped, outcome.error = planning.skipped, planning.error

@@ -8,9 +8,10 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
 - A registry that is down, answers 404 or serves a document that is no JSON Schema raises here
   (`SchemaRegistryError`, `InvalidSchemaDocumentError`): the run fails before it reads anything, and no record is
   ever judged invalid because of the registry.
-- dead-letter table: lenient → `mappings[].dead_letter_table`, default `<table>_dead_letters`; off → the configured
-  one only (coercion failures of required columns go there; without one they fail the run); strict → none: any
-  invalid record fails the run before it commits, naming the record_id and the violated schema path.
+- dead-letter table (`dead_letters.mapping_dead_letter_table`, which maintenance follows too): lenient →
+  `mappings[].dead_letter_table`, default `<table>_dead_letters`; off → the configured one only (coercion failures
+  of required columns go there; without one they fail the run); strict → none: any invalid record fails the run
+  before it commits, naming the record_id and the violated schema path.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.tables.dead_letters import default_dead_letter_table
+from kafscale_lakehouse.engine.tables.dead_letters import mapping_dead_letter_table
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
@@ -50,13 +51,7 @@ def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
     if mapping.lfs.store_metadata:
         columns += LFS_METADATA_COLUMNS
     json_schema = registry.get_schema(mapping.topic) if mode != "off" and registry is not None else None
-    dead_letter_table: str | None
-    if mode == "lenient":
-        dead_letter_table = mapping.dead_letter_table or default_dead_letter_table(mapping.table)
-    elif mode == "off":
-        dead_letter_table = mapping.dead_letter_table
-    else:
-        dead_letter_table = None
+    dead_letter_table = mapping_dead_letter_table(mode, mapping.table, mapping.dead_letter_table)
     # A configured name is checked when the config loads; the default one could still be another mapping's table.
     clash = next((other for other in config.mappings if other.table == dead_letter_table), None)
     if clash is not None:

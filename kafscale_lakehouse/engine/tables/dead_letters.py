@@ -21,20 +21,22 @@ Order of one run, and what a crash between the steps leaves:
 - Publishing is idempotent per staged snapshot (one per run): it checks the branch first, and commits without
   pyiceberg's client retries so that a concurrent publisher's commit makes it check again instead of appending twice.
 - Each table commit records `kafscale.dead-letter.published-through`: the table snapshot through which every staged
-  dead letter was published when the run started, so the next run's walk stops there (it costs one or two of our
-  snapshots, whatever the history or the dead-letter table's state).
+  dead letter was published when the run started, so the next run's walk stops there (it costs the snapshots since
+  the previous run started, whatever the history). It does not stop at a published one: runs on disjoint partitions
+  commit in any order, so an unpublished staged snapshot may lie behind a published one.
 - A staged snapshot that is gone before it was published (the dead-letter table dropped and recreated, or its
   snapshots expired, between a run's commit and its publish) cannot be recovered from the dead-letter table: that is
   reported as an error naming the run, the record count and the offset ranges at stake, and recorded as an empty
   snapshot of the dead-letter table (`kafscale.dead-letter.lost-records`), so it is reported once and never wedges
-  later runs.
+  later runs. The run that finds it fails after its own commit (`PendingDeadLetters.lost`, then
+  `IngestResult.dead_letters_lost`); a crash after the marker and before that failure leaves only the log line.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -65,6 +67,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     SOURCE_TABLE_PROPERTY,
     STAGED_SNAPSHOT_PROPERTY,
     CommittedOffsets,
+    ancestry,
     format_ranges_property,
     parse_commit,
     summary_properties,
@@ -92,6 +95,18 @@ class DeadLetterRecoveryError(DeadLetterError):
 def default_dead_letter_table(table: str) -> str:
     """`prod.orders` → `prod.orders_dead_letters`."""
     return table + DEAD_LETTER_TABLE_SUFFIX
+
+
+def mapping_dead_letter_table(schema_mode: str, table: str, configured: str | None) -> str | None:
+    """The dead-letter table a mapping landing in `table` uses, the one rule for ingestion (which writes there) and
+    maintenance (which keeps the table snapshots naming unpublished staged dead letters there): `lenient` → the
+    `configured` one, default `<table>_dead_letters`; `off` → the configured one only; `strict` → none (None:
+    invalid records fail the run)."""
+    if schema_mode == "lenient":
+        return configured or default_dead_letter_table(table)
+    if schema_mode == "off":
+        return configured
+    return None
 
 
 def open_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
@@ -255,27 +270,21 @@ class PendingDeadLetters:
 
 @timed("pending dead letters")
 def publish_pending_dead_letters(table: Table, catalog: Catalog) -> PendingDeadLetters:
-    """Publish the staged dead letters of `table`'s snapshots that a stopped run did not publish (oldest first).
-    Call it at the start of every run, before it commits.
+    """Publish the staged dead letters of `table`'s snapshots that a stopped run did not publish (oldest first), and
+    record those that can no longer be published (`_record_lost`). Call it at the start of every run, before it
+    commits.
 
-    Walks back from the current snapshot to the `published-through` snapshot the newest of our commits names (or,
-    on tables written before that marker, to the first snapshot whose dead letters are published)."""
-    pending: list[tuple[Snapshot, StagedDeadLetters]] = []
-    dead_letter_tables: dict[str, Table] = {}
-    stop_at: int | None = None
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        if snapshot.snapshot_id == stop_at:
-            break
-        staged = StagedDeadLetters.from_summary(snapshot)
-        if staged is not None:
-            if staged.table_name not in dead_letter_tables:
-                dead_letter_tables[staged.table_name] = open_dead_letter_table(catalog, staged.table_name)
-            if _published_snapshot(dead_letter_tables[staged.table_name], staged.snapshot_id) is not None:
-                break
-            pending.append((snapshot, staged))
-        through = snapshot.summary.get(PUBLISHED_THROUGH_PROPERTY) if snapshot.summary else None
-        if through is not None and stop_at is None:
-            stop_at = int(through)
+    Invariant on return: every staged snapshot named by a table snapshot from the current one back to the
+    `published-through` snapshot the newest of our commits names (the whole retained history on tables written
+    before that marker) is published or recorded lost on its dead-letter table; `through_snapshot_id` says so for
+    the next commit. A published snapshot does not end the walk: runs on disjoint partitions commit in any order,
+    so an earlier run's unpublished staged snapshot may lie behind a later run's published one.
+
+    Cost: the table snapshots of that window (normally the previous run's commit and what was committed since), and,
+    per dead-letter table named in it, one pass over that table's retained main-branch history; both from the
+    metadata already loaded, no manifest is read. A crash anywhere leaves the markers as they were: the next run
+    walks the same window again and publishing is idempotent per staged snapshot."""
+    pending, dead_letter_tables = _unsettled_staged(table, catalog)
     outcome = PendingDeadLetters(through_snapshot_id=table.metadata.current_snapshot_id)
     for snapshot, staged in reversed(pending):
         run_id = summary_properties(snapshot).get(RUN_ID_PROPERTY)
@@ -289,6 +298,47 @@ def publish_pending_dead_letters(table: Table, catalog: Catalog) -> PendingDeadL
         except DeadLetterRecoveryError as exc:
             outcome.lost.append(_record_lost(dead_letter_table, staged, table, snapshot, str(exc)))
     return outcome
+
+
+def _unsettled_staged(table: Table,
+                      catalog: Catalog) -> tuple[list[tuple[Snapshot, StagedDeadLetters]], dict[str, Table]]:
+    """The snapshots of `_unsettled_window` whose staged snapshot its dead-letter table neither published nor
+    recorded lost (newest first), and the dead-letter tables they name (opened, created when missing)."""
+    pending: list[tuple[Snapshot, StagedDeadLetters]] = []
+    dead_letter_tables: dict[str, Table] = {}
+    settled: dict[str, set[int]] = {}
+    for snapshot in _unsettled_window(table):
+        staged = StagedDeadLetters.from_summary(snapshot)
+        if staged is None:
+            continue
+        if staged.table_name not in dead_letter_tables:
+            dead_letter_tables[staged.table_name] = open_dead_letter_table(catalog, staged.table_name)
+            settled[staged.table_name] = settled_staged_ids(dead_letter_tables[staged.table_name])
+        if staged.snapshot_id not in settled[staged.table_name]:
+            pending.append((snapshot, staged))
+    return pending, dead_letter_tables
+
+
+def _unsettled_window(table: Table) -> Iterator[Snapshot]:
+    """`table`'s snapshots from the current one back to (not including) the `published-through` snapshot named by
+    the newest snapshot carrying one; to the oldest retained one when none does, or when the named one is not an
+    ancestor (expired, or the branch was rolled back)."""
+    stop_at: int | None = None
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        if snapshot.snapshot_id == stop_at:
+            return
+        yield snapshot
+        through = snapshot.summary.get(PUBLISHED_THROUGH_PROPERTY) if snapshot.summary else None
+        if through is not None and stop_at is None:
+            stop_at = int(through)
+
+
+def settled_staged_ids(dead_letter_table: Table) -> set[int]:
+    """The staged snapshot ids the main branch of `dead_letter_table` names: published (`publish_dead_letters`) or
+    recorded lost (`_record_lost`); either way settled for good."""
+    return {int(s.summary.additional_properties[STAGED_SNAPSHOT_PROPERTY])
+            for s in ancestry(dead_letter_table)
+            if s.summary is not None and STAGED_SNAPSHOT_PROPERTY in s.summary.additional_properties}
 
 
 def _record_lost(dead_letter_table: Table, staged: StagedDeadLetters, table: Table, snapshot: Snapshot,

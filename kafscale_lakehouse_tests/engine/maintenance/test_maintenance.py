@@ -23,8 +23,12 @@ from kafscale_lakehouse.engine.maintenance import (
     remove_orphan_files,
     rewrite_manifests,
 )
-from kafscale_lakehouse.engine.tables.catalogs import load_catalog
+from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+from kafscale_lakehouse.engine.tables.dead_letters import StagedDeadLetters, publish_pending_dead_letters
 from kafscale_lakehouse.engine.tables.summary import read_committed_offsets, read_topic_offsets
+from kafscale_lakehouse.schema import table_schema
+from kafscale_lakehouse.schema.columns import Column
 
 pytestmark = pytest.mark.integration
 
@@ -252,3 +256,30 @@ def test_dagster_maintenance_job_runs_the_same_code_and_records_what_it_did(embe
     assert metadata["data_files_before"] == 6 and metadata["data_files_after"] == 1
     assert metadata["files_compacted"] == 6 and metadata["duration_seconds"] > 0
     world.assert_exactly_once(runs=3)
+
+
+def test_expiry_keeps_unpublished_staged_dead_letters_of_the_default_dead_letter_table(embedded_world):
+    """Issue 19 hole 6 (b): in lenient mode without `dead_letter_table`, invalid records go to `<table>_dead_letters`;
+    maintenance protects the table snapshot naming its unpublished staged dead letters all the same."""
+    world = embedded_world
+    document = world.config_document()
+    document["schema"] = {"mode": "lenient", "registry": {"base_url": "http://127.0.0.1:9"}}  # never contacted
+    document["mappings"][0]["maintenance"] = {"max_snapshots": 1}
+    config = world.config(document)
+    catalog = load_catalog(catalog_settings(config))
+    table = open_table(catalog, world.table_name, schema=table_schema([Column(name="order_id", type="string")]),
+                       create_if_missing=True)
+    # A run committed the table with staged dead letters and stopped before publishing (its staged snapshot is gone
+    # too, so the next run can only report them: the report needs the table snapshot); a later run committed on.
+    staged = StagedDeadLetters(f"{world.table_name}_dead_letters", 123456789, 4)
+    stopped = commit_append(table, [], world.topic, {0: 0}, {0: 20}, "run-stopped",
+                            snapshot_properties=staged.summary_properties())
+    commit_append(table, [], world.topic, {0: 20}, {0: 30}, "run-later")
+
+    target = table_maintenance(config, config.mappings[0])
+    maintain_mapping(None, target, steps=["expire"])
+
+    table = world.table()
+    assert table.metadata.snapshot_by_id(stopped.snapshot_id) is not None, "kept: its dead letters are not settled"
+    [message] = publish_pending_dead_letters(table, catalog).lost
+    assert "run-stopped" in message and "4 invalid records" in message
