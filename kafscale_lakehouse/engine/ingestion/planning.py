@@ -3,7 +3,9 @@
 `positions.py` decides where the partition starts; here that start becomes whole completed segments (listed from the
 start offset, so the cost follows new data) up to the run's byte budget, stopping before a gap: data deleted before
 ingestion is never skipped silently (only with `allow_gaps`, and then recorded in the commit). The sensor's own plan
-(from the offsets store) is only re-checked against the table's start, never used in its place.
+(from the offsets store) is only re-checked against the table's start, never used in its place. A partition whose
+segments cannot be planned (`PARTITION_PLANNING_ERRORS`: overlapping segments, two keys for one base offset, a start
+beyond the newest segment) stops alone, naming the objects; the run's other partitions go on.
 """
 
 from __future__ import annotations
@@ -13,9 +15,20 @@ from dataclasses import dataclass
 
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.offsets.ranges import OffsetRange
-from kafscale_lakehouse.storage import SegmentRef, SegmentStore, find_gaps, segments_from
+from kafscale_lakehouse.storage import (
+    DuplicateSegmentError,
+    OffsetBeyondSegmentsError,
+    SegmentOverlapError,
+    SegmentRef,
+    SegmentStore,
+    find_gaps,
+    segments_from,
+)
 
 log = logging.getLogger(__name__)
+
+# What `plan_partition` raises about one partition's segments: the run records it as that partition's error.
+PARTITION_PLANNING_ERRORS = (OffsetBeyondSegmentsError, SegmentOverlapError, DuplicateSegmentError)
 
 
 @dataclass(frozen=True)

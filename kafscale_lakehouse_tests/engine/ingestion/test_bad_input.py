@@ -139,3 +139,25 @@ def test_segment_replaced_between_planning_and_reading_stops_its_partition_and_l
     world.put_object(recut_index_key, original_index)
     ingest(world.config(), spark)
     world.assert_exactly_once(runs=2, expected={0: range(200), 1: range(80)})
+
+
+def test_overlapping_or_duplicate_segments_stop_only_their_own_partition(embedded_world, spark):
+    # Issue 19: a SegmentOverlapError or DuplicateSegmentError used to fail every partition of the run.
+    world = embedded_world
+    world.write_segments(0, 80, records_per_segment=40)  # segments 0, 40
+    overlapping = world.write_records(0, 30, pizza_orders(30, 40))  # offsets 30..69: overlaps segment 0
+    world.write_segments(1, 80, records_per_segment=40)
+    padded = world.segment_object_key(1, 40)
+    unpadded = padded.replace(f"segment-{40:020d}", "segment-40")
+    world.put_object(unpadded, world.segments[1][40].kfs_path.read_bytes())  # a second key for base offset 40
+    world.write_segments(2, 80, records_per_segment=40)
+
+    with pytest.raises(IngestFailedError) as failed:
+        ingest(world.config(), spark)
+
+    outcomes = failed.value.result.partitions
+    assert world.segment_object_key(0, 30) in outcomes[0].error and world.segment_object_key(0, 0) in outcomes[0].error
+    assert overlapping.base_offset == 30
+    assert padded in outcomes[1].error and unpadded in outcomes[1].error
+    assert outcomes[2].error is None  # the run's other partitions go on
+    world.assert_exactly_once(runs=1, expected={2: range(80)})
