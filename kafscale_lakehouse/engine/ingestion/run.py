@@ -38,7 +38,7 @@ from kafscale_lakehouse.connections import (
 )
 from kafscale_lakehouse.engine.ingestion.lag import lag
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, lfs_read_settings
-from kafscale_lakehouse.engine.ingestion.planning import plan_partition, recheck_planned
+from kafscale_lakehouse.engine.ingestion.planning import PARTITION_PLANNING_ERRORS, plan_partition, recheck_planned
 from kafscale_lakehouse.engine.ingestion.positions import acquire_partition_leases, partition_starts, table_identity
 from kafscale_lakehouse.engine.ingestion.rows import InvalidRecord
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
@@ -90,7 +90,6 @@ from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
-    OffsetBeyondSegmentsError,
     SegmentRef,
     SegmentStore,
     discover_partitions,
@@ -406,7 +405,8 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange], identity
         prepared.result.partitions[partition] = outcome
         try:
             planning = plan_partition(context.store, topic, partition, start, budget, allow_gaps)
-        except OffsetBeyondSegmentsError as exc:
+        except PARTITION_PLANNING_ERRORS as exc:  # this partition's segments alone: the others go on
+            log.error("topic %s partition %d stops: %s", topic, partition, exc)
             outcome.error = str(exc)
             continue
         outcome.skipped, outcome.error = planning.skipped, planning.error
