@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from pyarrow.fs import FileSelector, FileType
+from pyarrow.fs import FileInfo, FileSelector, FileSystem, FileType
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import FileScanTask, Table
@@ -295,9 +295,11 @@ def remove_orphan_files(table: Table, *, older_than: datetime) -> list[str]:
     io = _pyarrow_io(table)
     scheme, netloc, root = io.parse_location(table.location().rstrip("/"), io.properties)
     fs = io.fs_by_scheme(scheme, netloc)
-    # List first, then read the references: a file committed in between is then seen as referenced.
-    listed = [info for info in fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
-              if info.type == FileType.File]
+    # List first, then refresh and read the references: a file of a commit that lands before or during the listing
+    # is referenced by the refreshed metadata, so it is kept.
+    listed = _list_files(fs, root)
+    with catalog_errors(catalog_endpoint(table.catalog)):
+        table.refresh()
     referenced = referenced_files(table)
     _refuse_shared_location(table, io, [i.path for i in listed if i.path not in referenced])
     orphans = [info.path for info in listed if info.path not in referenced
@@ -308,6 +310,12 @@ def remove_orphan_files(table: Table, *, older_than: datetime) -> list[str]:
     log.info("table %s: removed %d orphan files older than %s under %s (%d listed, %d could not be deleted)",
              table_name, len(deleted), older_than.isoformat(), table.location(), len(listed), len(failed))
     return deleted
+
+
+def _list_files(fs: FileSystem, root: str) -> list[FileInfo]:
+    """Every file under `root`: the candidates of orphan removal."""
+    return [info for info in fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
+            if info.type == FileType.File]
 
 
 def _refuse_shared_location(table: Table, io: PyArrowFileIO, unreferenced: Sequence[str]) -> None:

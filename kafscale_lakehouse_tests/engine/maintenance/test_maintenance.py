@@ -216,6 +216,35 @@ def test_orphan_removal_keeps_young_files_referenced_files_and_other_tables(embe
     assert world.table_data_files(backup) == backup_files and backup.scan().to_arrow().num_rows == 160
 
 
+def test_orphan_removal_keeps_the_files_of_a_commit_that_lands_while_it_lists(embedded_world, spark, monkeypatch):
+    """Issue 19, hole 7: the references are read after the listing, so a commit landing during it is kept."""
+    world = embedded_world
+    _land_in_rounds(world, spark, rounds=1)
+    for partition in (0, 1):
+        world.write_segments(partition, 40, base_offset=40, records_per_segment=40)
+    real_list = maintenance._list_files
+    raced: list = []
+
+    def list_while_an_ingestion_commits(fs, root):
+        if not raced:
+            raced.append(ingest(world.config(), spark))  # the real commit path, before the listing completes
+        return real_list(fs, root)
+
+    monkeypatch.setattr(maintenance, "_list_files", list_while_an_ingestion_commits)
+    remove_orphan_files(world.table(), older_than=datetime.now(UTC) + timedelta(minutes=1))
+
+    assert raced and raced[0][0].records == 80
+    table = world.table()
+    for snapshot in table.metadata.snapshots:
+        assert table.io.new_input(snapshot.manifest_list).exists()
+        for manifest in snapshot.manifests(table.io):
+            assert table.io.new_input(manifest.manifest_path).exists()
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                assert table.io.new_input(entry.data_file.file_path).exists(), entry.data_file.file_path
+    assert table.scan().to_arrow().num_rows == 160
+    world.assert_exactly_once(runs=2)
+
+
 def test_maintain_mapping_sets_bounded_metadata_properties_and_reports(embedded_world, spark):
     world = embedded_world
     _land_in_rounds(world, spark, rounds=3)
