@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from pyarrow.fs import FileInfo, FileSelector, FileSystem, FileType
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.table.update.snapshot import ExpireSnapshots
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.engine.errors import EngineError
@@ -56,8 +56,8 @@ from kafscale_lakehouse.engine.tables.catalogs import (
 )
 from kafscale_lakehouse.engine.tables.commits import (
     CommitOutcomeUnknownError,
-    HistoryIndependentTransaction,
     delete_data_files,
+    expire_planned_snapshots,
 )
 from kafscale_lakehouse.engine.tables.dead_letters import (
     StagedDeadLetters,
@@ -77,6 +77,7 @@ COMPACTION_PROPERTY = "kafscale.compaction"  # on our compaction snapshots: the 
 DEFAULT_ORPHAN_MIN_AGE = timedelta(days=3)
 DEFAULT_SNAPSHOT_MAX_AGE = timedelta(days=5)  # Iceberg's history.expire.max-snapshot-age-ms default
 DEFAULT_RETAIN_LAST = 1  # Iceberg's history.expire.min-snapshots-to-keep default
+EXPIRY_COMMIT_ATTEMPTS = 5  # each refused attempt re-plans on the refreshed table
 # Every commit rewrites a metadata.json listing every retained snapshot (~0.9 KB each for ours): at a 30 s cadence
 # five days are 14,400 snapshots, a 13 MB file written per commit. Capped so a commit costs what a young table's does.
 DEFAULT_MAX_SNAPSHOTS = 1000
@@ -233,26 +234,40 @@ def expire_snapshots(table: Table, *, older_than: datetime, retain_last: int = D
     """Expire snapshots older than `older_than`, and beyond the newest `max_snapshots` (when given), keeping the
     newest `retain_last` of the current branch, the heads of refs and every protected one; returns the expired ids.
 
-    Through pyiceberg's `ExpireSnapshots` on a `HistoryIndependentTransaction`: pyiceberg's own transaction
-    deep-copies the whole metadata twice per expired id, which on a long history never finishes."""
+    Through pyiceberg's `ExpireSnapshots` on a `HistoryIndependentTransaction` (`expire_planned_snapshots`):
+    pyiceberg's own transaction deep-copies the whole metadata twice per expired id, which on a long history never
+    finishes. The commit requires main to be on the snapshot the plan was made on; refused, it re-plans on the
+    refreshed table (up to `EXPIRY_COMMIT_ATTEMPTS` times, then `MaintenanceError`)."""
     if retain_last < 1:
         raise ValueError(f"retain_last must be at least 1, got {retain_last}")
     if max_snapshots is not None and max_snapshots < retain_last:
         raise ValueError(f"max_snapshots ({max_snapshots}) must be at least retain_last ({retain_last})")
-    with catalog_errors(catalog_endpoint(table.catalog)):
-        table.refresh()
-    keep = protected_snapshot_ids(table, dead_letters)
-    keep.update(s.snapshot_id for s in list(ancestry(table))[:retain_last])
-    keep.update(ref.snapshot_id for ref in table.metadata.refs.values())
     cutoff_ms = int(older_than.timestamp() * 1000)
-    newest_first = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)
-    beyond_count = set() if max_snapshots is None else {s.snapshot_id for s in newest_first[max_snapshots:]}
-    expired = [s.snapshot_id for s in table.metadata.snapshots
-               if (s.timestamp_ms < cutoff_ms or s.snapshot_id in beyond_count) and s.snapshot_id not in keep]
-    if expired:
+    for attempt in range(1, EXPIRY_COMMIT_ATTEMPTS + 1):
         with catalog_errors(catalog_endpoint(table.catalog)):
-            ExpireSnapshots(HistoryIndependentTransaction(table, autocommit=True)).by_ids(expired).commit()
             table.refresh()
+        keep = protected_snapshot_ids(table, dead_letters)
+        keep.update(s.snapshot_id for s in list(ancestry(table))[:retain_last])
+        keep.update(ref.snapshot_id for ref in table.metadata.refs.values())
+        newest_first = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)
+        beyond_count = set() if max_snapshots is None else {s.snapshot_id for s in newest_first[max_snapshots:]}
+        expired = [s.snapshot_id for s in table.metadata.snapshots
+                   if (s.timestamp_ms < cutoff_ms or s.snapshot_id in beyond_count) and s.snapshot_id not in keep]
+        if not expired:
+            break
+        planned_on = table.metadata.current_snapshot_id
+        try:
+            # Refused when main moved since planning: the plan may remove what the new state needs.
+            with catalog_errors(catalog_endpoint(table.catalog)):
+                expire_planned_snapshots(table, expired, planned_on=planned_on)
+            break
+        except CommitFailedException as exc:
+            if attempt == EXPIRY_COMMIT_ATTEMPTS:
+                raise MaintenanceError(
+                    f"table {'.'.join(table.name())}: snapshot expiry was refused {attempt} times by commits "
+                    f"landing between its planning and its commit ({exc}); it runs again next time") from exc
+            log.info("table %s: a commit landed while expiry was planned on snapshot %s; re-planning (attempt %d)",
+                     ".".join(table.name()), planned_on, attempt)
     log.info("table %s: expired %d snapshots (older than %s%s; %d kept: protected, newest, ref heads)",
              ".".join(table.name()), len(expired), older_than.isoformat(),
              "" if max_snapshots is None else f" or beyond the newest {max_snapshots}", len(keep))

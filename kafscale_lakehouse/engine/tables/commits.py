@@ -26,7 +26,9 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import _apply_table_update, _TableMetadataUpdateContext
+from pyiceberg.table.refs import MAIN_BRANCH
+from pyiceberg.table.update import AssertRefSnapshotId, _apply_table_update, _TableMetadataUpdateContext
+from pyiceberg.table.update.snapshot import ExpireSnapshots
 from pyiceberg.utils.datetime import datetime_to_millis
 
 from kafscale_lakehouse.engine.errors import EngineError
@@ -107,6 +109,17 @@ class HistoryIndependentTransaction(Transaction):
         result.sort_order().check_compatible(result.schema())
         self._metadata_cache = (base, updates, result)
         return result
+
+
+def expire_planned_snapshots(table: Table, snapshot_ids: Sequence[int], *, planned_on: int | None) -> None:
+    """Remove `snapshot_ids` in one commit that requires main to still point at `planned_on`, the snapshot the
+    expiry was planned on: a commit landing in between makes the catalog refuse it (`CommitFailedException`, which
+    pyiceberg does not retry: no snapshot producer), so the caller re-plans on the refreshed table. On success
+    `table` holds the catalog's new metadata."""
+    transaction = HistoryIndependentTransaction(table)
+    transaction._apply((), (AssertRefSnapshotId.model_validate({"ref": MAIN_BRANCH, "snapshot-id": planned_on}),))
+    ExpireSnapshots(transaction).by_ids(list(snapshot_ids)).commit()
+    transaction.commit_transaction()
 
 
 class _CommitView(Table):

@@ -183,6 +183,34 @@ def test_expiry_by_count_keeps_the_newest_and_the_offsets_chain(embedded_world, 
         expire_snapshots(table, older_than=datetime.now(UTC), retain_last=3, max_snapshots=2)
 
 
+def test_expiry_re_plans_when_a_commit_lands_between_its_planning_and_its_commit(embedded_world, spark, monkeypatch):
+    """Issue 19, hole 7: the expiry commit requires main to be where it was planned; a rollback to an older
+    snapshot landing in between makes it re-plan instead of removing main's new head and its offsets."""
+    world = embedded_world
+    _land_in_rounds(world, spark, rounds=2)
+    [first_run, latest_run] = world.our_snapshots(world.table())
+    real_protected = maintenance.protected_snapshot_ids
+    raced: list = []
+
+    def plan_then_roll_back(table, dead_letters=None):
+        protected = real_protected(table, dead_letters)
+        if not raced:  # another engine's commit, landing between the planning and the commit
+            other = world.table()
+            other.manage_snapshots().rollback_to_snapshot(first_run.snapshot_id).commit()
+            raced.append(other.metadata.current_snapshot_id)
+        return protected
+
+    monkeypatch.setattr(maintenance, "protected_snapshot_ids", plan_then_roll_back)
+    expired = expire_snapshots(world.table(), older_than=datetime.now(UTC) + timedelta(minutes=1), retain_last=1)
+
+    assert raced == [first_run.snapshot_id]
+    table = world.table()
+    assert table.metadata.current_snapshot_id == first_run.snapshot_id, "main keeps the head the rollback set"
+    assert first_run.snapshot_id not in expired and latest_run.snapshot_id in expired
+    assert read_topic_offsets(table, world.topic) == {0: 40, 1: 40}
+    assert table.scan().to_arrow().num_rows == 80
+
+
 def test_orphan_removal_keeps_young_files_referenced_files_and_other_tables(embedded_world, spark):
     world = embedded_world
     _land_in_rounds(world, spark, rounds=2)
