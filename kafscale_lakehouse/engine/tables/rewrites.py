@@ -6,9 +6,10 @@ partition's offset range (`RecordRange`: what a replay replaces). `commit_rewrit
 (pyiceberg 0.12 has no `replace` operation) that removes some files and adds others, carrying the offsets of every
 topic forward. Each attempt re-reads the table: a concurrent commit makes the catalog refuse ours (pyiceberg's own
 retries are off, as for our appends) and we retry on the new state; if a file to remove is gone (another compaction,
-a delete), the rewrite is abandoned (`RewriteAbandonedError`) so nothing is lost or doubled. An answer that does not
-say whether the commit landed is settled by looking for the rewrite's marker in the table; if it is not there
-either, the files are kept (`CommitOutcomeUnknownError`): they may be referenced.
+a delete), or another engine added a delete file that applies to one (`DeletesAddedError`: committing would bring
+its deleted rows back), the rewrite is abandoned (`RewriteAbandonedError`) so nothing is lost, doubled or undeleted.
+An answer that does not say whether the commit landed is settled by looking for the rewrite's marker in the table; if
+it is not there either, the files are kept (`CommitOutcomeUnknownError`): they may be referenced.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import INITIAL_SEQUENCE_NUMBER, DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.delete_file_index import DeleteFileIndex
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors
@@ -43,6 +45,11 @@ log = logging.getLogger(__name__)
 
 class RewriteAbandonedError(EngineError):
     """Files the rewrite replaces were removed by another commit; the rewrite's own files were deleted."""
+
+
+class DeletesAddedError(RewriteAbandonedError):
+    """Another engine (Trino, Spark: merge-on-read) added a delete file that applies to a file the rewrite removes:
+    committing would bring the deleted rows back (Java's `validateNoNewDeletesForDataFiles`)."""
 
 
 class PositionsMovedError(EngineError):
@@ -104,12 +111,19 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
             before_first_attempt = table.metadata.current_snapshot_id
         elif (landed := _landed(table, key, value, before_first_attempt)) is not None:
             return landed, attempt
-        current = {task.file.file_path for task in table.scan().plan_files()} if removed_paths else set()
-        gone = removed_paths - current
+        current = _live_data_sequence_numbers(table, removed_paths) if removed_paths else {}
+        gone = removed_paths - current.keys()
         if gone:
             raise RewriteAbandonedError(
                 f"table {table_name}: {len(gone)} files that {what} replaces were removed by another commit (e.g. "
                 f"{sorted(gone)[0]}); {what} abandoned, its files deleted; run it again")
+        if removed_paths and (applying := _applying_delete_file(table, removed, current)) is not None:
+            data_file, delete_file = applying
+            raise DeletesAddedError(
+                f"table {table_name}: {data_file.file_path}, which {what} replaces, has the delete file "
+                f"{delete_file.file_path} ({delete_file.content.name.lower()}, added by another engine after it was "
+                f"planned); committing would bring the deleted rows back: {what} abandoned, its files deleted; run it "
+                "again")
         if check is not None:
             check(table)
         committed = dict(read_committed_offsets(table))
@@ -158,6 +172,56 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
         table.metadata, table.metadata_location = view.metadata, view.metadata_location
         return committed_snapshot_id(table), attempt
     raise AssertionError("unreachable")
+
+
+def _live_data_sequence_numbers(table: Table, paths: set[str]) -> dict[str, int]:
+    """The data sequence numbers of the files of `paths` the current snapshot still holds."""
+    snapshot = table.current_snapshot()
+    found: dict[str, int] = {}
+    if snapshot is None:
+        return found
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.file_path in paths:
+                found[entry.data_file.file_path] = entry.sequence_number or INITIAL_SEQUENCE_NUMBER
+    return found
+
+
+def _applying_delete_file(table: Table, removed: Sequence[DataFile],
+                          sequence_numbers: Mapping[str, int]) -> tuple[DataFile, DataFile] | None:
+    """A live delete file of the current snapshot that can apply to one of `removed` (whose data sequence numbers
+    are `sequence_numbers`), with that file; None when there is none. Position deletes are matched as pyiceberg's
+    scans match them (partition, referenced file, bounds on `file_path`, sequence numbers); an equality delete
+    counts when it is newer than the file and global or in the file's partition. The rewrite was planned without
+    files that had delete files, so any found here came since."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return None
+    positions = DeleteFileIndex()
+    equality: list[tuple[int, DataFile]] = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DELETES:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content == DataFileContent.EQUALITY_DELETES:
+                equality.append((entry.sequence_number or INITIAL_SEQUENCE_NUMBER, entry.data_file))
+            else:
+                positions.add_delete_file(entry, partition_key=entry.data_file.partition)
+    specs = table.specs()
+    for data_file in removed:
+        sequence_number = sequence_numbers[data_file.file_path]
+        applying = positions.for_data_file(sequence_number, data_file, partition_key=data_file.partition)
+        if applying:
+            return data_file, min(applying, key=lambda f: f.file_path)
+        for delete_sequence_number, delete_file in equality:
+            spec = specs.get(delete_file.spec_id)
+            same_partition = delete_file.spec_id == data_file.spec_id and delete_file.partition == data_file.partition
+            if delete_sequence_number > sequence_number and (
+                    spec is None or spec.is_unpartitioned() or same_partition):
+                return data_file, delete_file
+    return None
 
 
 def _refuse_moved_positions(table_name: str, what: str, committed: Mapping[int, int], topic: str,
