@@ -335,9 +335,10 @@ def _list_files(fs: FileSystem, root: str) -> list[FileInfo]:
 
 def _refuse_shared_location(table: Table, io: PyArrowFileIO, unreferenced: Sequence[str]) -> None:
     """Unreferenced metadata files of another table UUID mean another table lives here: its files would look
-    like our orphans."""
+    like our orphans. Every candidate is read (they are few: metadata files the log no longer lists), not a sample:
+    the one of another table may be any of them."""
     own_uuid = str(table.metadata.table_uuid)
-    for path in [p for p in unreferenced if p.endswith(".metadata.json")][:5]:
+    for path in [p for p in unreferenced if p.endswith(".metadata.json")]:
         try:
             with io.new_input(path).open() as stream:
                 other = TableMetadataUtil.parse_raw(stream.read().decode())

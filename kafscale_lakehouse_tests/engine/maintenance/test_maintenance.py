@@ -3,6 +3,8 @@ the offsets kept, and only the table's own unreferenced old files removed."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -16,6 +18,7 @@ from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.maintenance import (
     COMPACTION_PROPERTY,
     MANIFEST_REWRITE_PROPERTY,
+    MaintenanceError,
     compact,
     data_manifest_count,
     expire_snapshots,
@@ -271,6 +274,32 @@ def test_orphan_removal_keeps_the_files_of_a_commit_that_lands_while_it_lists(em
                 assert table.io.new_input(entry.data_file.file_path).exists(), entry.data_file.file_path
     assert table.scan().to_arrow().num_rows == 160
     world.assert_exactly_once(runs=2)
+
+
+def test_orphan_removal_checks_every_unreferenced_metadata_file_for_another_table(embedded_world, spark,
+                                                                                 monkeypatch):
+    """Issue 19, hole 7: the shared-location guard reads every unreferenced metadata file, not the first five."""
+    world = embedded_world
+    _land_in_rounds(world, spark, rounds=1)
+    table = world.table()
+    with table.io.new_input(table.metadata_location).open() as stream:
+        own = json.loads(stream.read())
+    metadata_dir = f"{table.location().rstrip('/')}/metadata"
+    copies = [f"{metadata_dir}/0000{i}-copy.metadata.json" for i in range(5)]  # ours, unreferenced
+    for path in copies:
+        with table.io.new_output(path).create() as out:
+            out.write(json.dumps(own).encode())
+    foreign = f"{metadata_dir}/99999-foreign.metadata.json"  # the sixth, another table's
+    with table.io.new_output(foreign).create() as out:
+        out.write(json.dumps(dict(own, **{"table-uuid": str(uuid.uuid4())})).encode())
+    real_list = maintenance._list_files
+    monkeypatch.setattr(maintenance, "_list_files", lambda fs, root: sorted(real_list(fs, root), key=lambda i: i.path))
+
+    with pytest.raises(MaintenanceError, match="also holds table"):
+        remove_orphan_files(table, older_than=datetime.now(UTC) + timedelta(minutes=1))
+
+    assert all(table.io.new_input(path).exists() for path in [*copies, foreign])
+    assert world.table().scan().to_arrow().num_rows == 80
 
 
 def test_maintain_mapping_sets_bounded_metadata_properties_and_reports(embedded_world, spark):
