@@ -240,24 +240,36 @@ def offsets_view(table: Table, topic: str, store: OffsetStore) -> OffsetsView:
 
 def reset_from_table(table: Table, topic: str, store: OffsetStore) -> OffsetsView:
     """Make the store say what the table says, under the leases of every partition either side knows: offsets of
-    partitions the table holds are set to the table's (backwards too), the others are deleted (nothing committed:
-    the next run starts at the oldest segment), and the table is recorded as the offsets' owner.
-    `LeaseHeldError` when a run holds a partition: stop the runs (the sensor) first."""
+    partitions the table holds are set to the table's (backwards too), and the table is recorded as the offsets'
+    owner. A partition the table holds no offsets of but rows of (another engine expired the snapshots carrying our
+    offsets) is set after its highest landed offset, as the Go processor's offsets are handed over (`handover_start`:
+    not recorded as the table's, so the next run continues there); the others are deleted (nothing committed: the
+    next run starts at the oldest segment). `LeaseHeldError` when a run holds a partition: stop the runs first."""
     table_next = read_topic_offsets(table, topic)
     store_next = store.committed_offsets(topic)
+    landed: dict[int, int] = {}
+    for partition in sorted(set(store_next) - set(table_next)):
+        offsets = _offsets_beyond(table, topic, partition, -1)
+        if len(offsets):
+            landed[partition] = pc.max(offsets).as_py() + 1
     leases: dict[int, Lease] = {}
     try:
         for partition in sorted(set(table_next) | set(store_next)):
             leases[partition] = store.acquire_lease(topic, partition, RESET_OWNER)
         dropped = [leases[p] for p in sorted(leases) if p not in table_next]
         if dropped:
-            store.forget_offsets(dropped)
+            store.forget_offsets(dropped)  # and the table identity: `landed` partitions are then hand-overs
+        if landed:
+            store.repair_offsets([leases[p] for p in sorted(landed)], {p: (o, 0) for p, o in landed.items()})
+            log.warning("topic %s: table %s holds no offsets but rows of partitions %s: %s set after the highest "
+                        "landed offsets, %s", topic, ".".join(table.name()), sorted(landed), store.location, landed)
         if table_next:
             kept = [leases[p] for p in sorted(table_next)]
             store.repair_offsets(kept, {p: (o, 0) for p, o in table_next.items()})
             store.record_table_identity(kept, table_identity(table, table_next))
         log.warning("topic %s: offsets in %s reset from table %s: %s; deleted for partitions %s", topic,
-                    store.location, ".".join(table.name()), table_next, [lease.partition for lease in dropped])
+                    store.location, ".".join(table.name()), table_next,
+                    [lease.partition for lease in dropped if lease.partition not in landed])
     finally:
         for lease in leases.values():
             lease.release()

@@ -83,6 +83,37 @@ def test_expired_history_after_a_foreign_commit_stops_until_the_table_takes_the_
     assert sorted(o for _, p, o in world.table_rows() if p == 0) == list(range(120))
 
 
+def test_reset_from_the_table_with_expired_offsets_but_landed_rows_continues_after_them(embedded_world, spark):
+    """Issue 19, hole 7: another engine expired the snapshots carrying our offsets, the rows remain; resetting the
+    store from the table sets it after the highest landed offset, not back to the oldest segment."""
+    world = embedded_world
+    land_two_partitions(world, spark)
+    table = world.table()
+    transaction = table.transaction()  # another engine's commit: a snapshot without our offsets
+    with transaction.update_snapshot().fast_append():
+        pass
+    transaction.commit_transaction()
+    table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in world.our_snapshots(table)]).commit()
+    assert read_topic_offsets(world.table(), world.topic) == {} and len(world.table_rows()) == 120
+
+    with offset_store_from_config(world.config()) as store:
+        reset_from_table(world.table(), world.topic, store)
+    assert world.store_next_offsets() == {0: 80, 1: 40}
+    world.write_segments(0, 40, base_offset=80, records_per_segment=40)
+    [result] = ingest(world.config(), spark)
+
+    assert result.records == 40
+    rows = world.table_rows()
+    assert len(rows) == len(set(rows)) == 160, "nothing landed twice"
+    assert sorted(o for _, p, o in rows if p == 0) == list(range(120))
+    assert sorted(o for _, p, o in rows if p == 1) == list(range(40))
+    world.write_segments(1, 40, base_offset=40, records_per_segment=40)  # partition 1 continues later too
+    [result] = ingest(world.config(), spark)
+    assert result.records == 40
+    assert sorted(o for _, p, o in world.table_rows() if p == 1) == list(range(80))
+    assert read_topic_offsets(world.table(), world.topic) == {0: 120, 1: 80}
+
+
 def test_a_second_deployment_landing_the_topic_in_another_table_stops(embedded_world, spark):
     world = embedded_world
     land_two_partitions(world, spark)
