@@ -185,8 +185,8 @@ def offsets_disagree_error(table: Table, topic: str, partition: int, committed: 
         f"committed for {describe_identity(identity, table)}. Nothing is read until they agree: "
         f"`kafscale-lakehouse offsets show --topic {topic}` shows both sides; `kafscale-lakehouse offsets reset "
         f"--topic {topic} --from-table --yes` makes the store say what the table says (partitions without offsets "
-        f"in the table start again at their oldest segment), `... --from-store --yes` makes the table say what the "
-        f"store says (it goes on after the store's offsets)")
+        f"in the table go on after the rows it holds, else from their oldest segment), `... --from-store --yes` "
+        f"makes the table say what the store says (it goes on after the store's offsets)")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ def test_the_private_names_the_commit_machinery_relies_on_exist_with_their_shape
     assert callable(_SnapshotProducer._clean_all_uncommitted)
     assert "_snapshot_producers" in inspect.getsource(Transaction)
     assert "_snapshot_id" in inspect.getsource(_SnapshotProducer.__init__)
+    # expire_planned_snapshots stages a requirement on main next to pyiceberg's own expiry.
+    assert list(inspect.signature(Transaction._apply).parameters)[1:3] == ["updates", "requirements"]
     # The executor-side writer does what pyiceberg's append does to a batch.
     assert commits.check_pyarrow_schema_compatible is _check_pyarrow_schema_compatible
     assert commits.determine_partitions is _determine_partitions
