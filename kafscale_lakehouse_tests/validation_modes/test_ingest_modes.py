@@ -143,11 +143,8 @@ def test_mode_off_sends_coercion_failures_to_a_configured_dead_letter_table(embe
                for row in rows)
 
 
-def test_a_run_stopped_after_the_table_commit_has_its_dead_letters_published_by_the_next(embedded_world, registry,
-                                                                                         spark, monkeypatch):
-    world = embedded_world
-    config = lenient_faulty_topic(world, registry)
-
+def stop_before_publishing(world: IngestWorld, config, spark, monkeypatch) -> None:
+    """One run that stops between its table commit and publishing its dead letters."""
     def stop(*args, **kwargs):
         raise StopRun("between the table commit and publishing the dead letters")
 
@@ -155,6 +152,14 @@ def test_a_run_stopped_after_the_table_commit_has_its_dead_letters_published_by_
         patch.setattr(ingest_module, "publish_dead_letters", stop)
         with pytest.raises(StopRun):
             run(world, config, spark)
+
+
+def test_a_run_stopped_after_the_table_commit_has_its_dead_letters_published_by_the_next(embedded_world, registry,
+                                                                                         spark, monkeypatch):
+    world = embedded_world
+    config = lenient_faulty_topic(world, registry)
+
+    stop_before_publishing(world, config, spark, monkeypatch)
     table = world.table()
     assert sorted(offset for _, p, offset in world.table_rows(table) if p == 0) == VALID_OFFSETS
     assert STAGED_SNAPSHOT_PROPERTY in table.current_snapshot().summary.additional_properties
@@ -172,13 +177,7 @@ def test_a_run_stopped_after_the_table_commit_has_its_dead_letters_published_by_
 def lose_the_dead_letters_of_a_stopped_run(world: IngestWorld, config, spark, monkeypatch) -> str:
     """A run stops between its table commit and publishing; then its staged snapshot goes (the dead-letter table is
     dropped) and partition 1 gets a new segment. Returns the stopped run's id."""
-    def stop(*args, **kwargs):
-        raise StopRun("between the table commit and publishing the dead letters")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(ingest_module, "publish_dead_letters", stop)
-        with pytest.raises(StopRun):
-            run(world, config, spark)
+    stop_before_publishing(world, config, spark, monkeypatch)
     load_catalog(catalog_settings(config)).drop_table(f"{world.table_name}_dead_letters")
     world.write_records(1, SEGMENT_RECORDS, pizza_orders(SEGMENT_RECORDS, SEGMENT_RECORDS, partition=1))
     return world.table().current_snapshot().summary[RUN_ID_PROPERTY]

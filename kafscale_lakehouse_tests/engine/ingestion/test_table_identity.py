@@ -55,16 +55,20 @@ def test_a_dropped_and_recreated_table_stops_until_reset_from_the_table_then_lan
     world.assert_exactly_once(runs=1)  # every record again, once, in the new table
 
 
-def test_expired_history_after_a_foreign_commit_stops_until_the_table_takes_the_stores_offsets(embedded_world, spark):
-    world = embedded_world
-    land_two_partitions(world, spark)
+def expire_our_offsets_behind_a_foreign_commit(world) -> None:
+    """Another engine commits a snapshot without our offsets, then an operator's expiry keeps only that one."""
     table = world.table()
-    transaction = table.transaction()  # another engine's commit: a snapshot without our offsets
+    transaction = table.transaction()
     with transaction.update_snapshot().fast_append():
         pass
     transaction.commit_transaction()
-    ours = [s.snapshot_id for s in world.our_snapshots(table)]
-    table.maintenance.expire_snapshots().by_ids(ours).commit()  # an operator's expiry that keeps only that one
+    table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in world.our_snapshots(table)]).commit()
+
+
+def test_expired_history_after_a_foreign_commit_stops_until_the_table_takes_the_stores_offsets(embedded_world, spark):
+    world = embedded_world
+    land_two_partitions(world, spark)
+    expire_our_offsets_behind_a_foreign_commit(world)
     table = world.table()
     assert world.our_snapshots(table) == []
     assert read_topic_offsets(table, world.topic) == {}
@@ -88,12 +92,7 @@ def test_reset_from_the_table_with_expired_offsets_but_landed_rows_continues_aft
     store from the table sets it after the highest landed offset, not back to the oldest segment."""
     world = embedded_world
     land_two_partitions(world, spark)
-    table = world.table()
-    transaction = table.transaction()  # another engine's commit: a snapshot without our offsets
-    with transaction.update_snapshot().fast_append():
-        pass
-    transaction.commit_transaction()
-    table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in world.our_snapshots(table)]).commit()
+    expire_our_offsets_behind_a_foreign_commit(world)
     assert read_topic_offsets(world.table(), world.topic) == {} and len(world.table_rows()) == 120
 
     with offset_store_from_config(world.config()) as store:
