@@ -86,6 +86,8 @@ def describe_validation_error(error: Mapping[str, Any], root: type[BaseModel]) -
         return f"{path}: {shown} is not one of {allowed}"
     if kind == "greater_than":
         return f"{path}: must be greater than {error['ctx']['gt']}, got {shown}"
+    if kind == "greater_than_equal":
+        return f"{path}: must be at least {error['ctx']['ge']}, got {shown}"
     if kind in _TYPE_NAMES:
         return f"{path}: expected {_TYPE_NAMES[kind]}, got {json_kind(value)}" + (
             "" if secret or isinstance(value, (dict, list)) else f" {shown}"

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, PositiveInt, SecretStr, field_serializer
+from pydantic import BeforeValidator, ConfigDict, Field, NonNegativeInt, PositiveInt, SecretStr, field_serializer
 
 from kafscale_lakehouse.config.go_yaml import ConfigModel, ParsedAs
 from kafscale_lakehouse.redaction import redact_url
@@ -170,6 +170,9 @@ class ProcessorConfig(ConfigModel):
     max_bytes_per_run: PositiveInt = 1 << 30  # extension: segment bytes one run may read
     target_file_size_bytes: PositiveInt = 128 << 20  # extension: Parquet data file size before rolling over
     allow_gaps: bool = False  # extension: skip over (and record) offsets deleted before ingestion
+    # Extension: how long a segment object without its pair (the broker uploads `.kfs` and `.index` in parallel) may
+    # stop its partition before that is an error naming the object; before, its upload may still complete. 0: at once.
+    orphan_segment_grace_seconds: NonNegativeInt = 300
 
 
 class SparkConfig(ConfigModel):

@@ -152,6 +152,10 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
             lambda t: t + "offsets:\n  lease_ttl_seconds: -3\n",
             "offsets.lease_ttl_seconds: must be greater than 0, got -3",
         ),
+        (
+            lambda t: t + "processor:\n  orphan_segment_grace_seconds: -1\n",
+            "processor.orphan_segment_grace_seconds: must be at least 0, got -1",
+        ),
         (lambda t: t.replace("    uri: http://catalog:8181\n", ""), "iceberg.catalog.uri: is required"),
         (
             lambda t: t.replace("  bucket: kafscale-data", "  region: x"),
