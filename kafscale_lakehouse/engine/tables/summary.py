@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 # On the table's commits of ours.
 OFFSETS_PROPERTY_PREFIX = "kafscale.offsets."  # + topic: {"<partition>": <next offset>}
 SKIPPED_PROPERTY_PREFIX = "kafscale.skipped."  # + topic: {"<partition>": [from, to)} deleted before ingestion
+# + topic: {"<partition>": [to, from)} on a commit that moved the partition's next offset back from `from` to `to`
+# on purpose (`offsets reset --to-offset`, engine/ingestion/replay.py), removing the rows of those offsets to land
+# them again: the offsets_contiguous check accepts exactly this move back and names it.
+MOVED_BACK_PROPERTY_PREFIX = "kafscale.moved-back."
 RUN_ID_PROPERTY = "kafscale.run-id"
 COMMIT_ID_PROPERTY = "kafscale.commit-id"
 # Milliseconds from the start of the write to the commit, the Go processor's write latency, for `serve-metrics`.
@@ -38,6 +42,9 @@ DEAD_LETTER_RECORDS_PROPERTY = "kafscale.dead-letter.records"
 SOURCE_TABLE_PROPERTY = "kafscale.dead-letter.source-table"
 SOURCE_SNAPSHOT_PROPERTY = "kafscale.dead-letter.source-snapshot-id"
 OFFSET_RANGES_PROPERTY_PREFIX = "kafscale.dead-letter.offsets."  # + topic: {"<partition>": [start, end]}
+# + topic: {"<partition>": end}, carried forward by every dead-letter snapshot of ours: the dead-letter table holds
+# no dead letter of the partition at or beyond `end` (engine/tables/dead_letters.py: when a publication replaces).
+DEAD_LETTER_ENDS_PROPERTY_PREFIX = "kafscale.dead-letter.ends."
 # On the table's snapshot: every staged dead letter up to this table snapshot was published when the run started.
 PUBLISHED_THROUGH_PROPERTY = "kafscale.dead-letter.published-through"
 # On an empty dead-letter snapshot: the staged snapshot it stands for was gone, its records are reported lost.
@@ -114,6 +121,11 @@ def offsets_summary_properties(committed: CommittedOffsets, topic: str,
 def skipped_summary_properties(topic: str, skipped: Mapping[int, tuple[int, int]]) -> dict[str, str]:
     """`kafscale.skipped.<topic>` for the gaps a commit skipped (nothing when it skipped none)."""
     return {SKIPPED_PROPERTY_PREFIX + topic: format_ranges_property(skipped)} if skipped else {}
+
+
+def moved_back_summary_properties(topic: str, moved_back: Mapping[int, tuple[int, int]]) -> dict[str, str]:
+    """`kafscale.moved-back.<topic>` for the partitions a commit moved back, `{p: (to, from)}` (nothing when none)."""
+    return {MOVED_BACK_PROPERTY_PREFIX + topic: format_ranges_property(moved_back)} if moved_back else {}
 
 
 def is_reserved_property(key: str) -> bool:
@@ -193,6 +205,7 @@ class KafscaleCommit:
     snapshot: Snapshot
     offsets: CommittedOffsets  # every topic's next offset per partition after this commit
     skipped: dict[str, dict[int, tuple[int, int]]]  # topic -> partition -> [from, to) deleted before ingestion
+    moved_back: dict[str, dict[int, tuple[int, int]]]  # topic -> partition -> [to, from) removed by a move back
     run_id: str | None
     commit_id: str | None
     added_records: int | None
@@ -215,6 +228,9 @@ class KafscaleCommit:
 
     def skipped_ranges(self, topic: str) -> dict[int, tuple[int, int]]:
         return self.skipped.get(topic, {})
+
+    def moved_back_ranges(self, topic: str) -> dict[int, tuple[int, int]]:
+        return self.moved_back.get(topic, {})
 
 
 def summary_properties(snapshot: Snapshot) -> dict[str, str]:
@@ -240,9 +256,12 @@ def parse_commit(snapshot: Snapshot, *, table_name: str) -> KafscaleCommit | Non
                for key, value in properties.items() if key.startswith(OFFSETS_PROPERTY_PREFIX)}
     skipped = {key[len(SKIPPED_PROPERTY_PREFIX):]: parse_skipped_property(value, where=where.format(key))
                for key, value in properties.items() if key.startswith(SKIPPED_PROPERTY_PREFIX)}
+    moved_back = {key[len(MOVED_BACK_PROPERTY_PREFIX):]: parse_skipped_property(value, where=where.format(key))
+                  for key, value in properties.items() if key.startswith(MOVED_BACK_PROPERTY_PREFIX)}
     counter = lambda key: _int_property(table_name, snapshot, properties, key)  # noqa: E731
     return KafscaleCommit(
-        snapshot=snapshot, offsets=offsets, skipped=skipped, run_id=properties.get(RUN_ID_PROPERTY),
+        snapshot=snapshot, offsets=offsets, skipped=skipped, moved_back=moved_back,
+        run_id=properties.get(RUN_ID_PROPERTY),
         commit_id=properties.get(COMMIT_ID_PROPERTY), added_records=counter(ADDED_RECORDS),
         write_latency_ms=counter(WRITE_LATENCY_PROPERTY), dead_letter_records=counter(DEAD_LETTER_RECORDS_PROPERTY),
         dead_letter_table=properties.get(DEAD_LETTER_TABLE_PROPERTY),
