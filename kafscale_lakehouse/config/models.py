@@ -308,7 +308,9 @@ class MappingConfig(ConfigModel):
 
     topic: str
     table: str
-    mode: Literal["append"] = "append"
+    # `upsert` (extension): the table holds the latest row per `id_columns` (engine/tables/upserts.py)
+    mode: Literal["append", "upsert"] = "append"
+    id_columns: list[str] = Field(default_factory=list)  # extension: the key of an upsert table
     create_table_if_missing: bool = False
     schema_config: MappingSchemaConfig = Field(default_factory=MappingSchemaConfig, alias="schema")
     partition_spec: list[PartitionFieldConfig] = Field(default_factory=list)  # extension

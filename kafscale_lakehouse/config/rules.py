@@ -178,6 +178,8 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
             problem(column_at, f"{column.name!r} is declared twice")
         column_types.setdefault(column.name, column.type)
 
+    _check_id_columns(at, mapping, problem)
+
     partition_names: set[str] = set()
     for field_index, field in enumerate(mapping.partition_spec):
         field_at = f"{at}.partition_spec[{field_index}]"
@@ -207,6 +209,31 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
         elif name in column_types and not (field.transform_name == "identity" and name == field.source):
             problem(f"{field_at}.name", f"partition field name {name!r} is already a column name")
         partition_names.add(name)
+
+
+def _check_id_columns(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
+    """`id_columns` key an upsert table: mapped columns that every record has (`required`, so a record without its
+    id is an invalid record, not a row nobody can replace), or the record key `key`."""
+    if mapping.mode == "append":
+        if mapping.id_columns:
+            problem(f"{at}.id_columns", "is only used with mode upsert (this mapping has mode append)")
+        return
+    if not mapping.id_columns:
+        problem(f"{at}.id_columns", "is required for mode upsert (the columns that identify a row, or [key])")
+    mapped = {column.name: column for column in mapping.schema_config.columns}
+    for index, name in enumerate(mapping.id_columns):
+        column_at = f"{at}.id_columns[{index}]"
+        if name in mapping.id_columns[:index]:
+            problem(column_at, f"{name!r} is listed twice")
+        elif name == "key":
+            if len(mapping.id_columns) > 1:
+                problem(column_at, "the record key identifies a row on its own: use [key] alone")
+        elif name in mapped:
+            if not mapped[name].required:
+                problem(column_at, f"{name!r} must be a required column (schema.columns: required: true): a record "
+                        "without its id could never be replaced or deleted")
+        elif mapping.schema_config.source != "registry":  # registry columns are only known at run time
+            problem(column_at, f"{name!r} is neither a mapped column ({', '.join(mapped) or 'none'}) nor key")
 
 
 def _check_unique(config: LakehouseConfig, problem) -> None:  # noqa: ANN001

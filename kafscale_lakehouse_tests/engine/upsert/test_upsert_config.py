@@ -1,0 +1,41 @@
+"""`mappings[].mode: upsert` and `id_columns`: accepted when they key the table, refused naming the key otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafscale_lakehouse.config import ConfigError, parse_config
+
+
+def _config(**mapping: object):
+    document = {
+        "segments": {"local_root": "segments"},
+        "offsets": {"backend": "local", "local_path": "offsets.db"},
+        "iceberg": {"catalog": {"type": "sql", "uri": "sqlite:///catalog.db"}, "warehouse": "warehouse"},
+        "mappings": [{"topic": "stores", "table": "cdc.stores",
+                      "schema": {"columns": [{"name": "store_id", "type": "long", "required": True},
+                                             {"name": "status", "type": "string"}]},
+                      **mapping}],
+    }
+    return parse_config(document, source="<test>", base_dir="/nonexistent")  # relative paths are only resolved
+
+
+def test_upsert_mapping_keyed_by_a_required_column_or_the_record_key():
+    assert _config(mode="upsert", id_columns=["store_id"]).mappings[0].id_columns == ["store_id"]
+    assert _config(mode="upsert", id_columns=["key"]).mappings[0].mode == "upsert"
+    assert _config().mappings[0].mode == "append"
+
+
+@pytest.mark.parametrize(("mapping", "key", "words"), [
+    ({"mode": "upsert"}, "mappings[0].id_columns", "required for mode upsert"),
+    ({"mode": "upsert", "id_columns": ["status"]}, "mappings[0].id_columns[0]", "must be a required column"),
+    ({"mode": "upsert", "id_columns": ["nope"]}, "mappings[0].id_columns[0]", "neither a mapped column"),
+    ({"mode": "upsert", "id_columns": ["store_id", "store_id"]}, "mappings[0].id_columns[1]", "listed twice"),
+    ({"mode": "upsert", "id_columns": ["store_id", "key"]}, "mappings[0].id_columns[1]", "[key] alone"),
+    ({"id_columns": ["store_id"]}, "mappings[0].id_columns", "only used with mode upsert"),
+    ({"mode": "merge"}, "mappings[0].mode", "upsert"),
+])
+def test_upsert_config_errors_name_the_key(mapping, key, words):
+    with pytest.raises(ConfigError) as caught:
+        _config(**mapping)
+    assert any(key in problem and words in problem for problem in caught.value.problems), caught.value.problems
