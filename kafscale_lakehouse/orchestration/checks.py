@@ -97,6 +97,10 @@ def evaluate_offsets_contiguous(table: Table, topic: str) -> dg.AssetCheckResult
         "skipped_gaps": dg.MetadataValue.json([{"snapshot_id": g.snapshot_id, "partition": g.range.partition,
                                                 "offsets": [g.range.start, g.range.end - 1]}
                                                for g in contiguity.skipped]),
+        "moved_back": dg.MetadataValue.json([{"snapshot_id": m.snapshot_id, "run_id": m.run_id,
+                                              "partition": m.range.partition, "from": m.range.end,
+                                              "to": m.range.start}
+                                             for m in contiguity.moved_back]),
     }
     if problems:
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata,
@@ -106,9 +110,12 @@ def evaluate_offsets_contiguous(table: Table, topic: str) -> dg.AssetCheckResult
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
                                    description=f"the latest commit skipped offsets deleted before ingestion "
                                                f"(allow_gaps): {gaps}; those records are not in the table")
+    moves = ", ".join(f"snapshot {m.snapshot_id} moved partition {m.range.partition} back from {m.range.end} to "
+                      f"{m.range.start} (run {m.run_id})" for m in contiguity.moved_back)
     return dg.AssetCheckResult(passed=True, metadata=metadata,
                                description=f"{contiguity.commits_checked} commits, each partition's offsets only "
-                                           "move forward")
+                                           "move forward" + (f", except deliberate moves back recorded by `offsets "
+                                                             f"reset --to-offset`: {moves}" if moves else ""))
 
 
 def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: int) -> dg.AssetCheckResult:

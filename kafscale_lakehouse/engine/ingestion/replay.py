@@ -48,6 +48,7 @@ from kafscale_lakehouse.engine.tables.run_files import (
 )
 from kafscale_lakehouse.engine.tables.summary import (
     RUN_ID_PROPERTY,
+    moved_back_summary_properties,
     read_topic_offsets,
     skipped_summary_properties,
 )
@@ -264,7 +265,10 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
         snapshot_id, _ = commit_rewrite(
             table, removed, rewritten, marker=(REPLAY_PROPERTY, f"{records.topic}/{records.offsets.partition}/"
                                                                f"position-{records.offsets.start}-{run_id}"),
-            what=f"the removal of {records}", properties={RUN_ID_PROPERTY: run_id}, check=holds_lease,
+            what=f"the removal of {records}", check=holds_lease,
+            # Says the move back is deliberate (the offsets_contiguous check accepts exactly this one).
+            properties={RUN_ID_PROPERTY: run_id, **moved_back_summary_properties(
+                records.topic, {records.offsets.partition: (records.offsets.start, plan.table_next_offset)})},
             positions=(records.topic, {records.offsets.partition: records.offsets.start}),
             expected=(records.topic, {records.offsets.partition: plan.table_next_offset}))
     except CommitOutcomeUnknownError:

@@ -91,6 +91,13 @@ class SkippedGap:
 
 
 @dataclass(frozen=True)
+class MovedBack:
+    snapshot_id: int
+    run_id: str | None
+    range: OffsetRange  # [to, from): the move set the next offset from `from` back to `to`, removing those rows
+
+
+@dataclass(frozen=True)
 class OffsetContiguity:
     commits_checked: int
     next_offsets: dict[int, int]  # the latest committed next offset per partition
@@ -98,13 +105,16 @@ class OffsetContiguity:
     rows_beyond_committed: list[str]  # sample record_ids
     skipped: list[SkippedGap]  # every gap skipped, oldest first
     latest_skipped: list[OffsetRange]  # the gaps the latest commit skipped
+    moved_back: list[MovedBack]  # deliberate moves back (`offsets reset --to-offset`), oldest first
 
 
 def check_offset_contiguity(table: Table, topic: str) -> OffsetContiguity:
     """The `kafscale.offsets.<topic>` history never moves back or drops a partition, and no rows lie at or beyond
-    the committed next offsets."""
+    the committed next offsets. A move back is accepted only when its commit records exactly that move
+    (`kafscale.moved-back.<topic>`: a position moved back on purpose, its rows removed in the same commit)."""
     commits = offset_history(table, topic)
     problems: list[str] = []
+    moved_back: list[MovedBack] = []
     previous: dict[int, int] = {}
     for commit in commits:
         next_offsets = commit.next_offsets(topic)
@@ -113,6 +123,8 @@ def check_offset_contiguity(table: Table, topic: str) -> OffsetContiguity:
             if after is None:
                 problems.append(f"snapshot {commit.snapshot_id} dropped partition {partition} (next offset {before}) "
                                 f"from {OFFSETS_PROPERTY_PREFIX}{topic}")
+            elif after < before and commit.moved_back_ranges(topic).get(partition) == (after, before):
+                moved_back.append(MovedBack(commit.snapshot_id, commit.run_id, OffsetRange(partition, after, before)))
             elif after < before:
                 problems.append(f"snapshot {commit.snapshot_id} moved partition {partition} back from {before} to "
                                 f"{after}: offsets {after}..{before - 1} may be committed twice")
@@ -124,7 +136,7 @@ def check_offset_contiguity(table: Table, topic: str) -> OffsetContiguity:
     skipped = [SkippedGap(c.snapshot_id, OffsetRange(p, *r)) for c in commits
                for p, r in sorted(c.skipped_ranges(topic).items())]
     latest_skipped = [OffsetRange(p, *r) for c in commits[-1:] for p, r in sorted(c.skipped_ranges(topic).items())]
-    return OffsetContiguity(len(commits), previous, problems, beyond, skipped, latest_skipped)
+    return OffsetContiguity(len(commits), previous, problems, beyond, skipped, latest_skipped, moved_back)
 
 
 def rows_beyond_committed(table: Table, topic: str, next_offsets: Mapping[int, int]) -> list[str]:
