@@ -33,6 +33,7 @@ from kafscale_lakehouse.storage.keys import (
 from kafscale_lakehouse.storage.local_store import LocalSegmentStore
 from kafscale_lakehouse.storage.offset_listing import segments_from
 from kafscale_lakehouse.storage.s3_store import SSE_TYPES, S3SegmentStore, SseType
+from kafscale_lakehouse.storage.stalls import StalledSegment, find_stalled_segment
 from kafscale_lakehouse.storage.store import (
     IncompleteSegment,
     ObjectInfo,
@@ -64,12 +65,14 @@ __all__ = [
     "SegmentRef",
     "SegmentStore",
     "SseType",
+    "StalledSegment",
     "StorageAuthError",
     "StorageError",
     "StorageRequestError",
     "StorageUnreachableError",
     "discover_partitions",
     "find_gaps",
+    "find_stalled_segment",
     "namespace_prefix",
     "parse_metadata_snapshot",
     "parse_segment_key",

@@ -83,6 +83,9 @@ class IncompleteSegment:
     index_key: str | None
     reason: str
     last_modified: datetime
+    # Base offset of the next segment object listed after it (None: none yet): where the offsets it should hold end
+    # when it has no readable footer, and a sign that the partition waits behind it (storage/stalls.py).
+    next_base_offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -260,11 +263,13 @@ class SegmentStore(ABC):
         incomplete: list[IncompleteSegment] = []
         # Both objects present (the pair, its .kfs, its .index), before any orphan.
         candidates: list[tuple[int, _SegmentPair, ObjectInfo, ObjectInfo]] = []
-        for base_offset in sorted(pairs):
+        ordered = sorted(pairs)
+        next_base = {base: ordered[i + 1] if i + 1 < len(ordered) else None for i, base in enumerate(ordered)}
+        for base_offset in ordered:
             pair = pairs[base_offset]
             if pair.kfs is None or pair.index is None:
                 missing = "no .index (orphan .kfs)" if pair.index is None else "no .kfs (orphan .index)"
-                incomplete.append(_incomplete(topic, partition, base_offset, pair, missing))
+                incomplete.append(_incomplete(topic, partition, base_offset, pair, missing, next_base[base_offset]))
             elif not incomplete and (limit is None or len(candidates) < limit):
                 candidates.append((base_offset, pair, pair.kfs, pair.index))
 
@@ -272,7 +277,8 @@ class SegmentStore(ABC):
         footers = self._read_footers([kfs for _, _, kfs, _ in candidates])
         for (base_offset, pair, kfs, index), footer in zip(candidates, footers, strict=True):
             if isinstance(footer, SegmentFormatError):
-                incomplete.insert(0, _incomplete(topic, partition, base_offset, pair, f"not finished: {footer}"))
+                incomplete.insert(0, _incomplete(topic, partition, base_offset, pair, f"not finished: {footer}",
+                                                 next_base[base_offset]))
                 break
             if footer.last_offset < base_offset:
                 raise SegmentMismatchError(
@@ -344,7 +350,8 @@ class SegmentStore(ABC):
         return pairs
 
 
-def _incomplete(topic: str, partition: int, base_offset: int, pair: _SegmentPair, reason: str) -> IncompleteSegment:
+def _incomplete(topic: str, partition: int, base_offset: int, pair: _SegmentPair, reason: str,
+                next_base_offset: int | None) -> IncompleteSegment:
     infos = [info for info in (pair.kfs, pair.index) if info is not None]
     return IncompleteSegment(
         topic=topic,
@@ -354,4 +361,5 @@ def _incomplete(topic: str, partition: int, base_offset: int, pair: _SegmentPair
         index_key=pair.index.key if pair.index else None,
         reason=reason,
         last_modified=max(info.last_modified for info in infos),
+        next_base_offset=next_base_offset,
     )

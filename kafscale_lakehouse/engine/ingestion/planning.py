@@ -5,7 +5,10 @@ start offset, so the cost follows new data) up to the run's byte budget, stoppin
 ingestion is never skipped silently (only with `allow_gaps`, and then recorded in the commit). The sensor's own plan
 (from the offsets store) is only re-checked against the table's start, never used in its place. A partition whose
 segments cannot be planned (`PARTITION_PLANNING_ERRORS`: overlapping segments, two keys for one base offset, a start
-beyond the newest segment) stops alone, naming the objects; the run's other partitions go on.
+beyond the newest segment) stops alone, naming the objects; the run's other partitions go on. So does a partition
+waiting behind an incomplete segment (an orphan `.kfs` or `.index`) for longer than
+`processor.orphan_segment_grace_seconds` (storage/stalls.py): it reads up to that segment and reports it, naming the
+object and its offsets, until an operator skips them (`offsets skip`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from kafscale_lakehouse.storage import (
     SegmentRef,
     SegmentStore,
     find_gaps,
+    find_stalled_segment,
     segments_from,
 )
 
@@ -57,13 +61,19 @@ def plan_partition(
     start: int | None,
     budget: int,
     allow_gaps: bool,
+    *,
+    orphan_grace_seconds: float,
 ) -> PartitionPlanning:
     """What to read of `partition` from `start` (None: its oldest segment): whole completed segments up to
     `budget` bytes of `.kfs` (at least one), stopping before a gap; a gap right at the start is skipped only with
-    `allow_gaps` (and recorded), else the partition reports it (from the first run that sees it)."""
-    segments = segments_from(store, topic, partition, start).segments
+    `allow_gaps` (and recorded), else the partition reports it (from the first run that sees it), as it reports an
+    incomplete segment it waits behind for longer than `orphan_grace_seconds`."""
+    listing = segments_from(store, topic, partition, start)
+    stalled = find_stalled_segment(store, listing, grace_seconds=orphan_grace_seconds)
+    stall_error = None if stalled is None else stalled.describe()
+    segments = listing.segments
     if not segments:
-        return PartitionPlanning()
+        return PartitionPlanning(error=stall_error)
     skipped = error = None
     gaps = find_gaps(segments, next_offset=start)
     read_start = segments[0].base_offset if start is None else start
@@ -90,7 +100,7 @@ def plan_partition(
                 f"{gap.kfs_key} (deleted before ingestion?); set allow_gaps to skip them"
             )
         if gap.expected_offset == read_start:
-            return PartitionPlanning(skipped=skipped, error=error)
+            return PartitionPlanning(skipped=skipped, error=_either(error, stall_error))
         segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
     chosen: list[SegmentRef] = []
     used = 0
@@ -100,7 +110,11 @@ def plan_partition(
         chosen.append(segment)
         used += segment.kfs_size
     read = OffsetRange(partition, read_start, chosen[-1].last_offset + 1)
-    return PartitionPlanning(SegmentPlan(commit_start, read, chosen), skipped, error)
+    return PartitionPlanning(SegmentPlan(commit_start, read, chosen), skipped, _either(error, stall_error))
+
+
+def _either(*errors: str | None) -> str | None:
+    return "; ".join(e for e in errors if e) or None
 
 
 def recheck_planned(topic: str, partition: int, planned: OffsetRange | None, start: int | None) -> None:

@@ -404,7 +404,8 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange], identity
         outcome = PartitionOutcome(partition, start, start)
         prepared.result.partitions[partition] = outcome
         try:
-            planning = plan_partition(context.store, topic, partition, start, budget, allow_gaps)
+            planning = plan_partition(context.store, topic, partition, start, budget, allow_gaps,
+                                      orphan_grace_seconds=context.config.processor.orphan_segment_grace_seconds)
         except PARTITION_PLANNING_ERRORS as exc:  # this partition's segments alone: the others go on
             log.error("topic %s partition %d stops: %s", topic, partition, exc)
             outcome.error = str(exc)

@@ -6,9 +6,9 @@ the freshness check scan afresh (each partition listed from its committed next o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from kafscale_lakehouse.config import LakehouseConfig
+from kafscale_lakehouse.config import LakehouseConfig, ProcessorConfig
 from kafscale_lakehouse.connections import etcd_client_from_config, offset_store_from_config, segment_store_from_config
 from kafscale_lakehouse.engine.ingestion.lag import lag
 from kafscale_lakehouse.etcd import EtcdClient
@@ -19,6 +19,7 @@ from kafscale_lakehouse.storage import (
     OffsetBeyondSegmentsError,
     SegmentStore,
     discover_partitions,
+    find_stalled_segment,
     segments_from,
 )
 
@@ -42,7 +43,9 @@ class PartitionState:
     next_offset: int | None  # the committed next offset to ingest; None: nothing committed
     segments_end: int | None  # end (exclusive) of the completed segments seen; None when none seen
     log_end: int | None  # the broker's watermark (its next offset); None when it publishes none
-    error: str | None = None  # why the partition cannot be listed from its committed offset (it is not pending)
+    # Why the partition cannot be listed from its committed offset (it is not pending), or the incomplete segment it
+    # waits behind for longer than the grace period (storage/stalls.py; what comes before it is still pending).
+    error: str | None = None
 
     @property
     def pending(self) -> bool:
@@ -77,12 +80,15 @@ class WatchSources:
     offsets: OffsetStore
     discovery_mode: DiscoveryMode
     etcd: EtcdClient | None = None
+    # `processor.orphan_segment_grace_seconds`: how long a partition may wait behind an incomplete segment unreported.
+    orphan_grace_seconds: float = field(default_factory=lambda: ProcessorConfig().orphan_segment_grace_seconds)
 
     @classmethod
     def from_config(cls, config: LakehouseConfig) -> WatchSources:
         etcd = etcd_client_from_config(config) if config.etcd.endpoints else None
         return cls(store=segment_store_from_config(config), offsets=offset_store_from_config(config, etcd),
-                   discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=etcd)
+                   discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=etcd,
+                   orphan_grace_seconds=config.processor.orphan_segment_grace_seconds)
 
 
 def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, PartitionCursor] | None = None) -> TopicScan:
@@ -120,4 +126,7 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
             new_segments += len(listing.segments)
         new_cursors[partition] = PartitionCursor(listing.cursor, segments_end)
         states[partition] = PartitionState(partition, next_offset, segments_end, watermarks.get(partition))
+        stalled = find_stalled_segment(store, listing, grace_seconds=sources.orphan_grace_seconds)
+        if stalled is not None:
+            states[partition] = replace(states[partition], error=stalled.describe())
     return TopicScan(states, new_cursors, new_segments)

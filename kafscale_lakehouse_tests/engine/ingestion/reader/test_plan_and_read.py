@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 import pytest
 
 from kafscale_lakehouse.apps.workload import pizza_orders
+from kafscale_lakehouse.config import ProcessorConfig
 from kafscale_lakehouse.engine.ingestion.planning import plan_partition
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
@@ -118,7 +119,8 @@ def test_start_within_the_first_index_interval_reads_the_whole_segment(local_sto
 def plan_run(store, partition: int, start: int | None, *, allow_gaps: bool = False):
     """The ingestion run's plan of one partition from its next offset `start` (None: nothing committed), and the
     planning's outcome (the gap it skips or stops at)."""
-    planning = plan_partition(store, TOPIC, partition, start, 1 << 40, allow_gaps)
+    planning = plan_partition(store, TOPIC, partition, start, 1 << 40, allow_gaps,
+                              orphan_grace_seconds=ProcessorConfig().orphan_segment_grace_seconds)
     return planning.plan, planning
 
 
