@@ -303,6 +303,26 @@ class LfsConfig(ConfigModel):
     resolve_concurrency: Annotated[int, Field(ge=0)] = 4
 
 
+class ConfluentRegistryConfig(ConfigModel):
+    """`mappings[].schema_registry` (extension): the Confluent-compatible registry that `value_format: avro` values
+    name their schema ids in (schema/confluent_registry.py). Secrets through `${ENV}` references."""
+
+    url: str
+    username: str | None = None  # HTTP Basic, with `password`
+    password: SecretStr | None = None
+    bearer_token: SecretStr | None = None
+    ca_file: LocalPath | None = None  # TLS: the CA that signed the registry's certificate
+    cert_file: LocalPath | None = None  # TLS client certificate (and `key_file`)
+    key_file: LocalPath | None = None
+    timeout_seconds: PositiveInt = 10
+    # Kafka Connect's value.subject.name.strategy: TopicNameStrategy `<topic>-value`, RecordNameStrategy
+    # `<record_name>`, TopicRecordNameStrategy `<topic>-<record_name>`.
+    subject_name_strategy: Annotated[Literal["topic", "record", "topic_record"], BeforeValidator(_lowercase)] = "topic"
+    record_name: str | None = None  # the value record's full name, for the record strategies
+    # Redpanda's value_schema_latest: values carry no wire-format prefix; decode them with the subject's latest version
+    latest: bool = False
+
+
 class MappingConfig(ConfigModel):
     """`mappings[]`: one KafScale topic landed into one Iceberg table (`namespace.table`)."""
 
@@ -325,6 +345,10 @@ class MappingConfig(ConfigModel):
     owners: list[str] = Field(default_factory=list)  # extension: Dagster asset owners (emails or team:name)
     tags: StringMap = Field(default_factory=dict)  # extension: Dagster asset tags
     lfs: LfsConfig = Field(default_factory=LfsConfig)
+    # extension: `json` (the Go processor's JSON values) or `avro`, in the Confluent wire format through
+    # `schema_registry` (Flink's `avro-confluent`, Kafka Connect's AvroConverter)
+    value_format: Annotated[Literal["json", "avro"], BeforeValidator(_lowercase)] = "json"
+    schema_registry: ConfluentRegistryConfig | None = None  # extension, for value_format avro
 
     @property
     def columns(self) -> list[Column]:

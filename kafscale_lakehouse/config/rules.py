@@ -58,6 +58,13 @@ def resolve_paths_and_defaults(config: LakehouseConfig, base_dir: Path) -> list[
         if mapping.allow_gaps is None:
             mapping.allow_gaps = config.processor.allow_gaps
         schema = mapping.schema_config
+        if mapping.schema_registry is not None:
+            for key in ("ca_file", "cert_file", "key_file"):
+                if getattr(mapping.schema_registry, key) is not None:
+                    setattr(mapping.schema_registry, key, _resolve_path(getattr(mapping.schema_registry, key),
+                                                                        base_dir))
+        if schema.source is None and mapping.value_format != "json":
+            schema.source = "none"  # the columns come from the value's own schema
         if schema.source is None:
             if schema.columns:
                 schema.source = "mapping"
@@ -156,6 +163,7 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
                     "adds; rename the mapped column or turn store_metadata off",
                 )
 
+    _check_value_format(at, mapping, problem)
     schema = mapping.schema_config
     if schema.source == "mapping" and not schema.columns:
         problem(f"{at}.schema.columns", "is required for schema.source mapping")
@@ -192,7 +200,7 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
         source_type = column_types.get(field.source)
         if source_type is None:
             # Registry columns are only known when the table is created; base columns always are.
-            if schema.source != "registry":
+            if schema.source != "registry" and mapping.value_format == "json":
                 problem(
                     f"{field_at}.source",
                     f"{field.source!r} is not a column of this mapping ({', '.join(column_types)})",
@@ -234,6 +242,32 @@ def _check_id_columns(at: str, mapping: MappingConfig, problem) -> None:  # noqa
                         "without its id could never be replaced or deleted")
         elif mapping.schema_config.source != "registry":  # registry columns are only known at run time
             problem(column_at, f"{name!r} is neither a mapped column ({', '.join(mapped) or 'none'}) nor key")
+
+
+def _check_value_format(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
+    """`value_format` and `schema_registry` agree; Avro values bring their own columns."""
+    registry = mapping.schema_registry
+    if mapping.value_format == "json":
+        if registry is not None:
+            problem(f"{at}.schema_registry", "is only used with value_format avro (this mapping has json)")
+        return
+    if registry is None:
+        problem(f"{at}.schema_registry", f"is required for value_format {mapping.value_format}")
+    else:
+        if not re.match(r"^https?://[^/?#]+", registry.url):
+            problem(f"{at}.schema_registry.url", f"{registry.url!r} is not an http(s) URL")
+        if registry.subject_name_strategy != "topic" and not registry.record_name:
+            problem(f"{at}.schema_registry.record_name",
+                    f"is required for subject_name_strategy {registry.subject_name_strategy}")
+        if registry.bearer_token is not None and registry.username is not None:
+            problem(f"{at}.schema_registry.bearer_token", "set either bearer_token or username/password, not both")
+        if registry.key_file is not None and registry.cert_file is None:
+            problem(f"{at}.schema_registry.key_file", "needs cert_file")
+    if mapping.schema_config.source != "none":
+        problem(f"{at}.schema.source", f"must be none (or unset) for value_format {mapping.value_format}: the "
+                                       "columns come from the value's registered schema")
+    if mapping.lfs.mode != "off":
+        problem(f"{at}.lfs.mode", f"must be off for value_format {mapping.value_format}")
 
 
 def _check_unique(config: LakehouseConfig, problem) -> None:  # noqa: ANN001
