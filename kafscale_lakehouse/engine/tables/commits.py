@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 
@@ -41,11 +42,18 @@ class CommitOutcomeUnknownError(EngineError):
     """The catalog did not say whether the commit landed and the table does not show it; data files are kept."""
 
 
-def append_without_client_retries(table: Table, data_files: Sequence[DataFile], properties: dict[str, str]) -> None:
+def append_without_client_retries(table: Table, data_files: Sequence[DataFile], properties: dict[str, str], *,
+                                  replacing: BooleanExpression | None = None) -> None:
     """One fast append without pyiceberg's client retries (`without_client_retries`: a retry would skip our offset
-    re-check), committed with `commit_settled`; on success `table` holds the catalog's new metadata."""
+    re-check), committed with `commit_settled`; on success `table` holds the catalog's new metadata. With
+    `replacing`, the rows matching it are deleted in the same commit, before the append (pyiceberg's copy-on-write
+    delete, whose snapshots carry `properties` too)."""
     view = without_client_retries(table)
     transaction = view.transaction()
+    if replacing is not None:
+        with warnings.catch_warnings():  # matching nothing is fine: no snapshot then
+            warnings.filterwarnings("ignore", "Delete operation did not match any records")
+            transaction.delete(replacing, snapshot_properties=properties)
     with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
         for data_file in data_files:
             append.append_data_file(data_file)
