@@ -1,0 +1,281 @@
+"""Avro values in the Confluent wire format: their Iceberg columns, and decoding them into Arrow columns.
+
+Wire format (Confluent): magic byte 0, the schema id as 4 bytes big-endian, then the Avro binary encoding of the
+value without a container. With `latest` (producers that do not write the prefix) every value is the bare Avro
+encoding of one schema id.
+
+Columns: the top-level fields of the value's record are columns after the base columns, matched by name; nested
+types map as
+  record → struct, array → list, map → map (string keys), enum → string, [null, T] → T (optional),
+  decimal (bytes or fixed) → decimal(p, s), date → date, time-millis/-micros → time,
+  timestamp-millis/-micros → timestamptz, local-timestamp-millis/-micros → timestamp, uuid → uuid,
+  bytes and fixed → binary, and the primitives to their Iceberg types.
+Every struct field is optional in the table (a tombstone lands with nulls, and a field a later schema adds must be
+addable to a table that already has rows); list elements and map values are required when the Avro type is not
+nullable. A union of two or more non-null types, and a recursive record, have no Iceberg type: `SchemaMappingError`
+naming the field.
+
+Decoding (`AvroValueDecoder`, on the executors): fastavro's C reader decodes each value with the writer schema its id
+names; pyarrow then builds each column from the decoded records in one call, typed as the table's column (a narrower
+writer type, e.g. int into a long column, converts there). A null value (tombstone) is a row of nulls; a value that is
+not in the wire format or does not decode is an invalid record with the reason; a schema id the run does not know, or
+one whose schema could not evolve the table, stops the partition at that record (`DecodedValues.stop`).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+    UUIDType,
+)
+
+from kafscale_lakehouse.schema.errors import SchemaMappingError
+
+log = logging.getLogger(__name__)
+
+WIRE_MAGIC = 0
+WIRE_HEADER_SIZE = 5  # magic byte + 4-byte schema id
+
+_PRIMITIVES: dict[str, IcebergType] = {
+    "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
+    "double": DoubleType(), "string": StringType(), "bytes": BinaryType(),
+}
+_LOGICAL: dict[tuple[str, str], IcebergType] = {
+    ("int", "date"): DateType(), ("int", "time-millis"): TimeType(), ("long", "time-micros"): TimeType(),
+    ("long", "timestamp-millis"): TimestamptzType(), ("long", "timestamp-micros"): TimestamptzType(),
+    ("long", "local-timestamp-millis"): TimestampType(), ("long", "local-timestamp-micros"): TimestampType(),
+    ("string", "uuid"): UUIDType(), ("fixed", "uuid"): UUIDType(),
+}
+
+
+def parse_avro_schema(text: str, *, what: str) -> Any:
+    """The parsed (fastavro) form of a schema's JSON text, named types expanded; `what` names it in errors."""
+    try:
+        return fastavro.parse_schema(json.loads(text), expand=True, _write_hint=False)
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+        raise SchemaMappingError(f"{what} is not a valid Avro schema: {exc}") from None
+
+
+def avro_value_fields(avro_schema: Any, *, what: str, first_id: int = 1) -> list[NestedField]:
+    """The table columns of an Avro value schema (parsed): its record's fields, all optional, ids from `first_id`
+    in order (a new table takes them; evolution matches by name). `what` names the schema in errors."""
+    if not isinstance(avro_schema, Mapping) or avro_schema.get("type") != "record":
+        raise SchemaMappingError(f"{what}: a value schema must be an Avro record to give columns, not "
+                                 f"{_describe(avro_schema)}")
+    ids = itertools.count(first_id)
+    return _struct_fields(avro_schema, ids, what, path=(), seen=())
+
+
+def _struct_fields(record: Mapping[str, Any], ids: Iterator[int], what: str, path: tuple[str, ...],
+                   seen: tuple[str, ...]) -> list[NestedField]:
+    name = record.get("name", "")
+    if name in seen:
+        raise SchemaMappingError(f"{what}: field {'.'.join(path) or '(value)'} is the recursive record {name}, which "
+                                 "has no Iceberg type")
+    fields = []
+    for avro_field in record["fields"]:
+        field_path = (*path, avro_field["name"])
+        field_id = next(ids)
+        field_type, _ = _iceberg_type(avro_field["type"], ids, what, field_path, (*seen, name))
+        fields.append(NestedField(field_id, avro_field["name"], field_type, required=False, doc=avro_field.get("doc")))
+    return fields
+
+
+def _iceberg_type(avro: Any, ids: Iterator[int], what: str, path: tuple[str, ...],
+                  seen: tuple[str, ...]) -> tuple[IcebergType, bool]:
+    """(Iceberg type, nullable) of an Avro type at `path`."""
+    if isinstance(avro, list):
+        branches = [b for b in avro if b != "null"]
+        if len(branches) != 1:
+            raise SchemaMappingError(f"{what}: field {'.'.join(path)} is the union {_describe(avro)}; only a union of "
+                                     "null and one type has an Iceberg type")
+        return _iceberg_type(branches[0], ids, what, path, seen)[0], len(branches) < len(avro)
+    if isinstance(avro, str):
+        if avro not in _PRIMITIVES:
+            raise SchemaMappingError(f"{what}: field {'.'.join(path)} has the Avro type {avro!r}, which has no "
+                                     "Iceberg type")
+        return _PRIMITIVES[avro], False
+    kind, logical = avro["type"], avro.get("logicalType")
+    if logical == "decimal" and kind in ("bytes", "fixed"):
+        return DecimalType(int(avro["precision"]), int(avro.get("scale", 0))), False
+    if logical is not None and (kind, logical) in _LOGICAL:
+        return _LOGICAL[(kind, logical)], False
+    if kind in _PRIMITIVES:
+        return _PRIMITIVES[kind], False
+    if kind == "fixed":
+        return BinaryType(), False
+    if kind == "enum":
+        return StringType(), False
+    if kind == "record":
+        return StructType(*_struct_fields(avro, ids, what, path, seen)), False
+    if kind == "array":
+        element_id = next(ids)
+        element, nullable = _iceberg_type(avro["items"], ids, what, (*path, "element"), seen)
+        return ListType(element_id, element, element_required=not nullable), False
+    if kind == "map":
+        key_id, value_id = next(ids), next(ids)
+        value, nullable = _iceberg_type(avro["values"], ids, what, (*path, "value"), seen)
+        return MapType(key_id, StringType(), value_id, value, value_required=not nullable), False
+    if kind == "null":
+        raise SchemaMappingError(f"{what}: field {'.'.join(path)} is always null, which has no Iceberg type")
+    return _iceberg_type(kind, ids, what, path, seen)
+
+
+def encode_framed_avro(schema_id: int, parsed_schema: Any, record: Mapping[str, Any]) -> bytes:
+    """`record` in the Confluent wire format (the producer side: the demo producer and the tests)."""
+    out = io.BytesIO()
+    out.write(bytes([WIRE_MAGIC]) + schema_id.to_bytes(4, "big"))
+    fastavro.schemaless_writer(out, parsed_schema, record)
+    return out.getvalue()
+
+
+def _describe(avro: Any) -> str:
+    text = json.dumps(avro, default=str)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------- decoding
+
+
+@dataclass(frozen=True)
+class AvroValueSchemas:
+    """What the executors need to decode a mapping's values; built on the driver, pickled into the task spec.
+
+    `schemas`: schema id → Avro schema text, every version of `subject` known when the run started; `refused`:
+    schema id → why its records cannot land (its schema could not evolve the table); `value_schema`: the table's
+    columns after the base columns, as Arrow (the types the decoded columns are built as); `latest_id`: values carry
+    no wire-format prefix and are all of this schema id."""
+
+    subject: str
+    schemas: Mapping[int, str]
+    value_schema: pa.Schema
+    refused: Mapping[int, str] = field(default_factory=dict)
+    latest_id: int | None = None
+
+
+@dataclass(frozen=True)
+class DecodeStop:
+    """The partition stops at `row`: records from it on are not delivered."""
+
+    row: int
+    schema_id: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class DecodedValues:
+    """Value columns (in `value_schema` order) and the invalid reason per row (null for valid rows and tombstones),
+    for the rows before `stop` (all rows when `stop` is None)."""
+
+    columns: list[pa.Array]
+    invalid_reasons: pa.StringArray
+    stop: DecodeStop | None = None
+
+
+class AvroValueDecoder:
+    """Decodes Confluent-framed Avro values into the table's value columns (one per executor task)."""
+
+    def __init__(self, schemas: AvroValueSchemas) -> None:
+        self.settings = schemas
+        self._parsed: dict[int, Any] = {}
+
+    def decode(self, values: pa.Array) -> DecodedValues:
+        records: list[dict[str, Any] | None] = []
+        reasons: list[str | None] = []
+        stop = None
+        latest = self.settings.latest_id
+        for row, value in enumerate(values.to_pylist()):
+            record, reason = None, None
+            if value is not None:
+                schema_id, start, reason = self._header(value) if latest is None else (latest, 0, None)
+                if schema_id is not None:
+                    refused = self.settings.refused.get(schema_id)
+                    parsed = None if refused is not None else self._schema(schema_id)
+                    if parsed is None:
+                        stop = DecodeStop(row, schema_id, refused or self._unknown(schema_id))
+                        break
+                    record, reason = _read_record(value, start, parsed, schema_id)
+            records.append(record)
+            reasons.append(reason)
+        columns = [self._column(f, records, reasons) for f in self.settings.value_schema]
+        return DecodedValues(columns, pa.array(reasons, pa.string()), stop)
+
+    def _header(self, value: bytes) -> tuple[int | None, int, str | None]:
+        if len(value) < WIRE_HEADER_SIZE or value[0] != WIRE_MAGIC:
+            what = f"magic byte {value[0]}" if value else "an empty value"
+            return None, 0, (f"value is not in the Confluent wire format ({what}, {len(value)} bytes; expected magic "
+                             f"byte 0 and a 4-byte schema id)")
+        return int.from_bytes(value[1:WIRE_HEADER_SIZE], "big"), WIRE_HEADER_SIZE, None
+
+    def _schema(self, schema_id: int) -> Any | None:
+        parsed = self._parsed.get(schema_id)
+        if parsed is None:
+            text = self.settings.schemas.get(schema_id)
+            if text is None:
+                return None
+            parsed = self._parsed[schema_id] = parse_avro_schema(text, what=f"schema id {schema_id}")
+        return parsed
+
+    def _unknown(self, schema_id: int) -> str:
+        known = ", ".join(str(i) for i in sorted(self.settings.schemas)) or "none"
+        return (f"schema id {schema_id} is not a version of subject {self.settings.subject} known to this run "
+                f"(ids {known}); registered since the run started, or under another subject")
+
+    @staticmethod
+    def _column(target: pa.Field, records: Sequence[dict[str, Any] | None], reasons: list[str | None]) -> pa.Array:
+        name = target.name
+        items = [None if r is None else r.get(name) for r in records]
+        try:
+            return pa.array(items, type=target.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass
+        # Some value does not fit the table's type: find those records, make them invalid, keep the rest.
+        converted = []
+        for row, item in enumerate(items):
+            try:
+                converted.append(pa.array([item], type=target.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                reasons[row] = reasons[row] or f"{name}: {item!r} does not fit the column type {target.type} ({exc})"
+                converted.append(pa.nulls(1, target.type))
+        return pa.concat_arrays(converted) if converted else pa.array([], type=target.type)
+
+
+def _read_record(value: bytes, start: int, parsed: Any, schema_id: int) -> tuple[dict[str, Any] | None, str | None]:
+    stream = io.BytesIO(value)
+    stream.seek(start)
+    try:
+        record = fastavro.schemaless_reader(stream, parsed, None)
+    except Exception as exc:  # noqa: BLE001 - fastavro raises whatever the bytes provoke (EOFError, ValueError, ...)
+        return None, f"value does not decode as Avro schema id {schema_id}: {type(exc).__name__}: {exc}"
+    left = len(value) - stream.tell()
+    if left:
+        return None, f"value does not decode as Avro schema id {schema_id}: {left} bytes left after the record"
+    if not isinstance(record, dict):
+        return None, f"value of Avro schema id {schema_id} is no record"
+    return record, None

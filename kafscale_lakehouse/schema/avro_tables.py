@@ -1,0 +1,93 @@
+"""A table landed from Avro values: created from the subject's first schema, evolved by name through its versions.
+
+Every version of the value subject known when the run starts is applied in version order with pyiceberg's
+`union_by_name`, which adds new fields (nested ones too) and widens types (int → long, float → double), keeping the
+field ids of the columns the table has. A version that cannot evolve the table (a type changed, a struct turned into
+a primitive, ...) is *refused*: the run still lands the records of the other versions, and a partition stops at the
+first record of a refused id, naming the field (pyiceberg's message), that id and the id the table was evolved to
+before it. A version that is not Avro is refused too. A field named like a base column is `SchemaMappingError`: the
+producer's schema and the table cannot agree whatever the run does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from pyiceberg.exceptions import CommitFailedException, ValidationError
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+
+from kafscale_lakehouse.schema.avro import AvroValueSchemas, avro_value_fields, parse_avro_schema
+from kafscale_lakehouse.schema.columns import BASE_COLUMN_NAMES, FIRST_MAPPED_FIELD_ID, table_schema
+from kafscale_lakehouse.schema.confluent_registry import RegisteredSchema
+from kafscale_lakehouse.schema.errors import SchemaMappingError
+
+log = logging.getLogger(__name__)
+
+MAX_EVOLUTION_ATTEMPTS = 5
+
+
+def avro_table_schema(version: RegisteredSchema, subject: str) -> Schema:
+    """The schema of a new table: the base columns (ids 1-8), then the value fields of `version` (ids from 9)."""
+    base = table_schema(())
+    return Schema(*base.fields, *_value_fields(version, subject, FIRST_MAPPED_FIELD_ID))
+
+
+def evolve_table_to_avro_versions(table: Table, table_name: str, subject: str,
+                                  versions: Sequence[RegisteredSchema], *, latest: bool = False) -> AvroValueSchemas:
+    """Evolve `table` through `versions` (oldest first) and return what the executors decode with; `latest`: the
+    values carry no prefix and are all of the newest version."""
+    if not versions:
+        raise SchemaMappingError(f"subject {subject} has no schema versions: nothing to decode the values of "
+                                 f"table {table_name} with")
+    refused: dict[int, str] = {}
+    evolved_to: int | None = None
+    for version in versions:
+        if version.schema_type != "AVRO":
+            refused[version.schema_id] = (f"schema id {version.schema_id} (subject {subject} version "
+                                          f"{version.version}) is {version.schema_type}, not AVRO")
+            continue
+        fields = _value_fields(version, subject, 1)
+        problem = _union_by_name(table, Schema(*fields))
+        if problem is not None:
+            refused[version.schema_id] = (f"schema id {version.schema_id} (subject {subject} version "
+                                          f"{version.version}) cannot evolve table {table_name}, last evolved to "
+                                          f"schema id {evolved_to}: {problem}")
+            log.error("%s", refused[version.schema_id])
+            continue
+        evolved_to = version.schema_id
+    arrow = schema_to_pyarrow(table.schema())
+    value_schema = type(arrow)([f for f in arrow if f.name not in BASE_COLUMN_NAMES])
+    schemas = {v.schema_id: v.text for v in versions if v.schema_type == "AVRO"}
+    return AvroValueSchemas(subject=subject, schemas=schemas, value_schema=value_schema, refused=refused,
+                            latest_id=versions[-1].schema_id if latest else None)
+
+
+def _value_fields(version: RegisteredSchema, subject: str, first_id: int) -> list:
+    what = f"schema id {version.schema_id} (subject {subject} version {version.version})"
+    fields = avro_value_fields(parse_avro_schema(version.text, what=what), what=what, first_id=first_id)
+    clashes = [f.name for f in fields if f.name in BASE_COLUMN_NAMES]
+    if clashes:
+        raise SchemaMappingError(f"{what}: fields {clashes} have the names of base columns KafScale always writes "
+                                 f"({', '.join(BASE_COLUMN_NAMES)})")
+    return fields
+
+
+def _union_by_name(table: Table, schema: Schema) -> str | None:
+    """Commit the union of the table's schema and `schema` (nothing when it adds nothing); the reason when it
+    cannot be applied."""
+    for attempt in range(1, MAX_EVOLUTION_ATTEMPTS + 1):
+        try:
+            with table.update_schema() as update:
+                update.union_by_name(schema)
+            return None
+        except (ValidationError, ValueError) as exc:
+            return str(exc)
+        except CommitFailedException:
+            if attempt == MAX_EVOLUTION_ATTEMPTS:
+                raise
+            log.warning("table schema update conflicted with another writer; refreshing (attempt %d)", attempt)
+            table.refresh()
+    return None

@@ -1,0 +1,15 @@
+"""The Confluent-compatible schema registry the format tests (and their ingest worlds) register schemas in."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+
+
+@pytest.fixture(scope="session")
+def confluent_registry() -> ConfluentCompatibleRegistry:
+    """kafscale_lakehouse/testing/schema_registry.py on a free port; tests use subjects of their own topics."""
+    server = ConfluentCompatibleRegistry().start()
+    yield server
+    server.stop()
