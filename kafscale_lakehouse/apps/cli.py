@@ -130,9 +130,9 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     """`offsets show`: the table's, the store's and the broker's offsets of `topic` side by side; `offsets reset
     --from-table | --from-store`: one side set from the other (engine/ingestion/positions.py)."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
+    from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config, segment_store_from_config
     from kafscale_lakehouse.engine import EngineError
-    from kafscale_lakehouse.engine.ingestion import offsets_view, reset_from_store, reset_from_table
+    from kafscale_lakehouse.engine.ingestion import offsets_view, reset_from_store, reset_from_table, stalled_partitions
     from kafscale_lakehouse.engine.tables import load_catalog, open_table
     from kafscale_lakehouse.offsets import OffsetStoreError
 
@@ -159,7 +159,12 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
                 view = reset(table, topic, store)
     except (OffsetStoreError, EngineError) as err:
         raise CommandError(str(err)) from err
-    print("\n".join(view.lines()))
+    # A partition waiting behind an incomplete segment for longer than the grace: the object and the skip command.
+    stalled = stalled_partitions(
+        segment_store_from_config(config), topic,
+        {p.partition: p.table_next if p.table_next is not None else p.store_next for p in view.partitions},
+        grace_seconds=config.processor.orphan_segment_grace_seconds)
+    print("\n".join([*view.lines(), *(f"STALLED partition {p}: {s.describe()}" for p, s in stalled.items())]))
     return 0
 
 
@@ -180,6 +185,39 @@ def run_move_position(config_path: str | None, *, topic: str, partition: int, ne
         return 0
 
     return _with_ingest_context(config_path, topic, move)
+
+
+def run_skip(config_path: str | None, *, topic: str, partition: int, segment: str | None, to: int | None,
+             yes: bool) -> int:
+    """`offsets skip`: the offsets of the incomplete segment a partition waits behind (`--segment KEY`), or up to
+    `--to`, recorded as skipped in the table (`kafscale.skipped.<topic>`) with the position moved past them, in one
+    snapshot (engine/ingestion/planning.plan_skip, replay.move_position); without --yes, what would be skipped."""
+    from kafscale_lakehouse.engine.ingestion import (
+        ReplayError,
+        move_position,
+        open_mapping_table,
+        plan_skip,
+        resolve_record_validation,
+    )
+    from kafscale_lakehouse.engine.tables import read_topic_offsets
+
+    def skip(context, mapping) -> int:  # noqa: ANN001
+        table = open_mapping_table(context, mapping,
+                                   resolve_record_validation(context.config, mapping, context.registry).columns)
+        next_offset = read_topic_offsets(table, topic).get(partition)
+        plan = plan_skip(context.store, topic, partition, next_offset, segment_key=segment, to=to)
+        if not yes:
+            print(f"would skip: {plan.describe()}")
+            print("add --yes to do it")
+            return 1
+        try:
+            moved = move_position(context, mapping, partition, plan.end, skipping_from=plan.start)
+        except ReplayError as err:  # the partition moved since it was planned
+            raise CommandError(str(err)) from err
+        print(moved.describe())
+        return 0
+
+    return _with_ingest_context(config_path, topic, skip)
 
 
 def _with_ingest_context(config_path: str | None, topic: str, action) -> int:  # noqa: ANN001
@@ -365,6 +403,21 @@ def _build_parser() -> argparse.ArgumentParser:
                                 "land again), then the store")
             command.add_argument("--partition", type=int, default=None, help="the partition of --to-offset")
             command.add_argument("--yes", action="store_true", help="do it (without: only show what would change)")
+    skip = offsets_commands.add_parser(
+        "skip", help="record the offsets of the incomplete segment a partition waits behind (or up to an offset) as "
+        "skipped in the table and move the partition past them, in one snapshot")
+    skip.add_argument("--topic", required=True, help="a mapped topic")
+    skip.add_argument(
+        "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
+    )
+    skip.add_argument("--partition", type=int, required=True, help="the Kafka partition")
+    skipped = skip.add_mutually_exclusive_group(required=True)
+    skipped.add_argument("--segment", default=None,
+                         help="the object key (.kfs or .index) of the incomplete segment it waits behind, as the "
+                         "error and `offsets show` name it: its offsets are skipped")
+    skipped.add_argument("--to", dest="to", type=int, default=None,
+                         help="skip from the partition's next offset up to (excluding) this offset")
+    skip.add_argument("--yes", action="store_true", help="do it (without: only show what would be skipped)")
     replay = offsets_commands.add_parser(
         "replay", help="replace the rows of one partition's offset range by the records read again, in one commit")
     replay.add_argument("--topic", required=True, help="a mapped topic")
@@ -431,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise CommandError("offsets reset --to-offset needs --partition")
             return run_move_position(args.config, topic=args.topic, partition=args.partition,
                                      next_offset=args.to_offset, yes=args.yes)
+        if args.command == "offsets" and args.offsets_command == "skip":
+            return run_skip(args.config, topic=args.topic, partition=args.partition, segment=args.segment, to=args.to,
+                            yes=args.yes)
         if args.command == "offsets" and args.offsets_command == "replay":
             return run_replay(args.config, topic=args.topic, partition=args.partition, start=args.start,
                               end=args.end, yes=args.yes)

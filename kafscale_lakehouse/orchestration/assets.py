@@ -25,6 +25,7 @@ from kafscale_lakehouse.engine.ingestion import (
     IngestContext,
     IngestFailedError,
     IngestResult,
+    TableOffsetsReader,
     TopicScan,
     WatchSources,
     commit_ingest,
@@ -63,13 +64,15 @@ ICEBERG_IO_MANAGER_KEY = "iceberg_io_manager"
 ASSET_GROUP = "kafscale"
 
 
-def scan_topic_now(config: LakehouseConfig, topic: str, segment_store: SegmentStoreResource,
-                   offset_store: OffsetStoreResource) -> TopicScan:
-    """The topic's partitions now: committed and broker offsets, completed segments. Without cursors each partition
-    is listed from its committed next offset on, so the cost is that of the pending segments."""
+def scan_topic_now(config: LakehouseConfig, mapping: MappingConfig, segment_store: SegmentStoreResource,
+                   offset_store: OffsetStoreResource, iceberg_catalog: IcebergCatalogResource) -> TopicScan:
+    """The mapping's topic partitions now: committed offsets (the table's where it holds them, else the store's),
+    broker offsets, completed segments. Without cursors each partition is listed from its committed next offset on,
+    so the cost is that of the pending segments."""
     sources = WatchSources(store=segment_store.open_store(), offsets=offset_store.offset_store(),
-                           discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=offset_store.etcd_client())
-    return scan_topic(sources, topic)
+                           discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=offset_store.etcd_client(),
+                           tables=TableOffsetsReader(iceberg_catalog.settings()))
+    return scan_topic(sources, mapping.topic, table=mapping.table)
 
 
 def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.AssetsDefinition:
@@ -84,8 +87,9 @@ def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) ->
 
     @dg.multi_observable_source_asset(name=f"observe_{dagster_name_part(topic)}", specs=[spec])
     # Dagster reads a return annotation as the output type, so the generator is left unannotated.
-    def observe_topic(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource):  # noqa: ANN202
-        scan = scan_topic_now(config, topic, segment_store, offset_store)
+    def observe_topic(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,  # noqa: ANN202
+                      iceberg_catalog: IcebergCatalogResource):
+        scan = scan_topic_now(config, mapping, segment_store, offset_store, iceberg_catalog)
         ends = ",".join(f"{p}:{s.log_end}:{s.segments_end}" for p, s in sorted(scan.partitions.items()))
         metadata = topic_observation_metadata(scan) if scan.partitions else {"partitions": 0}
         yield dg.ObserveResult(asset_key=key, metadata=metadata, data_version=dg.DataVersion(ends or "empty"))

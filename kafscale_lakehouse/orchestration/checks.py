@@ -118,7 +118,10 @@ def evaluate_offsets_contiguous(table: Table, topic: str) -> dg.AssetCheckResult
                                                              f"reset --to-offset`: {moves}" if moves else ""))
 
 
-def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: int) -> dg.AssetCheckResult:
+def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: int,
+                       table_error: str | None = None) -> dg.AssetCheckResult:
+    """Lag per partition from its committed next offset: the table's where it holds the partition (`scan_topic`), so
+    a table rolled back behind the offsets store shows its lag. `table_error`: the table could not be read (fails)."""
     lags = {p: lag_and_reference(s.log_end, s.segments_end, s.next_offset) for p, s in sorted(states.items())}
     behind = {p: lag for p, (lag, _) in lags.items() if lag > max_lag_records}
     rows = [dg.TableRecord({"partition": p, "lag": lag, "measured_against": against,
@@ -132,6 +135,13 @@ def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: in
             dg.TableColumn("measured_against", "string"), dg.TableColumn("committed_next_offset", "int"),
             dg.TableColumn("broker_next_offset", "int")])),
     }
+    disagree = {str(p): {"store": s.store_next_offset, "table": s.table_next_offset}
+                for p, s in sorted(states.items()) if s.offsets_disagree}
+    if disagree:
+        metadata["offsets_disagree"] = dg.MetadataValue.json(disagree)
+    if table_error is not None:
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
+                                   description=f"{table_error}: the lag cannot be trusted")
     if behind:
         return dg.AssetCheckResult(
             passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
@@ -247,8 +257,10 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
         name=FRESHNESS,
         description=f"Lag behind the broker watermark; warns above {max_lag_records} records.",
     )
-    def freshness(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource) -> dg.AssetCheckResult:
-        scan = scan_topic_now(config, topic, segment_store, offset_store)
-        return evaluate_freshness(scan.partitions, max_lag_records)
+    def freshness(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
+                  iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
+        # The table's offsets win over the store's: after a rollback of the table its lag shows.
+        scan = scan_topic_now(config, mapping, segment_store, offset_store, iceberg_catalog)
+        return evaluate_freshness(scan.partitions, max_lag_records, scan.table_error)
 
     return [schema_valid, record_id_unique, offsets_contiguous, freshness]

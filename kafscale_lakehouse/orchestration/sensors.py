@@ -7,9 +7,13 @@ A tick of the sensor of `topic → table`:
    so a tick costs one listing request per partition plus one footer read per new segment; a partition seen for the
    first time is listed from its committed next offset on (`storage.segments_from`, engine/ingestion/topic_scan.py), so
    segments ingested long ago are never read;
-3. reads the committed offsets and the broker watermarks (one range read each; never the Iceberg table);
+3. reads the committed offsets and the broker watermarks (one range read each) and the table's offsets (one catalog
+   load of the table, `TableOffsetsReader`): the table's win where it holds the partition, so after an operator rolls
+   the table back the rolled-back offsets are pending again (the run starts from the table's offsets and repairs the
+   store, engine/ingestion/positions.py `partition_starts`);
 4. reports an observation of the topic asset (`kafscale/<topic>`) when a watermark, a committed offset or the end of
-   the completed segments moved: per partition broker next offset, committed next offset, completed end and lag;
+   the completed segments moved: per partition broker next offset, committed next offset (and the store's and the
+   table's when they disagree), completed end and lag;
 5. requests ONE run of the table's ingest job covering every partition with pending data (a completed segment whose
    last offset is at or after the committed next offset), as a Dagster partition key range (tags
    `dagster/asset_partition_range_start|end`, read by the single-run-backfill asset as `context.partition_keys`;
@@ -17,14 +21,20 @@ A tick of the sensor of `topic → table`:
    the run and simply have nothing to ingest), with the offset ranges it planned (tag `kafscale/planned_ranges`),
    which the run re-checks against the table's committed offsets (the table wins).
 No run is requested while a run of the job is queued or in progress (runs would pile up behind the table's pool
-faster than they finish; the first tick after it requests whatever is still pending), nor again for exactly the
-state an earlier request covered, so a run that failed without progress is not retried in a loop: new segments,
-progress on any partition or a manual materialization start the next one.
+faster than they finish; the first tick after it requests whatever is still pending). For exactly the state an
+earlier request covered (tag `kafscale/sensor_request`, recorded in the cursor), the run it launched decides:
+- it failed (a transient error, say): it is requested again after a backoff of `poll_interval_seconds * 2^(n-1)`
+  after its n-th consecutive failure, at most `RETRY_BACKOFF_CAP_SECONDS`; the skip reason says when;
+- no run was launched for it: requested again after the same backoff;
+- it succeeded (without progress: nothing it could ingest) or was canceled by an operator: not requested again, so
+  nothing loops; new segments, progress on any partition or a manual materialization start the next one.
 """
 
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +57,10 @@ PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
 PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
 # The offset ranges the sensor planned, `{"<partition>": [start, end]}`: the run re-checks them against the table.
 PLANNED_RANGES_TAG = "kafscale/planned_ranges"
+# One id per run request of a sensor: how the next ticks find the run it launched and how it ended.
+SENSOR_REQUEST_TAG = "kafscale/sensor_request"
+# A failed run of an unchanged state is requested again after poll_interval * 2^(failures - 1), at most this.
+RETRY_BACKOFF_CAP_SECONDS = 300
 ACTIVE_RUN_STATUSES = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -67,25 +81,41 @@ def sensor_name(table: str) -> str:
 # ---------------------------------------------------------------------------------------------- cursor
 
 
+@dataclass(frozen=True)
+class SensorRequest:
+    """The last run request: its `SENSOR_REQUEST_TAG` id, which attempt at the same state it is (1 for the first),
+    and when it was requested (epoch seconds)."""
+
+    request_id: str
+    attempt: int
+    requested_at: float
+
+
 @dataclass
 class SensorCursor:
     """The persisted state of one mapping's sensor (JSON in Dagster's cursor).
 
-    `observed` is the last reported `(log end, committed next offset, segments end)` per partition;
-    `requested` is the `(start, end)` planned per pending partition of the last requested run.
+    `observed` is the last reported `(log end, committed next offset, segments end, store's next offset)` per
+    partition; `requested` is the `(start, end)` planned per pending partition of the last requested run, and
+    `request` that request (None in cursors written before it was recorded).
     """
 
     partitions: dict[int, PartitionCursor] = field(default_factory=dict)
-    observed: dict[int, tuple[int | None, int | None, int | None]] = field(default_factory=dict)
+    observed: dict[int, tuple[int | None, ...]] = field(default_factory=dict)
     requested: dict[int, tuple[int, int]] = field(default_factory=dict)
+    request: SensorRequest | None = None
 
     def to_json(self) -> str:
-        return json.dumps({
+        document: dict[str, object] = {
             "version": CURSOR_VERSION,
-            "partitions": {str(p): [c.last_kfs_key, c.segments_end] for p, c in sorted(self.partitions.items())},
+            "partitions": {str(p): [c.last_kfs_key, c.segments_end, c.next_offset]
+                           for p, c in sorted(self.partitions.items())},
             "observed": {str(p): list(state) for p, state in sorted(self.observed.items())},
             "requested": {str(p): list(state) for p, state in sorted(self.requested.items())},
-        }, separators=(",", ":"))
+        }
+        if self.request is not None:
+            document["request"] = [self.request.request_id, self.request.attempt, self.request.requested_at]
+        return json.dumps(document, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | None, sensor: str) -> SensorCursor:
@@ -96,11 +126,13 @@ class SensorCursor:
             document = json.loads(text)
             if document.get("version") != CURSOR_VERSION:
                 raise ValueError(f"version {document.get('version')!r}, expected {CURSOR_VERSION}")
+            request = document.get("request")
             return cls(
-                partitions={int(p): PartitionCursor(key, end) for p, (key, end) in document["partitions"].items()},
-                observed={int(p): (broker, committed, end) for p, (broker, committed, end)
-                          in document["observed"].items()},
+                # [key, end] in cursors written before the committed next offset was recorded
+                partitions={int(p): PartitionCursor(*state) for p, state in document["partitions"].items()},
+                observed={int(p): tuple(state) for p, state in document["observed"].items()},
                 requested={int(p): (committed, end) for p, (committed, end) in document["requested"].items()},
+                request=SensorRequest(str(request[0]), int(request[1]), float(request[2])) if request else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SensorCursorError(
@@ -111,14 +143,15 @@ class SensorCursor:
 # ---------------------------------------------------------------------------------------------- sensors
 
 
-def build_sensors(config: LakehouseConfig,
-                  sources: Callable[[], WatchSources] | None = None) -> list[dg.SensorDefinition]:
+def build_sensors(config: LakehouseConfig, sources: Callable[[], WatchSources] | None = None,
+                  clock: Callable[[], float] = time.time) -> list[dg.SensorDefinition]:
     """One sensor per mapping, on by default, ticking every `processor.poll_interval_seconds`.
 
-    `sources` builds the connections (default: from `config`, on the first tick, then kept for the process).
+    `sources` builds the connections (default: from `config`, on the first tick, then kept for the process); `clock`
+    tells the time the retry backoff is measured with (epoch seconds, as Dagster's run end times).
     """
     get_sources = sources or _cached(lambda: WatchSources.from_config(config))
-    return [_mapping_sensor(config, mapping, get_sources) for mapping in config.mappings]
+    return [_mapping_sensor(config, mapping, get_sources, clock) for mapping in config.mappings]
 
 
 def _cached(build: Callable[[], WatchSources]) -> Callable[[], WatchSources]:
@@ -132,8 +165,8 @@ def _cached(build: Callable[[], WatchSources]) -> Callable[[], WatchSources]:
     return get
 
 
-def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig,
-                    get_sources: Callable[[], WatchSources]) -> dg.SensorDefinition:
+def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig, get_sources: Callable[[], WatchSources],
+                    clock: Callable[[], float]) -> dg.SensorDefinition:
     topic, table = mapping.topic, mapping.table
     name = sensor_name(table)
     job_name = ingest_job_name(table)
@@ -149,8 +182,9 @@ def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig,
     )
     def watch_topic(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         cursor = SensorCursor.from_json(context.cursor, name)
-        scan = scan_topic(get_sources(), topic, cursor.partitions)
-        new_cursor = SensorCursor(partitions=scan.cursors, observed=cursor.observed, requested=cursor.requested)
+        scan = scan_topic(get_sources(), topic, cursor.partitions, table=table)
+        new_cursor = SensorCursor(partitions=scan.cursors, observed=cursor.observed, requested=cursor.requested,
+                                  request=cursor.request)
         if not scan.partitions:
             return dg.SensorResult(cursor=new_cursor.to_json(),
                                    skip_reason=f"no partitions of topic {topic!r} in {get_sources().store.location}")
@@ -166,12 +200,19 @@ def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig,
         asset_events = [observation] if observation is not None else []
 
         pending = {p: s for p, s in scan.partitions.items() if s.pending}
-        run_request, skip = _run_request(context, job_name, registered + new_keys, pending, new_cursor)
+        run_request, skip = _run_request(context, job_name, registered + new_keys, pending, new_cursor,
+                                         config.processor.poll_interval_seconds, clock())
         errors = [s.error for s in scan.partitions.values() if s.error is not None]
+        if scan.table_error is not None:
+            errors.append(scan.table_error)
         for error in errors:
             context.log.error(error)
         if errors and skip:
             skip = f"{skip}; " + "; ".join(errors)
+        disagree = _disagreement(scan)
+        if disagree:
+            context.log.warning("topic %s: table %s and the offsets store disagree (next offsets %s); the table's "
+                                "are used, the next run repairs the store", topic, table, disagree)
         context.log.info("topic %s: %d partitions (%d new), %d new segments, pending %s%s", topic,
                          len(scan.partitions), len(new_keys), scan.new_segments,
                          {p: str(s.pending_range) for p, s in pending.items()} or "none",
@@ -188,15 +229,22 @@ def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig,
 
 
 def _run_request(context: dg.SensorEvaluationContext, job_name: str, ordered_keys: list[str],
-                 pending: dict[int, PartitionState], cursor: SensorCursor) -> tuple[dg.RunRequest | None, str | None]:
+                 pending: dict[int, PartitionState], cursor: SensorCursor, poll_interval_seconds: float,
+                 now: float) -> tuple[dg.RunRequest | None, str | None]:
     """The run to request for `pending` partitions, or why none is requested; records the request in `cursor`."""
     if not pending:
         return None, "no completed segments beyond the committed offsets"
     planned = {p: r for p, s in pending.items() if (r := s.pending_range) is not None}  # all of them: pending
     state = {p: (r.start, r.end) for p, r in planned.items()}
+    attempt = 1
     if state == cursor.requested:
-        return None, ("a run was already requested for exactly these pending segments; waiting for new segments, "
-                      "progress or a manual materialization")
+        if cursor.request is None:  # a cursor from before requests were recorded: no run to look at
+            return None, ("a run was already requested for exactly these pending segments; waiting for new "
+                          "segments, progress or a manual materialization")
+        wait = _retry_wait(context, job_name, cursor.request, poll_interval_seconds, now)
+        if wait is not None:
+            return None, wait
+        attempt = cursor.request.attempt + 1
     active = context.instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES), limit=1)
     if active:
         return None, f"run {active[0].run_id} of {job_name} is {active[0].status.value.lower()}; it or the next one " \
@@ -204,15 +252,56 @@ def _run_request(context: dg.SensorEvaluationContext, job_name: str, ordered_key
     positions = {key: index for index, key in enumerate(ordered_keys)}
     pending_keys = sorted((kafka_partition_key(p) for p in pending), key=positions.__getitem__)
     cursor.requested = state
+    cursor.request = SensorRequest(uuid.uuid4().hex, attempt, now)
+    if attempt > 1:
+        context.log.warning("requesting the run of %s for pending %s again (attempt %d): the previous one did not "
+                            "ingest them", job_name, format_ranges(planned), attempt)
     return dg.RunRequest(
         job_name=job_name,
         tags={PARTITION_RANGE_START_TAG: pending_keys[0], PARTITION_RANGE_END_TAG: pending_keys[-1],
-              PLANNED_RANGES_TAG: format_ranges(planned)},
+              PLANNED_RANGES_TAG: format_ranges(planned), SENSOR_REQUEST_TAG: cursor.request.request_id},
     ), None
 
 
-def _observed_state(scan: TopicScan) -> dict[int, tuple[int | None, int | None, int | None]]:
-    return {p: (s.log_end, s.next_offset, s.segments_end) for p, s in scan.partitions.items()}
+def retry_backoff_seconds(poll_interval_seconds: float, failures: int) -> float:
+    """How long after its `failures`-th consecutive failure a run of an unchanged state is requested again."""
+    return min(poll_interval_seconds * 2 ** max(0, failures - 1), RETRY_BACKOFF_CAP_SECONDS)
+
+
+def _retry_wait(context: dg.SensorEvaluationContext, job_name: str, request: SensorRequest,
+                poll_interval_seconds: float, now: float) -> str | None:
+    """Why the state `request` covered is not requested again now, or None when it is due for a retry."""
+    records = context.instance.get_run_records(
+        dg.RunsFilter(job_name=job_name, tags={SENSOR_REQUEST_TAG: request.request_id}), limit=1)
+    run = records[0].dagster_run if records else None
+    waiting = "waiting for new segments, progress or a manual materialization"
+    if run is not None and run.status == dg.DagsterRunStatus.SUCCESS:
+        return (f"run {run.run_id} requested for exactly these pending segments succeeded without ingesting them; "
+                f"not requested again, {waiting}")
+    if run is not None and run.status == dg.DagsterRunStatus.CANCELED:
+        return f"run {run.run_id} requested for exactly these pending segments was canceled; not retried, {waiting}"
+    if run is not None and run.status != dg.DagsterRunStatus.FAILURE:
+        return f"run {run.run_id} requested for exactly these pending segments is {run.status.value.lower()}"
+    backoff = retry_backoff_seconds(poll_interval_seconds, request.attempt)
+    if run is None:
+        what, since = f"no run was launched for request {request.request_id}", request.requested_at
+    else:
+        what, since = f"run {run.run_id} failed", records[0].end_time or request.requested_at
+    remaining = since + backoff - now
+    if remaining > 0:
+        return (f"a run was already requested for exactly these pending segments and {what} (attempt "
+                f"{request.attempt}); requested again in {remaining:.0f} s (backoff {backoff:.0f} s)")
+    return None
+
+
+def _observed_state(scan: TopicScan) -> dict[int, tuple[int | None, ...]]:
+    return {p: (s.log_end, s.next_offset, s.segments_end, s.store_next_offset) for p, s in scan.partitions.items()}
+
+
+def _disagreement(scan: TopicScan) -> dict[int, dict[str, int | None]]:
+    """`{partition: {"store": next offset, "table": next offset}}` where the table and the offsets store disagree."""
+    return {p: {"store": s.store_next_offset, "table": s.table_next_offset}
+            for p, s in sorted(scan.partitions.items()) if s.offsets_disagree}
 
 
 def _observation(topic: str, scan: TopicScan, cursor: SensorCursor) -> dg.AssetObservation | None:
@@ -223,8 +312,9 @@ def _observation(topic: str, scan: TopicScan, cursor: SensorCursor) -> dg.AssetO
 
 
 def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue]:
-    """What an observation of the topic asset reports: per partition the broker watermark, the committed next offset,
-    the end of the completed segments and the lag, the pending partitions, and the total lag (plotted by the UI)."""
+    """What an observation of the topic asset reports: per partition the broker watermark, the committed next offset
+    (the table's, else the store's), the end of the completed segments and the lag, the pending partitions, the
+    total lag (plotted by the UI), and where the table and the offsets store disagree, both sides."""
     states = [scan.partitions[p] for p in sorted(scan.partitions)]
     lags = [s.lag for s in states if s.lag is not None]
     metadata: dict[str, dg.RawMetadataValue] = {
@@ -238,6 +328,11 @@ def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue
     errors = {str(s.partition): s.error for s in states if s.error is not None}
     if errors:
         metadata["partition_errors"] = dg.MetadataValue.json(errors)
+    disagree = _disagreement(scan)
+    if disagree:
+        metadata["offsets_disagree"] = dg.MetadataValue.json({str(p): sides for p, sides in disagree.items()})
+    if scan.table_error is not None:
+        metadata["table_error"] = scan.table_error
     if lags:
         metadata["lag"] = sum(lags)  # an int, so the UI plots it over time
     return metadata

@@ -17,6 +17,7 @@ from kafscale_lakehouse.engine.ingestion.run import (
 from kafscale_lakehouse.engine.ingestion.topic_scan import (
     PartitionCursor,
     PartitionState,
+    TableOffsetsReader,
     TopicScan,
     WatchSources,
     scan_topic,
@@ -33,6 +34,7 @@ __all__ = [
     "PartitionOutcome",
     "PartitionState",
     "ReplayError",
+    "TableOffsetsReader",
     "TopicScan",
     "WatchSources",
     "commit_ingest",

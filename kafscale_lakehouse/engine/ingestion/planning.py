@@ -14,8 +14,10 @@ object and its offsets, until an operator skips them (`offsets skip`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.storage import (
@@ -24,6 +26,7 @@ from kafscale_lakehouse.storage import (
     SegmentOverlapError,
     SegmentRef,
     SegmentStore,
+    StalledSegment,
     find_gaps,
     find_stalled_segment,
     segments_from,
@@ -128,3 +131,74 @@ def recheck_planned(topic: str, partition: int, planned: OffsetRange | None, sta
             planned.start,
             "nothing committed" if start is None else start,
         )
+
+
+class SkipRefusedError(EngineError, ValueError):
+    """`offsets skip` cannot skip what was asked: the message names the partition, the object and why."""
+
+
+@dataclass(frozen=True)
+class SkipPlan:
+    """What `offsets skip` records as skipped: offsets `start..end - 1` of one partition, and the incomplete segment
+    they were in (None: skipped up to an offset the operator gave)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    stalled: StalledSegment | None = None
+
+    def describe(self) -> str:
+        cause = "" if self.stalled is None else f" ({self.stalled.key}: {self.stalled.segment.reason})"
+        return (f"topic {self.topic} partition {self.partition}: offsets {self.start}..{self.end - 1}{cause} are "
+                f"recorded as skipped (kafscale.skipped.{self.topic}) and the next offset set to {self.end}, in one "
+                "snapshot")
+
+
+def plan_skip(store: SegmentStore, topic: str, partition: int, next_offset: int | None, *,
+              segment_key: str | None = None, to: int | None = None) -> SkipPlan:
+    """What skipping `segment_key` (the incomplete segment the partition waits behind now, whatever its age: the
+    operator names it) or skipping up to `to` means from the partition's `next_offset` (None: nothing committed)."""
+    where = f"topic {topic} partition {partition}"
+    if to is not None:
+        if next_offset is None:
+            raise SkipRefusedError(f"{where}: nothing is committed, so there is nothing to skip from; name the "
+                                   "segment it waits behind (--segment) or set its position (offsets reset "
+                                   "--to-offset)")
+        if to <= next_offset:
+            raise SkipRefusedError(f"{where}: --to {to} is not beyond the next offset {next_offset}; a skip only "
+                                   "moves forward (offsets reset --to-offset moves back)")
+        return SkipPlan(topic, partition, next_offset, to)
+    listing = segments_from(store, topic, partition, next_offset)
+    stalled = find_stalled_segment(store, listing, grace_seconds=0)
+    if stalled is None or segment_key not in (stalled.segment.kfs_key, stalled.segment.index_key):
+        waits = "no incomplete segment" if stalled is None else f"{stalled.key}"
+        raise SkipRefusedError(f"{where} does not wait behind {segment_key} (it waits behind {waits}, from next "
+                               f"offset {next_offset}); nothing skipped")
+    if listing.segments:
+        raise SkipRefusedError(f"{where}: {segment_key} is not the next segment to read (offsets "
+                               f"{listing.segments[0].base_offset}..{listing.segments[-1].last_offset} come first); "
+                               "skip it once the partition has landed them")
+    if stalled.end_offset is None:
+        raise SkipRefusedError(f"{where}: where the offsets of {segment_key} end is unknown (no readable footer, no "
+                               "later segment yet); wait for the next segment, or give --to OFFSET")
+    start = stalled.start_offset if next_offset is None else next_offset
+    return SkipPlan(topic, partition, start, stalled.end_offset, stalled)
+
+
+def stalled_partitions(store: SegmentStore, topic: str, next_offsets: Mapping[int, int | None], *,
+                       grace_seconds: float) -> dict[int, StalledSegment]:
+    """The partitions of `next_offsets` (partition -> next offset; None: nothing committed) that wait behind an
+    incomplete segment for longer than `grace_seconds`: for `offsets show` and the metrics (a listing from the next
+    offset and at most one footer read per partition; a partition that cannot be listed from there is left out, the
+    run reports it)."""
+    found: dict[int, StalledSegment] = {}
+    for partition, next_offset in sorted(next_offsets.items()):
+        try:
+            listing = segments_from(store, topic, partition, next_offset, limit=1)
+        except PARTITION_PLANNING_ERRORS:
+            continue
+        stalled = find_stalled_segment(store, listing, grace_seconds=grace_seconds)
+        if stalled is not None:
+            found[partition] = stalled
+    return found

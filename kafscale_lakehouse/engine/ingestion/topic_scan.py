@@ -1,6 +1,11 @@
 """What a topic holds now, per Kafka partition: the committed next offset, the end of the completed segments and the
 broker's watermark. The sensor scans with its listing cursors (only new segments are listed); the observation and
 the freshness check scan afresh (each partition listed from its committed next offset). No Dagster here.
+
+The committed next offset is the table's (its latest commit of ours, `kafscale.offsets.<topic>`) wherever the table
+holds the partition, else the offsets store's (a hand-over from the Go processor, or nothing landed yet): the store
+is a cache the next run repairs from the table, so after an operator rolls the table back the scan sees the rolled-back
+offsets as pending. Reading the table costs one catalog load per scan (a REST `loadTable` is one request).
 """
 
 from __future__ import annotations
@@ -8,9 +13,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
 from kafscale_lakehouse.config import LakehouseConfig, ProcessorConfig
-from kafscale_lakehouse.connections import etcd_client_from_config, offset_store_from_config, segment_store_from_config
+from kafscale_lakehouse.connections import (
+    catalog_settings,
+    etcd_client_from_config,
+    offset_store_from_config,
+    segment_store_from_config,
+)
 from kafscale_lakehouse.engine.ingestion.lag import lag
+from kafscale_lakehouse.engine.tables.catalogs import (
+    CatalogError,
+    CatalogSettings,
+    catalog_endpoint,
+    catalog_errors,
+    load_catalog,
+)
+from kafscale_lakehouse.engine.tables.summary import CorruptOffsetsPropertyError, read_topic_offsets
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import OffsetStore
 from kafscale_lakehouse.offsets.ranges import OffsetRange
@@ -33,6 +54,7 @@ class PartitionCursor:
 
     last_kfs_key: str | None  # the `.kfs` key the next listing starts after (None: from the committed next offset)
     segments_end: int | None  # last offset of the newest completed segment seen + 1 (None: none seen yet)
+    next_offset: int | None = None  # the committed next offset last seen: when it moves back, list again from it
 
 
 @dataclass(frozen=True)
@@ -40,12 +62,19 @@ class PartitionState:
     """What one scan knows about a Kafka partition."""
 
     partition: int
-    next_offset: int | None  # the committed next offset to ingest; None: nothing committed
+    next_offset: int | None  # the committed next offset to ingest (the table's, else the store's); None: nothing
     segments_end: int | None  # end (exclusive) of the completed segments seen; None when none seen
     log_end: int | None  # the broker's watermark (its next offset); None when it publishes none
     # Why the partition cannot be listed from its committed offset (it is not pending), or the incomplete segment it
     # waits behind for longer than the grace period (storage/stalls.py; what comes before it is still pending).
     error: str | None = None
+    store_next_offset: int | None = None  # what the offsets store says
+    table_next_offset: int | None = None  # what the table says; None: it holds no offsets of the partition (or unread)
+
+    @property
+    def offsets_disagree(self) -> bool:
+        """The table holds the partition at another offset than the store (rolled back, or a store update lost)."""
+        return self.table_next_offset is not None and self.table_next_offset != self.store_next_offset
 
     @property
     def pending(self) -> bool:
@@ -70,6 +99,28 @@ class TopicScan:
     partitions: dict[int, PartitionState]
     cursors: dict[int, PartitionCursor]  # the listing cursors to resume from next time
     new_segments: int  # completed segments listed for the first time in this scan
+    table_error: str | None = None  # why the table's offsets could not be read (the store's were used)
+
+
+class TableOffsetsReader:
+    """The next offsets a table holds of a topic (its latest commit of ours), for scans: one catalog load of the table
+    per read. The catalog is connected on the first read, so an unreachable catalog fails reads, not the sources."""
+
+    def __init__(self, settings: CatalogSettings) -> None:
+        self._settings = settings
+        self._catalog: Catalog | None = None
+
+    def read(self, table: str, topic: str) -> dict[int, int] | None:
+        """`{partition: next offset}` of `topic` in `table` (empty: no commit of ours); None when the table does not
+        exist. `CatalogError` when the catalog fails, `CorruptOffsetsPropertyError` for an unreadable summary."""
+        if self._catalog is None:
+            self._catalog = load_catalog(self._settings)
+        with catalog_errors(catalog_endpoint(self._catalog)):
+            try:
+                loaded = self._catalog.load_table(table)
+            except (NoSuchTableError, NoSuchNamespaceError):
+                return None
+        return read_topic_offsets(loaded, topic)
 
 
 @dataclass
@@ -82,24 +133,30 @@ class WatchSources:
     etcd: EtcdClient | None = None
     # `processor.orphan_segment_grace_seconds`: how long a partition may wait behind an incomplete segment unreported.
     orphan_grace_seconds: float = field(default_factory=lambda: ProcessorConfig().orphan_segment_grace_seconds)
+    tables: TableOffsetsReader | None = None  # None: the store's offsets are taken as they are
 
     @classmethod
     def from_config(cls, config: LakehouseConfig) -> WatchSources:
         etcd = etcd_client_from_config(config) if config.etcd.endpoints else None
         return cls(store=segment_store_from_config(config), offsets=offset_store_from_config(config, etcd),
                    discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=etcd,
-                   orphan_grace_seconds=config.processor.orphan_segment_grace_seconds)
+                   orphan_grace_seconds=config.processor.orphan_segment_grace_seconds,
+                   tables=TableOffsetsReader(catalog_settings(config)))
 
 
-def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, PartitionCursor] | None = None) -> TopicScan:
+def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, PartitionCursor] | None = None, *,
+               table: str | None = None) -> TopicScan:
     """Discover the partitions of `topic`, list their new completed segments and read offsets and watermarks.
 
     `cursors` (from the previous scan) resume each partition's listing; a partition without one is listed from its
-    committed next offset (`storage.segments_from`, which finds a segment that holds it mid-way)."""
+    committed next offset (`storage.segments_from`, which finds a segment that holds it mid-way). With `table` (and
+    `sources.tables`), the table's offsets win over the store's (the module docstring)."""
     cursors = cursors or {}
     discovered = discover_partitions(sources.discovery_mode, sources.store, sources.etcd, topics=[topic])
     partition_ids = discovered.partitions.get(topic, [])
-    committed = sources.offsets.committed_offsets(topic)
+    stored = {p: c.next_offset for p, c in sources.offsets.committed_offsets(topic).items()}
+    table_offsets, table_error = _table_offsets(sources, table, topic)
+    committed = {**stored, **table_offsets}
     watermarks = sources.offsets.broker_watermarks(topic)
     # Partitions with a watermark but no segment directory yet (S3 discovery) still count for lag.
     partition_ids = sorted(set(partition_ids) | set(watermarks))
@@ -108,13 +165,18 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
     states: dict[int, PartitionState] = {}
     new_segments = 0
     for partition in partition_ids:
-        next_offset = committed[partition].next_offset if partition in committed else None
+        next_offset = committed.get(partition)
+        store_next, table_next = stored.get(partition), table_offsets.get(partition)
         previous = cursors.get(partition)
+        if previous is not None and previous.next_offset is not None and (next_offset or 0) < previous.next_offset:
+            # Moved back (the table rolled back, a position moved): the segments before the cursor are pending again.
+            previous = None
         if previous is None:
             try:
                 listing = segments_from(store, topic, partition, next_offset, limit=SEGMENTS_PER_PARTITION_PER_SCAN)
             except OffsetBeyondSegmentsError as exc:  # the other partitions go on; no cursor: retried next scan
-                states[partition] = PartitionState(partition, next_offset, None, watermarks.get(partition), str(exc))
+                states[partition] = PartitionState(partition, next_offset, None, watermarks.get(partition), str(exc),
+                                                   store_next, table_next)
                 continue
             segments_end = None
         else:
@@ -124,9 +186,20 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
         if listing.segments:
             segments_end = max(segments_end or 0, listing.segments[-1].last_offset + 1)
             new_segments += len(listing.segments)
-        new_cursors[partition] = PartitionCursor(listing.cursor, segments_end)
-        states[partition] = PartitionState(partition, next_offset, segments_end, watermarks.get(partition))
+        new_cursors[partition] = PartitionCursor(listing.cursor, segments_end, next_offset)
+        states[partition] = PartitionState(partition, next_offset, segments_end, watermarks.get(partition),
+                                           store_next_offset=store_next, table_next_offset=table_next)
         stalled = find_stalled_segment(store, listing, grace_seconds=sources.orphan_grace_seconds)
         if stalled is not None:
             states[partition] = replace(states[partition], error=stalled.describe())
-    return TopicScan(states, new_cursors, new_segments)
+    return TopicScan(states, new_cursors, new_segments, table_error)
+
+
+def _table_offsets(sources: WatchSources, table: str | None, topic: str) -> tuple[dict[int, int], str | None]:
+    """The table's next offsets of `topic` ({} when not read or it holds none), and why they could not be read."""
+    if table is None or sources.tables is None:
+        return {}, None
+    try:
+        return sources.tables.read(table, topic) or {}, None
+    except (CatalogError, CorruptOffsetsPropertyError) as exc:
+        return {}, f"table {table}: its offsets of topic {topic} cannot be read ({exc}); the offsets store's are used"
