@@ -82,6 +82,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     read_topic_offsets,
     skipped_summary_properties,
 )
+from kafscale_lakehouse.engine.tables.upserts import UpsertKey, commit_upsert
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseLostError, OffsetStore, TableIdentity
 from kafscale_lakehouse.offsets.ranges import OffsetRange
@@ -571,16 +572,21 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
             properties.update(staged.summary_properties())
         for p in committing:
             plans[p].outcome.dead_lettered = selected.dead_letter_files.records.get(p, 0)
-    commit = commit_append(
-        prepared.table,
-        [f for p in committing for f in selected.keep.get(p, [])],
-        topic,
-        {p: plans[p].commit_start for p in committing},
-        {p: ends[p] for p in committing},
-        run_id,
-        snapshot_properties=properties,
-        before_attempt=lambda current: prepared.record_commit_attempt(current, committing),
-    )
+    files = [f for p in committing for f in selected.keep.get(p, [])]
+    starts, commit_ends = {p: plans[p].commit_start for p in committing}, {p: ends[p] for p in committing}
+    before_attempt = lambda current: prepared.record_commit_attempt(current, committing)  # noqa: E731
+    if mapping.mode == "upsert":  # one row per key: the run's latest records replace the keys' rows
+        key = UpsertKey(tuple(mapping.id_columns), tuple(prepared.validation.columns))
+        commit = commit_upsert(
+            prepared.table, files, key, topic, starts, commit_ends, run_id,
+            target_file_size_bytes=prepared.context.config.processor.target_file_size_bytes,
+            snapshot_properties=properties, before_attempt=before_attempt,
+        )
+    else:
+        commit = commit_append(
+            prepared.table, files, topic, starts, commit_ends, run_id,
+            snapshot_properties=properties, before_attempt=before_attempt,
+        )
     result.snapshot_id = commit.snapshot_id
     if staged is not None and dead_letters is not None:
         result.dead_letter_snapshot_id = publish_dead_letters(

@@ -129,9 +129,9 @@ def commit_append(
                             table_name, run_id, landed.snapshot_id)
                 committed, snapshot_id = landed.offsets, landed.snapshot_id
                 break
-        _refuse_changed_spec(table, data_files, paths, run_id)
+        refuse_changed_spec(table, data_files, paths, run_id)
         committed = read_committed_offsets(table)
-        conflict = _first_conflict(committed.get(topic, {}), start_offsets)
+        conflict = first_offset_conflict(committed.get(topic, {}), start_offsets)
         if conflict is not None:
             partition, committed_offset = conflict
             delete_uncommitted(table, paths, table_name, run_id)
@@ -209,7 +209,7 @@ def _check_offset_ranges(
         raise ValueError(f"snapshot_properties must not set the commit protocol's own keys {reserved}")
 
 
-def _refuse_changed_spec(table: Table, data_files: Sequence[DataFile], paths: list[str], run_id: str) -> None:
+def refuse_changed_spec(table: Table, data_files: Sequence[DataFile], paths: list[str], run_id: str) -> None:
     """Files carry the partition values of the spec they were written for: under another spec a filtered scan would
     miss their rows. The run's offsets stay where they were, so the next run rewrites them under the new spec."""
     current = table.metadata.default_spec_id
@@ -231,7 +231,7 @@ def _written_spec_id(data_file: DataFile) -> int | None:
         return None
 
 
-def _first_conflict(committed: Mapping[int, int], start_offsets: Mapping[int, int]) -> tuple[int, int] | None:
+def first_offset_conflict(committed: Mapping[int, int], start_offsets: Mapping[int, int]) -> tuple[int, int] | None:
     """A partition (with its committed offset) that another writer moved; a never-committed partition is free."""
     for partition in sorted(start_offsets):
         if partition in committed and committed[partition] != start_offsets[partition]:

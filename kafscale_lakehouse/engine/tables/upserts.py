@@ -1,0 +1,421 @@
+"""Upsert tables (`mappings[].mode: upsert`): one row per key, the latest state, committed exactly once.
+
+pyiceberg 0.12 writes no equality or position deletes (and its scans refuse equality deletes), so an upsert is
+copy-on-write: `commit_upsert` takes the data files a run's Spark job wrote (every record of the run's offset ranges,
+uncommitted) and
+1. keeps, per key (`id_columns`), the run's latest record (`latest_changes`): the highest offset within a Kafka
+   partition; a key found in several partitions of one run keeps the record with the latest timestamp, then the
+   higher partition. A tombstone (null value) deletes its key; its id comes from the mapped id columns or, when those
+   are null (a Debezium tombstone), from the record key read as a JSON object holding them;
+2. finds the data files that may hold those keys (`files_to_rewrite`): partition values where the spec buckets or
+   copies an id column, then the id columns' lower/upper bounds in the manifests. Files that turn out to hold none
+   are left alone; the others are rewritten without the keys' rows;
+3. commits one overwrite snapshot (`rewrites.commit_rewrite`) that removes the rewritten files and adds their
+   remainders plus the new state, with the topic's offsets moved from `start_offsets` to `end_offsets` and the run's
+   id and commit id, as `appends.commit_append` does: every attempt re-checks that no partition moved since the run
+   started (`OffsetConflictError`). A crash before the commit leaves the previous state (the files are the run's own
+   and the clean-up of ended runs removes them); after it, the next state. Applying the same range again gives the
+   same state: the rows of its keys are replaced by the same winners, its deleted keys stay deleted.
+
+If a concurrent commit (compaction) removed a file this upsert rewrites, the rewrite is planned again on the new
+state (at most `MAX_PLANS` times). Files with delete files of another engine are refused: rewriting them without
+applying the deletes would bring deleted rows back.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.conversions import from_bytes
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.table import FileScanTask, Table
+from pyiceberg.transforms import BucketTransform, IdentityTransform
+from pyiceberg.types import PrimitiveType
+
+from kafscale_lakehouse.engine.errors import EngineError
+from kafscale_lakehouse.engine.phases import timed
+from kafscale_lakehouse.engine.tables.appends import (
+    DEFAULT_COMMIT_ATTEMPTS,
+    CommitResult,
+    CommitRetriesExhaustedError,
+    OffsetConflictError,
+    first_offset_conflict,
+    refuse_changed_spec,
+)
+from kafscale_lakehouse.engine.tables.commits import (
+    CommitOutcomeUnknownError,
+    delete_data_files,
+    delete_uncommitted,
+    find_commit_after_refresh,
+)
+from kafscale_lakehouse.engine.tables.data_files import SinkJob, write_batches_as_data_files
+from kafscale_lakehouse.engine.tables.rewrites import RewriteAbandonedError, commit_rewrite
+from kafscale_lakehouse.engine.tables.summary import (
+    COMMIT_ID_PROPERTY,
+    RUN_ID_PROPERTY,
+    is_reserved_property,
+    read_committed_offsets,
+    read_topic_offsets,
+)
+from kafscale_lakehouse.schema.coercion import JsonColumnCoercer
+from kafscale_lakehouse.schema.columns import Column
+
+log = logging.getLogger(__name__)
+
+RECORD_KEY_COLUMN = "key"  # `id_columns: [key]`: the record key (binary) is the row's id
+MAX_PLANS = 3  # plans of the rewrite, when a concurrent commit removed files it replaces
+# Summary keys of an upsert commit (besides pyiceberg's added/deleted files and records).
+UPSERTED_KEYS_PROPERTY = "kafscale.upsert.upserted-keys"
+DELETED_KEYS_PROPERTY = "kafscale.upsert.deleted-keys"
+REWRITTEN_FILES_PROPERTY = "kafscale.upsert.rewritten-files"
+KEYLESS_RECORDS_PROPERTY = "kafscale.upsert.keyless-records"
+_ROW = "__kafscale_row"
+# Task ids of the files the driver writes (file names only; the Spark tasks' ids are far below).
+_DRIVER_TASK_ID = 90_000
+
+
+class UpsertError(EngineError):
+    """An upsert could not be planned (e.g. a file to rewrite has another engine's delete files)."""
+
+
+@dataclass(frozen=True)
+class UpsertKey:
+    """What identifies a row: `id_columns` (mapped columns, or the record key alone); `columns` are the mapping's
+    mapped columns, whose types read a tombstone's id from its JSON record key."""
+
+    id_columns: tuple[str, ...]
+    columns: tuple[Column, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.id_columns:
+            raise ValueError("an upsert needs at least one id column")
+
+    @property
+    def is_record_key(self) -> bool:
+        return self.id_columns == (RECORD_KEY_COLUMN,)
+
+
+@dataclass(frozen=True)
+class Changes:
+    """The run's latest record per key: `upserts` (rows to hold), `keys` (every key the run changed, one row each,
+    the id columns only: upserted and deleted), and counts."""
+
+    upserts: pa.Table
+    keys: pa.Table
+    deleted: int
+    keyless: int  # tombstones whose id could not be told (no mapped ids, no JSON record key holding them)
+
+
+def latest_changes(rows: pa.Table, key: UpsertKey) -> Changes:
+    """Per key, the run's latest record (see the module docstring); pure Arrow, no per-row Python except a
+    tombstone's JSON record key."""
+    ids = list(key.id_columns)
+    rows = _with_tombstone_ids(rows, key)
+    has_id = _all_valid(rows, ids)
+    keyless = rows.num_rows - pc.sum(has_id.cast(pa.int64())).as_py() if rows.num_rows else 0
+    if keyless:
+        rows = rows.filter(has_id)
+    # Within a partition the offset orders a key's records; across partitions (a key should live in one) the
+    # timestamp does, then the partition, so the choice never depends on how tasks were cut.
+    rows = _last_per_group(rows, [*ids, "partition"], ["partition", "offset"])
+    rows = _last_per_group(rows, ids, ["timestamp_ms", "partition", "offset"])
+    deletes = pc.is_null(rows.column("value"))
+    upserts = rows.filter(pc.invert(deletes))
+    deleted = rows.num_rows - upserts.num_rows
+    return Changes(upserts=upserts, keys=rows.select(ids), deleted=deleted, keyless=keyless)
+
+
+def _with_tombstone_ids(rows: pa.Table, key: UpsertKey) -> pa.Table:
+    """A tombstone has null mapped columns: its mapped ids are read from the record key, a JSON object (Debezium's
+    `{"id": 5}`), when it has one."""
+    if key.is_record_key or rows.num_rows == 0:
+        return rows
+    missing = pc.and_(pc.is_null(rows.column("value")), pc.invert(_all_valid(rows, key.id_columns)))
+    if not pc.any(missing).as_py():
+        return rows
+    by_name = {c.name: c for c in key.columns}
+    id_columns = [Column(name=name, type=by_name[name].type, required=False) for name in key.id_columns]
+    where = np.flatnonzero(missing.to_numpy(zero_copy_only=False))
+    from_key = JsonColumnCoercer(id_columns).coerce(rows.column("key").take(pa.array(where)))
+    for name in key.id_columns:
+        column = rows.column(name).combine_chunks()
+        values = column.to_pylist()
+        for position, value in zip(where.tolist(), from_key.columns[name].to_pylist(), strict=True):
+            values[position] = value
+        index = rows.schema.get_field_index(name)
+        rows = rows.set_column(index, rows.schema.field(index), pa.array(values, column.type))
+    return rows
+
+
+def _all_valid(rows: pa.Table, names: Iterable[str]) -> pa.BooleanArray:
+    valid = pa.array(np.ones(rows.num_rows, dtype=bool))
+    for name in names:
+        valid = pc.and_(valid, pc.is_valid(rows.column(name)))
+    return valid
+
+
+def _last_per_group(rows: pa.Table, group: list[str], order: list[str]) -> pa.Table:
+    """The last row of each `group` in `order`."""
+    if rows.num_rows == 0:
+        return rows
+    ordered = rows.sort_by([(name, "ascending") for name in order])
+    ordered = ordered.append_column(_ROW, pa.array(np.arange(ordered.num_rows, dtype=np.int64)))
+    last = ordered.select([*group, _ROW]).group_by(group, use_threads=False).aggregate([(_ROW, "max")])
+    return ordered.take(last.column(f"{_ROW}_max")).drop_columns([_ROW])  # `_ROW` is the position in `ordered`
+
+
+# ---- which files may hold the keys ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _KeyValues:
+    """Per id column, the changed keys' distinct values, sorted, comparable with decoded bounds."""
+
+    field_ids: dict[str, int]
+    types: dict[str, PrimitiveType]
+    sorted_values: dict[str, list]
+    arrays: dict[str, pa.Array]
+
+
+def _key_values(table: Table, keys: pa.Table) -> _KeyValues:
+    schema = table.schema()
+    field_ids: dict[str, int] = {}
+    types: dict[str, PrimitiveType] = {}
+    sorted_values: dict[str, list] = {}
+    arrays: dict[str, pa.Array] = {}
+    for name in keys.column_names:
+        field = schema.find_field(name)
+        if not isinstance(field.field_type, PrimitiveType):  # the config allows primitive columns only
+            raise UpsertError(f"table {'.'.join(table.name())}: id column {name!r} is not of a primitive type")
+        field_ids[name], types[name] = field.field_id, field.field_type
+        column = pc.unique(keys.column(name).combine_chunks())
+        arrays[name] = column
+        sorted_values[name] = sorted(_comparable(column).to_pylist())
+    return _KeyValues(field_ids, types, sorted_values, arrays)
+
+
+def _comparable(array: pa.Array) -> pa.Array:
+    """Values as Iceberg bounds decode (`from_bytes`): timestamps as microseconds, dates as days."""
+    if pa.types.is_timestamp(array.type):
+        return array.cast(pa.timestamp("us", tz=array.type.tz)).cast(pa.int64())
+    if pa.types.is_date32(array.type):
+        return array.cast(pa.int32())
+    return array
+
+
+def files_to_rewrite(table: Table, keys: pa.Table) -> list[DataFile]:
+    """The current snapshot's data files that may hold a row of `keys` (partition values of bucket/identity
+    transforms of id columns, then the id columns' bounds). Raises `UpsertError` when the snapshot has delete files
+    (another engine's merge-on-read deletes: rewriting without them would bring deleted rows back)."""
+    snapshot = table.current_snapshot()
+    if snapshot is None or keys.num_rows == 0:
+        return []
+    values = _key_values(table, keys)
+    partition_sets = _partition_value_sets(table, values)
+    candidates = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content == ManifestContent.DELETES:
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                raise UpsertError(
+                    f"table {'.'.join(table.name())}: delete file {entry.data_file.file_path} (another engine's "
+                    "merge-on-read delete) is live; an upsert rewrites files copy-on-write and would bring its "
+                    "deleted rows back: compact the table with that engine first")
+            continue
+        wanted = partition_sets.get(manifest.partition_spec_id, {})
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            data_file = entry.data_file
+            if any(data_file.partition[position] not in allowed for position, allowed in wanted.items()):
+                continue
+            if _bounds_may_hold(data_file, values):
+                candidates.append(data_file)
+    return candidates
+
+
+def _partition_value_sets(table: Table, values: _KeyValues) -> dict[int, dict[int, set]]:
+    """Per spec id, per partition field position: the values the changed keys have (bucket/identity of an id
+    column); a file whose partition value is not among them holds none of the keys. Only for one id column: with
+    several, a field of one column alone cannot exclude a file."""
+    if len(values.arrays) != 1:
+        return {}
+    [(name, array)] = values.arrays.items()
+    field_id = values.field_ids[name]
+    result: dict[int, dict[int, set]] = {}
+    for spec_id, spec in table.specs().items():
+        for position, partition_field in enumerate(spec.fields):
+            if partition_field.source_id != field_id:
+                continue
+            transform = partition_field.transform
+            if isinstance(transform, BucketTransform):
+                transformed = transform.pyarrow_transform(values.types[name])(array)
+            elif isinstance(transform, IdentityTransform):
+                transformed = _comparable(array)
+            else:
+                continue
+            result.setdefault(spec_id, {})[position] = set(transformed.to_pylist())
+    return result
+
+
+def _bounds_may_hold(data_file: DataFile, values: _KeyValues) -> bool:
+    """Whether some changed key's value lies within the file's bounds, for every id column (missing bounds: may)."""
+    lower_bounds, upper_bounds = data_file.lower_bounds or {}, data_file.upper_bounds or {}
+    for name, field_id in values.field_ids.items():
+        lower, upper = lower_bounds.get(field_id), upper_bounds.get(field_id)
+        if lower is None or upper is None:
+            continue
+        low, high = from_bytes(values.types[name], lower), from_bytes(values.types[name], upper)
+        keys = values.sorted_values[name]
+        at = bisect.bisect_left(keys, low)
+        if at == len(keys) or keys[at] > high:
+            return False
+    return True
+
+
+# ---- the commit ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Rewrite:
+    removed: list[DataFile]
+    added: list[DataFile]
+    rows_removed: int
+
+
+def _read_files(table: Table, files: Sequence[DataFile]) -> pa.Table:
+    """The rows of `files` in the table's current schema (columns added since are null)."""
+    scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+    return scan.to_table([FileScanTask(f) for f in files])
+
+
+def _plan_rewrite(table: Table, keys: pa.Table, job: SinkJob) -> _Rewrite:
+    """Read each file that may hold `keys` and write it again without their rows (files holding none are kept)."""
+    removed, added, rows_removed = [], [], 0
+    candidates = files_to_rewrite(table, keys)
+    try:
+        for number, data_file in enumerate(candidates):
+            rows = _read_files(table, [data_file])
+            kept = rows.join(keys, keys=list(keys.column_names), join_type="left anti")
+            if kept.num_rows == rows.num_rows:
+                continue  # the bounds could not exclude it, but it holds none of the keys
+            removed.append(data_file)
+            rows_removed += rows.num_rows - kept.num_rows
+            if kept.num_rows:
+                added.extend(write_batches_as_data_files(job, kept.to_batches(), _DRIVER_TASK_ID + 1 + number))
+    except BaseException:
+        delete_data_files(table.io, [f.file_path for f in added])
+        raise
+    log.info("table %s: %d of %d candidate files hold changed keys (%d rows replaced or deleted)",
+             ".".join(table.name()), len(removed), len(candidates), rows_removed)
+    return _Rewrite(removed, added, rows_removed)
+
+
+@timed("Iceberg upsert commit")
+def commit_upsert(
+    table: Table,
+    data_files: Sequence[DataFile],
+    key: UpsertKey,
+    topic: str,
+    start_offsets: Mapping[int, int],
+    end_offsets: Mapping[int, int],
+    run_id: str,
+    *,
+    target_file_size_bytes: int,
+    max_attempts: int = DEFAULT_COMMIT_ATTEMPTS,
+    snapshot_properties: Mapping[str, str] | None = None,
+    before_attempt: Callable[[Table], None] | None = None,
+) -> CommitResult:
+    """Apply the records of the run's uncommitted `data_files` to `table` as upserts and deletes by `key`, in one
+    snapshot that moves `topic` from `start_offsets` to `end_offsets` (see the module docstring). `data_files` are
+    deleted once read (they are never committed: the new state is written again, one row per key). Errors as
+    `commit_append`'s: `OffsetConflictError`, `CommitRetriesExhaustedError` (files deleted),
+    `CommitOutcomeUnknownError` (files kept for the clean-up of ended runs)."""
+    table_name = ".".join(table.name())
+    reserved = [k for k in (snapshot_properties or {}) if is_reserved_property(k)]
+    if reserved:
+        raise ValueError(f"snapshot_properties must not set the commit protocol's own keys {reserved}")
+    if set(start_offsets) != set(end_offsets):
+        raise ValueError(f"table {table_name} topic {topic}: start offsets cover partitions {sorted(start_offsets)} "
+                         f"but end offsets cover {sorted(end_offsets)}")
+    job = SinkJob.for_table(table, run_id, target_file_size_bytes)
+    try:
+        changes = latest_changes(_read_files(table, data_files), key)
+        new_state = write_batches_as_data_files(job, changes.upserts.to_batches(), _DRIVER_TASK_ID)
+    except BaseException:
+        delete_data_files(table.io, [f.file_path for f in data_files])
+        raise
+    delete_data_files(table.io, [f.file_path for f in data_files])  # read: the new state replaces them
+    if changes.keyless:
+        log.warning("table %s: %d tombstones of run %s name no key (no id columns, no JSON record key holding "
+                    "them); they delete nothing", table_name, changes.keyless, run_id)
+    commit_id = uuid.uuid4().hex
+    before_first: list[int | None] = []
+
+    def check(current: Table) -> None:
+        if not before_first:
+            before_first.append(current.metadata.current_snapshot_id)
+        refuse_changed_spec(current, new_state, [f.file_path for f in new_state], run_id)
+        committed = read_committed_offsets(current).get(topic, {})
+        conflict = first_offset_conflict(committed, start_offsets)
+        if conflict is not None:
+            partition, committed_offset = conflict
+            raise OffsetConflictError(table_name, topic, partition, start_offsets[partition], committed_offset)
+        if before_attempt is not None:
+            before_attempt(current)
+
+    rewrite = _Rewrite([], [], 0)
+    for plan in range(1, MAX_PLANS + 1):
+        rewrite = _plan_rewrite(table, changes.keys, job)
+        added = [*rewrite.added, *new_state]
+        properties = {
+            **(snapshot_properties or {}),
+            RUN_ID_PROPERTY: run_id,
+            UPSERTED_KEYS_PROPERTY: str(changes.upserts.num_rows),
+            DELETED_KEYS_PROPERTY: str(changes.deleted),
+            REWRITTEN_FILES_PROPERTY: str(len(rewrite.removed)),
+        }
+        if changes.keyless:
+            properties[KEYLESS_RECORDS_PROPERTY] = str(changes.keyless)
+        try:
+            snapshot_id, attempts = commit_rewrite(
+                table, rewrite.removed, added, marker=(COMMIT_ID_PROPERTY, commit_id), what=f"upsert of run {run_id}",
+                properties=properties, check=check, max_attempts=max_attempts,
+                positions=(topic, dict(end_offsets)))
+        except CommitOutcomeUnknownError:
+            raise  # the files may be referenced: kept for the clean-up of ended runs
+        except RewriteAbandonedError as exc:
+            delete_data_files(table.io, [f.file_path for f in rewrite.added])
+            if plan == MAX_PLANS:
+                delete_uncommitted(table, [f.file_path for f in new_state], table_name, run_id)
+                raise UpsertError(f"table {table_name}: upsert of run {run_id} planned {plan} times, concurrent "
+                                  f"commits kept replacing its files: {exc}") from exc
+            log.info("table %s: %s; planning the upsert of run %s again", table_name, exc, run_id)
+            continue
+        except CommitFailedException as exc:
+            landed = find_commit_after_refresh(table, commit_id, before_first[0] if before_first else None)
+            if landed is not None:
+                snapshot_id, attempts = landed, max_attempts
+                break
+            delete_uncommitted(table, [f.file_path for f in added], table_name, run_id)
+            raise CommitRetriesExhaustedError(
+                f"table {table_name}: upsert of run {run_id} lost to concurrent commits {max_attempts} times; "
+                "data files deleted") from exc
+        except BaseException:
+            delete_uncommitted(table, [f.file_path for f in added], table_name, run_id)
+            raise
+        break
+    topic_offsets = read_topic_offsets(table, topic)
+    log.info("table %s: run %s upserted %d keys and deleted %d in snapshot %d (%d files rewritten), %s offsets %s",
+             table_name, run_id, changes.upserts.num_rows, changes.deleted, snapshot_id, len(rewrite.removed), topic,
+             topic_offsets)
+    return CommitResult(snapshot_id=snapshot_id, topic_offsets=topic_offsets, attempts=attempts,
+                        data_file_count=len(rewrite.added) + len(new_state),
+                        record_count=sum(f.record_count for f in [*rewrite.added, *new_state]))
