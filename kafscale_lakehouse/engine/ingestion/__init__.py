@@ -2,6 +2,7 @@
 
 from kafscale_lakehouse.engine.ingestion.lag import lag, lag_and_reference
 from kafscale_lakehouse.engine.ingestion.lfs import ERROR_DECODE, ERROR_RESOLVE
+from kafscale_lakehouse.engine.ingestion.planning import SkipPlan, SkipRefusedError, plan_skip, stalled_partitions
 from kafscale_lakehouse.engine.ingestion.positions import offsets_view, reset_from_store, reset_from_table
 from kafscale_lakehouse.engine.ingestion.replay import ReplayError, move_position, plan_replay, replay_range
 from kafscale_lakehouse.engine.ingestion.run import (
@@ -34,6 +35,8 @@ __all__ = [
     "PartitionOutcome",
     "PartitionState",
     "ReplayError",
+    "SkipPlan",
+    "SkipRefusedError",
     "TableOffsetsReader",
     "TopicScan",
     "WatchSources",
@@ -45,10 +48,12 @@ __all__ = [
     "offsets_view",
     "open_mapping_table",
     "plan_replay",
+    "plan_skip",
     "prepare_ingest",
     "replay_range",
     "reset_from_store",
     "reset_from_table",
     "resolve_record_validation",
     "scan_topic",
+    "stalled_partitions",
 ]
