@@ -4,6 +4,8 @@
 - `record_id_unique`: no record_id twice, scanning only the offset ranges the run committed, as its materialization
   metadata records them (a row filter on topic + partition + offset, so pyiceberg skips data files by their
   `offset` min/max statistics).
+- `id_unique` (instead of `record_id_unique` on an upsert table, `mode: upsert`): no key of the run's new rows held
+  by more than one row of the table.
 - `offsets_contiguous`: the `kafscale.offsets.<topic>` history of the table's snapshots never moves back or drops a
   partition, no rows lie at or beyond the committed next offsets, and gaps skipped by `allow_gaps` are reported.
 - `freshness`: lag of the table behind the broker watermark (or the completed segments when there is none).
@@ -20,12 +22,14 @@ from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.ingestion import PartitionState, lag_and_reference
 from kafscale_lakehouse.engine.tables import (
     FRESHNESS,
+    ID_UNIQUE,
     OFFSETS_CONTIGUOUS,
     RECORD_ID_UNIQUE,
     SAMPLE_SIZE,
     SCHEMA_VALID,
     TableNotFoundError,
     check_offset_contiguity,
+    find_duplicate_ids,
     find_duplicate_record_ids,
     latest_committed_ranges,
 )
@@ -84,6 +88,36 @@ def evaluate_record_id_unique(table: Table, topic: str,
         description=f"{len(scan.duplicates)} record_ids occur more than once ({extra} extra rows), e.g. "
                     f"{', '.join(r for r, _ in samples[:5])}: another writer appended rows of these offsets again; "
                     "delete the extra copies (same record_id) from the table")
+
+
+def evaluate_id_unique(table: Table, topic: str, id_columns: list[str],
+                       metadata: Mapping[str, dg.MetadataValue] | None) -> dg.AssetCheckResult:
+    snapshot_id, ranges = run_committed_ranges(table, topic, metadata)
+    scan = find_duplicate_ids(table, topic, id_columns, ranges)
+    extra = sum(count - 1 for count in scan.duplicates.values())
+    samples = sorted(scan.duplicates.items())[:SAMPLE_SIZE]
+    key_name = "|".join(id_columns)
+    result_metadata: dict[str, dg.RawMetadataValue] = {
+        "snapshot_id": dg.MetadataValue.int(snapshot_id) if snapshot_id is not None else dg.MetadataValue.null(),
+        "id_columns": dg.MetadataValue.json(id_columns),
+        "offset_ranges_scanned": dg.MetadataValue.json({str(p): [r.start, r.end] for p, r in sorted(ranges.items())}),
+        "rows_scanned": scan.rows_scanned,
+        "data_files_scanned": scan.files_scanned,
+        "duplicate_ids": len(scan.duplicates),
+        "duplicate_rows": extra,
+        "duplicate_samples": dg.MetadataValue.table(
+            [dg.TableRecord({"id": k, "rows": n}) for k, n in samples],
+            schema=dg.TableSchema(columns=[dg.TableColumn("id", "string"), dg.TableColumn("rows", "int")])),
+    }
+    if not scan.duplicates:
+        return dg.AssetCheckResult(passed=True, metadata=result_metadata,
+                                   description=f"the keys the run landed ({key_name}) have one row each"
+                                   if ranges else "no commit of this topic to check yet")
+    return dg.AssetCheckResult(
+        passed=False, metadata=result_metadata, severity=dg.AssetCheckSeverity.ERROR,
+        description=f"{len(scan.duplicates)} keys ({key_name}) have more than one row ({extra} extra rows), e.g. "
+                    f"{', '.join(k for k, _ in samples[:5])}: another writer added rows of these keys; delete the "
+                    "rows that are not the latest")
 
 
 def evaluate_offsets_contiguous(table: Table, topic: str) -> dg.AssetCheckResult:
@@ -226,21 +260,25 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
     def schema_valid(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         return evaluate_schema_valid(_run_materialization_metadata(context, asset_key), config.schema_config.mode)
 
+    upsert = mapping.mode == "upsert"
+
     @dg.asset_check(
         asset=asset_key,
-        name=RECORD_ID_UNIQUE,
+        name=ID_UNIQUE if upsert else RECORD_ID_UNIQUE,
         blocking=True,
-        description="No record_id twice in the offset ranges the run committed (pruned by offset stats).",
+        description=f"One row per key ({', '.join(mapping.id_columns)}) among the keys the run landed."
+        if upsert else "No record_id twice in the offset ranges the run committed (pruned by offset stats).",
     )
     def record_id_unique(
         context: dg.AssetCheckExecutionContext, iceberg_catalog: IcebergCatalogResource
     ) -> dg.AssetCheckResult:
         table = _table_or_none(iceberg_catalog, table_name)
-        return (
-            no_table
-            if table is None
-            else evaluate_record_id_unique(table, topic, _run_materialization_metadata(context, asset_key))
-        )
+        if table is None:
+            return no_table
+        metadata = _run_materialization_metadata(context, asset_key)
+        if upsert:
+            return evaluate_id_unique(table, topic, list(mapping.id_columns), metadata)
+        return evaluate_record_id_unique(table, topic, metadata)
 
     @dg.asset_check(
         asset=asset_key,

@@ -9,7 +9,17 @@ from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow.compute as pc
-from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, NotIn, Or
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThanOrEqual,
+    In,
+    LessThan,
+    NotIn,
+    Or,
+)
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.engine.tables.summary import OFFSETS_PROPERTY_PREFIX, KafscaleCommit, kafscale_commits
@@ -19,9 +29,10 @@ SAMPLE_SIZE = 20
 # The checks of a table asset (their evaluations are Dagster's; the report lists their history by these names).
 SCHEMA_VALID = "schema_valid"
 RECORD_ID_UNIQUE = "record_id_unique"
+ID_UNIQUE = "id_unique"  # in place of record_id_unique on upsert tables (mode upsert): one row per key
 OFFSETS_CONTIGUOUS = "offsets_contiguous"
 FRESHNESS = "freshness"
-CHECK_NAMES = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS)
+CHECK_NAMES = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS)  # of an append table
 
 
 def table_asset_path(table: str) -> list[str]:
@@ -73,6 +84,34 @@ def find_duplicate_record_ids(table: Table, topic: str, ranges: Mapping[int, Off
     repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
     duplicates = dict(zip(repeated.field("values").to_pylist(), repeated.field("counts").to_pylist(), strict=False))
     return DuplicateScan(duplicates, len(record_ids), files_scanned, _files_in_table(table))
+
+
+def find_duplicate_ids(table: Table, topic: str, id_columns: Sequence[str],
+                       ranges: Mapping[int, OffsetRange]) -> DuplicateScan:
+    """Keys of an upsert table held by more than one row, among the keys of the rows `topic` landed in `ranges`
+    (the run's new state): a key the run changed whose old row was not removed shows up here. Keys are shown as
+    their id values joined by `|`. With one id column the table scan is filtered on the keys, so pyiceberg skips
+    files by partition and bounds (up to its limit of literals)."""
+    if not ranges:
+        return DuplicateScan({}, 0, 0, _files_in_table(table))
+    ids = tuple(id_columns)
+    row_filter = _or_all([_and_all(EqualTo("topic", topic), EqualTo("partition", r.partition),
+                                   GreaterThanOrEqual("offset", r.start), LessThan("offset", r.end))
+                          for _, r in sorted(ranges.items())])
+    landed = table.scan(row_filter=row_filter, selected_fields=ids).to_arrow()
+    if landed.num_rows == 0:
+        return DuplicateScan({}, 0, 0, _files_in_table(table))
+    keys_filter: BooleanExpression = AlwaysTrue()
+    if len(ids) == 1:
+        keys_filter = In(ids[0], set(pc.unique(landed.column(ids[0])).to_pylist()))
+    scan = table.scan(row_filter=keys_filter, selected_fields=ids)
+    files_scanned = sum(1 for _ in scan.plan_files())
+    rows = scan.to_arrow().join(landed.group_by(list(ids)).aggregate([]), keys=list(ids), join_type="inner")
+    counts = rows.group_by(list(ids)).aggregate([([], "count_all")])
+    repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
+    # Only the repeated keys are turned into Python values (a few, when any).
+    duplicates = {"|".join(map(str, (row[name] for name in ids))): row["count_all"] for row in repeated.to_pylist()}
+    return DuplicateScan(duplicates, rows.num_rows, files_scanned, _files_in_table(table))
 
 
 def _files_in_table(table: Table) -> int | None:

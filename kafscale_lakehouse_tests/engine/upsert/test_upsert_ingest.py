@@ -14,6 +14,8 @@ import pytest
 from kafscale_lakehouse.engine.ingestion.run import ingest
 from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY, read_topic_offsets
 from kafscale_lakehouse.format import Record
+from kafscale_lakehouse.orchestration.checks import evaluate_id_unique
+from kafscale_lakehouse.orchestration.metadata import run_metadata
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
 
 STORE_COLUMNS = [
@@ -141,3 +143,24 @@ def test_killed_around_the_upsert_commit_then_rerun(production_world, spark, kil
     left = {path for path in world.table_data_files() if path.split("/data/kafscale-")[1].split("/")[0]
             not in committed_runs}
     assert not left, f"a killed run's files were left behind: {sorted(left)[:3]}"
+
+
+def test_id_unique_passes_on_the_upserted_state_and_fails_on_a_second_row_of_a_key(production_world, spark):
+    world = production_world
+    log = ChangeLog(world, seed=3)
+    config = world.config(upsert_document(world, bucketed=True))
+    log.write(80)
+    ingest(config, spark)
+    log.write(80)
+    [result] = ingest(config, spark)
+    metadata = run_metadata(result)
+    table = world.table()
+    check = evaluate_id_unique(table, world.topic, ["store_id"], metadata)
+    assert check.passed, check.description
+    assert check.metadata["rows_scanned"].value > 0
+    # Another writer appends a second row of a key the last run landed.
+    landed = table.scan(row_filter=f"offset >= {result.committed_ranges()[0].start} and partition = 0").to_arrow()
+    table.append(landed.slice(0, 1).cast(table.schema().as_arrow()))
+    check = evaluate_id_unique(world.table(), world.topic, ["store_id"], metadata)
+    assert not check.passed and check.metadata["duplicate_ids"].value == 1
+    assert str(landed.column("store_id")[0].as_py()) in check.description
