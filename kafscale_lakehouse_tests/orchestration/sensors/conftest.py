@@ -6,6 +6,8 @@ SeaweedFS bucket and offsets/watermarks in etcd. Names (namespace, topic, key pr
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,17 +40,19 @@ class SensorWorld:
     def topic(self) -> str:
         return self.mapping.topic
 
-    def sensor(self) -> dg.SensorDefinition:
-        [sensor] = build_sensors(self.config, sources=lambda: self.sources)
+    def sensor(self, clock: Callable[[], float] = time.time) -> dg.SensorDefinition:
+        [sensor] = build_sensors(self.config, sources=lambda: self.sources, clock=clock)
         return sensor
 
     def producer(self, partitions: int, records_per_segment: int = 20) -> DemoProducer:
         return DemoProducer(self.sources.store, watermark_publisher(self.config, self.sources.etcd), topic=self.topic,
                             partitions=partitions, records_per_segment=records_per_segment)
 
-    def tick(self, cursor: str | None = None, *, apply: bool = True):
-        """One evaluation; with `apply`, the dynamic partitions it requests are added as the daemon would."""
-        result = self.sensor().evaluate_tick(dg.build_sensor_context(instance=self.instance, cursor=cursor))
+    def tick(self, cursor: str | None = None, *, apply: bool = True, at: float | None = None):
+        """One evaluation (at epoch seconds `at`, default now); with `apply`, the dynamic partitions it requests are
+        added as the daemon would."""
+        sensor = self.sensor(time.time if at is None else lambda: at)
+        result = sensor.evaluate_tick(dg.build_sensor_context(instance=self.instance, cursor=cursor))
         if apply:
             for request in result.dynamic_partitions_requests or []:
                 self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
