@@ -323,6 +323,17 @@ class ConfluentRegistryConfig(ConfigModel):
     latest: bool = False
 
 
+class CdcConfig(ConfigModel):
+    """`mappings[].cdc` (extension, with `mode: upsert`): the record values are change events. `debezium`: Debezium's
+    envelope (`op` c/u/r take `after`, d deletes the key of `before`; a `{schema, payload}` wrapper is unwrapped);
+    `op_field`: the value is the row itself and its field `op_field` deletes the key when it is one of
+    `delete_ops`. A tombstone (null value) deletes its key in both."""
+
+    format: Literal["debezium", "op_field"] = "debezium"
+    op_field: str = "op"
+    delete_ops: list[str] = Field(default_factory=lambda: ["d"])
+
+
 class MappingConfig(ConfigModel):
     """`mappings[]`: one KafScale topic landed into one Iceberg table (`namespace.table`)."""
 
@@ -331,6 +342,7 @@ class MappingConfig(ConfigModel):
     # `upsert` (extension): the table holds the latest row per `id_columns` (engine/tables/upserts.py)
     mode: Literal["append", "upsert"] = "append"
     id_columns: list[str] = Field(default_factory=list)  # extension: the key of an upsert table
+    cdc: CdcConfig | None = None  # extension: values are change events (mode upsert)
     create_table_if_missing: bool = False
     schema_config: MappingSchemaConfig = Field(default_factory=MappingSchemaConfig, alias="schema")
     partition_spec: list[PartitionFieldConfig] = Field(default_factory=list)  # extension

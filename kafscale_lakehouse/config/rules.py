@@ -225,9 +225,16 @@ def _check_id_columns(at: str, mapping: MappingConfig, problem) -> None:  # noqa
     if mapping.mode == "append":
         if mapping.id_columns:
             problem(f"{at}.id_columns", "is only used with mode upsert (this mapping has mode append)")
+        if mapping.cdc is not None:
+            problem(f"{at}.cdc", "is only used with mode upsert (change events keep the latest state per key)")
         return
     if not mapping.id_columns:
         problem(f"{at}.id_columns", "is required for mode upsert (the columns that identify a row, or [key])")
+    if mapping.cdc is not None and mapping.cdc.format == "op_field":
+        if not mapping.cdc.op_field:
+            problem(f"{at}.cdc.op_field", "must name the value's field holding the operation")
+        if not mapping.cdc.delete_ops:
+            problem(f"{at}.cdc.delete_ops", "must list at least one operation that deletes the key")
     mapped = {column.name: column for column in mapping.schema_config.columns}
     for index, name in enumerate(mapping.id_columns):
         column_at = f"{at}.id_columns[{index}]"

@@ -39,3 +39,21 @@ def test_upsert_config_errors_name_the_key(mapping, key, words):
     with pytest.raises(ConfigError) as caught:
         _config(**mapping)
     assert any(key in problem and words in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_cdc_block():
+    mapping = _config(mode="upsert", id_columns=["store_id"], cdc={}).mappings[0]
+    assert mapping.cdc is not None and mapping.cdc.format == "debezium"
+    mapping = _config(mode="upsert", id_columns=["store_id"],
+                      cdc={"format": "op_field", "op_field": "action", "delete_ops": ["delete", "purge"]}).mappings[0]
+    assert mapping.cdc is not None and mapping.cdc.delete_ops == ["delete", "purge"]
+    for mapping, key, words in [
+        ({"cdc": {}}, "mappings[0].cdc", "only used with mode upsert"),
+        ({"mode": "upsert", "id_columns": ["store_id"], "cdc": {"format": "op_field", "delete_ops": []}},
+         "mappings[0].cdc.delete_ops", "at least one"),
+        ({"mode": "upsert", "id_columns": ["store_id"], "cdc": {"format": "maxwell"}}, "mappings[0].cdc.format",
+         "debezium"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            _config(**mapping)
+        assert any(key in problem and words in problem for problem in caught.value.problems), caught.value.problems
