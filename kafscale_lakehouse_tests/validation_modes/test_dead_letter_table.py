@@ -55,13 +55,19 @@ def namespace(unique_prefix) -> str:
 
 @pytest.fixture
 def source_batches(tmp_path) -> list[pa.RecordBatch]:
-    """The validated source rows of one segment (offsets 0..19, FAULTS invalid), as a Spark task receives them."""
-    (tmp_path / "segments").mkdir()
+    return read_source_batches(tmp_path)
+
+
+def read_source_batches(tmp_path, partition: int = 0) -> list[pa.RecordBatch]:
+    """The validated source rows of one segment of `partition` (offsets 0..19, FAULTS invalid), as a Spark task
+    receives them."""
+    (tmp_path / "segments").mkdir(exist_ok=True)
     store = LocalSegmentStore(tmp_path / "segments", namespace="ns")
-    segment = encode_segment(records_with_faults(), base_offset=0, codec="lz4", records_per_batch=6)
-    store.write_segment(TOPIC, 0, 0, segment.kfs, segment.index)
-    [ref] = store.list_segments(TOPIC, 0).segments
-    task = SegmentRunPartition(TOPIC, OffsetRange(0, 0, SEGMENT_RECORDS), (ref,))
+    segment = encode_segment(records_with_faults(partition=partition), base_offset=0, codec="lz4",
+                             records_per_batch=6)
+    store.write_segment(TOPIC, partition, 0, segment.kfs, segment.index)
+    [ref] = store.list_segments(TOPIC, partition).segments
+    task = SegmentRunPartition(TOPIC, OffsetRange(partition, 0, SEGMENT_RECORDS), (ref,))
     return list(read_input_partition(store, task, COLUMNS, json_schema=compile_json_schema(PIZZA_SCHEMA, "test")))
 
 
@@ -144,7 +150,7 @@ def test_a_run_that_stopped_after_its_table_commit_gets_its_dead_letters_publish
 
 
 def test_a_run_that_died_before_publishing_is_found_behind_a_later_run_that_published(catalog, namespace,
-                                                                                      source_batches):
+                                                                                      source_batches, tmp_path):
     """Issue 19 hole 6 (a): runs A and B on disjoint partitions; B settled the table before A committed, A commits
     and dies before publishing, B commits and publishes. The next walk must reach A's staged snapshot behind B's
     published one (B's `published-through` names the snapshot before A's commit)."""
@@ -153,11 +159,12 @@ def test_a_run_that_died_before_publishing_is_found_behind_a_later_run_that_publ
     commit_append(table, [], TOPIC, {0: 0, 1: 0}, {0: 5, 1: 5}, "run-before")
     b_settled = publish_pending_dead_letters(table, catalog)  # run B starts: nothing pending yet
     staged_by = {}
-    for run_id in ("run-a", "run-b"):
-        splitter, _ = split(source_batches, dead_letter_target(dead_letters, run_id, target_file_size_bytes=1 << 20))
+    for run_id, partition in (("run-a", 0), ("run-b", 1)):
+        batches = source_batches if partition == 0 else read_source_batches(tmp_path, partition)
+        splitter, _ = split(batches, dead_letter_target(dead_letters, run_id, target_file_size_bytes=1 << 20))
         staged_by[run_id] = stage_dead_letters(dead_letters, splitter.stats.dead_letter_files, run_id=run_id,
                                                source_table=f"{namespace}.pizzas", topic=TOPIC,
-                                               offset_ranges={0: (5, 25)})
+                                               offset_ranges={partition: (5, 25)})
     commit_append(table, [], TOPIC, {0: 5}, {0: 25}, "run-a",
                   snapshot_properties=staged_by["run-a"].summary_properties())  # A dies before publishing
     b_commit = commit_append(table, [], TOPIC, {1: 5}, {1: 25}, "run-b",

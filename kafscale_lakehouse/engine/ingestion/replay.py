@@ -29,6 +29,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import MappingConfig
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.ingestion.lfs import lfs_read_settings
 from kafscale_lakehouse.engine.ingestion.positions import table_identity
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, open_mapping_table
@@ -38,6 +39,7 @@ from kafscale_lakehouse.engine.ingestion.validation import RecordValidation, res
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
 from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.commits import CommitOutcomeUnknownError, delete_data_files, rows_must_match
+from kafscale_lakehouse.engine.tables.dead_letters import open_dead_letter_table, remove_dead_letters_from
 from kafscale_lakehouse.engine.tables.rewrites import RecordRange, commit_rewrite
 from kafscale_lakehouse.engine.tables.run_files import (
     RunRecord,
@@ -52,7 +54,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     read_topic_offsets,
     skipped_summary_properties,
 )
-from kafscale_lakehouse.offsets import Lease, LeaseHeldError
+from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.storage import OffsetBeyondSegmentsError, SegmentRef, find_gaps, segments_from
 
@@ -223,7 +225,7 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
     skip of `skipping_from..next_offset - 1`, `offsets skip`): the move is refused unless the table is there (or holds
     none of the partition), and the skip is recorded in both cases."""
     topic = mapping.topic
-    _, table = _open_table(context, mapping)
+    validation, table = _open_table(context, mapping)
     table_name = ".".join(table.name())
     if next_offset < 0:
         raise ReplayError(f"table {table_name}: next offset {next_offset} of partition {partition} is negative")
@@ -251,6 +253,8 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
         now = read_topic_offsets(table, topic)
         context.offsets.repair_offsets([lease], {partition: (now[partition], 0)})
         context.offsets.record_table_identity([lease], table_identity(table, now))
+        if move.before is not None and move.after < move.before and validation.dead_letter_table is not None:
+            _remove_dead_letters(context, table, validation.dead_letter_table, move, lease, run_id)
     finally:
         lease.release()
     log.warning("%s", move.describe())
@@ -286,6 +290,32 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
     forget_run(context.offsets, records.topic, run_id)
     return PositionMove(plan.table, records.topic, records.offsets.partition, plan.table_next_offset,
                         records.offsets.start, snapshot_id, rows_removed=_rows_removed(removed, rewritten))
+
+
+def _remove_dead_letters(context: IngestContext, table: Table, dead_letter_table: str, move: PositionMove,
+                         lease: Lease, run_id: str) -> None:
+    """After a move back, the dead letters of the offsets moved back over go too (`remove_dead_letters_from`), so
+    that reading them again lands each dead letter once. Not doing it loses nothing and doubles nothing: the run that
+    lands those offsets again replaces their dead letters when it publishes; so a failure here only warns."""
+    catalog = table.catalog
+    if not catalog.table_exists(dead_letter_table):
+        return
+
+    def still_moved() -> None:
+        context.offsets.confirm_lease(lease)
+        table.refresh()
+        now = read_topic_offsets(table, move.topic).get(move.partition)
+        if now != move.after:
+            raise ReplayError(f"table {move.table}: the next offset of partition {move.partition} is now {now}, no "
+                              f"longer {move.after}")
+
+    try:
+        remove_dead_letters_from(open_dead_letter_table(catalog, dead_letter_table), move.topic, move.partition,
+                                 move.after, run_id=run_id, check=still_moved)
+    except (EngineError, LeaseLostError, ReplayError) as exc:
+        log.warning("table %s: position moved back, but the dead letters of partition %d from offset %d on stay in "
+                    "%s for now (%s); the run that lands those offsets again replaces them", move.table,
+                    move.partition, move.after, dead_letter_table, exc)
 
 
 def _open_table(context: IngestContext, mapping: MappingConfig) -> tuple[RecordValidation, Table]:

@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import reduce
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan, Or
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile, ManifestEntryStatus
@@ -56,6 +58,7 @@ from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_
 from kafscale_lakehouse.engine.tables.commits import append_without_client_retries, committed_snapshot_id
 from kafscale_lakehouse.engine.tables.data_files import SinkJob
 from kafscale_lakehouse.engine.tables.summary import (
+    DEAD_LETTER_ENDS_PROPERTY_PREFIX,
     DEAD_LETTER_RECORDS_PROPERTY,
     DEAD_LETTER_TABLE_PROPERTY,
     KAFSCALE_PROPERTY_PREFIX,
@@ -68,8 +71,11 @@ from kafscale_lakehouse.engine.tables.summary import (
     STAGED_SNAPSHOT_PROPERTY,
     CommittedOffsets,
     ancestry,
+    format_offsets_property,
     format_ranges_property,
     parse_commit,
+    parse_offsets_property,
+    parse_skipped_property,
     summary_properties,
 )
 
@@ -193,8 +199,12 @@ def stage_dead_letters(table: Table, files: list[DataFile], *, run_id: str, sour
                        offset_ranges: Mapping[int, tuple[int, int]]) -> StagedDeadLetters | None:
     """Step 2: commit `files` as a staged snapshot of the dead-letter `table` (None when there are no files).
 
-    `offset_ranges`: partition → [start, end) offsets the run commits; kept in the summary for audits."""
-    if not files:
+    `offset_ranges`: partition → [start, end) offsets the run commits; its publication replaces the dead letters of
+    these offsets. So with no files, a staged snapshot is still made (of no file) when `table` may hold dead letters
+    of these offsets (they are read again after a move back or a rollback and are valid now): its publication
+    removes them. `table` is the view opened after `publish_pending_dead_letters`: no other run publishes dead letters
+    of the run's leased partitions since."""
+    if not files and not _may_hold(table, topic, offset_ranges):
         return None
     table_name = ".".join(table.name())
     properties = {RUN_ID_PROPERTY: run_id, SOURCE_TABLE_PROPERTY: source_table,
@@ -204,7 +214,7 @@ def stage_dead_letters(table: Table, files: list[DataFile], *, run_id: str, sour
           transaction.update_snapshot(snapshot_properties=properties, branch=None).fast_append() as append):
         for data_file in files:
             append.append_data_file(data_file)
-            snapshot_id = append.snapshot_id
+        snapshot_id = append.snapshot_id
     staged = StagedDeadLetters(table_name, snapshot_id, sum(f.record_count for f in files))
     log.info("dead-letter table %s: run %s staged %d invalid records of %s in %d files as snapshot %d", table_name,
              run_id, staged.records, source_table, len(files), snapshot_id)
@@ -234,12 +244,22 @@ def publish_dead_letters(table: Table, staged: StagedDeadLetters, *, source_snap
                 f"invalid records (table snapshot {source_snapshot_id}) no longer exists (expired?); those records "
                 "are in neither table")
         summary = summary_properties(staged_snapshot)
+        # The dead letters the table may hold of the staged offsets (read again after a move back or a rollback)
+        # are replaced in the same commit; the ends say when there can be none (the usual case: no manifest read).
+        ranges = _staged_ranges(table_name, staged_snapshot)
+        ends = {topic: dead_letter_ends(table, topic) for topic in ranges}
+        replaced = {topic: {p: (start, end) for p, (start, end) in by_partition.items()
+                            if start < ends[topic].get(p, 0)} for topic, by_partition in ranges.items()}
         properties = {**{k: v for k, v in summary.items() if k.startswith(KAFSCALE_PROPERTY_PREFIX)},
+                      **_ends_properties(table, {topic: {**ends[topic], **{p: max(ends[topic].get(p, 0), end)
+                                                                        for p, (_, end) in by_partition.items()}}
+                                                 for topic, by_partition in ranges.items()}),
                       STAGED_SNAPSHOT_PROPERTY: str(staged.snapshot_id),
                       SOURCE_SNAPSHOT_PROPERTY: str(source_snapshot_id)}
         try:
             with catalog_errors(endpoint):
-                append_without_client_retries(table, _added_files(table, staged_snapshot), properties)
+                append_without_client_retries(table, _added_files(table, staged_snapshot), properties,
+                                              replacing=_rows_of(replaced))
         except CommitFailedException as exc:
             if attempt == max_attempts:
                 raise DeadLetterError(f"dead-letter table {table_name}: publishing staged snapshot "
@@ -247,8 +267,9 @@ def publish_dead_letters(table: Table, staged: StagedDeadLetters, *, source_snap
             time.sleep(_RETRY_WAIT_SECONDS * attempt)
             continue
         snapshot_id = committed_snapshot_id(table)
-        log.info("dead-letter table %s: published %d invalid records of run %s as snapshot %d", table_name,
-                 staged.records, summary.get(RUN_ID_PROPERTY), snapshot_id)
+        log.info("dead-letter table %s: published %d invalid records of run %s as snapshot %d%s", table_name,
+                 staged.records, summary.get(RUN_ID_PROPERTY), snapshot_id,
+                 f", replacing those it held of the offsets {_describe(replaced)}" if _rows_of(replaced) else "")
         return snapshot_id
 
 
@@ -358,6 +379,7 @@ def _record_lost(dead_letter_table: Table, staged: StagedDeadLetters, table: Tab
     }
     with catalog_errors(catalog_endpoint(dead_letter_table.catalog)):
         dead_letter_table.refresh()
+        properties.update(_ends_properties(dead_letter_table, {}))
         append_without_client_retries(dead_letter_table, [], properties)
     return message
 
@@ -399,3 +421,121 @@ def _added_files(table: Table, snapshot: Snapshot) -> list[DataFile]:
         for entry in manifest.fetch_manifest_entry(table.io)
         if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id
     ]
+
+
+# ------------------------------------------------------------------------------------------ offsets read again
+
+
+def remove_dead_letters_from(table: Table, topic: str, partition: int, next_offset: int, *, run_id: str,
+                             check: Callable[[], None], max_attempts: int = DEFAULT_PUBLISH_ATTEMPTS) -> int | None:
+    """A position moved back to `next_offset`: remove the dead letters of `topic` `partition` at or beyond it from
+    the dead-letter `table`, as the move removed the table's rows, so the offsets read again land their dead letters
+    once. Returns the snapshot id, None when the table holds none there (by its ends, no manifest read).
+
+    Call it after the move's table commit, under the partition's lease. `check` runs before every attempt and raises
+    to stop: it confirms the lease and that the table's position is still `next_offset`. Then no run has committed
+    the partition since the move, so none has published dead letters of these offsets (a run publishes after its
+    table commit): a publication landing meanwhile makes this commit fail and check again. A crash before this
+    commit leaves the dead letters in place; the publication of the run that reads the offsets again replaces them."""
+    table_name = ".".join(table.name())
+    for attempt in range(1, max_attempts + 1):
+        with catalog_errors(catalog_endpoint(table.catalog)):
+            table.refresh()
+        ends = dead_letter_ends(table, topic)
+        if ends.get(partition, 0) <= next_offset:
+            return None
+        check()
+        properties = {RUN_ID_PROPERTY: run_id, **_ends_properties(table, {topic: {**ends, partition: next_offset}})}
+        try:
+            with catalog_errors(catalog_endpoint(table.catalog)):
+                append_without_client_retries(table, [], properties,
+                                              replacing=_rows_of({topic: {partition: (next_offset, None)}}))
+        except CommitFailedException as exc:
+            if attempt == max_attempts:
+                raise DeadLetterError(f"dead-letter table {table_name}: removing the dead letters of topic {topic} "
+                                      f"partition {partition} from offset {next_offset} lost to concurrent commits "
+                                      f"{attempt} times") from exc
+            time.sleep(_RETRY_WAIT_SECONDS * attempt)
+            continue
+        snapshot_id = committed_snapshot_id(table)
+        log.warning("dead-letter table %s: removed the dead letters of topic %s partition %d from offset %d on "
+                    "(position moved back, run %s) in snapshot %d", table_name, topic, partition, next_offset, run_id,
+                    snapshot_id)
+        return snapshot_id
+    return None
+
+
+def dead_letter_ends(table: Table, topic: str) -> dict[int, int]:
+    """Per partition of `topic`, an offset at or beyond which the dead-letter `table` holds no dead letter of it
+    (absent: none of the partition): `kafscale.dead-letter.ends.<topic>` of the newest snapshot of ours carrying
+    the ends map; when it has none for the topic (a table written before the key existed), one scan of the
+    topic's `partition` and `offset` columns, once: the next publication records it."""
+    known = _known_ends(table, topic)
+    if known is not None:
+        return known
+    rows = table.scan(row_filter=EqualTo("topic", topic), selected_fields=("partition", "offset")).to_arrow()
+    ends: dict[int, int] = {}
+    for partition, offset in zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True):
+        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    return ends
+
+
+def _known_ends(table: Table, topic: str) -> dict[int, int] | None:
+    """The recorded ends of `topic` (`dead_letter_ends`), None when not recorded; a table without rows has none."""
+    current = table.current_snapshot()
+    if current is None or (current.summary is not None and current.summary.get("total-records") == "0"):
+        return {}
+    carried = _carried_ends(table)
+    value = carried.get(DEAD_LETTER_ENDS_PROPERTY_PREFIX + topic)
+    if value is None:
+        return None
+    return parse_offsets_property(value, where=f"dead-letter table {'.'.join(table.name())} property "
+                                               f"{DEAD_LETTER_ENDS_PROPERTY_PREFIX + topic}")
+
+
+def _carried_ends(table: Table) -> dict[str, str]:
+    """Every topic's ends property of the newest snapshot on the branch carrying any (each of ours carries all)."""
+    for snapshot in ancestry(table):
+        ends = {k: v for k, v in summary_properties(snapshot).items()
+                if k.startswith(DEAD_LETTER_ENDS_PROPERTY_PREFIX)}
+        if ends:
+            return ends
+    return {}
+
+
+def _ends_properties(table: Table, new_ends: Mapping[str, Mapping[int, int]]) -> dict[str, str]:
+    """The ends properties of our next snapshot of `table`: every topic's as carried, those of `new_ends` replaced
+    (a topic's whole map)."""
+    properties = dict(_carried_ends(table))
+    for topic, ends in new_ends.items():
+        properties[DEAD_LETTER_ENDS_PROPERTY_PREFIX + topic] = format_offsets_property(ends)
+    return properties
+
+
+def _may_hold(table: Table, topic: str, offset_ranges: Mapping[int, tuple[int, int]]) -> bool:
+    """Whether the dead-letter `table` may hold dead letters of `offset_ranges` (unknown ends: it may)."""
+    ends = _known_ends(table, topic)
+    return ends is None or any(start < ends.get(p, 0) for p, (start, _) in offset_ranges.items())
+
+
+def _staged_ranges(table_name: str, snapshot: Snapshot) -> dict[str, dict[int, tuple[int, int]]]:
+    """Per topic, the [start, end) offsets per partition whose dead letters the staged `snapshot` holds."""
+    return {key[len(OFFSET_RANGES_PROPERTY_PREFIX):]: parse_skipped_property(
+                value, where=f"dead-letter table {table_name} snapshot {snapshot.snapshot_id} property {key}")
+            for key, value in summary_properties(snapshot).items() if key.startswith(OFFSET_RANGES_PROPERTY_PREFIX)}
+
+
+def _rows_of(ranges: Mapping[str, Mapping[int, tuple[int, int | None]]]) -> BooleanExpression | None:
+    """The rows of these offsets (end None: to the end of the partition); None when there are none."""
+    clauses: list[BooleanExpression] = []
+    for topic, by_partition in sorted(ranges.items()):
+        for partition, (start, end) in sorted(by_partition.items()):
+            clause: BooleanExpression = And(And(EqualTo("topic", topic), EqualTo("partition", partition)),
+                                            GreaterThanOrEqual("offset", start))
+            clauses.append(clause if end is None else And(clause, LessThan("offset", end)))
+    return reduce(Or, clauses) if clauses else None
+
+
+def _describe(ranges: Mapping[str, Mapping[int, tuple[int, int]]]) -> str:
+    return ", ".join(f"{topic} partition {p} {start}..{end - 1}" for topic, by_partition in sorted(ranges.items())
+                     for p, (start, end) in sorted(by_partition.items()))

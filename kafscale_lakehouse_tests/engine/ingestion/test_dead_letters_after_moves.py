@@ -1,0 +1,102 @@
+"""Dead letters stay exactly once when offsets are read again (issue 19, hole 7): after a position moved back
+(`offsets reset --to-offset`, engine/ingestion/replay.py), after an operator rolled the table back, and after a move
+that stopped between the table's commit and the dead-letter table's. A publication replaces the dead letters of the
+offsets it covers (engine/tables/dead_letters.py), and a move back removes those of the offsets it moves back over."""
+
+from __future__ import annotations
+
+import pytest
+
+import kafscale_lakehouse.engine.ingestion.replay as replay_module
+from kafscale_lakehouse.engine.ingestion.replay import move_position
+from kafscale_lakehouse.engine.ingestion.run import IngestContext
+from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
+from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_RECORDS, records_with_faults
+from kafscale_lakehouse_tests.validation_modes.test_ingest_modes import (
+    StopRun,
+    dead_letter_offsets,
+    dead_letter_table,
+    run,
+    validated_config,
+)
+
+pytestmark = pytest.mark.integration
+
+# Mode off with a configured dead-letter table: the harness' required order_id makes positions 5 and 8 invalid.
+INVALID_POSITIONS = sorted(p for p, f in FAULTS.items() if f.coercion_reason)
+SEGMENTS = 3
+INVALID = [base + p for base in range(0, SEGMENTS * SEGMENT_RECORDS, SEGMENT_RECORDS) for p in INVALID_POSITIONS]
+VALID = sorted(set(range(SEGMENTS * SEGMENT_RECORDS)) - set(INVALID))
+
+
+def faulty_world(world: IngestWorld, segments: int = SEGMENTS):
+    for base in range(0, segments * SEGMENT_RECORDS, SEGMENT_RECORDS):
+        world.write_records(0, base, records_with_faults(base))
+    name = f"{world.table_name}_rejects"
+    return validated_config(world, None, "off", dead_letter_table=name), name
+
+
+def move(world: IngestWorld, config, spark, next_offset: int):
+    with IngestContext.from_config(config, spark) as context:
+        return move_position(context, config.mappings[0], 0, next_offset)
+
+
+@pytest.mark.parametrize("world_kind", ["embedded", "production"])
+def test_a_position_moved_back_lands_its_dead_letters_again_once(request, world_kind, spark):
+    world: IngestWorld = request.getfixturevalue(f"{world_kind}_world")
+    config, name = faulty_world(world)
+    run(world, config, spark)
+    assert dead_letter_offsets(dead_letter_table(world, name)) == INVALID
+
+    moved = move(world, config, spark, 22)
+
+    assert (moved.before, moved.after) == (60, 22)
+    assert dead_letter_offsets(dead_letter_table(world, name)) == [o for o in INVALID if o < 22], (
+        "the move removes the dead letters of the offsets it moved back over, like their rows")
+    again = run(world, config, spark)
+    assert not again.failed and again.invalid_count == len([o for o in INVALID if o >= 22])
+    world.assert_exactly_once(runs=3, expected={0: VALID})
+    assert dead_letter_offsets(dead_letter_table(world, name)) == INVALID, "each dead letter once"
+
+
+def test_a_table_rolled_back_by_an_operator_lands_its_dead_letters_again_once(embedded_world, spark):
+    world = embedded_world
+    config, name = faulty_world(world, segments=1)
+    run(world, config, spark)
+    first = world.table().current_snapshot().snapshot_id
+    for base in range(SEGMENT_RECORDS, SEGMENTS * SEGMENT_RECORDS, SEGMENT_RECORDS):
+        world.write_records(0, base, records_with_faults(base))
+    run(world, config, spark)
+    assert dead_letter_offsets(dead_letter_table(world, name)) == INVALID
+
+    table = world.table()
+    table.manage_snapshots().rollback_to_snapshot(first).commit()  # the operator's, not ours
+    assert read_topic_offsets(world.table(), world.topic) == {0: SEGMENT_RECORDS}
+    again = run(world, config, spark)
+
+    assert not again.failed and again.records == len([o for o in VALID if o >= SEGMENT_RECORDS])
+    assert dead_letter_offsets(dead_letter_table(world, name)) == INVALID, (
+        "the dead letters beyond the table's offsets are replaced when those offsets land again, never doubled")
+
+
+def test_a_move_stopped_before_removing_its_dead_letters_still_lands_them_once(embedded_world, spark, monkeypatch):
+    world = embedded_world
+    config, name = faulty_world(world)
+    run(world, config, spark)
+
+    def stop(*args, **kwargs):
+        raise StopRun("between the table's commit and the dead-letter table's")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(replay_module, "remove_dead_letters_from", stop)
+        with pytest.raises(StopRun):
+            move(world, config, spark, 0)
+    assert read_topic_offsets(world.table(), world.topic) == {0: 0}
+    assert dead_letter_offsets(dead_letter_table(world, name)) == INVALID
+
+    again = run(world, config, spark)
+
+    assert not again.failed and again.records == len(VALID)
+    world.assert_exactly_once(runs=3, expected={0: VALID})
+    assert dead_letter_offsets(dead_letter_table(world, name)) == INVALID, "each dead letter once"
