@@ -21,6 +21,7 @@ Prometheus scrapes it, under the Go processor's names and labels, and dashboards
 | `kafscale_processor_watermark_offset{topic,partition}` | the same (Go sets both to the last committed offset) |
 | `kafscale_processor_watermark_timestamp_ms{topic,partition}` | timestamp of the last record committed (below) |
 | `kafscale_processor_lag{topic,partition}` | our addition: broker `next_offset` - committed next offset |
+| `kafscale_processor_stalled_segment_age_seconds{topic,partition}` | our addition: a stalled partition (below) |
 | `kafscale_processor_errors_total{stage}` | this process's failures to read state (`checkpoint`, `sink`, `discover`) |
 
 "Our snapshots" are those of the mapping's table (current snapshot and its ancestors) whose summary carries
@@ -44,6 +45,12 @@ they are in Dagster (run status, asset checks) or the exit code of `kafscale-lak
 catalog is down, `/metrics` still answers:
 the series of the failing source are left out of that scrape and `errors_total` goes up.
 
+`stalled_segment_age_seconds` is there only for a partition that waits behind an incomplete segment (the broker
+uploads `.kfs` and `.index` in parallel, and a failed upload leaves one without the other) for longer than the grace
+period: the runs of that partition fail naming the object until `kafscale-lakehouse offsets skip` records its offsets
+as skipped. It comes from a listing of each partition from its committed next offset in the segment store (a third
+source, with a shorter deadline); when the store does not answer, the series is left out and a warning logged.
+
 Readiness (`/readyz`) is asked of the collector too: `readiness_problems` probes etcd (or the offsets store) and the
 catalog with the same per-source deadline as a scrape.
 """
@@ -63,8 +70,13 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, redact_url
-from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
-from kafscale_lakehouse.engine.ingestion import ERROR_DECODE, ERROR_RESOLVE
+from kafscale_lakehouse.connections import (
+    catalog_settings,
+    etcd_client_from_config,
+    offset_store_from_config,
+    segment_store_from_config,
+)
+from kafscale_lakehouse.engine.ingestion import ERROR_DECODE, ERROR_RESOLVE, stalled_partitions
 from kafscale_lakehouse.engine.ingestion.lag import lag as partition_lag
 from kafscale_lakehouse.engine.tables import (
     LFS_DURATION_BUCKETS_SECONDS,
@@ -83,6 +95,7 @@ from kafscale_lakehouse.storage import (
     METADATA_SNAPSHOT_KEY,
     DiscoveryMode,
     MetadataSnapshotError,
+    StalledSegment,
     parse_metadata_snapshot,
 )
 
@@ -96,9 +109,10 @@ WRITE_LATENCY_BUCKETS_MS = (50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 6
 RESULT_WRITTEN, RESULT_INVALID, RESULT_DROPPED, RESULT_SKIPPED_LFS = "written", "invalid", "dropped", "skipped_lfs"
 # The Go processor's stages this process can fail in (Go also has decode, lfs and schema: ingest runs' failures).
 STAGE_CHECKPOINT, STAGE_SINK, STAGE_DISCOVER = "checkpoint", "sink", "discover"
-# How long one source (offsets, catalog) may take per scrape or readiness check: both together stay under
-# Prometheus' default 10 s scrape timeout.
+# How long one source (offsets, catalog) may take per scrape or readiness check, and the segment store's listing for
+# stalled partitions per scrape: all three together stay under Prometheus' default 10 s scrape timeout.
 SOURCE_TIMEOUT_SECONDS = 4.0
+SEGMENTS_TIMEOUT_SECONDS = 2.0
 # etcd: how long an unreachable etcd is retried, and each RPC's timeout; the sum stays inside SOURCE_TIMEOUT_SECONDS,
 # so an etcd that is down is reported as unreachable (naming its endpoints), not as a timeout.
 ETCD_RETRY_SECONDS = 1.0
@@ -263,6 +277,9 @@ class LakehouseStateCollector:
         # The names appear in timeout messages (logs, /readyz): where each source is, never a credential.
         self._offsets_caller = _BoundedCaller(self._offsets.location, source_timeout_seconds)
         self._catalog_caller = _BoundedCaller(f"Iceberg catalog at {catalog_where}", source_timeout_seconds)
+        self._segments = segment_store_from_config(config)
+        self._segments_caller = _BoundedCaller(self._segments.location,
+                                               min(source_timeout_seconds, SEGMENTS_TIMEOUT_SECONDS))
         self._totals: dict[str, TopicTotals] = {}
         self._errors = {STAGE_CHECKPOINT: 0, STAGE_SINK: 0}
         self._discovery_mode = DiscoveryMode.parse(config.discovery.mode)
@@ -354,11 +371,24 @@ class LakehouseStateCollector:
             found[topic] = totals.copy()
         return found
 
-    def _read_source(self, caller: _BoundedCaller, read: Callable[[], dict], stage: str, where: str) -> dict:
+    def _read_stalled(self, offsets: dict[str, TopicOffsets]) -> dict[str, dict[int, StalledSegment]]:
+        """Per topic (of those whose offsets were read), the partitions waiting behind an incomplete segment past the
+        grace period: listed from the committed next offset, or from the start for partitions nothing is committed
+        of."""
+        grace = self._config.processor.orphan_segment_grace_seconds
+        found: dict[str, dict[int, StalledSegment]] = {}
+        for topic, topic_offsets in offsets.items():
+            next_offsets: dict[int, int | None] = dict.fromkeys(self._segments.list_partitions(topic))
+            next_offsets.update({p: c.next_offset for p, c in topic_offsets.committed.items()})
+            found[topic] = stalled_partitions(self._segments, topic, next_offsets, grace_seconds=grace)
+        return found
+
+    def _read_source(self, caller: _BoundedCaller, read: Callable[[], dict], stage: str | None, where: str) -> dict:
         try:
             return caller.call(read)
         except Exception as exc:
-            self._count_error(stage)
+            if stage is not None:  # None: a source of our own addition, not one of the Go processor's stages
+                self._count_error(stage)
             log.warning("cannot read %s: %s", where, describe_failure(exc))
             log.debug("reading %s failed", where, exc_info=True)
             return {}
@@ -375,8 +405,11 @@ class LakehouseStateCollector:
             STAGE_SINK,
             f"tables from the {self._catalog_settings.type} catalog",
         )
+        stalled = self._read_source(self._segments_caller, lambda: self._read_stalled(offsets), None,
+                                    f"segments from {self._segments.location}")
         yield from _table_families(totals)
         yield from _offset_families(offsets, totals)
+        yield _stalled_family(stalled)
         errors = CounterMetricFamily(
             f"{NAMESPACE}_errors_total",
             "Failures of serve-metrics to read etcd/offsets (checkpoint), the catalog "
@@ -470,6 +503,19 @@ def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
             [topic], _cumulative_buckets(LFS_DURATION_BUCKETS_SECONDS, lfs.duration_buckets), lfs.resolution_seconds
         )
     return records, batches, latency, lfs_resolved, lfs_bytes, lfs_errors, lfs_duration
+
+
+def _stalled_family(stalled: dict[str, dict[int, StalledSegment]]) -> Metric:
+    family = GaugeMetricFamily(
+        f"{NAMESPACE}_stalled_segment_age_seconds",
+        "Seconds since the incomplete segment a partition waits behind was written, for partitions waiting past "
+        "processor.orphan_segment_grace_seconds (kafscale-lakehouse addition).",
+        labels=["topic", "partition"],
+    )
+    for topic, partitions in sorted(stalled.items()):
+        for partition, segment in sorted(partitions.items()):
+            family.add_metric([topic, str(partition)], round(segment.age_seconds, 3))
+    return family
 
 
 def _cumulative_buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:

@@ -1,0 +1,33 @@
+"""`kafscale_processor_stalled_segment_age_seconds`: a partition waiting behind an orphaned segment object (the broker
+uploads `.kfs` and `.index` in parallel; a failed upload leaves one) past `processor.orphan_segment_grace_seconds`."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafscale_lakehouse.storage import ObjectKind
+from kafscale_lakehouse.testing.servers import S3_BUCKET
+from kafscale_lakehouse_tests.apps.metrics.conftest import running_metrics_server, scrape
+from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
+
+pytestmark = pytest.mark.integration
+
+SERIES = "kafscale_processor_stalled_segment_age_seconds"
+
+
+def test_a_partition_stalled_past_the_grace_has_the_age_of_its_orphan(tmp_path, seaweedfs, etcd_server,
+                                                                         unique_prefix):
+    world = IngestWorld("production", tmp_path, unique_prefix, f"orders-{unique_prefix}", seaweedfs=seaweedfs,
+                        etcd_endpoint=etcd_server.endpoint)
+    world.write_segments(0, 160, records_per_segment=40)  # segments 0, 40, 80, 120
+    world.write_segments(1, 40, records_per_segment=40)
+    orphan_index = world.segment_object_key(0, 80, ObjectKind.INDEX)
+    seaweedfs.s3_client().delete_object(Bucket=S3_BUCKET, Key=orphan_index)  # offsets 80..119: a .kfs alone
+
+    with running_metrics_server(world.config()) as server:  # the default grace: its upload may still complete
+        assert scrape(server.url).get(SERIES, {}) == {}
+    with running_metrics_server(world.config(orphan_segment_grace_seconds=0)) as server:
+        samples = scrape(server.url)
+    [(labels, age)] = samples[SERIES].items()
+    assert dict(labels) == {"topic": world.topic, "partition": "0"} and 0 <= age < 600
+    assert samples["kafscale_processor_errors_total"] == {(("stage", "checkpoint"),): 0, (("stage", "sink"),): 0}
