@@ -71,7 +71,8 @@ def scan_topic_now(config: LakehouseConfig, mapping: MappingConfig, segment_stor
     so the cost is that of the pending segments."""
     sources = WatchSources(store=segment_store.open_store(), offsets=offset_store.offset_store(),
                            discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=offset_store.etcd_client(),
-                           tables=TableOffsetsReader(iceberg_catalog.settings()))
+                           tables=TableOffsetsReader(iceberg_catalog.settings()),
+                           orphan_grace_seconds=config.processor.orphan_segment_grace_seconds)
     return scan_topic(sources, mapping.topic, table=mapping.table)
 
 
