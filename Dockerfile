@@ -36,8 +36,12 @@ COPY --chmod=0755 <<'EOF' /usr/local/bin/kafscale-lakehouse-entrypoint
 # Runs the container's command as given (`dagster api grpc …`, `dagster api execute_run …`,
 # `kafscale-lakehouse …`), except `executor`: Spark on Kubernetes starts executor pods from this image with
 # that single argument and describes the executor in SPARK_* variables. Spark's own images handle it in their
-# entrypoint, which pip's pyspark does not ship, so this starts the executor JVM the same way.
+# entrypoint, which pip's pyspark does not ship, so this starts the executor JVM the same way. And the Go
+# iceberg-processor's Helm chart, which runs its image with only `-config=<path>`: that is `kafscale-lakehouse -config=…`.
 set -euo pipefail
+if [[ "${1:-}" == -config* || "${1:-}" == --config* ]]; then
+    exec kafscale-lakehouse "$@"
+fi
 if [[ "${1:-}" != "executor" ]]; then
     exec "$@"
 fi

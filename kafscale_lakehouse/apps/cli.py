@@ -315,7 +315,13 @@ def _exit_on_sigterm(signum, frame) -> Never:  # noqa: ANN001 - signal handler s
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafscale-lakehouse", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get("KAFSCALE_LAKEHOUSE_LOG_LEVEL", "INFO"))
-    commands = parser.add_subparsers(dest="command", required=True)
+    # The Go iceberg-processor's command line (its Helm chart runs the image with `-config=<path>`): without a
+    # command, `-config FILE` runs the ingest loop until stopped, as the Go processor does.
+    parser.add_argument(
+        "--config", dest="processor_config", default=None,
+        help="without a command: run `ingest --config FILE` (the Go processor's `-config=FILE` works too)",
+    )
+    commands = parser.add_subparsers(dest="command")
     segment = commands.add_parser("segment", help="look at KafScale segment objects")
     segment_commands = segment.add_subparsers(dest="segment_command", required=True)
     inspect = segment_commands.add_parser("inspect", help="print header, footer, batches and optionally records")
@@ -461,8 +467,21 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def go_flags_as_options(argv: list[str]) -> list[str]:
+    """`-config=FILE` and `-config FILE` (Go's flag syntax, one dash) as `--config`, which every command takes."""
+    return ["--config" + arg[len("-config"):] if arg == "-config" or arg.startswith("-config=") else arg
+            for arg in argv]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(go_flags_as_options(sys.argv[1:] if argv is None else argv))
+    if args.command is None:
+        if args.processor_config is None:
+            parser.error("a command is required (or -config FILE, which runs the ingest loop like the Go processor)")
+        args.command, args.config, args.topic, args.once = "ingest", args.processor_config, None, False
+    elif getattr(args, "config", None) is None and args.processor_config is not None:
+        args.config = args.processor_config  # `-config FILE ingest --once`: the flag before the command
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )

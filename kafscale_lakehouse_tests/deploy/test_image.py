@@ -84,6 +84,16 @@ def test_entry_point_runs_the_cli(entrypoint, image_env, tmp_path):
     assert "segment" in result.stdout
 
 
+def test_entry_point_runs_the_go_processors_chart_args_as_the_ingest_loop(entrypoint, image_env, tmp_path):
+    # KafScale's iceberg-processor chart starts its image with `args: ["-config={{ .Values.config.path }}"]` only.
+    config = tmp_path / "config" / "config.yaml"
+    result = subprocess.run([*entrypoint, f"-config={config}"], env=image_env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 2, result.stderr  # the CLI's one-line error: the ingest loop loaded that file
+    assert str(config) in result.stderr
+
+
 def test_code_server_starts_from_the_image_command_and_from_the_chart(entrypoint, dockerfile, image_env, tmp_path):
     deployment = size_values("small")[SUBCHART_KEY]["deployments"][0]
     image_port, chart_port = free_ports(2)
