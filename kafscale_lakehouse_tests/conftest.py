@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import uuid
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS
+from kafscale_lakehouse.engine.spark.engine import ConnectAddress, start_connect_server, stop_connect_server
+from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("KAFSCALE_SHARED_DIR", REPO_ROOT.parent / "shared"))
@@ -17,7 +19,8 @@ FIXTURE_SEGMENTS = SHARED / "fixtures" / "segments"
 
 # Fixtures that start a real server (or need one): a test that uses any of them, directly or through another
 # fixture, is an integration test. Modules that start servers of their own mark themselves.
-SERVER_FIXTURES = frozenset({"seaweedfs", "etcd_server", "spark", "private_etcd", "registry", "store"})
+SERVER_FIXTURES = frozenset({"seaweedfs", "etcd_server", "spark", "private_etcd", "registry", "store",
+                               "spark_engine"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -70,3 +73,35 @@ def spark():
     )
     yield session
     session.stop()
+
+
+def _close_connect_clients() -> None:
+    """Close this process's Spark Connect clients while their engine still answers: an open client's exit handler
+    retries the stopped engine for minutes and holds the test process (and CI) at exit."""
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    for client in [o for o in gc.get_objects() if isinstance(o, SparkConnectClient)]:
+        if not client.is_closed:
+            client.close()
+
+
+@pytest.fixture(scope="session")
+def spark_engine(tmp_path_factory) -> ConnectAddress:
+    """A real Spark engine (Spark Connect server) for the test run: loopback, a free port, stopped at the end."""
+    [port] = free_ports(1)
+    address = ConnectAddress("127.0.0.1", port)
+    log_path = tmp_path_factory.mktemp("spark-engine") / "engine.log"
+    server = start_connect_server(address, "local[2]", {"spark.sql.shuffle.partitions": "2"}, ui_enabled=False,
+                                  log_path=log_path)
+    yield address
+    _close_connect_clients()
+    stop_connect_server(server)
+    with pytest.raises(ProcessLookupError):  # JVM and Python workers are gone, nothing left listening
+        os.killpg(server.pid, 0)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The fault matrix's seed and sample, so a failing case can be run again (engine/faults/matrix.py)."""
+    from kafscale_lakehouse_tests.engine.faults.matrix import selection
+
+    return selection().describe()

@@ -1,0 +1,154 @@
+"""One actor of a fault-matrix case in a process of its own, held or killed at a named interleaving point.
+
+    python -m kafscale_lakehouse_tests.engine.faults.actor <actor> <point> <action> <signal dir> -- <CLI arguments>
+
+Test-only: production code has no fault hooks, so this wraps, by module attribute (as `mock.patch` would), the
+functions the actor's command calls, then hands over to the CLI's `main()`. The first time the actor reaches the
+point it writes `<signal dir>/reached` and then, by `action`:
+- `kill`: SIGKILL itself (leases, run records and written files stay as a crash leaves them);
+- `pause`: waits for `<signal dir>/go` (its lease keeper keeps renewing), then goes on;
+- `freeze`: SIGSTOPs itself, lease keeper included, so its leases expire while it still "runs" (a worker declared
+  dead but alive); the test SIGCONTs it;
+- `unknown` (only `inside-commit`): the catalog applied the commit, the answer is lost: raises pyiceberg's
+  `CommitStateUnknownException` (what a 5xx answer raises) and goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitStateUnknownException
+
+import kafscale_lakehouse.engine.ingestion.replay as replay
+import kafscale_lakehouse.engine.ingestion.run as run
+import kafscale_lakehouse.engine.maintenance as maintenance
+from kafscale_lakehouse.apps import cli
+
+log = logging.getLogger("kafscale_lakehouse_tests.engine.faults.actor")
+
+ACTIONS = ("kill", "pause", "freeze", "unknown")
+PAUSE_LIMIT_SECONDS = 600
+
+# Where each point is, per actor: (module, attribute, "before" | "after" the call). `inside-commit` is the catalog's
+# commit of the actor's table commit (see `_install_inside_commit`).
+POINTS: dict[str, dict[str, tuple[Any, str, str]]] = {
+    "ingest": {
+        "before-lease": (run, "acquire_partition_leases", "before"),
+        "during-cleanup": (run, "clean_ended_runs", "before"),
+        "after-plan": (run, "_plan", "after"),
+        "after-write": (run, "_write", "after"),
+        "before-commit": (run, "commit_append", "before"),
+        "inside-commit": (run, "commit_append", "inside"),
+        "after-commit": (run, "commit_append", "after"),
+        "before-forget": (run.PreparedIngest, "forget_run", "before"),
+    },
+    "replay": {
+        "before-lease": (replay, "_lease", "before"),
+        "after-write": (replay, "run_ingestion_spark_job", "after"),
+        "before-commit": (replay, "commit_rewrite", "before"),
+        "inside-commit": (replay, "commit_rewrite", "inside"),
+        "after-commit": (replay, "commit_rewrite", "after"),
+    },
+    "move-back": {
+        "before-lease": (replay, "_lease", "before"),
+        "before-commit": (replay, "commit_rewrite", "before"),
+        "inside-commit": (replay, "commit_rewrite", "inside"),
+        "after-commit": (replay, "commit_rewrite", "after"),
+    },
+    "compact": {
+        "after-write": (maintenance, "run_rewrite_job", "after"),
+        "before-commit": (maintenance, "commit_rewrite", "before"),
+        "inside-commit": (maintenance, "commit_rewrite", "inside"),
+        "after-commit": (maintenance, "commit_rewrite", "after"),
+    },
+}
+
+_reached = False
+_inside_table_commit = False
+
+
+def _at_point(point: str, action: str, signal_dir: Path) -> None:
+    """Reaching the point: tell the test, then act (once per process)."""
+    global _reached
+    if _reached:
+        return
+    _reached = True
+    log.warning("FAULT POINT %s: %s", point, action)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    (signal_dir / "reached").write_text(f"{point} {action} {os.getpid()}\n")
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "freeze":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif action == "pause":
+        deadline = time.monotonic() + PAUSE_LIMIT_SECONDS
+        while not (signal_dir / "go").exists():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"paused at {point} for {PAUSE_LIMIT_SECONDS}s without a go")
+            time.sleep(0.05)
+    log.warning("FAULT POINT %s: going on", point)
+
+
+def _wrap(function: Callable[..., Any], when: str, point: str, action: str, signal_dir: Path) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        global _inside_table_commit
+        if when == "before":
+            _at_point(point, action, signal_dir)
+        if when == "inside":
+            _inside_table_commit = True
+        try:
+            result = function(*args, **kwargs)
+        finally:
+            _inside_table_commit = False
+        if when == "after":
+            _at_point(point, action, signal_dir)
+        return result
+
+    return wrapper
+
+
+def _install_inside_commit(point: str, action: str, signal_dir: Path) -> None:
+    """The catalog applies the actor's table commit; then the point (the answer is not yet back)."""
+    for catalog_class in (RestCatalog, SqlCatalog):
+        real = catalog_class.commit_table
+
+        def commit_table(self: Any, table: Any, requirements: Any, updates: Any, _real: Any = real) -> Any:
+            response = _real(self, table, requirements, updates)
+            if _inside_table_commit and not _reached:
+                _at_point(point, action, signal_dir)
+                if action == "unknown":
+                    raise CommitStateUnknownException("fault injected: the commit was applied, the answer lost (503)")
+            return response
+
+        catalog_class.commit_table = commit_table  # type: ignore[method-assign]
+
+
+def install(actor: str, point: str, action: str, signal_dir: Path) -> None:
+    if action not in ACTIONS or (action == "unknown" and point != "inside-commit"):
+        raise SystemExit(f"action {action!r} is not one of {ACTIONS} at {point!r} ('unknown': inside-commit only)")
+    try:
+        owner, attribute, when = POINTS[actor][point]
+    except KeyError:
+        raise SystemExit(f"actor {actor!r} has no point {point!r}; points: {sorted(POINTS.get(actor, {}))}") from None
+    setattr(owner, attribute, _wrap(getattr(owner, attribute), when, point, action, signal_dir))
+    if when == "inside":
+        _install_inside_commit(point, action, signal_dir)
+
+
+if __name__ == "__main__":
+    actor_name, point_name, action_name, directory, separator, *cli_args = sys.argv[1:]
+    assert separator == "--", sys.argv
+    install(actor_name, point_name, action_name, Path(directory))
+    sys.exit(cli.main(cli_args))

@@ -1,0 +1,394 @@
+"""The fault matrix: two actors on one topic's table, one of them held or killed at a named interleaving point, on
+the real servers (SeaweedFS S3 + Iceberg REST catalog, etcd, a Spark engine); then the invariants every case ends
+with.
+
+A case is `primary@point/action+secondary`:
+- the primary (`ingest`, `replay`, `move-back`, `compact`) is a real `kafscale-lakehouse` process (actor.py) that
+  reaches `point` and is killed, paused (leases kept) or frozen (leases expire while it lives), or whose commit is
+  applied but answered with an error (`unknown`);
+- meanwhile (or, when it was killed, after it) the secondary acts: another run of ours (in this process, or a
+  process killed at a point of its own), our maintenance, a position move or replay, another engine's
+  append/delete/rollback/expiry through pyiceberg, or the broker re-cutting or re-uploading a segment;
+- then the primary goes on (pause, freeze) and ends; leases expire; settling runs ingest until nothing moves.
+
+The invariants (`check_invariants`), after the two actors and again after settling: the table scans; every file
+that any snapshot references exists; every row of the topic is there once, the table's offsets hold exactly the
+segments' offsets below them (minus what another engine deleted), a partition stops only at a gap in the log and
+then a run says so; the offsets store agrees with the table.
+
+CI runs the cases of the issue's holes plus a sample drawn with a printed seed (`KAFSCALE_FAULT_SEED` repeats it);
+`KAFSCALE_FAULT_MATRIX=full` runs every case, `KAFSCALE_FAULT_MATRIX=<n>` a sample of n.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.expressions import And, EqualTo, LessThan
+from pyiceberg.manifest import ManifestEntryStatus
+from pyiceberg.table import Table
+
+from kafscale_lakehouse.engine.ingestion import IngestFailedError, ingest
+from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE, ConnectAddress
+from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
+from kafscale_lakehouse.storage import ObjectKind
+from kafscale_lakehouse_tests.conftest import REPO_ROOT
+from kafscale_lakehouse_tests.engine.faults.actor import POINTS
+from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
+
+log = logging.getLogger(__name__)
+
+PRIMARIES = tuple(POINTS)
+ACTIONS = ("kill", "pause", "freeze", "unknown")
+SECONDARY_KILL_POINTS = ("before-commit", "after-commit", "before-forget")
+SECONDARIES = (
+    "none", "ingest", *(f"ingest-killed:{p}" for p in SECONDARY_KILL_POINTS), "compact", "manifests", "expire",
+    "replay", "move-back", "foreign-append", "foreign-delete", "foreign-rollback", "foreign-expire", "recut",
+    "reupload",
+)
+# The primary ingest reads partition 0's first pending segment after these points; a re-cut must come before the read
+# for the old and the new segment to disagree (a re-cut of offsets already landed is retention, not a fault).
+POINTS_BEFORE_READ = ("before-lease", "during-cleanup", "after-plan")
+
+PARTITIONS = (0, 1)
+MOVE_BACK_TO = 10  # `offsets reset --to-offset` of partition 0 (its table next offset is 100 when a case starts)
+FOREIGN_DELETED = {1: set(range(10))}  # what another engine's delete removes: partition 1, offsets 0..9
+PENDING_BASE = 100  # partition 0's first segment no run has read when the case starts (20 records)
+RECUT_RECORDS = 12  # the re-cut segment holds PENDING_BASE .. PENDING_BASE + 11; 112..119 are gone from the log
+PROCESS_TIMEOUT_SECONDS = 240
+
+
+@dataclass(frozen=True)
+class Case:
+    primary: str
+    point: str
+    action: str
+    secondary: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.primary}@{self.point}/{self.action}+{self.secondary}"
+
+
+# The issue's holes, each as a case of the matrix (they run in CI on every commit).
+HOLE_CASES = {
+    "1a clean-up with a table opened before another run's commit": Case(
+        "ingest", "before-lease", "pause", "ingest-killed:before-forget"),
+    "1b lease expires between the lease check and a slow commit": Case("ingest", "before-commit", "freeze", "ingest"),
+    "1c commit applied, answered 5xx": Case("ingest", "inside-commit", "unknown", "ingest"),
+    "3 position moved back while an ingestion commits": Case("move-back", "before-lease", "pause", "ingest"),
+    "4 segment re-cut between planning and reading": Case("ingest", "after-plan", "pause", "recut"),
+    "5 compaction while another engine deletes": Case("compact", "after-write", "pause", "foreign-delete"),
+    "7 table rolled back under a run": Case("ingest", "after-write", "pause", "foreign-rollback"),
+    "7 another engine expires our snapshots": Case("ingest", "after-commit", "kill", "foreign-expire"),
+}
+
+
+def all_cases() -> list[Case]:
+    cases = []
+    for primary, points in POINTS.items():
+        for point in points:
+            for action in ACTIONS:
+                if action == "unknown" and point != "inside-commit":
+                    continue
+                for secondary in SECONDARIES:
+                    if secondary == "recut" and primary == "ingest" and point not in POINTS_BEFORE_READ \
+                            and action != "kill":
+                        continue
+                    cases.append(Case(primary, point, action, secondary))
+    return cases
+
+
+@dataclass(frozen=True)
+class Selection:
+    seed: int
+    mode: str
+    cases: list[Case]
+
+    def describe(self) -> str:
+        return (f"fault matrix: {len(self.cases)} of {len(all_cases())} cases ({self.mode}), seed "
+                f"{self.seed} (KAFSCALE_FAULT_SEED={self.seed} repeats it; KAFSCALE_FAULT_MATRIX=full runs all)")
+
+
+@functools.cache
+def selection() -> Selection:
+    """The cases this test run runs: the holes' cases plus a seeded sample (or all of them); one per process."""
+    seed = int(os.environ.get("KAFSCALE_FAULT_SEED") or time.time_ns() % 1_000_000)
+    wanted = os.environ.get("KAFSCALE_FAULT_MATRIX", "4")
+    everything = all_cases()
+    if wanted == "full":
+        return Selection(seed, "full", everything)
+    holes = list(dict.fromkeys(HOLE_CASES.values()))
+    others = [c for c in everything if c not in holes]
+    sample = random.Random(seed).sample(others, min(int(wanted), len(others)))
+    return Selection(seed, f"the holes' {len(holes)} and a sample of {len(sample)}", holes + sample)
+
+
+# ---------------------------------------------------------------------------------------------- the world
+
+
+@dataclass
+class Outcome:
+    """What an actor reported: `ok`, or the error it reported (a process: its exit code and stderr's tail)."""
+
+    actor: str
+    ok: bool
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.actor}: {'ok' if self.ok else 'failed'} {self.detail[-600:]}".strip()
+
+
+@dataclass
+class FaultWorld:
+    world: IngestWorld
+    spark: Any
+    engine: ConnectAddress
+    cli_main: Callable[..., int]
+    deleted: dict[int, set[int]] = field(default_factory=dict)  # offsets another engine deleted, per partition
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def topic(self) -> str:
+        return self.world.topic
+
+    def config_document(self) -> dict[str, Any]:
+        document = self.world.config_document()
+        # Our maintenance acts on a young, small table (the defaults wait for days and hundreds of files).
+        document["mappings"][0]["maintenance"] = {"max_snapshots": 3, "min_input_files": 2, "manifest_min_count": 2}
+        return document
+
+    def prepare(self) -> Path:
+        """Two runs landed (4 data files, 2 snapshots), and 40 records per partition pending."""
+        config_path = self.world.write_config_file(self.config_document())
+        for base, count in ((0, 60), (60, 40)):
+            for partition in PARTITIONS:
+                self.world.write_segments(partition, count, base_offset=base, records_per_segment=20)
+            ingest(self.world.config(self.config_document()), self.spark)
+        for partition in PARTITIONS:
+            self.world.write_segments(partition, 40, base_offset=PENDING_BASE, records_per_segment=20)
+        return config_path
+
+    # ---- actors ---------------------------------------------------------------------------------------------
+
+    def command(self, primary: str, config_path: Path) -> list[str]:
+        config = ["--config", str(config_path)]
+        return {
+            "ingest": ["ingest", *config, "--once"],
+            "replay": ["offsets", "replay", "--topic", self.topic, "--partition", "0", "--from", "0", "--yes",
+                       *config],
+            "move-back": ["offsets", "reset", "--topic", self.topic, "--to-offset", str(MOVE_BACK_TO),
+                          "--partition", "0", "--yes", *config],
+            "compact": ["maintain", *config, "--step", "compact"],
+        }[primary]
+
+    def start(self, actor: str, point: str, action: str, config_path: Path, signal_dir: Path) -> subprocess.Popen:
+        signal_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(self.world.subprocess_env(), **{SPARK_REMOTE_VARIABLE: self.engine.url})
+        args = [sys.executable, "-m", "kafscale_lakehouse_tests.engine.faults.actor", actor, point, action,
+                str(signal_dir), "--", *self.command(actor, config_path)]
+        return subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    def wait_reached(self, process: subprocess.Popen, signal_dir: Path, what: str) -> None:
+        deadline = time.monotonic() + PROCESS_TIMEOUT_SECONDS
+        while not (signal_dir / "reached").exists():
+            if process.poll() is not None:
+                _, stderr = process.communicate()
+                raise AssertionError(f"{what} ended (exit {process.returncode}) before its point:\n{stderr[-4000:]}")
+            assert time.monotonic() < deadline, f"{what} did not reach its point in {PROCESS_TIMEOUT_SECONDS}s"
+            time.sleep(0.05)
+
+    def finish(self, process: subprocess.Popen, what: str) -> Outcome:
+        try:
+            _, stderr = process.communicate(timeout=PROCESS_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate()
+            raise AssertionError(f"{what} still running after {PROCESS_TIMEOUT_SECONDS}s:\n{stderr[-4000:]}") from None
+        if process.returncode == -signal.SIGKILL:
+            return Outcome(what, False, "killed")
+        errors = [line for line in stderr.splitlines() if " ERROR " in line or line.startswith("error:")]
+        detail = " | ".join(errors[-3:] or stderr.strip().splitlines()[-1:])
+        return Outcome(what, process.returncode == 0, f"exit {process.returncode}: {detail}")
+
+    def run_in_process(self, what: str, action: Callable[[], Any]) -> Outcome:
+        try:
+            result = action()
+        except IngestFailedError as exc:
+            return Outcome(what, False, str(exc))
+        if isinstance(result, int) and result != 0:
+            return Outcome(what, False, f"exit {result}")
+        return Outcome(what, True)
+
+    def secondary(self, name: str, config_path: Path, signal_dir: Path) -> Outcome:
+        """The second actor, to its end."""
+        config = ["--config", str(config_path)]
+        if name == "none":
+            return Outcome(name, True)
+        if name == "ingest":
+            return self.run_in_process(name, lambda: ingest(self.world.config(self.config_document()), self.spark))
+        if name.startswith("ingest-killed:"):
+            point = name.partition(":")[2]
+            process = self.start("ingest", point, "kill", config_path, signal_dir / "secondary")
+            outcome = self.finish(process, name)
+            if not (signal_dir / "secondary" / "reached").exists():
+                outcome.detail = f"did not reach {point}: {outcome.detail}"  # e.g. refused leases: nothing to kill
+            return outcome
+        if name in ("compact", "manifests", "expire"):
+            step = {"compact": "compact", "manifests": "manifests", "expire": "expire"}[name]
+            return self.run_in_process(name, lambda: self.cli_main("maintain", *config, "--step", step))
+        if name in ("replay", "move-back"):
+            return self.run_in_process(name, lambda: self.cli_main(*self.command(name, config_path)))
+        if name.startswith("foreign-"):
+            getattr(self, "foreign_" + name.removeprefix("foreign-"))(self.world.table())
+            return Outcome(name, True)
+        if name == "recut":
+            self.world.write_segments(0, RECUT_RECORDS, base_offset=PENDING_BASE, records_per_segment=RECUT_RECORDS)
+            return Outcome(name, True)
+        if name == "reupload":
+            segment = self.world.segments[0][PENDING_BASE]
+            for kind, path in ((ObjectKind.SEGMENT, segment.kfs_path), (ObjectKind.INDEX, segment.index_path)):
+                self.world.put_object(self.world.segment_object_key(0, PENDING_BASE, kind), path.read_bytes())
+            return Outcome(name, True)
+        raise AssertionError(f"unknown secondary {name!r}")
+
+    # ---- another engine, through pyiceberg -------------------------------------------------------------------
+
+    def foreign_append(self, table: Table) -> None:
+        """Rows of a topic of its own (another writer sharing the table)."""
+        rows = table.scan(limit=5).to_arrow()
+        other = "foreign-topic"
+        rows = rows.set_column(rows.schema.get_field_index("topic"), "topic",
+                               pa.array([other] * rows.num_rows, rows.schema.field("topic").type))
+        record_ids = pc.binary_join_element_wise(other, pc.cast(rows["offset"], pa.string()), ":")
+        rows = rows.set_column(rows.schema.get_field_index("record_id"), "record_id",
+                               record_ids.cast(rows.schema.field("record_id").type))
+        table.append(rows)
+
+    def foreign_delete(self, table: Table) -> None:
+        for partition, offsets in FOREIGN_DELETED.items():
+            table.delete(And(EqualTo("partition", partition), LessThan("offset", max(offsets) + 1)))
+            self.deleted.setdefault(partition, set()).update(offsets)
+
+    def foreign_rollback(self, table: Table) -> None:
+        current = table.current_snapshot()
+        assert current is not None and current.parent_snapshot_id is not None
+        table.manage_snapshots().rollback_to_snapshot(current.parent_snapshot_id).commit()
+
+    def foreign_expire(self, table: Table) -> None:
+        table.maintenance.expire_snapshots().older_than(datetime.now(UTC) + timedelta(seconds=1)).commit()
+
+    # ---- the case ---------------------------------------------------------------------------------------------
+
+    def run(self, case: Case, scratch: Path) -> None:
+        config_path = self.prepare()
+        signal_dir = scratch / "signals"
+        self.check_invariants(case, "before the case", settled=True)
+        primary = self.start(case.primary, case.point, case.action, config_path, signal_dir)
+        self.wait_reached(primary, signal_dir, f"{case.primary} ({case.id})")
+        if case.action == "freeze":
+            # Frozen, lease keeper included: its leases expire while it lives.
+            self.world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 4)
+        if case.action in ("kill", "unknown"):
+            self.outcomes.append(self.finish(primary, case.primary))
+            self.wait_for_leases()
+            self.outcomes.append(self.secondary(case.secondary, config_path, signal_dir))
+        else:
+            self.outcomes.append(self.secondary(case.secondary, config_path, signal_dir))
+            if case.secondary.startswith("ingest-killed:"):
+                self.wait_for_leases()  # the killed run's leases, before the primary asks for them
+            if case.action == "freeze":
+                os.kill(primary.pid, signal.SIGCONT)
+            else:
+                (signal_dir / "go").write_text("go\n")
+            self.outcomes.append(self.finish(primary, case.primary))
+        self.wait_for_leases()
+        self.check_invariants(case, "after both actors", settled=False)
+        self.settle(case)
+        self.check_invariants(case, "after settling", settled=True)
+
+    def wait_for_leases(self) -> None:
+        self.world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 4)
+
+    def settle(self, case: Case) -> None:
+        """Ingest until the table's offsets stop moving (at most 3 runs)."""
+        config = self.world.config(self.config_document())
+        previous = None
+        for attempt in range(3):
+            outcome = self.run_in_process(f"settling run {attempt + 1}", lambda: ingest(config, self.spark))
+            self.outcomes.append(outcome)
+            offsets = read_topic_offsets(self.world.table(), self.topic)
+            if offsets == previous and outcome.ok:
+                return
+            previous = offsets
+
+    # ---- the invariants ----------------------------------------------------------------------------------------
+
+    def check_invariants(self, case: Case, when: str, *, settled: bool) -> None:
+        context = (f"{case.id} (seed {selection().seed}), {when}; outcomes: "
+                   + "; ".join(map(str, self.outcomes)))
+        table = self.world.table()
+        missing_files = unreachable_files(table)
+        assert not missing_files, f"{context}: files referenced by the table's snapshots are gone: {missing_files[:5]}"
+        rows = self.world.table_rows(table)  # the scan reads every live data file
+        duplicates = sorted(r for r, n in Counter(r[0] for r in rows).items() if n > 1)
+        assert not duplicates, f"{context}: records landed twice: {duplicates[:10]}"
+        found: dict[int, set[int]] = {}
+        for _, partition, offset in rows:
+            found.setdefault(partition, set()).add(offset)
+        table_next = read_topic_offsets(table, self.topic)
+        written = self.world.written_offsets()
+        for partition in PARTITIONS:
+            log_offsets = written.get(partition, set())
+            first_gap = next(o for o in range(max(log_offsets) + 2) if o not in log_offsets)
+            position = table_next.get(partition, 0)
+            assert position <= first_gap, (
+                f"{context}: partition {partition} advanced to {position} past offset {first_gap}, which the log "
+                f"no longer holds")
+            expected = {o for o in log_offsets if o < position} - self.deleted.get(partition, set())
+            have = found.get(partition, set())
+            assert have == expected, (
+                f"{context}: partition {partition} at {position}: missing {sorted(expected - have)[:10]}, "
+                f"unexpected {sorted(have - expected)[:10]}")
+            if settled and self.outcomes:
+                end = max(log_offsets) + 1
+                if first_gap < end:
+                    assert position == first_gap and not self.outcomes[-1].ok, (
+                        f"{context}: partition {partition} must stop at the gap {first_gap} with a failed run")
+                else:
+                    assert position == end, f"{context}: partition {partition} settled at {position}, log end {end}"
+        if settled:
+            assert self.world.store_next_offsets() == table_next, f"{context}: the offsets store disagrees"
+
+
+def unreachable_files(table: Table) -> list[str]:
+    """Files that a snapshot of `table` references (manifest lists, manifests, live data and delete files) and
+    storage no longer holds."""
+    io, missing, seen = table.io, [], set()
+    for snapshot in table.metadata.snapshots:
+        paths = [snapshot.manifest_list]
+        for manifest in snapshot.manifests(io):
+            paths.append(manifest.manifest_path)
+            if manifest.manifest_path in seen:
+                continue
+            seen.add(manifest.manifest_path)
+            paths.extend(e.data_file.file_path for e in manifest.fetch_manifest_entry(io, discard_deleted=True)
+                         if e.status != ManifestEntryStatus.DELETED)
+        missing.extend(p for p in paths if not io.new_input(p).exists())
+    return sorted(set(missing))
