@@ -71,6 +71,19 @@ POINTS: dict[str, dict[str, tuple[Any, str, str]]] = {
         "inside-commit": (maintenance, "commit_rewrite", "inside"),
         "after-commit": (maintenance, "commit_rewrite", "after"),
     },
+    "manifests": {
+        "before-commit": (maintenance, "commit_rewrite", "before"),
+        "inside-commit": (maintenance, "commit_rewrite", "inside"),
+        "after-commit": (maintenance, "commit_rewrite", "after"),
+    },
+    "expire": {
+        "before-commit": (maintenance, "expire_planned_snapshots", "before"),
+        "inside-commit": (maintenance, "expire_planned_snapshots", "inside"),
+        "after-commit": (maintenance, "expire_planned_snapshots", "after"),
+    },
+    "orphans": {
+        "after-listing": (maintenance, "_list_files", "after"),
+    },
 }
 
 _reached = False

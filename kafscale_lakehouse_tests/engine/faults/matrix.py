@@ -3,9 +3,9 @@ the real servers (SeaweedFS S3 + Iceberg REST catalog, etcd, a Spark engine); th
 with.
 
 A case is `primary@point/action+secondary`:
-- the primary (`ingest`, `replay`, `move-back`, `compact`) is a real `kafscale-lakehouse` process (actor.py) that
-  reaches `point` and is killed, paused (leases kept) or frozen (leases expire while it lives), or whose commit is
-  applied but answered with an error (`unknown`);
+- the primary (`ingest`, `replay`, `move-back`, and maintenance: `compact`, `manifests`, `expire`, `orphans`) is a
+  real `kafscale-lakehouse` process (actor.py) that reaches `point` and is killed, paused (leases kept) or frozen
+  (leases expire while it lives), or whose commit is applied but answered with an error (`unknown`);
 - meanwhile (or, when it was killed, after it) the secondary acts: another run of ours (in this process, or a
   process killed at a point of its own), our maintenance, a position move or replay, another engine's
   append/delete/rollback/expiry through pyiceberg, or the broker re-cutting or re-uploading a segment;
@@ -58,6 +58,7 @@ ACTIONS = ("kill", "pause", "freeze", "unknown")
 SECONDARY_KILL_POINTS = ("before-commit", "after-commit", "before-forget")
 SECONDARIES = (
     "none", "ingest", *(f"ingest-killed:{p}" for p in SECONDARY_KILL_POINTS), "compact", "manifests", "expire",
+    "orphans",
     "replay", "move-back", "foreign-append", "foreign-delete", "foreign-rollback", "foreign-expire", "recut",
     "reupload",
 )
@@ -195,6 +196,9 @@ class FaultWorld:
             "move-back": ["offsets", "reset", "--topic", self.topic, "--to-offset", str(MOVE_BACK_TO),
                           "--partition", "0", "--yes", *config],
             "compact": ["maintain", *config, "--step", "compact"],
+            "manifests": ["maintain", *config, "--step", "manifests"],
+            "expire": ["maintain", *config, "--step", "expire"],
+            "orphans": ["maintain", *config, "--step", "orphans"],
         }[primary]
 
     def start(self, actor: str, point: str, action: str, config_path: Path, signal_dir: Path) -> subprocess.Popen:
@@ -250,9 +254,8 @@ class FaultWorld:
             if not (signal_dir / "secondary" / "reached").exists():
                 outcome.detail = f"did not reach {point}: {outcome.detail}"  # e.g. refused leases: nothing to kill
             return outcome
-        if name in ("compact", "manifests", "expire"):
-            step = {"compact": "compact", "manifests": "manifests", "expire": "expire"}[name]
-            return self.run_in_process(name, lambda: self.cli_main("maintain", *config, "--step", step))
+        if name in ("compact", "manifests", "expire", "orphans"):
+            return self.run_in_process(name, lambda: self.cli_main("maintain", *config, "--step", name))
         if name in ("replay", "move-back"):
             return self.run_in_process(name, lambda: self.cli_main(*self.command(name, config_path)))
         if name.startswith("foreign-"):
