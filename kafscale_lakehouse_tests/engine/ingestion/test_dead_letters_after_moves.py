@@ -8,11 +8,18 @@ from __future__ import annotations
 import pytest
 
 import kafscale_lakehouse.engine.ingestion.replay as replay_module
+from kafscale_lakehouse.apps.workload import pizza_orders
 from kafscale_lakehouse.engine.ingestion.replay import move_position
 from kafscale_lakehouse.engine.ingestion.run import IngestContext
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
-from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_RECORDS, records_with_faults
+from kafscale_lakehouse_tests.validation_modes.conftest import registry  # noqa: F401 (the fixture)
+from kafscale_lakehouse_tests.validation_modes.faults import (
+    FAULTS,
+    SEGMENT_RECORDS,
+    records_with_faults,
+    serve_schema,
+)
 from kafscale_lakehouse_tests.validation_modes.test_ingest_modes import (
     StopRun,
     dead_letter_offsets,
@@ -100,3 +107,30 @@ def test_a_move_stopped_before_removing_its_dead_letters_still_lands_them_once(e
     assert not again.failed and again.records == len(VALID)
     world.assert_exactly_once(runs=3, expected={0: VALID})
     assert dead_letter_offsets(dead_letter_table(world, name)) == INVALID, "each dead letter once"
+
+
+def test_dead_letters_of_offsets_valid_when_landed_again_leave_the_dead_letter_table(embedded_world, registry,  # noqa: F811
+                                                                                     spark):
+    """Rolled back, then the topic's schema fixed: the records landed again are valid and land in the table, so
+    their dead letters go (a publication of no file replaces them), else each would be in both tables."""
+    world = embedded_world
+    serve_schema(registry, world.topic)
+    world.write_records(0, 0, records_with_faults(0))
+    config = validated_config(world, registry.base_url, "lenient")
+    run(world, config, spark)
+    first = world.table().current_snapshot().snapshot_id
+    plain = pizza_orders(SEGMENT_RECORDS, SEGMENT_RECORDS, partition=0)
+    schema_faults_only = [plain[i] if FAULTS.get(i) and FAULTS[i].coercion_reason else r
+                          for i, r in enumerate(records_with_faults(SEGMENT_RECORDS))]
+    world.write_records(0, SEGMENT_RECORDS, schema_faults_only)
+    run(world, config, spark)
+    schema_invalid = [SEGMENT_RECORDS + p for p, f in sorted(FAULTS.items()) if not f.coercion_reason]
+    assert dead_letter_offsets(dead_letter_table(world)) == sorted(FAULTS) + schema_invalid
+
+    world.table().manage_snapshots().rollback_to_snapshot(first).commit()
+    serve_schema(registry, world.topic, {"type": "object"})  # the schema fixed
+    again = run(world, config, spark)
+
+    assert not again.failed and again.invalid_count == 0 and again.records == SEGMENT_RECORDS
+    assert dead_letter_offsets(dead_letter_table(world)) == sorted(FAULTS)
+    assert {o for _, _, o in world.table_rows()} >= set(schema_invalid)
