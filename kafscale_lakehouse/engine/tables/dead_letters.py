@@ -30,6 +30,23 @@ Order of one run, and what a crash between the steps leaves:
   snapshot of the dead-letter table (`kafscale.dead-letter.lost-records`), so it is reported once and never wedges
   later runs. The run that finds it fails after its own commit (`PendingDeadLetters.lost`, then
   `IngestResult.dead_letters_lost`); a crash after the marker and before that failure leaves only the log line.
+
+Offsets read again. A position moved back (`offsets reset --to-offset`) or a table rolled back by an operator makes
+later runs read offsets whose dead letters are already published. Each dead letter still lands once because a
+publication *replaces*: in its one commit it deletes the dead letters of the offsets its staged snapshot covers
+(`kafscale.dead-letter.offsets.<topic>`, the run's whole committed range per partition, invalid records or not) and
+appends the staged files. Every snapshot of ours on the dead-letter table carries `kafscale.dead-letter.ends.<topic>`,
+per partition an offset at or beyond which the table holds no dead letter (a publication raises it to the end of its
+range, a move back lowers it to its offset), so the usual forward publication knows without reading a manifest that
+there is nothing to replace; a table written before the key scans the topic's offsets once. A run with no invalid
+records still stages an (empty) snapshot when the table may hold dead letters of its range, so dead letters of records
+that are valid now (schema fixed since) go when their records land. Exactly-once under a crash between the two tables'
+commits follows from the order of publications per partition: a run publishes the pending staged snapshots of its
+table (older ranges) before it commits, under the leases of its partitions, so for each partition the newest
+publication of a range is the last one, and replacing makes it the only one. On a rollback the dead letters of
+offsets beyond the table's position stay until those offsets land again, then are replaced, never doubled.
+A move back also removes the dead letters from its offset on (`remove_dead_letters_from`, under the partition's lease,
+after the table commit, re-checking the position): a crash before it loses nothing, the re-ingest replaces them.
 """
 
 from __future__ import annotations
