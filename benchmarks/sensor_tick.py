@@ -12,6 +12,9 @@ real Dagster instance, as the daemon does) is ticked:
 - steady, 3 new: the previous tick's cursor after 3 new segments per partition landed (not ingested yet);
 - cold (with `--cold`): an empty cursor and nothing committed (another offsets key prefix), i.e. a backlog that
   was never ingested; this one grows with N by design, up to the per-tick footer-read bound.
+Each topic's table (SeaweedFS's Iceberg REST catalog) holds `--table-snapshots` commits of ours (no data files; the
+last at the committed end), and each tick reads its offsets as the sensor does in production: one `loadTable` per
+tick (`TableOffsetsReader`). `--no-table` ticks without reading the table (the sensor before issue 19, hole 7).
 S3 requests are the segment store's request counters (`SegmentStore.request_counts`), etcd calls are counted at
 `EtcdClient._call` (one per logical call, retries not counted). Each scenario is ticked `--repeat` times; counts
 are the same every time, the tick time printed is the median.
@@ -38,12 +41,15 @@ from botocore.config import Config
 
 from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, pizza_order
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
-from kafscale_lakehouse.connections import offset_store_from_config, segment_store_from_config
-from kafscale_lakehouse.engine.ingestion.topic_scan import WatchSources
+from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config, segment_store_from_config
+from kafscale_lakehouse.engine.ingestion.topic_scan import TableOffsetsReader, WatchSources
+from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name
+from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key
 from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY
 from kafscale_lakehouse.testing.leases import held_leases
@@ -114,12 +120,29 @@ def benchmark_config(seaweedfs: SeaweedFS, etcd: Etcd, *, namespace: str, key_pr
     }, source="benchmarks/sensor_tick.py")
 
 
-def watch_sources(config: LakehouseConfig) -> tuple[WatchSources, CountingEtcdClient]:
-    """The sensor's connections, built as `WatchSources.from_config` does but with a counting etcd client."""
+def watch_sources(config: LakehouseConfig, *, read_tables: bool) -> tuple[WatchSources, CountingEtcdClient]:
+    """The sensor's connections, built as `WatchSources.from_config` does but with a counting etcd client (and
+    without the table reader when not `read_tables`)."""
     etcd = CountingEtcdClient(config.etcd.endpoints)
     sources = WatchSources(store=segment_store_from_config(config), offsets=offset_store_from_config(config, etcd),
-                           discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=etcd)
+                           discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=etcd,
+                           tables=TableOffsetsReader(catalog_settings(config)) if read_tables else None)
     return sources, etcd
+
+
+def land_table(config: LakehouseConfig, topic: TopicUnderTest, snapshots: int) -> None:
+    """The topic's table with `snapshots` commits of ours (no data files) up to the committed end, as `snapshots`
+    ingest runs leave it."""
+    [mapping] = [m for m in config.mappings if m.topic == topic.topic]
+    table = open_table(load_catalog(catalog_settings(config)), mapping.table, schema=table_schema(PIZZA_COLUMNS),
+                       create_if_missing=True)
+    partitions = range(topic.partitions)
+    start = 0
+    for number in range(1, snapshots + 1):
+        end = topic.next_offset * number // snapshots
+        commit_append(table, [], topic.topic, dict.fromkeys(partitions, start), dict.fromkeys(partitions, end),
+                      f"{OWNER_ID}-{number}")
+        start = end
 
 
 def upload_client(seaweedfs: SeaweedFS):
@@ -260,12 +283,16 @@ def parse_args() -> argparse.Namespace:
                         help="discovery.mode of the sensor (default: the config default, auto: the broker's "
                              "metadata snapshot in etcd)")
     parser.add_argument("--repeat", type=int, default=3, help="ticks per scenario (median time)")
+    parser.add_argument("--table-snapshots", type=int, default=50,
+                        help="commits of ours in each topic's table (its metadata grows with them)")
+    parser.add_argument("--no-table", action="store_true",
+                        help="tick without reading the table's offsets (the sensor before issue 19, hole 7)")
     parser.add_argument("--cold", action="store_true",
                         help="also tick with an empty cursor and nothing committed (a never-ingested backlog)")
     parser.add_argument("--verbose", action="store_true", help="log at INFO level")
     args = parser.parse_args()
-    if min(*args.segments, args.partitions, args.repeat) < 1:
-        parser.error("--segments, --partitions and --repeat must be positive")
+    if min(*args.segments, args.partitions, args.repeat, args.table_snapshots) < 1:
+        parser.error("--segments, --partitions, --repeat and --table-snapshots must be positive")
     return args
 
 
@@ -297,19 +324,21 @@ def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd, workdi
                               discovery=args.discovery, topics=[t.topic for t in topics])
     cold_config = benchmark_config(seaweedfs, etcd, namespace=namespace, key_prefix=f"bench-cold-{run}",
                                    discovery=args.discovery, topics=[t.topic for t in topics])
-    sources, counting_etcd = watch_sources(config)
-    cold_sources, cold_etcd = watch_sources(cold_config) if args.cold else (None, None)
+    sources, counting_etcd = watch_sources(config, read_tables=not args.no_table)
+    cold_sources, cold_etcd = watch_sources(cold_config, read_tables=False) if args.cold else (None, None)
     s3 = upload_client(seaweedfs)
     started = time.perf_counter()
     for topic, count in zip(topics, args.segments, strict=False):
         upload_segments(s3, namespace, topic, count)
         commit_to_end(sources, topic)
+        land_table(config, topic, args.table_snapshots)
     publish = lambda: publish_broker_state(counting_etcd, topics)  # noqa: E731
     publish()
     print(f"{sum(args.segments) * args.partitions:,} one-record segments in {len(topics)} topics of "
           f"{args.partitions} partition(s) uploaded to SeaweedFS and committed in etcd in "
           f"{time.perf_counter() - started:.1f} s; discovery.mode {args.discovery}, {args.repeat} ticks per "
-          f"scenario")
+          f"scenario; tables of {args.table_snapshots} commits, "
+          f"{'not read (--no-table)' if args.no_table else 'read every tick'}")
 
     costs: list[TickCost] = []
     (workdir / "dagster_home").mkdir()
