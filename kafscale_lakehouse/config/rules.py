@@ -115,7 +115,9 @@ def check_rules(config: LakehouseConfig) -> list[str]:
         except ValueError as exc:
             problems.append(str(exc))
 
-    if config.schema_config.mode != "off" and config.schema_config.registry.base_url is None:
+    # JSON Schema validation judges JSON values; Avro mappings alone need no JSON Schema registry.
+    json_values = not config.mappings or any(m.value_format == "json" for m in config.mappings)
+    if config.schema_config.mode != "off" and config.schema_config.registry.base_url is None and json_values:
         problem("schema.registry.base_url", f"is required when schema.mode is {config.schema_config.mode}")
     if config.offsets.backend == "etcd" and not config.etcd.endpoints:
         problem("etcd.endpoints", "is required for offsets.backend etcd")

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException, ValidationError
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
@@ -27,6 +29,22 @@ from kafscale_lakehouse.schema.errors import SchemaMappingError
 log = logging.getLogger(__name__)
 
 MAX_EVOLUTION_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class RegisteredValueSchemas:
+    """The versions of a mapping's value subject as the registry listed them when the run started (oldest first);
+    `latest`: the values carry no wire-format prefix and are all of the newest version."""
+
+    subject: str
+    versions: tuple[RegisteredSchema, ...]
+    latest: bool = False
+
+    def first_table_schema(self) -> Schema:
+        """The schema a new table is created with: base columns, then the oldest version's value fields."""
+        if not self.versions:
+            raise SchemaMappingError(f"subject {self.subject} has no schema versions: no table can be created")
+        return avro_table_schema(self.versions[0], self.subject)
 
 
 def avro_table_schema(version: RegisteredSchema, subject: str) -> Schema:
@@ -59,7 +77,7 @@ def evolve_table_to_avro_versions(table: Table, table_name: str, subject: str,
             continue
         evolved_to = version.schema_id
     arrow = schema_to_pyarrow(table.schema())
-    value_schema = type(arrow)([f for f in arrow if f.name not in BASE_COLUMN_NAMES])
+    value_schema = pa.schema([f for f in arrow if f.name not in BASE_COLUMN_NAMES])
     schemas = {v.schema_id: v.text for v in versions if v.schema_type == "AVRO"}
     return AvroValueSchemas(subject=subject, schemas=schemas, value_schema=value_schema, refused=refused,
                             latest_id=versions[-1].schema_id if latest else None)

@@ -13,3 +13,7 @@ def confluent_registry() -> ConfluentCompatibleRegistry:
     server = ConfluentCompatibleRegistry().start()
     yield server
     server.stop()
+
+
+# The ingest worlds of the engine tests (SeaweedFS, etcd), for the Avro topics landed end to end.
+from kafscale_lakehouse_tests.engine.conftest import production_world  # noqa: E402, F401

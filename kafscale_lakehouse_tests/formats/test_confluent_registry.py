@@ -53,8 +53,9 @@ def test_registry_answers_like_confluent(confluent_registry, unique_prefix) -> N
     assert "schemaType" not in latest  # Avro: Confluent leaves it out
     status, by_id = _call(confluent_registry, "GET", f"/schemas/ids/{first['id']}")
     assert status == 200 and json.loads(by_id["schema"]) == ORDER_V1
-    assert _call(confluent_registry, "GET", f"/schemas/ids/{first['id']}/versions") == (
-        200, [{"subject": subject, "version": 1}])
+    # Other tests' subjects may hold the same schema: it has one id everywhere.
+    status, uses = _call(confluent_registry, "GET", f"/schemas/ids/{first['id']}/versions")
+    assert status == 200 and {"subject": subject, "version": 1} in uses
 
     # store_id long → string cannot read the old data: refused under BACKWARD, and checkable beforehand.
     assert _call(confluent_registry, "POST", f"/compatibility/subjects/{subject}/versions/latest",

@@ -9,6 +9,12 @@ task reports it beside its stats, `spark_ingestion.IngestionTaskOutput.failure`.
 With a dead-letter target, the held-back invalid records are written by the same task as Parquet data files of the
 dead-letter table (`DEAD_LETTER_SCHEMA`), returned uncommitted in the task's stats; `engine/tables/dead_letters.py`
 builds the target on the driver and commits those files.
+
+Avro values (`with_avro_value_columns`): the task decodes the values of the base-column batches into the table's value
+columns (schema/avro.py). A value that does not decode is an invalid record when the run has a dead-letter target,
+else its partition stops there; a schema id the run does not know, or whose schema could not evolve the table, always
+stops the partition at its first record, as an unreadable segment does (`SegmentReadError`, `error_type`
+`AvroSchemaError` / `AvroDecodeError`, `key` the record id).
 """
 
 from __future__ import annotations
@@ -25,14 +31,21 @@ from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
     INVALID_SCHEMA_PATH_COLUMN,
     SOURCE_STATUS_COLUMNS,
+    SegmentReadError,
+    SegmentReadFailure,
+    SegmentRunPartition,
 )
 from kafscale_lakehouse.engine.tables.data_files import RollingDataFiles
 from kafscale_lakehouse.engine.tables.dead_letters import DEAD_LETTER_ARROW_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.engine.tables.summary import LfsStats
+from kafscale_lakehouse.format import BASE_SCHEMA
+from kafscale_lakehouse.schema.avro import AvroValueDecoder, DecodeStop
 
 log = logging.getLogger(__name__)
 
 MAX_INVALID_SAMPLES = 20
+AVRO_SCHEMA_ERROR_TYPE = "AvroSchemaError"  # a schema id unknown to the run, or whose schema cannot evolve the table
+AVRO_DECODE_ERROR_TYPE = "AvroDecodeError"  # a value that does not decode, without a dead-letter target
 
 @dataclass(frozen=True)
 class InvalidRecord:
@@ -161,3 +174,42 @@ class SourceRowSplitter:
             s.rows[partition] = s.rows.get(partition, 0) + rows.num_rows
             value_bytes = pc.sum(pc.binary_length(rows.column("value"))).as_py() or 0
             s.value_bytes[partition] = s.value_bytes.get(partition, 0) + value_bytes
+
+
+def avro_source_schema(decoder: AvroValueDecoder) -> pa.Schema:
+    """The batches `with_avro_value_columns` yields: base columns, the table's value columns, the invalid reason."""
+    return pa.schema([*BASE_SCHEMA, *decoder.settings.value_schema,
+                      pa.field(INVALID_REASON_COLUMN, pa.string(), nullable=True)])
+
+
+def with_avro_value_columns(batches: Iterable[pa.RecordBatch], decoder: AvroValueDecoder,
+                            partition: SegmentRunPartition, *, invalid_stops: bool) -> Iterator[pa.RecordBatch]:
+    """`batches` (the base columns of one input partition's records, in offset order) with their values decoded
+    into the value columns (`avro_source_schema`). Raises `SegmentReadError` at the first record of a schema id that
+    stops the partition, or (`invalid_stops`: no dead-letter target) at the first value that does not decode, once
+    the rows before it are yielded."""
+    schema = avro_source_schema(decoder)
+    for batch in batches:
+        decoded = decoder.decode(batch.column("value"))
+        stop, reasons = decoded.stop, decoded.invalid_reasons
+        error_type = AVRO_SCHEMA_ERROR_TYPE
+        if invalid_stops and reasons.null_count < len(reasons):
+            first_invalid = pc.index(pc.is_valid(reasons), True).as_py()
+            if stop is None or first_invalid < stop.row:
+                stop = DecodeStop(first_invalid, None, reasons[first_invalid].as_py())
+                error_type = AVRO_DECODE_ERROR_TYPE
+        rows = batch.num_rows if stop is None else stop.row
+        if rows:
+            base = [batch.column(f.name).slice(0, rows) for f in BASE_SCHEMA]
+            yield pa.RecordBatch.from_arrays([*base, *(c.slice(0, rows) for c in decoded.columns),
+                                              reasons.slice(0, rows)], schema=schema)
+        if stop is not None:
+            offset = batch.column("offset")[stop.row].as_py()
+            record_id = batch.column("record_id")[stop.row].as_py()
+            segment = next(s for s in partition.segments if s.base_offset <= offset <= s.last_offset)
+            log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition, offset,
+                      stop.reason)
+            raise SegmentReadError(SegmentReadFailure(
+                topic=partition.topic, partition=partition.partition, kfs_key=segment.kfs_key, key=record_id,
+                position=None, error_type=error_type, message=f"record {record_id}: {stop.reason}",
+                base_offset=segment.base_offset, next_offset=offset))

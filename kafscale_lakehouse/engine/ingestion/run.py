@@ -55,6 +55,7 @@ from kafscale_lakehouse.engine.ingestion.spark_job import (
 from kafscale_lakehouse.engine.ingestion.validation import (
     RecordValidation,
     resolve_record_validation,
+    with_avro_value_schemas,
 )
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.tables.appends import commit_append
@@ -87,6 +88,7 @@ from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseLostError, OffsetStore, TableIdentity
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
+from kafscale_lakehouse.schema.avro_tables import RegisteredValueSchemas
 from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
@@ -199,12 +201,15 @@ class IngestContext:
 
 
 @timed("open/create table")
-def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[Column]) -> Table:
-    """The mapping's table, created when allowed, with its schema evolved to the mapped columns."""
+def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[Column],
+                       registered_values: RegisteredValueSchemas | None = None) -> Table:
+    """The mapping's table, created when allowed, with its schema evolved to the mapped columns; an Avro mapping's
+    (`registered_values`) is created from the oldest version of its value subject (`with_avro_value_schemas`
+    evolves it through the others)."""
     table = open_table(
         load_catalog(context.catalog_settings),
         mapping.table,
-        schema=table_schema(columns),
+        schema=table_schema(columns) if registered_values is None else registered_values.first_table_schema(),
         create_if_missing=mapping.create_table_if_missing,
         partition_fields=[PartitionFieldSpec(f.source, f.transform, f.field_name) for f in mapping.partition_spec],
         properties=mapping.table_properties,
@@ -330,7 +335,8 @@ def prepare_ingest(
     result = IngestResult(topic=topic, table=mapping.table, run_id=run_id)
     # Registry errors (down, 404) are raised here, before anything is read: never invalid records.
     validation = resolve_record_validation(context.config, mapping, context.registry)
-    table = open_mapping_table(context, mapping, validation.columns)
+    table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
+    validation = with_avro_value_schemas(validation, table, mapping.table)
     catalog = load_catalog(context.catalog_settings)
     # Of a run that stopped between its commit and publishing; what can no longer be published is reported.
     pending_dead_letters = publish_pending_dead_letters(table, catalog)
@@ -486,6 +492,7 @@ def _write(prepared: PreparedIngest) -> _Written:
         dead_letters=target,
         lfs=lfs_read_settings(mapping.lfs, prepared.validation.mode),
         numeric_timestamp_unit=mapping.schema_config.timestamp_unit,
+        avro=prepared.validation.avro,
     )
     return _Written(messages, started)
 

@@ -30,7 +30,12 @@ from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.engine.ingestion.lfs import LfsReadSettings
-from kafscale_lakehouse.engine.ingestion.rows import SourceRowSplitter, SourceTaskStats
+from kafscale_lakehouse.engine.ingestion.rows import (
+    SourceRowSplitter,
+    SourceTaskStats,
+    avro_source_schema,
+    with_avro_value_columns,
+)
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SOURCE_STATUS_COLUMNS,
     SegmentReadError,
@@ -49,6 +54,7 @@ from kafscale_lakehouse.engine.tables.data_files import (
 )
 from kafscale_lakehouse.engine.tables.dead_letters import DeadLetterTarget
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
+from kafscale_lakehouse.schema.avro import AvroValueDecoder, AvroValueSchemas
 from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.json_values import NumericTimestampUnit
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
@@ -82,6 +88,7 @@ class IngestionTaskSpec:
     dead_letters: DeadLetterTarget | None
     lfs: LfsReadSettings | None = None  # what to do with LFS envelope records (mappings[].lfs)
     numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS  # mappings[].schema
+    avro: AvroValueSchemas | None = None  # value_format avro: decode the values into the table's value columns
 
     def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in task_ids:
@@ -93,9 +100,13 @@ class IngestionTaskSpec:
         """Read input partition `task_id` and write its valid rows (and its dead letters) as data files."""
         failures: list[SegmentReadFailure] = []
         splitter = SourceRowSplitter(self.dead_letters, task_id)
-        records = _until_failure(read_input_partition(self.store, self.input_partitions[task_id], self.columns,
-                                                      self.json_schema, self.lfs, splitter.stats.lfs,
-                                                      numeric_timestamp_unit=self.numeric_timestamp_unit), failures)
+        partition = self.input_partitions[task_id]
+        batches = read_input_partition(self.store, partition, self.columns, self.json_schema, self.lfs,
+                                       splitter.stats.lfs, numeric_timestamp_unit=self.numeric_timestamp_unit)
+        if self.avro is not None:  # the columns come from the values' Avro schemas, not from JSON
+            batches = with_avro_value_columns(batches, AvroValueDecoder(self.avro), partition,
+                                              invalid_stops=self.dead_letters is None)
+        records = _until_failure(batches, failures)
         try:
             data_files = write_batches_as_data_files(self.sink, splitter.rows_to_write(records), task_id)
         except BaseException:
@@ -119,6 +130,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
                             dead_letters: tuple[Table, DeadLetterTarget] | None = None,
                             lfs: LfsReadSettings | None = None,
                             numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
+                            avro: AvroValueSchemas | None = None,
                             ) -> list[IngestionTaskOutput]:
     """Read `input_partitions` and write them as data files of `table` (and invalid records as data files of the
     dead-letter table), one Spark task per input partition; returns each task's output, nothing committed.
@@ -126,13 +138,14 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     Raises `IcebergSinkError` naming the table when the job fails, after deleting what its tasks wrote.
     """
     sink = SinkJob.for_table(table, run_id, target_file_size_bytes)
-    written = source_arrow_schema(columns, validated=json_schema is not None)
+    written = (source_arrow_schema(columns, validated=json_schema is not None) if avro is None
+               else avro_source_schema(AvroValueDecoder(avro)))
     check_arrow_schema(pa.schema([f for f in written if f.name not in SOURCE_STATUS_COLUMNS]), table,
                        what=f"records of topic {topic}")
     if not input_partitions:
         return []
     tasks = IngestionTaskSpec(store, tuple(input_partitions), tuple(columns), json_schema, sink,
-                              dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit)
+                              dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit, avro)
     count = len(input_partitions)
     log.info("table %s run %s: one Spark job of %d tasks over %d segments (%d bytes)", sink.table_name, run_id, count,
              sum(len(p.segments) for p in input_partitions),

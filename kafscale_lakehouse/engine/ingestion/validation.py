@@ -5,6 +5,10 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
   (`SchemaRegistryClient.columns`); `none` → base columns only.
 - JSON Schema (`schema.mode` lenient or strict): the topic's compiled schema, handed to the `kafscale` source so the
   executors validate every value while they decode (`jsonschema` is per-record Python work: it scales with tasks).
+- Avro values (`mappings[].value_format: avro`): every version of the value subject, from the mapping's
+  Confluent-compatible `schema_registry`, fetched here once per run; once the table is open,
+  `with_avro_value_schemas` evolves it through them and gives what the executors decode with (schema/avro_tables.py).
+  The columns are the value schema's fields; no JSON Schema judges them.
 - A registry that is down, answers 404 or serves a document that is no JSON Schema raises here
   (`SchemaRegistryError`, `InvalidSchemaDocumentError`): the run fails before it reads anything, and no record is
   ever judged invalid because of the registry.
@@ -16,12 +20,21 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
+
+from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.tables.dead_letters import mapping_dead_letter_table
+from kafscale_lakehouse.schema.avro import AvroValueSchemas
+from kafscale_lakehouse.schema.avro_tables import RegisteredValueSchemas, evolve_table_to_avro_versions
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
+from kafscale_lakehouse.schema.confluent_registry import (
+    ConfluentRegistryClient,
+    ConfluentRegistrySettings,
+    subject_name,
+)
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 
@@ -34,13 +47,16 @@ class RecordValidation:
     columns: tuple[Column, ...]  # the mapped columns of the table and of the read
     json_schema: CompiledJsonSchema | None  # validate every value against it (lenient, strict)
     dead_letter_table: str | None  # where invalid records go; None: invalid records fail the run
+    registered_values: RegisteredValueSchemas | None = None  # value_format avro: the value subject's versions
+    avro: AvroValueSchemas | None = None  # value_format avro, once the table is open: what the executors decode with
 
 
 def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
                               registry: SchemaRegistryClient | None) -> RecordValidation:
     """See the module docstring; raises the registry's errors for `mapping.topic` as they are."""
     mode: SchemaMode = config.schema_config.mode
-    needs_registry = mode != "off" or mapping.schema_config.source == "registry"
+    json_values = mapping.value_format == "json"
+    needs_registry = (mode != "off" and json_values) or mapping.schema_config.source == "registry"
     if needs_registry and registry is None:
         raise ConfigError("record validation", [f"schema.registry.base_url: is required for topic {mapping.topic} "
                                                 f"(schema.mode {mode}, schema.source {mapping.schema_config.source})"])
@@ -50,7 +66,7 @@ def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
         columns = tuple(mapping.schema_config.columns)
     if mapping.lfs.store_metadata:
         columns += LFS_METADATA_COLUMNS
-    json_schema = registry.get_schema(mapping.topic) if mode != "off" and registry is not None else None
+    json_schema = registry.get_schema(mapping.topic) if mode != "off" and json_values and registry is not None else None
     dead_letter_table = mapping_dead_letter_table(mode, mapping.table, mapping.dead_letter_table)
     # A configured name is checked when the config loads; the default one could still be another mapping's table.
     clash = next((other for other in config.mappings if other.table == dead_letter_table), None)
@@ -58,4 +74,32 @@ def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
         raise ConfigError("record validation", [
             f"mappings[].dead_letter_table of topic {mapping.topic}: the default {dead_letter_table!r} is the table "
             f"of the mapping of topic {clash.topic}; set dead_letter_table explicitly"])
-    return RecordValidation(mode=mode, columns=columns, json_schema=json_schema, dead_letter_table=dead_letter_table)
+    return RecordValidation(mode=mode, columns=columns, json_schema=json_schema, dead_letter_table=dead_letter_table,
+                            registered_values=None if json_values else registered_value_schemas(mapping))
+
+
+def registered_value_schemas(mapping: MappingConfig) -> RegisteredValueSchemas:
+    """Every version of the value subject of an Avro mapping; the registry's errors (down, 404) as they are."""
+    registry = mapping.schema_registry
+    if registry is None:  # parse_config requires it for value_format avro
+        raise ConfigError("record validation", [f"mappings[].schema_registry: is required for topic {mapping.topic} "
+                                                f"(value_format {mapping.value_format})"])
+    client = ConfluentRegistryClient(ConfluentRegistrySettings(
+        url=registry.url, username=registry.username,
+        password=registry.password.get_secret_value() if registry.password is not None else None,
+        bearer_token=registry.bearer_token.get_secret_value() if registry.bearer_token is not None else None,
+        ca_file=registry.ca_file, cert_file=registry.cert_file, key_file=registry.key_file,
+        timeout_seconds=registry.timeout_seconds))
+    subject = subject_name(mapping.topic, registry.subject_name_strategy, registry.record_name)
+    return RegisteredValueSchemas(subject, tuple(client.subject_versions(subject)), latest=registry.latest)
+
+
+def with_avro_value_schemas(validation: RecordValidation, table: Table, table_name: str) -> RecordValidation:
+    """For an Avro mapping: `table` evolved through the value subject's versions, and what the executors decode
+    with; other mappings unchanged."""
+    registered = validation.registered_values
+    if registered is None:
+        return validation
+    avro = evolve_table_to_avro_versions(table, table_name, registered.subject, registered.versions,
+                                         latest=registered.latest)
+    return replace(validation, avro=avro)

@@ -15,6 +15,7 @@ import logging
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -209,7 +210,37 @@ def delete_data_files(io: FileIO, paths: Iterable[str]) -> list[str]:
 # schema, the compatibility check); replay needs the strict metrics evaluator ("every row of this file matches").
 check_pyarrow_schema_compatible = _check_pyarrow_schema_compatible
 determine_partitions = _determine_partitions
-to_requested_schema = _to_requested_schema
+
+
+def to_requested_schema(*, batch: pa.RecordBatch, **kwargs: Any) -> pa.RecordBatch:
+    """pyiceberg's `_to_requested_schema`, with the null lists of structs it turns into empty lists put back.
+
+    pyiceberg 0.12 rebuilds a list whose elements are structs from its offsets alone (a workaround for
+    apache/arrow#38809), which drops the list's validity: a tombstone's null line-item list would land as `[]`."""
+    projected = _to_requested_schema(batch=batch, **kwargs)
+    columns = [_with_list_nulls(batch.column(field.name), column) if field.name in batch.schema.names else column
+               for field, column in zip(projected.schema, projected.columns, strict=True)]
+    return pa.RecordBatch.from_arrays(columns, schema=projected.schema)
+
+
+def _with_list_nulls(source: pa.Array, projected: pa.Array) -> pa.Array:
+    """`projected` with the nulls of `source` (the same rows) restored in its lists, at any depth of structs."""
+    if source.null_count == projected.null_count and not pa.types.is_struct(projected.type):
+        return projected
+    if isinstance(projected, (pa.ListArray, pa.LargeListArray)) and source.null_count:
+        if isinstance(source, pa.ListArray | pa.LargeListArray) and projected.offset == 0:
+            kind = pa.LargeListArray if isinstance(projected, pa.LargeListArray) else pa.ListArray
+            return kind.from_arrays(projected.offsets, projected.values, type=projected.type, mask=source.is_null())
+        return projected
+    if isinstance(projected, pa.StructArray) and isinstance(source, pa.StructArray):
+        names = {source.type.field(i).name for i in range(source.type.num_fields)}
+        children = [_with_list_nulls(source.field(f.name), projected.field(i)) if f.name in names
+                    else projected.field(i) for i, f in enumerate(projected.type)]
+        if all(c is projected.field(i) for i, c in enumerate(children)):
+            return projected
+        return pa.StructArray.from_arrays(children, fields=list(projected.type),
+                                          mask=projected.is_null() if projected.null_count else None)
+    return projected
 
 
 def arrow_schema_as_iceberg(arrow_schema: pa.Schema) -> Schema:

@@ -6,7 +6,9 @@ uncommitted) and
 1. keeps, per key (`id_columns`), the run's latest record (`latest_changes`): the highest offset within a Kafka
    partition; a key found in several partitions of one run keeps the record with the latest timestamp, then the
    higher partition. A tombstone (null value) deletes its key; its id comes from the mapped id columns or, when those
-   are null (a Debezium tombstone), from the record key read as a JSON object holding them;
+   are null (a Debezium tombstone), from the record key read as a JSON object holding them. With change events
+   (`ChangeEvents`, `mappings[].cdc`), the mapped columns are coerced here from each event's row image (Debezium's
+   `after`; `before`, else the record key, for a delete), and a record that is no change event fails the commit;
 2. finds the data files that may hold those keys (`files_to_rewrite`): partition values where the spec buckets or
    copies an id column, then the id columns' lower/upper bounds in the manifests. Files that turn out to hold none
    are left alone; the others are rewritten without the keys' rows;
@@ -25,6 +27,7 @@ applying the deletes would bring deleted rows back.
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,6 +72,7 @@ from kafscale_lakehouse.engine.tables.summary import (
 )
 from kafscale_lakehouse.schema.coercion import JsonColumnCoercer
 from kafscale_lakehouse.schema.columns import Column
+from kafscale_lakehouse.schema.json_values import NumericTimestampUnit
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,9 @@ DELETED_KEYS_PROPERTY = "kafscale.upsert.deleted-keys"
 REWRITTEN_FILES_PROPERTY = "kafscale.upsert.rewritten-files"
 KEYLESS_RECORDS_PROPERTY = "kafscale.upsert.keyless-records"
 _ROW = "__kafscale_row"
+_DELETE = "__kafscale_delete"
+DEBEZIUM_UPSERT_OPS = ("c", "u", "r")  # create, update, read (snapshot); "d" deletes
+DEBEZIUM_DELETE_OP = "d"
 # Task ids of the files the driver writes (file names only; the Spark tasks' ids are far below).
 _DRIVER_TASK_ID = 90_000
 
@@ -116,11 +123,17 @@ class Changes:
     keyless: int  # tombstones whose id could not be told (no mapped ids, no JSON record key holding them)
 
 
-def latest_changes(rows: pa.Table, key: UpsertKey) -> Changes:
-    """Per key, the run's latest record (see the module docstring); pure Arrow, no per-row Python except a
-    tombstone's JSON record key."""
+def latest_changes(rows: pa.Table, key: UpsertKey, events: ChangeEvents | None = None) -> Changes:
+    """Per key, the run's latest record (see the module docstring). Without `events`, pure Arrow (no per-row Python
+    except a tombstone's JSON record key); with them, the mapped columns are coerced from each event's row image
+    (`change_images`)."""
     ids = list(key.id_columns)
-    rows = _with_tombstone_ids(rows, key)
+    if events is None:
+        deletes = pc.is_null(rows.column("value"))
+        rows = _with_tombstone_ids(rows, key)
+    else:
+        rows, deletes = _with_change_images(rows, key, events)
+    rows = rows.append_column(_DELETE, deletes)
     has_id = _all_valid(rows, ids)
     keyless = rows.num_rows - pc.sum(has_id.cast(pa.int64())).as_py() if rows.num_rows else 0
     if keyless:
@@ -129,8 +142,8 @@ def latest_changes(rows: pa.Table, key: UpsertKey) -> Changes:
     # timestamp does, then the partition, so the choice never depends on how tasks were cut.
     rows = _last_per_group(rows, [*ids, "partition"], ["partition", "offset"])
     rows = _last_per_group(rows, ids, ["timestamp_ms", "partition", "offset"])
-    deletes = pc.is_null(rows.column("value"))
-    upserts = rows.filter(pc.invert(deletes))
+    deletes = rows.column(_DELETE)
+    upserts = rows.filter(pc.invert(deletes)).drop_columns([_DELETE])
     deleted = rows.num_rows - upserts.num_rows
     return Changes(upserts=upserts, keys=rows.select(ids), deleted=deleted, keyless=keyless)
 
@@ -172,6 +185,104 @@ def _last_per_group(rows: pa.Table, group: list[str], order: list[str]) -> pa.Ta
     ordered = ordered.append_column(_ROW, pa.array(np.arange(ordered.num_rows, dtype=np.int64)))
     last = ordered.select([*group, _ROW]).group_by(group, use_threads=False).aggregate([(_ROW, "max")])
     return ordered.take(last.column(f"{_ROW}_max")).drop_columns([_ROW])  # `_ROW` is the position in `ordered`
+
+
+@dataclass(frozen=True)
+class ChangeEvents:
+    """How record values carry changes (`mappings[].cdc`): `debezium` envelopes, or rows with an `op_field` whose
+    `delete_ops` delete the key. Timestamps in the row images count `numeric_timestamp_unit`s, as in plain values."""
+
+    format: str  # "debezium" | "op_field"
+    op_field: str = "op"
+    delete_ops: tuple[str, ...] = (DEBEZIUM_DELETE_OP,)
+    numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS
+
+
+def change_images(values: Sequence[bytes | None], keys: Sequence[bytes | None], record_ids: Sequence[str],
+                  events: ChangeEvents) -> tuple[list[bytes | None], list[bool], dict[str, str]]:
+    """Per record: the JSON row image its mapped columns come from, whether it deletes its key, and the records that
+    are no change event (record id -> why). A delete's image is Debezium's `before`, else the record key (a JSON
+    object of the ids, `{schema, payload}` unwrapped); a tombstone (null value) is a delete."""
+    images: list[bytes | None] = []
+    deletes: list[bool] = []
+    problems: dict[str, str] = {}
+    delete_ops = set(events.delete_ops)
+    for value, key, record_id in zip(values, keys, record_ids, strict=True):
+        if value is None:
+            images.append(_key_image(key))
+            deletes.append(True)
+            continue
+        try:
+            event = json.loads(value)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            problems[record_id] = "the value is not a JSON object"
+            images.append(None)
+            deletes.append(False)
+            continue
+        if events.format == "op_field":
+            delete = str(event.get(events.op_field)) in delete_ops
+            images.append(value)
+            deletes.append(delete)
+            continue
+        if "op" not in event and isinstance(event.get("payload"), dict):  # the JSON converter's schemas.enable
+            event = event["payload"]
+        op = event.get("op")
+        if op in DEBEZIUM_UPSERT_OPS and isinstance(event.get("after"), dict):
+            images.append(json.dumps(event["after"]).encode())
+            deletes.append(False)
+        elif op == DEBEZIUM_DELETE_OP:
+            before = event.get("before")
+            images.append(json.dumps(before).encode() if isinstance(before, dict) else _key_image(key))
+            deletes.append(True)
+        else:
+            problems[record_id] = (f"Debezium op {op!r} without an `after` object" if op in DEBEZIUM_UPSERT_OPS
+                                   else f"Debezium op {op!r} is not one of c, u, r, d")
+            images.append(None)
+            deletes.append(False)
+    return images, deletes, problems
+
+
+def _key_image(key: bytes | None) -> bytes | None:
+    """The record key as a JSON object of the ids (Debezium's key, `{schema, payload}` unwrapped), or None."""
+    if key is None:
+        return None
+    try:
+        parsed = json.loads(key)
+    except ValueError:
+        return None
+    if isinstance(parsed, dict) and set(parsed) == {"schema", "payload"} and isinstance(parsed["payload"], dict):
+        parsed = parsed["payload"]
+    return json.dumps(parsed).encode() if isinstance(parsed, dict) else None
+
+
+def _with_change_images(rows: pa.Table, key: UpsertKey, events: ChangeEvents) -> tuple[pa.Table, pa.BooleanArray]:
+    """`rows` with their mapped columns coerced from the events' row images, and which rows delete their key.
+    Records that are no change event, or whose image misses a required column, fail the commit naming them."""
+    images, deletes, problems = change_images(rows.column("value").to_pylist(), rows.column("key").to_pylist(),
+                                              rows.column("record_id").to_pylist(), events)
+    coerced = JsonColumnCoercer(key.columns, numeric_timestamp_unit=events.numeric_timestamp_unit).coerce(
+        pa.array(images, pa.binary()))
+    delete_mask = pa.array(deletes, pa.bool_())
+    # A delete needs its ids only: the rest of its image may be missing (Debezium's `before` under REPLICA IDENTITY
+    # DEFAULT holds the primary key alone).
+    invalid = pc.and_(coerced.invalid_mask, pc.invert(delete_mask))
+    if pc.any(invalid).as_py():
+        reasons = pc.binary_join_element_wise(coerced.invalid_column, coerced.invalid_reason, ": ")
+        failed = rows.column("record_id").filter(invalid).to_pylist()
+        problems.update(zip(failed, reasons.filter(invalid).to_pylist(), strict=True))
+    if problems:
+        samples = "; ".join(f"{record_id}: {why}" for record_id, why in sorted(problems.items())[:5])
+        raise UpsertError(f"{len(problems)} records are not change events of the mapping's columns ({samples}); "
+                          "nothing committed, the partitions stay where they are until the records or the mapping "
+                          "are fixed")
+    for column in key.columns:
+        if column.name in rows.column_names:
+            index = rows.schema.get_field_index(column.name)
+            field = rows.schema.field(index)
+            rows = rows.set_column(index, field, coerced.columns[column.name].cast(field.type))
+    return rows, delete_mask
 
 
 # ---- which files may hold the keys ---------------------------------------------------------------------------------
@@ -329,6 +440,7 @@ def commit_upsert(
     run_id: str,
     *,
     target_file_size_bytes: int,
+    events: ChangeEvents | None = None,
     max_attempts: int = DEFAULT_COMMIT_ATTEMPTS,
     snapshot_properties: Mapping[str, str] | None = None,
     before_attempt: Callable[[Table], None] | None = None,
@@ -347,7 +459,7 @@ def commit_upsert(
                          f"but end offsets cover {sorted(end_offsets)}")
     job = SinkJob.for_table(table, run_id, target_file_size_bytes)
     try:
-        changes = latest_changes(_read_files(table, data_files), key)
+        changes = latest_changes(_read_files(table, data_files), key, events)
         new_state = write_batches_as_data_files(job, changes.upserts.to_batches(), _DRIVER_TASK_ID)
     except BaseException:
         delete_data_files(table.io, [f.file_path for f in data_files])
