@@ -160,10 +160,12 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     except (OffsetStoreError, EngineError) as err:
         raise CommandError(str(err)) from err
     # A partition waiting behind an incomplete segment for longer than the grace: the object and the skip command.
-    stalled = stalled_partitions(
-        segment_store_from_config(config), topic,
-        {p.partition: p.table_next if p.table_next is not None else p.store_next for p in view.partitions},
-        grace_seconds=config.processor.orphan_segment_grace_seconds)
+    segments = segment_store_from_config(config)
+    next_offsets: dict[int, int | None] = dict.fromkeys(segments.list_partitions(topic))  # nothing committed yet
+    next_offsets.update({p.partition: p.table_next if p.table_next is not None else p.store_next
+                         for p in view.partitions})
+    stalled = stalled_partitions(segments, topic, next_offsets,
+                                 grace_seconds=config.processor.orphan_segment_grace_seconds)
     print("\n".join([*view.lines(), *(f"STALLED partition {p}: {s.describe()}" for p, s in stalled.items())]))
     return 0
 

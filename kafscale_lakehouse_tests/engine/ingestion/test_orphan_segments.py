@@ -113,6 +113,10 @@ def test_an_orphan_index_with_nothing_committed_names_its_offsets_and_its_skip_i
     assert orphan in error and "orphan .index" in error and "offsets 0..39" in error
     world.assert_exactly_once(runs=1, expected={1: range(40)})
 
+    capsys.readouterr()
+    assert cli_main("offsets", "show", "--config", str(config_path), "--topic", world.topic) == 0
+    assert f"STALLED partition 0: topic {world.topic} partition 0 stops at {orphan}" in capsys.readouterr().out, (
+        "listed although nothing of it is committed")
     wrong = world.segment_object_key(0, 40)
     assert cli_main("offsets", "skip", "--config", str(config_path), "--topic", world.topic, "--partition", "0",
                     "--segment", wrong, "--yes") == 2, "only the segment the partition waits behind is skipped"
