@@ -12,9 +12,11 @@ import pytest
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
+from kafscale_lakehouse.engine.ingestion.replay import replay_range
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import Record
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.formats.avro_orders import ORDER_V1, ORDER_V2, ORDER_V3, framed, order
 
@@ -146,3 +148,24 @@ def test_a_schema_that_cannot_evolve_the_table_stops_the_partition_at_its_first_
     # Everything before the new schema's first record landed once; the partition waits there.
     world.assert_exactly_once(runs=2, expected={0: [o for o in range(END) if o != GARBAGE_AT]})
     assert world.store_next_offsets() == {0: END}
+
+
+def test_a_replay_of_an_avro_range_decodes_it_again_into_the_typed_columns(production_world, confluent_registry,
+                                                                            spark):
+    world = production_world
+    subject = f"{world.topic}-value"
+    ids = {1: confluent_registry.register(subject, ORDER_V1), 2: confluent_registry.register(subject, ORDER_V2)}
+    _write_avro_topic(world, ids)
+    config = world.config(_config_document(world, confluent_registry.url, "lenient"))
+    ingest(config, spark)
+    before = _rows(world.table())
+
+    with IngestContext.from_config(config, spark) as context:
+        replay_range(context, config.mappings[0], OffsetRange(0, SCHEMA_CHANGE_AT - 10, END))
+
+    after = _rows(world.table())
+    assert sorted(after) == sorted(before)
+    for offset in range(SCHEMA_CHANGE_AT - 10, END):
+        for column in ("order_id", "store_id", "lines", "coupon", "placed_at", "attributes"):
+            assert after[offset][column] == before[offset][column], (offset, column)
+    assert after[SCHEMA_CHANGE_AT + 2]["lines"][0]["sku"] == "sku-4"
