@@ -26,8 +26,10 @@ earlier request covered (tag `kafscale/sensor_request`, recorded in the cursor),
 - it failed (a transient error, say): it is requested again after a backoff of `poll_interval_seconds * 2^(n-1)`
   after its n-th consecutive failure, at most `RETRY_BACKOFF_CAP_SECONDS`; the skip reason says when;
 - no run was launched for it: requested again after the same backoff;
-- it succeeded (without progress: nothing it could ingest) or was canceled by an operator: not requested again, so
-  nothing loops; new segments, progress on any partition or a manual materialization start the next one.
+- it succeeded without committing anything (nothing it could ingest) or was canceled by an operator: not requested
+  again, so nothing loops; new segments, progress on any partition or a manual materialization start the next one;
+- it committed (its materializations record committed offset ranges), yet the same state is pending again: the table
+  went back (an operator's rollback), so it is requested again at once, as a first attempt.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import dagster as dg
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.ingestion import PartitionCursor, PartitionState, TopicScan, WatchSources, scan_topic
 from kafscale_lakehouse.offsets.ranges import format_ranges
+from kafscale_lakehouse.orchestration.metadata import committed_ranges_from_metadata
 from kafscale_lakehouse.orchestration.naming import (
     dagster_name_part,
     ingest_job_name,
@@ -241,10 +244,9 @@ def _run_request(context: dg.SensorEvaluationContext, job_name: str, ordered_key
         if cursor.request is None:  # a cursor from before requests were recorded: no run to look at
             return None, ("a run was already requested for exactly these pending segments; waiting for new "
                           "segments, progress or a manual materialization")
-        wait = _retry_wait(context, job_name, cursor.request, poll_interval_seconds, now)
+        wait, attempt = _retry_wait(context, job_name, cursor.request, poll_interval_seconds, now)
         if wait is not None:
             return None, wait
-        attempt = cursor.request.attempt + 1
     active = context.instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES), limit=1)
     if active:
         return None, f"run {active[0].run_id} of {job_name} is {active[0].status.value.lower()}; it or the next one " \
@@ -269,19 +271,24 @@ def retry_backoff_seconds(poll_interval_seconds: float, failures: int) -> float:
 
 
 def _retry_wait(context: dg.SensorEvaluationContext, job_name: str, request: SensorRequest,
-                poll_interval_seconds: float, now: float) -> str | None:
-    """Why the state `request` covered is not requested again now, or None when it is due for a retry."""
+                poll_interval_seconds: float, now: float) -> tuple[str | None, int]:
+    """Why the state `request` covered is not requested again now (None: it is due), and the attempt it would be."""
     records = context.instance.get_run_records(
         dg.RunsFilter(job_name=job_name, tags={SENSOR_REQUEST_TAG: request.request_id}), limit=1)
     run = records[0].dagster_run if records else None
     waiting = "waiting for new segments, progress or a manual materialization"
-    if run is not None and run.status == dg.DagsterRunStatus.SUCCESS:
-        return (f"run {run.run_id} requested for exactly these pending segments succeeded without ingesting them; "
-                f"not requested again, {waiting}")
-    if run is not None and run.status == dg.DagsterRunStatus.CANCELED:
-        return f"run {run.run_id} requested for exactly these pending segments was canceled; not retried, {waiting}"
+    if run is not None and run.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.CANCELED):
+        if _run_committed(context.instance, run.run_id):
+            # It landed them, yet they are pending again: the table went back (an operator's rollback), a new episode.
+            return None, 1
+        if run.status == dg.DagsterRunStatus.SUCCESS:
+            return (f"run {run.run_id} requested for exactly these pending segments succeeded without committing "
+                    f"anything; not requested again, {waiting}"), request.attempt
+        return (f"run {run.run_id} requested for exactly these pending segments was canceled; not retried, "
+                f"{waiting}"), request.attempt
     if run is not None and run.status != dg.DagsterRunStatus.FAILURE:
-        return f"run {run.run_id} requested for exactly these pending segments is {run.status.value.lower()}"
+        return (f"run {run.run_id} requested for exactly these pending segments is {run.status.value.lower()}",
+                request.attempt)
     backoff = retry_backoff_seconds(poll_interval_seconds, request.attempt)
     if run is None:
         what, since = f"no run was launched for request {request.request_id}", request.requested_at
@@ -290,8 +297,15 @@ def _retry_wait(context: dg.SensorEvaluationContext, job_name: str, request: Sen
     remaining = since + backoff - now
     if remaining > 0:
         return (f"a run was already requested for exactly these pending segments and {what} (attempt "
-                f"{request.attempt}); requested again in {remaining:.0f} s (backoff {backoff:.0f} s)")
-    return None
+                f"{request.attempt}); requested again in {remaining:.0f} s (backoff {backoff:.0f} s)"), request.attempt
+    return None, request.attempt + 1
+
+
+def _run_committed(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """Whether the run committed offsets: one of its materializations records committed offset ranges."""
+    records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
+    return any(committed_ranges_from_metadata(materialization.metadata)
+               for record in records if (materialization := record.event_log_entry.asset_materialization) is not None)
 
 
 def _observed_state(scan: TopicScan) -> dict[int, tuple[int | None, ...]]:

@@ -3,6 +3,7 @@ consecutive failure; a run that succeeded without progress, or was canceled, is 
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import dagster as dg
@@ -63,7 +64,8 @@ def test_a_failed_run_is_requested_again_after_a_growing_backoff_until_one_succe
     succeeded_run, succeeded_at = launch(world, third_request, dg.DagsterRunStatus.SUCCESS)
     idle = world.tick(third.cursor, at=succeeded_at + 10 * RETRY_BACKOFF_CAP_SECONDS)
     assert idle.run_requests == []
-    assert f"run {succeeded_run} requested for exactly these pending segments succeeded" in idle.skip_message
+    assert (f"run {succeeded_run} requested for exactly these pending segments succeeded without committing "
+            "anything") in idle.skip_message
 
     # New segments are a new state: requested at once, as the first attempt.
     world.producer(partitions=1).produce_round(now_ms=1_700_000_001_000, interval_ms=1000)
@@ -91,3 +93,16 @@ def test_a_canceled_run_is_not_retried_and_a_request_that_launched_no_run_is(emb
 def test_the_backoff_doubles_per_failure_up_to_the_cap():
     assert [retry_backoff_seconds(5, n) for n in range(1, 5)] == [5, 10, 20, 40]
     assert retry_backoff_seconds(5, 30) == RETRY_BACKOFF_CAP_SECONDS
+
+
+def test_a_cursor_written_before_requests_were_recorded_still_reads_and_does_not_loop(embedded_world):
+    world = embedded_world
+    world.producer(partitions=1).produce_round(now_ms=1_700_000_000_000, interval_ms=1000)
+    first = world.tick()
+    document = json.loads(first.cursor)
+    document["partitions"] = {p: state[:2] for p, state in document["partitions"].items()}  # [key, end]
+    del document["request"]
+
+    again = world.tick(json.dumps(document))
+
+    assert again.run_requests == [] and "already requested" in again.skip_message

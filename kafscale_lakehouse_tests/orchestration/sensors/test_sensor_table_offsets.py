@@ -7,11 +7,13 @@ import pytest
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.connections import catalog_settings
+from kafscale_lakehouse.definitions import build_definitions
 from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.engine.tables.checks import FRESHNESS
 from kafscale_lakehouse.offsets.ranges import OffsetRange, parse_ranges
 from kafscale_lakehouse.orchestration.checks import build_table_checks
+from kafscale_lakehouse.orchestration.naming import ingest_job_name
 from kafscale_lakehouse.orchestration.resources import lakehouse_resources
 from kafscale_lakehouse.orchestration.sensors import PLANNED_RANGES_TAG
 from kafscale_lakehouse_tests.engine.tables.helpers import lakehouse_schema, write_batch
@@ -87,3 +89,33 @@ def test_the_table_ahead_of_a_stale_store_requests_no_run(embedded_world):
     assert result.run_requests == [] and "no completed segments beyond" in result.skip_message
     [observation] = result.asset_events
     assert observation.metadata["offsets_disagree"].value == {"0": {"store": None, "table": 20}}
+
+
+def test_the_run_the_sensor_requests_after_a_rollback_lands_the_rows_again_and_repairs_the_store(embedded_world,
+                                                                                                 spark):
+    world = embedded_world
+    producer = world.producer(partitions=1, records_per_segment=RECORDS_PER_SEGMENT)
+    job = build_definitions(world.config).resolve_job_def(ingest_job_name(world.mapping.table))
+    cursor = None
+    for round_number in range(2):  # two runs, one segment each: two snapshots
+        producer.produce_round(now_ms=1_700_000_000_000 + 1000 * round_number, interval_ms=1000)
+        tick = world.tick(cursor)
+        [request] = tick.run_requests
+        assert job.execute_in_process(instance=world.instance, tags=request.tags).success
+        cursor = tick.cursor
+    table = load_catalog(catalog_settings(world.config)).load_table(world.mapping.table)
+    table.manage_snapshots().rollback_to_snapshot(table.current_snapshot().parent_snapshot_id).commit()
+
+    # No tick saw the second run's progress: the pending state is the one that run was requested for, and it
+    # succeeded; having committed, it is requested again.
+    rolled_back = world.tick(cursor)
+    [request] = rolled_back.run_requests
+    assert parse_ranges(request.tags[PLANNED_RANGES_TAG], where="test") == {0: OffsetRange(0, 20, 40)}
+    assert job.execute_in_process(instance=world.instance, tags=request.tags).success
+
+    table.refresh()
+    offsets = sorted(row["offset"] for row in table.scan(selected_fields=("offset",)).to_arrow().to_pylist())
+    assert offsets == list(range(40)), "every offset once: the rolled-back rows landed again"
+    assert {p: c.next_offset for p, c in world.sources.offsets.committed_offsets(world.topic).items()} == {0: 40}
+    settled = world.tick(rolled_back.cursor)
+    assert settled.run_requests == [] and "offsets_disagree" not in settled.asset_events[0].metadata
