@@ -20,6 +20,7 @@ that partition waits, the others go on), registered as a run (run_files.py) so a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
@@ -35,11 +36,7 @@ from kafscale_lakehouse.engine.ingestion.positions import table_identity
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, open_mapping_table
 from kafscale_lakehouse.engine.ingestion.segment_reader import segment_run_partitions
 from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput, run_ingestion_spark_job
-from kafscale_lakehouse.engine.ingestion.validation import (
-    RecordValidation,
-    resolve_record_validation,
-    with_avro_value_schemas,
-)
+from kafscale_lakehouse.engine.ingestion.validation import RecordValidation, resolve_record_validation
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
 from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.commits import CommitOutcomeUnknownError, delete_data_files, rows_must_match
@@ -167,7 +164,7 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
         context.spark, table, run_id, context.store, topic, segment_run_partitions(topic, offsets, segments, target),
         columns=validation.columns, json_schema=validation.json_schema, target_file_size_bytes=target,
         lfs=lfs_read_settings(mapping.lfs, validation.mode),
-        numeric_timestamp_unit=mapping.schema_config.timestamp_unit, avro=validation.avro)
+        numeric_timestamp_unit=mapping.schema_config.timestamp_unit)
     read_again = [f for output in outputs for f in output.data_files]
     rewritten: list[DataFile] = []
     try:
@@ -205,6 +202,7 @@ class PositionMove:
     after: int
     snapshot_id: int | None
     rows_removed: int = 0
+    dead_letters_removed_in: str | None = None  # `<dead-letter table> snapshot <id>`: a move back's dead letters
 
     def describe(self) -> str:
         before = "none" if self.before is None else self.before
@@ -213,6 +211,8 @@ class PositionMove:
         what = (f"offsets {self.before}..{self.after - 1} are skipped (recorded as kafscale.skipped.{self.topic})"
                 if self.before is not None and self.after > self.before else
                 f"{self.rows_removed} rows of offsets {self.after}.. removed; the next run lands them again"
+                + (f" (their dead letters removed from {self.dead_letters_removed_in})"
+                   if self.dead_letters_removed_in else "")
                 if self.before is not None else "the next run starts there")
         return (f"table {self.table}: topic {self.topic} partition {self.partition} next offset {before} -> "
                 f"{self.after} in snapshot {self.snapshot_id}: {what}")
@@ -258,7 +258,8 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
         context.offsets.repair_offsets([lease], {partition: (now[partition], 0)})
         context.offsets.record_table_identity([lease], table_identity(table, now))
         if move.before is not None and move.after < move.before and validation.dead_letter_table is not None:
-            _remove_dead_letters(context, table, validation.dead_letter_table, move, lease, run_id)
+            removed_in = _remove_dead_letters(context, table, validation.dead_letter_table, move, lease, run_id)
+            move = dataclasses.replace(move, dead_letters_removed_in=removed_in)
     finally:
         lease.release()
     log.warning("%s", move.describe())
@@ -297,13 +298,14 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
 
 
 def _remove_dead_letters(context: IngestContext, table: Table, dead_letter_table: str, move: PositionMove,
-                         lease: Lease, run_id: str) -> None:
+                         lease: Lease, run_id: str) -> str | None:
     """After a move back, the dead letters of the offsets moved back over go too (`remove_dead_letters_from`), so
     that reading them again lands each dead letter once. Not doing it loses nothing and doubles nothing: the run that
-    lands those offsets again replaces their dead letters when it publishes; so a failure here only warns."""
+    lands those offsets again replaces their dead letters when it publishes; so a failure here only warns. Returns
+    `<dead-letter table> snapshot <id>` when it removed some."""
     catalog = table.catalog
     if not catalog.table_exists(dead_letter_table):
-        return
+        return None
 
     def still_moved() -> None:
         context.offsets.confirm_lease(lease)
@@ -314,18 +316,19 @@ def _remove_dead_letters(context: IngestContext, table: Table, dead_letter_table
                               f"longer {move.after}")
 
     try:
-        remove_dead_letters_from(open_dead_letter_table(catalog, dead_letter_table), move.topic, move.partition,
-                                 move.after, run_id=run_id, check=still_moved)
+        snapshot_id = remove_dead_letters_from(open_dead_letter_table(catalog, dead_letter_table), move.topic,
+                                               move.partition, move.after, run_id=run_id, check=still_moved)
     except (EngineError, LeaseLostError, ReplayError) as exc:
         log.warning("table %s: position moved back, but the dead letters of partition %d from offset %d on stay in "
                     "%s for now (%s); the run that lands those offsets again replaces them", move.table,
                     move.partition, move.after, dead_letter_table, exc)
+        return None
+    return None if snapshot_id is None else f"{dead_letter_table} snapshot {snapshot_id}"
 
 
 def _open_table(context: IngestContext, mapping: MappingConfig) -> tuple[RecordValidation, Table]:
     validation = resolve_record_validation(context.config, mapping, context.registry)
-    table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
-    return with_avro_value_schemas(validation, table, mapping.table), table
+    return validation, open_mapping_table(context, mapping, validation.columns)
 
 
 def _lease(context: IngestContext, table_name: str, topic: str, partition: int, run_id: str, what: str) -> Lease:

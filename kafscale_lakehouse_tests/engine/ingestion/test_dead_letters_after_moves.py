@@ -59,6 +59,7 @@ def test_a_position_moved_back_lands_its_dead_letters_again_once(request, world_
     moved = move(world, config, spark, 22)
 
     assert (moved.before, moved.after) == (60, 22)
+    assert f"their dead letters removed from {name} snapshot " in moved.describe()
     assert dead_letter_offsets(dead_letter_table(world, name)) == [o for o in INVALID if o < 22], (
         "the move removes the dead letters of the offsets it moved back over, like their rows")
     again = run(world, config, spark)
