@@ -36,7 +36,11 @@ from kafscale_lakehouse.engine.ingestion.positions import table_identity
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, open_mapping_table
 from kafscale_lakehouse.engine.ingestion.segment_reader import segment_run_partitions
 from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput, run_ingestion_spark_job
-from kafscale_lakehouse.engine.ingestion.validation import RecordValidation, resolve_record_validation
+from kafscale_lakehouse.engine.ingestion.validation import (
+    RecordValidation,
+    resolve_record_validation,
+    with_avro_value_schemas,
+)
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
 from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.commits import CommitOutcomeUnknownError, delete_data_files, rows_must_match
@@ -164,7 +168,7 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
         context.spark, table, run_id, context.store, topic, segment_run_partitions(topic, offsets, segments, target),
         columns=validation.columns, json_schema=validation.json_schema, target_file_size_bytes=target,
         lfs=lfs_read_settings(mapping.lfs, validation.mode),
-        numeric_timestamp_unit=mapping.schema_config.timestamp_unit)
+        numeric_timestamp_unit=mapping.schema_config.timestamp_unit, avro=validation.avro)
     read_again = [f for output in outputs for f in output.data_files]
     rewritten: list[DataFile] = []
     try:
@@ -328,7 +332,8 @@ def _remove_dead_letters(context: IngestContext, table: Table, dead_letter_table
 
 def _open_table(context: IngestContext, mapping: MappingConfig) -> tuple[RecordValidation, Table]:
     validation = resolve_record_validation(context.config, mapping, context.registry)
-    return validation, open_mapping_table(context, mapping, validation.columns)
+    table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
+    return with_avro_value_schemas(validation, table, mapping.table), table
 
 
 def _lease(context: IngestContext, table_name: str, topic: str, partition: int, run_id: str, what: str) -> Lease:
