@@ -32,6 +32,7 @@ class StalledSegment:
     # neither is known (no readable footer and nothing listed after it yet).
     end_offset: int | None
     age_seconds: float
+    kfs_finished: bool = False  # its `.kfs` ends with a valid footer: the records are there, only the `.index` is not
 
     @property
     def topic(self) -> str:
@@ -60,7 +61,9 @@ class StalledSegment:
                 f"incomplete for {self.age_seconds:.0f}s, longer than {GRACE_KEY}: the broker's upload of this "
                 f"segment failed, so {self.offsets_text()} it should hold cannot be read. `kafscale-lakehouse offsets "
                 f"skip --topic {self.topic} --partition {self.partition} --segment {self.key} --yes` records them as "
-                "skipped in the table and goes on")
+                "skipped in the table and goes on"
+                + ("; its .kfs is finished, so an .index rebuilt from it lands them instead (README, orphaned segment "
+                   "objects)" if self.kfs_finished else ""))
 
 
 def find_stalled_segment(store: SegmentStore, listing: SegmentListing, *, grace_seconds: float,
@@ -76,16 +79,18 @@ def find_stalled_segment(store: SegmentStore, listing: SegmentListing, *, grace_
     age = ((now or datetime.now(UTC)) - first.last_modified).total_seconds()
     if age < grace_seconds:
         return None
-    return StalledSegment(first, _end_offset(store, first), age)
+    footer_end = _footer_end(store, first)
+    end = footer_end if footer_end is not None else first.next_base_offset
+    return StalledSegment(first, end, age, kfs_finished=footer_end is not None)
 
 
-def _end_offset(store: SegmentStore, segment: IncompleteSegment) -> int | None:
-    if segment.kfs_key is not None:
-        try:
-            footer = store.read_footer(segment.kfs_key, store.size(segment.kfs_key))
-        except (SegmentFormatError, StorageError) as exc:
-            log.debug("no footer in %s: %s", segment.kfs_key, exc)
-        else:
-            if footer.last_offset >= segment.base_offset:
-                return footer.last_offset + 1
-    return segment.next_base_offset
+def _footer_end(store: SegmentStore, segment: IncompleteSegment) -> int | None:
+    """The offset after the last one its `.kfs` footer names; None without a `.kfs` or a valid footer."""
+    if segment.kfs_key is None:
+        return None
+    try:
+        footer = store.read_footer(segment.kfs_key, store.size(segment.kfs_key))
+    except (SegmentFormatError, StorageError) as exc:
+        log.debug("no footer in %s: %s", segment.kfs_key, exc)
+        return None
+    return footer.last_offset + 1 if footer.last_offset >= segment.base_offset else None

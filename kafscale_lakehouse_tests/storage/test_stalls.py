@@ -31,12 +31,13 @@ def test_an_orphan_kfs_holds_the_offsets_of_its_footer_and_stalls_only_after_the
     found = stalled(store, grace_seconds=300, seconds=301)
     assert (found.key, found.start_offset, found.end_offset) == (key(store, 10, ObjectKind.SEGMENT), 10, 20)
     assert found.age_seconds == 301 and "offsets 10..19" in found.describe() and "orphan .kfs" in found.describe()
+    assert found.kfs_finished and "an .index rebuilt from it lands them" in found.describe()
 
 
 def test_an_orphan_index_holds_the_offsets_up_to_the_next_segment_or_unknown_ones(store):
     store.put(key(store, 0, ObjectKind.INDEX), INDEX_BYTES)  # its .kfs upload failed
     found = stalled(store)
-    assert (found.key, found.end_offset) == (key(store, 0, ObjectKind.INDEX), None)
+    assert (found.key, found.end_offset, found.kfs_finished) == (key(store, 0, ObjectKind.INDEX), None, False)
     assert "offsets from 0 on" in found.describe()
     write_segments(store, TOPIC, 0, [25])
     assert stalled(store).end_offset == 25

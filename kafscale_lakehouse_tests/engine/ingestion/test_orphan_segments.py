@@ -15,6 +15,7 @@ import pytest
 from kafscale_lakehouse.engine.ingestion import WatchSources, scan_topic
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.summary import SKIPPED_PROPERTY_PREFIX, read_topic_offsets
+from kafscale_lakehouse.format import build_index_entries, decode_segment, encode_index
 from kafscale_lakehouse.storage import ObjectKind
 from kafscale_lakehouse.testing.servers import S3_BUCKET
 
@@ -128,3 +129,21 @@ def test_an_orphan_index_with_nothing_committed_names_its_offsets_and_its_skip_i
     [result] = ingest(world.config(orphan_segment_grace_seconds=0), spark)
     assert result.partitions[0].records == 40
     world.assert_exactly_once(runs=3, expected={0: range(40, 80), 1: range(40)})
+
+
+def test_an_orphan_kfs_is_finished_so_an_index_rebuilt_from_it_lands_its_records(production_world, spark):
+    """What the error suggests for an orphan `.kfs` with a valid footer: nothing needs to be skipped."""
+    world = production_world
+    world.write_segments(0, 120, records_per_segment=40)  # segments 0, 40, 80
+    orphan = lose_object(world, 0, 40, ObjectKind.INDEX)
+    with pytest.raises(IngestFailedError, match=r"its \.kfs is finished, so an \.index rebuilt from it lands them"):
+        ingest(world.config(orphan_segment_grace_seconds=0), spark)
+
+    s3 = world.seaweedfs.s3_client()
+    kfs = s3.get_object(Bucket=S3_BUCKET, Key=orphan)["Body"].read()
+    batches = decode_segment(kfs, key=orphan, topic=world.topic, partition=0).batches
+    index = encode_index(build_index_entries([(b.base_offset, b.position, b.record_count) for b in batches]))
+    s3.put_object(Bucket=S3_BUCKET, Key=world.segment_object_key(0, 40, ObjectKind.INDEX), Body=index)
+    [result] = ingest(world.config(orphan_segment_grace_seconds=0), spark)
+    assert result.partitions[0].records == 80 and skipped_in_table(world) == []
+    world.assert_exactly_once(runs=2, expected={0: range(120)})
