@@ -155,7 +155,8 @@ def evaluate_offsets_contiguous(table: Table, topic: str) -> dg.AssetCheckResult
 def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: int,
                        table_error: str | None = None) -> dg.AssetCheckResult:
     """Lag per partition from its committed next offset: the table's where it holds the partition (`scan_topic`), so
-    a table rolled back behind the offsets store shows its lag. `table_error`: the table could not be read (fails)."""
+    a table rolled back behind the offsets store shows its lag, and fails (ERROR) whatever the threshold: rows the
+    store says landed are missing. `table_error`: the table could not be read (fails)."""
     lags = {p: lag_and_reference(s.log_end, s.segments_end, s.next_offset) for p, s in sorted(states.items())}
     behind = {p: lag for p, (lag, _) in lags.items() if lag > max_lag_records}
     rows = [dg.TableRecord({"partition": p, "lag": lag, "measured_against": against,
@@ -176,6 +177,14 @@ def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: in
     if table_error is not None:
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
                                    description=f"{table_error}: the lag cannot be trusted")
+    rolled_back = {p: s for p, s in sorted(states.items()) if s.table_behind_store}
+    if rolled_back:
+        sides = ", ".join(f"partition {p}: table next offset {s.table_next_offset}, store {s.store_next_offset}"
+                          for p, s in rolled_back.items())
+        return dg.AssetCheckResult(
+            passed=False, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata,
+            description=f"the table lacks offsets the offsets store says landed ({sides}): it was rolled back or "
+                        "its commits were undone; the sensor requests a run that lands them again")
     if behind:
         return dg.AssetCheckResult(
             passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,

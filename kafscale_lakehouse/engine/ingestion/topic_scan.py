@@ -77,6 +77,12 @@ class PartitionState:
         return self.table_next_offset is not None and self.table_next_offset != self.store_next_offset
 
     @property
+    def table_behind_store(self) -> bool:
+        """The table lacks offsets the store says landed: it was rolled back (the next run lands them again)."""
+        return (self.table_next_offset is not None and self.store_next_offset is not None
+                and self.table_next_offset < self.store_next_offset)
+
+    @property
     def pending(self) -> bool:
         """A completed segment holds offsets at or after the committed next offset."""
         return self.segments_end is not None and self.segments_end > (self.next_offset or 0)

@@ -3,6 +3,7 @@ after an operator rolls the table back, the rolled-back offsets are pending agai
 
 from __future__ import annotations
 
+import dagster as dg
 import pytest
 from pyiceberg.table import Table
 
@@ -37,9 +38,9 @@ def landed_table(world: SensorWorld) -> Table:
     return table
 
 
-def freshness(world: SensorWorld):
+def freshness(world: SensorWorld, max_lag_records: int = MAX_LAG_RECORDS):
     """The mapping's freshness check as Dagster runs it, with the deployment's resources."""
-    mapping = world.mapping.model_copy(update={"freshness_max_lag_records": MAX_LAG_RECORDS})
+    mapping = world.mapping.model_copy(update={"freshness_max_lag_records": max_lag_records})
     check = next(c for c in build_table_checks(world.config, mapping) if c.check_key.name == FRESHNESS)
     resources = lakehouse_resources(world.config)
     return check(**{key: value for key, value in resources.items() if key in check.required_resource_keys})
@@ -69,9 +70,13 @@ def test_a_table_rolled_back_one_snapshot_requests_the_run_and_fails_freshness(w
     assert observation.metadata["offsets_disagree"].value == {"0": {"store": 40, "table": 20}}
     assert observation.metadata["lag"].value == 20
     check = freshness(world)
-    assert not check.passed
-    assert "partitions [0] are more than 10 records behind (0: 20)" in check.description
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
+    assert "the table lacks offsets the offsets store says landed (partition 0: table next offset 20, store 40)" \
+        in check.description
     assert check.metadata["offsets_disagree"].value == {"0": {"store": 40, "table": 20}}
+    assert check.metadata["max_lag"].value == 20
+    # Whatever the lag threshold: rows the store says landed are missing.
+    assert not freshness(world, max_lag_records=10_000).passed
 
 
 def test_the_table_ahead_of_a_stale_store_requests_no_run(embedded_world):
