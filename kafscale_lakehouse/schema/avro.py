@@ -28,12 +28,15 @@ import io
 import itertools
 import json
 import logging
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import fastavro
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -74,9 +77,13 @@ _LOGICAL: dict[tuple[str, str], IcebergType] = {
 }
 
 
-def parse_avro_schema(text: str, *, what: str) -> Any:
-    """The parsed (fastavro) form of a schema's JSON text, named types expanded; `what` names it in errors."""
+def parse_avro_schema(text: str, *, what: str, for_reading: bool = False) -> Any:
+    """The parsed (fastavro) form of a schema's JSON text; `what` names it in errors. Named types are expanded
+    inline (to map them to columns), or, `for_reading`, the form fastavro's readers take without parsing it again on
+    every call (they re-parse a schema that lacks fastavro's parsed marker: several times slower per value)."""
     try:
+        if for_reading:
+            return fastavro.parse_schema(json.loads(text))
         return fastavro.parse_schema(json.loads(text), expand=True, _write_hint=False)
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
         raise SchemaMappingError(f"{what} is not a valid Avro schema: {exc}") from None
@@ -239,7 +246,8 @@ class AvroValueDecoder:
             text = self.settings.schemas.get(schema_id)
             if text is None:
                 return None
-            parsed = self._parsed[schema_id] = parse_avro_schema(text, what=f"schema id {schema_id}")
+            parsed = self._parsed[schema_id] = parse_avro_schema(_without_costly_logical_types(text),
+                                                                 what=f"schema id {schema_id}", for_reading=True)
         return parsed
 
     def _unknown(self, schema_id: int) -> str:
@@ -252,6 +260,8 @@ class AvroValueDecoder:
         name = target.name
         items = [None if r is None else r.get(name) for r in records]
         try:
+            if target.type == pa.uuid():
+                return _uuid_array(pa.array(items, pa.string()))
             return pa.array(items, type=target.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             pass
@@ -259,11 +269,57 @@ class AvroValueDecoder:
         converted = []
         for row, item in enumerate(items):
             try:
+                if target.type == pa.uuid() and isinstance(item, str):
+                    item = uuid.UUID(item)
                 converted.append(pa.array([item], type=target.type))
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
                 reasons[row] = reasons[row] or f"{name}: {item!r} does not fit the column type {target.type} ({exc})"
                 converted.append(pa.nulls(1, target.type))
         return pa.concat_arrays(converted) if converted else pa.array([], type=target.type)
+
+
+# Logical types of top-level fields read as their plain Avro values, which pyarrow takes as they are (ints as
+# microseconds or days) or converts in bulk (uuid strings, `_uuid_array`): fastavro builds a Python datetime, date or
+# UUID per value otherwise, the larger part of the decoding time. Millisecond timestamps keep theirs (a column may
+# mix millis and micros versions); nested fields keep theirs.
+_READ_PLAIN = {("long", "timestamp-micros"), ("long", "local-timestamp-micros"), ("int", "date"), ("string", "uuid")}
+_HEX_VALUES = np.full(256, 255, dtype=np.uint8)
+_HEX_VALUES[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+_HEX_VALUES[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+
+
+def _without_costly_logical_types(text: str) -> str:
+    schema = json.loads(text)
+    if isinstance(schema, dict) and schema.get("type") == "record":
+        for avro_field in schema.get("fields", []):
+            avro_field["type"] = _plain_if_costly(avro_field["type"])
+    return json.dumps(schema)
+
+
+def _plain_if_costly(avro: Any) -> Any:
+    if isinstance(avro, list):
+        return [_plain_if_costly(branch) for branch in avro]
+    if isinstance(avro, dict) and (avro.get("type"), avro.get("logicalType")) in _READ_PLAIN:
+        return avro["type"]
+    return avro
+
+
+def _uuid_array(strings: pa.StringArray) -> pa.Array:
+    """Canonical UUID strings (`8-4-4-4-12` hex digits) as an Arrow uuid array, vectorized; `ArrowInvalid` when
+    one is not such a string."""
+    count = len(strings)
+    hex_digits = pc.replace_substring(strings.fill_null("0" * 32), "-", "")
+    if count and not pc.all(pc.equal(pc.binary_length(hex_digits), 32)).as_py():
+        raise pa.ArrowInvalid("a value is not a UUID string")
+    start = int(np.frombuffer(hex_digits.buffers()[1], np.int32, count=1, offset=hex_digits.offset * 4)[0])
+    digits = np.frombuffer(hex_digits.buffers()[2], np.uint8, count=count * 32, offset=start)
+    nibbles = _HEX_VALUES[digits]
+    if (nibbles == 255).any():
+        raise pa.ArrowInvalid("a value is not a UUID string")
+    packed = (nibbles[0::2] << 4) | nibbles[1::2]
+    validity = None if strings.null_count == 0 else pc.is_valid(strings).buffers()[1]
+    storage = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), count, [validity, pa.py_buffer(packed.tobytes())])
+    return pa.ExtensionArray.from_storage(pa.uuid(), storage)
 
 
 def _read_record(value: bytes, start: int, parsed: Any, schema_id: int) -> tuple[dict[str, Any] | None, str | None]:
