@@ -5,7 +5,10 @@ Downstream assets (`engine.tables.writes`, `engine.spark.writes`): the table is 
 else the asset key joined by `.` (`rpc/sauce_daily` -> `rpc.sauce_daily`). `write_mode` metadata is `overwrite`
 (default) or `append`; for a partitioned asset an overwrite replaces only the materialized partitions' rows, found
 through `partition_expr` metadata (the column of a single partitions definition, or `{dimension: column}` for multi
-partitions), as dagster-iceberg does. `partition_spec` metadata (`"day(order_date)"` or a list) partitions a table
+partitions), as dagster-iceberg does. `write_mode: upsert` with dagster-iceberg's `upsert_options` metadata
+(`join_cols`, `when_matched_update_all`, `when_not_matched_insert_all`, both true by default) replaces the rows whose
+keys the data holds and inserts the others, rewriting only the data files that hold those keys
+(`engine.tables.upserts.upsert_rows`). `partition_spec` metadata (`"day(order_date)"` or a list) partitions a table
 created on first write. Snapshot properties name the Dagster run and partitions.
 
 `load_input` (`engine.spark.table_source`): the columns of `AssetIn(metadata={"columns": [...]})`, the downstream
@@ -34,6 +37,7 @@ from kafscale_lakehouse.engine.tables import (
     WRITE_MODES,
     TableWrite,
     TableWriteResult,
+    UpsertOptions,
     all_of,
     any_of,
     iceberg_schema_of,
@@ -60,6 +64,7 @@ log = logging.getLogger(__name__)
 WRITE_MODE_KEY = "write_mode"
 PARTITION_EXPR_KEY = "partition_expr"
 PARTITION_SPEC_KEY = "partition_spec"
+UPSERT_OPTIONS_KEY = "upsert_options"
 COLUMNS_KEY = "columns"
 # Snapshot summary properties of a downstream write.
 DAGSTER_RUN_PROPERTY = "dagster.run-id"
@@ -102,6 +107,7 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
                 f"asset {context.asset_key.to_user_string()}",
             )
         partition_keys = list(context.asset_partition_keys) if context.has_asset_partitions else []
+        upsert = upsert_options(metadata, mode, f"asset {context.asset_key.to_user_string()}")
         write = TableWrite(
             identifier=identifier,
             run_id=context.run_id,
@@ -116,6 +122,7 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
                 **({DAGSTER_PARTITIONS_PROPERTY: json.dumps(partition_keys)} if partition_keys else {}),
             },
             target_file_size_bytes=self.target_file_size_bytes,
+            upsert=upsert,
         )
         catalog = load_catalog(self.iceberg_catalog.settings())
         result = write_arrow(catalog, obj, write) if isinstance(obj, pa.Table) else write_dataframe(catalog, obj, write)
@@ -157,6 +164,32 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
 def plain_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     """Definition metadata with `MetadataValue`s unwrapped (`MetadataValue.text("append")` -> `"append"`)."""
     return {k: v.value if isinstance(v, dg.MetadataValue) else v for k, v in (metadata or {}).items()}
+
+
+def upsert_options(metadata: Mapping[str, Any], mode: str, what: str) -> UpsertOptions | None:
+    """dagster-iceberg's `upsert_options` metadata of a `write_mode: upsert` output; errors name the key."""
+    options = metadata.get(UPSERT_OPTIONS_KEY)
+    if mode != "upsert":
+        if options is not None:
+            raise ValueError(f"{what}: metadata {UPSERT_OPTIONS_KEY} is only used with {WRITE_MODE_KEY}=upsert")
+        return None
+    if not isinstance(options, Mapping):
+        raise ValueError(f"{what}: {WRITE_MODE_KEY}=upsert needs metadata {UPSERT_OPTIONS_KEY} "
+                         "{'join_cols': [...], 'when_matched_update_all': bool, 'when_not_matched_insert_all': bool}")
+    unknown = sorted(set(options) - {"join_cols", "when_matched_update_all", "when_not_matched_insert_all"})
+    if unknown:
+        raise ValueError(f"{what}: metadata {UPSERT_OPTIONS_KEY} has unknown keys {unknown}")
+    join_cols = options.get("join_cols")
+    if isinstance(join_cols, str) or not join_cols or not all(isinstance(c, str) for c in join_cols):
+        raise ValueError(f"{what}: metadata {UPSERT_OPTIONS_KEY}.join_cols must be a non-empty list of column names, "
+                         f"got {join_cols!r}")
+    flags = {}
+    for name in ("when_matched_update_all", "when_not_matched_insert_all"):
+        flags[name] = options.get(name, True)
+        if not isinstance(flags[name], bool):
+            raise ValueError(f"{what}: metadata {UPSERT_OPTIONS_KEY}.{name} must be true or false, got "
+                             f"{flags[name]!r}")
+    return UpsertOptions(tuple(join_cols), **flags)
 
 
 def table_identifier(asset_key: dg.AssetKey, metadata: Mapping[str, Any]) -> str:

@@ -44,6 +44,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     read_topic_offsets,
     summary_properties,
 )
+from kafscale_lakehouse.engine.tables.upserts import UpsertOptions
 from kafscale_lakehouse.engine.tables.writes import WRITE_MODES, TableWrite, TableWriteResult, iceberg_schema_of
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "TableNotFoundError",
     "TableWrite",
     "TableWriteResult",
+    "UpsertOptions",
     "all_of",
     "ancestry",
     "any_of",

@@ -429,6 +429,63 @@ def _plan_rewrite(table: Table, keys: pa.Table, job: SinkJob) -> _Rewrite:
     return _Rewrite(removed, added, rows_removed)
 
 
+@dataclass(frozen=True)
+class _Committed:
+    snapshot_id: int
+    attempts: int
+    rewrite: _Rewrite
+
+
+def _commit_replacing_keys(table: Table, keys: pa.Table, new_files: Sequence[DataFile], job: SinkJob, *,
+                           what: str, properties: Mapping[str, str], check: Callable[[Table], None] | None = None,
+                           positions: tuple[str, Mapping[int, int]] | None = None,
+                           max_attempts: int = DEFAULT_COMMIT_ATTEMPTS) -> _Committed:
+    """One overwrite snapshot removing the rows of `keys` (their files rewritten without them) and adding
+    `new_files`; planned again when a concurrent commit removed a file it rewrites. On failure every file it wrote
+    and `new_files` are deleted, except when the outcome is unknown (they may be referenced)."""
+    table_name = ".".join(table.name())
+    commit_id = uuid.uuid4().hex
+    before_first: list[int | None] = []
+
+    def check_attempt(current: Table) -> None:
+        if not before_first:
+            before_first.append(current.metadata.current_snapshot_id)
+        if check is not None:
+            check(current)
+
+    for plan in range(1, MAX_PLANS + 1):
+        rewrite = _plan_rewrite(table, keys, job)
+        added = [*rewrite.added, *new_files]
+        snapshot_properties = {**properties, REWRITTEN_FILES_PROPERTY: str(len(rewrite.removed))}
+        try:
+            snapshot_id, attempts = commit_rewrite(
+                table, rewrite.removed, added, marker=(COMMIT_ID_PROPERTY, commit_id), what=what,
+                properties=snapshot_properties, check=check_attempt, max_attempts=max_attempts, positions=positions)
+        except CommitOutcomeUnknownError:
+            raise  # the files may be referenced: kept for the clean-up of ended runs
+        except RewriteAbandonedError as exc:
+            delete_data_files(table.io, [f.file_path for f in rewrite.added])
+            if plan == MAX_PLANS:
+                delete_uncommitted(table, [f.file_path for f in new_files], table_name, job.run_id)
+                raise UpsertError(f"table {table_name}: {what} planned {plan} times, concurrent commits kept "
+                                  f"replacing its files: {exc}") from exc
+            log.info("table %s: %s; planning %s again", table_name, exc, what)
+            continue
+        except CommitFailedException as exc:
+            landed = find_commit_after_refresh(table, commit_id, before_first[0] if before_first else None)
+            if landed is not None:
+                return _Committed(landed, max_attempts, rewrite)
+            delete_uncommitted(table, [f.file_path for f in added], table_name, job.run_id)
+            raise CommitRetriesExhaustedError(
+                f"table {table_name}: {what} lost to concurrent commits {max_attempts} times; data files deleted"
+            ) from exc
+        except BaseException:
+            delete_uncommitted(table, [f.file_path for f in added], table_name, job.run_id)
+            raise
+        return _Committed(snapshot_id, attempts, rewrite)
+    raise AssertionError("unreachable")
+
+
 @timed("Iceberg upsert commit")
 def commit_upsert(
     table: Table,
@@ -468,12 +525,8 @@ def commit_upsert(
     if changes.keyless:
         log.warning("table %s: %d tombstones of run %s name no key (no id columns, no JSON record key holding "
                     "them); they delete nothing", table_name, changes.keyless, run_id)
-    commit_id = uuid.uuid4().hex
-    before_first: list[int | None] = []
 
     def check(current: Table) -> None:
-        if not before_first:
-            before_first.append(current.metadata.current_snapshot_id)
         refuse_changed_spec(current, new_state, [f.file_path for f in new_state], run_id)
         committed = read_committed_offsets(current).get(topic, {})
         conflict = first_offset_conflict(committed, start_offsets)
@@ -483,51 +536,105 @@ def commit_upsert(
         if before_attempt is not None:
             before_attempt(current)
 
-    rewrite = _Rewrite([], [], 0)
-    for plan in range(1, MAX_PLANS + 1):
-        rewrite = _plan_rewrite(table, changes.keys, job)
-        added = [*rewrite.added, *new_state]
-        properties = {
-            **(snapshot_properties or {}),
-            RUN_ID_PROPERTY: run_id,
-            UPSERTED_KEYS_PROPERTY: str(changes.upserts.num_rows),
-            DELETED_KEYS_PROPERTY: str(changes.deleted),
-            REWRITTEN_FILES_PROPERTY: str(len(rewrite.removed)),
-        }
-        if changes.keyless:
-            properties[KEYLESS_RECORDS_PROPERTY] = str(changes.keyless)
-        try:
-            snapshot_id, attempts = commit_rewrite(
-                table, rewrite.removed, added, marker=(COMMIT_ID_PROPERTY, commit_id), what=f"upsert of run {run_id}",
-                properties=properties, check=check, max_attempts=max_attempts,
-                positions=(topic, dict(end_offsets)))
-        except CommitOutcomeUnknownError:
-            raise  # the files may be referenced: kept for the clean-up of ended runs
-        except RewriteAbandonedError as exc:
-            delete_data_files(table.io, [f.file_path for f in rewrite.added])
-            if plan == MAX_PLANS:
-                delete_uncommitted(table, [f.file_path for f in new_state], table_name, run_id)
-                raise UpsertError(f"table {table_name}: upsert of run {run_id} planned {plan} times, concurrent "
-                                  f"commits kept replacing its files: {exc}") from exc
-            log.info("table %s: %s; planning the upsert of run %s again", table_name, exc, run_id)
-            continue
-        except CommitFailedException as exc:
-            landed = find_commit_after_refresh(table, commit_id, before_first[0] if before_first else None)
-            if landed is not None:
-                snapshot_id, attempts = landed, max_attempts
-                break
-            delete_uncommitted(table, [f.file_path for f in added], table_name, run_id)
-            raise CommitRetriesExhaustedError(
-                f"table {table_name}: upsert of run {run_id} lost to concurrent commits {max_attempts} times; "
-                "data files deleted") from exc
-        except BaseException:
-            delete_uncommitted(table, [f.file_path for f in added], table_name, run_id)
-            raise
-        break
+    properties = {
+        **(snapshot_properties or {}),
+        RUN_ID_PROPERTY: run_id,
+        UPSERTED_KEYS_PROPERTY: str(changes.upserts.num_rows),
+        DELETED_KEYS_PROPERTY: str(changes.deleted),
+    }
+    if changes.keyless:
+        properties[KEYLESS_RECORDS_PROPERTY] = str(changes.keyless)
+    committed = _commit_replacing_keys(table, changes.keys, new_state, job, what=f"upsert of run {run_id}",
+                                       properties=properties, check=check, positions=(topic, dict(end_offsets)),
+                                       max_attempts=max_attempts)
     topic_offsets = read_topic_offsets(table, topic)
+    rewrite = committed.rewrite
     log.info("table %s: run %s upserted %d keys and deleted %d in snapshot %d (%d files rewritten), %s offsets %s",
-             table_name, run_id, changes.upserts.num_rows, changes.deleted, snapshot_id, len(rewrite.removed), topic,
-             topic_offsets)
-    return CommitResult(snapshot_id=snapshot_id, topic_offsets=topic_offsets, attempts=attempts,
+             table_name, run_id, changes.upserts.num_rows, changes.deleted, committed.snapshot_id,
+             len(rewrite.removed), topic, topic_offsets)
+    return CommitResult(snapshot_id=committed.snapshot_id, topic_offsets=topic_offsets, attempts=committed.attempts,
                         data_file_count=len(rewrite.added) + len(new_state),
                         record_count=sum(f.record_count for f in [*rewrite.added, *new_state]))
+
+
+# ---- downstream upserts (the IO manager's `write_mode: upsert`) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpsertOptions:
+    """dagster-iceberg's `upsert_options` (pyiceberg's `Table.upsert` arguments): rows of `join_cols` found in the
+    table replace theirs when `when_matched_update_all`, the others are inserted when `when_not_matched_insert_all`."""
+
+    join_cols: tuple[str, ...]
+    when_matched_update_all: bool = True
+    when_not_matched_insert_all: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.join_cols:
+            raise ValueError("upsert_options.join_cols must name at least one column")
+
+
+@dataclass(frozen=True)
+class RowsUpserted:
+    snapshot_id: int | None  # None: nothing to commit
+    rows_written: int
+    rows_replaced: int
+    files_rewritten: int
+    data_files: int
+    attempts: int
+
+
+def upsert_rows(table: Table, data_files: Sequence[DataFile], options: UpsertOptions, run_id: str, *,
+                target_file_size_bytes: int, snapshot_properties: Mapping[str, str] | None = None,
+                max_attempts: int = DEFAULT_COMMIT_ATTEMPTS) -> RowsUpserted:
+    """Upsert the rows of the uncommitted `data_files` (a downstream write's) into `table` by `options.join_cols`, in
+    one overwrite snapshot that rewrites only the files holding matched keys. Like pyiceberg's `Table.upsert`, the
+    rows must not repeat a key (`UpsertError` names one). `data_files` are deleted once read."""
+    table_name = ".".join(table.name())
+    ids = list(options.join_cols)
+    job = SinkJob.for_table(table, run_id, target_file_size_bytes)
+    try:
+        rows = _read_files(table, data_files)
+        missing = [name for name in ids if name not in rows.column_names]
+        if missing:
+            raise UpsertError(f"table {table_name}: upsert_options.join_cols {missing} are not columns of the table")
+        counts = rows.select(ids).group_by(ids).aggregate([([], "count_all")])
+        repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
+        if repeated.num_rows:
+            raise UpsertError(f"table {table_name}: the rows to upsert repeat {repeated.num_rows} keys of {ids}, e.g. "
+                              f"{repeated.select(ids).slice(0, 1).to_pylist()[0]}; an upsert takes one row per key")
+        if not _all_valid(rows, ids).to_numpy(zero_copy_only=False).all():
+            raise UpsertError(f"table {table_name}: rows to upsert have null values in join_cols {ids}")
+        keys = rows.select(ids)
+        if not (options.when_matched_update_all and options.when_not_matched_insert_all):
+            matched = _keys_in_table(table, keys)
+            if options.when_matched_update_all:
+                rows = rows.join(matched, keys=ids, join_type="left semi")
+            else:
+                rows = rows.join(matched, keys=ids, join_type="left anti") if options.when_not_matched_insert_all \
+                    else rows.slice(0, 0)
+                keys = keys.slice(0, 0)  # matched rows stay as they are
+            if options.when_matched_update_all:
+                keys = rows.select(ids)
+        new_files = write_batches_as_data_files(job, rows.to_batches(), _DRIVER_TASK_ID) if rows.num_rows else []
+    except BaseException:
+        delete_data_files(table.io, [f.file_path for f in data_files])
+        raise
+    delete_data_files(table.io, [f.file_path for f in data_files])
+    if not new_files and keys.num_rows == 0:
+        return RowsUpserted(None, 0, 0, 0, 0, 0)
+    committed = _commit_replacing_keys(table, keys, new_files, job, what=f"upsert of run {run_id}",
+                                       properties=dict(snapshot_properties or {}), max_attempts=max_attempts)
+    return RowsUpserted(committed.snapshot_id, rows.num_rows, committed.rewrite.rows_removed,
+                        len(committed.rewrite.removed), len(new_files) + len(committed.rewrite.added),
+                        committed.attempts)
+
+
+def _keys_in_table(table: Table, keys: pa.Table) -> pa.Table:
+    """Which of `keys` the table holds (read from the files that may hold them)."""
+    found = [_read_files(table, [f]).select(keys.column_names).join(keys, keys=keys.column_names,
+                                                                     join_type="left semi")
+             for f in files_to_rewrite(table, keys)]
+    if not found:
+        return keys.slice(0, 0)
+    return pa.concat_tables(found).group_by(keys.column_names).aggregate([])

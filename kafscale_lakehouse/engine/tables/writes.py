@@ -38,11 +38,12 @@ from kafscale_lakehouse.engine.tables.data_files import (
     DEFAULT_TARGET_FILE_SIZE_BYTES,
     delete_data_files,
 )
+from kafscale_lakehouse.engine.tables.upserts import UpsertError, UpsertOptions, upsert_rows
 
 log = logging.getLogger(__name__)
 
-WriteMode = Literal["append", "overwrite"]
-WRITE_MODES: tuple[str, ...] = ("append", "overwrite")
+WriteMode = Literal["append", "overwrite", "upsert"]
+WRITE_MODES: tuple[str, ...] = ("append", "overwrite", "upsert")
 DEFAULT_COMMIT_ATTEMPTS = 10
 _RETRY_WAIT_SECONDS = 0.2
 
@@ -58,7 +59,8 @@ class TableWriteSchemaError(TableWriteError):
 @dataclass(frozen=True)
 class TableWrite:
     """What to write where. `replace_filter` (overwrite only): the rows replaced; None replaces the whole table.
-    `snapshot_properties` go into both snapshots of the commit (they name the Dagster run and partition)."""
+    `snapshot_properties` go into both snapshots of the commit (they name the Dagster run and partition).
+    `upsert` (mode upsert only): the keys and what to do with matched and unmatched rows (`upserts.UpsertOptions`)."""
 
     identifier: str
     run_id: str
@@ -69,12 +71,15 @@ class TableWrite:
     snapshot_properties: Mapping[str, str] = field(default_factory=dict)
     target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES
     commit_attempts: int = DEFAULT_COMMIT_ATTEMPTS
+    upsert: UpsertOptions | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in WRITE_MODES:
             raise ValueError(f"table {self.identifier}: write mode {self.mode!r} is not one of {WRITE_MODES}")
         if self.mode == "append" and self.replace_filter is not None:
             raise ValueError(f"table {self.identifier}: an append replaces no rows (replace_filter is for overwrite)")
+        if (self.mode == "upsert") != (self.upsert is not None):
+            raise ValueError(f"table {self.identifier}: upsert options go with write mode upsert, and only with it")
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,8 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
     endpoint = catalog_endpoint(table.catalog)
     properties = dict(write.snapshot_properties)
     rows = sum(f.record_count for f in data_files)
+    if write.upsert is not None:
+        return _commit_upsert(table, data_files, write, write.upsert, created=created, added=added)
     if write.mode == "append" and not data_files:
         log.info("table %s: run %s appends no rows, nothing to commit", write.identifier, write.run_id)
         return _result(table, write, None, 0, 0, created, added, 0)
@@ -255,6 +262,23 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
         return _result(table, write, snapshot.snapshot_id if snapshot else None, rows, len(data_files), created,
                        added, attempt)
     raise AssertionError("unreachable")
+
+
+def _commit_upsert(table: Table, data_files: Sequence[DataFile], write: TableWrite, options: UpsertOptions, *,
+                   created: bool, added: tuple[str, ...]) -> TableWriteResult:
+    """Copy-on-write upsert by `options.join_cols` (`upserts.upsert_rows`): only files holding matched keys are
+    rewritten."""
+    try:
+        upserted = upsert_rows(table, data_files, options, write.run_id,
+                               target_file_size_bytes=write.target_file_size_bytes,
+                               snapshot_properties=write.snapshot_properties, max_attempts=write.commit_attempts)
+    except UpsertError as exc:
+        raise TableWriteError(str(exc)) from exc
+    log.info("table %s: run %s upserted %d rows (%d replaced, %d files rewritten) in snapshot %s",
+             write.identifier, write.run_id, upserted.rows_written, upserted.rows_replaced, upserted.files_rewritten,
+             upserted.snapshot_id)
+    return _result(table, write, upserted.snapshot_id, upserted.rows_written, upserted.data_files, created, added,
+                   upserted.attempts)
 
 
 def _result(table: Table, write: TableWrite, snapshot_id: int | None, rows: int, files: int, created: bool,
