@@ -20,7 +20,6 @@ that partition waits, the others go on), registered as a run (run_files.py) so a
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import MappingConfig
-from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.ingestion.lfs import lfs_read_settings
 from kafscale_lakehouse.engine.ingestion.positions import table_identity
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, open_mapping_table
@@ -44,7 +42,6 @@ from kafscale_lakehouse.engine.ingestion.validation import (
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
 from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.commits import CommitOutcomeUnknownError, delete_data_files, rows_must_match
-from kafscale_lakehouse.engine.tables.dead_letters import open_dead_letter_table, remove_dead_letters_from
 from kafscale_lakehouse.engine.tables.rewrites import RecordRange, commit_rewrite
 from kafscale_lakehouse.engine.tables.run_files import (
     RunRecord,
@@ -59,7 +56,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     read_topic_offsets,
     skipped_summary_properties,
 )
-from kafscale_lakehouse.offsets import Lease, LeaseHeldError, LeaseLostError
+from kafscale_lakehouse.offsets import Lease, LeaseHeldError
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.storage import OffsetBeyondSegmentsError, SegmentRef, find_gaps, segments_from
 
@@ -206,7 +203,6 @@ class PositionMove:
     after: int
     snapshot_id: int | None
     rows_removed: int = 0
-    dead_letters_removed_in: str | None = None  # `<dead-letter table> snapshot <id>`: a move back's dead letters
 
     def describe(self) -> str:
         before = "none" if self.before is None else self.before
@@ -215,8 +211,6 @@ class PositionMove:
         what = (f"offsets {self.before}..{self.after - 1} are skipped (recorded as kafscale.skipped.{self.topic})"
                 if self.before is not None and self.after > self.before else
                 f"{self.rows_removed} rows of offsets {self.after}.. removed; the next run lands them again"
-                + (f" (their dead letters removed from {self.dead_letters_removed_in})"
-                   if self.dead_letters_removed_in else "")
                 if self.before is not None else "the next run starts there")
         return (f"table {self.table}: topic {self.topic} partition {self.partition} next offset {before} -> "
                 f"{self.after} in snapshot {self.snapshot_id}: {what}")
@@ -233,7 +227,7 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
     skip of `skipping_from..next_offset - 1`, `offsets skip`): the move is refused unless the table is there (or holds
     none of the partition), and the skip is recorded in both cases."""
     topic = mapping.topic
-    validation, table = _open_table(context, mapping)
+    _, table = _open_table(context, mapping)
     table_name = ".".join(table.name())
     if next_offset < 0:
         raise ReplayError(f"table {table_name}: next offset {next_offset} of partition {partition} is negative")
@@ -261,9 +255,6 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
         now = read_topic_offsets(table, topic)
         context.offsets.repair_offsets([lease], {partition: (now[partition], 0)})
         context.offsets.record_table_identity([lease], table_identity(table, now))
-        if move.before is not None and move.after < move.before and validation.dead_letter_table is not None:
-            removed_in = _remove_dead_letters(context, table, validation.dead_letter_table, move, lease, run_id)
-            move = dataclasses.replace(move, dead_letters_removed_in=removed_in)
     finally:
         lease.release()
     log.warning("%s", move.describe())
@@ -299,35 +290,6 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
     forget_run(context.offsets, records.topic, run_id)
     return PositionMove(plan.table, records.topic, records.offsets.partition, plan.table_next_offset,
                         records.offsets.start, snapshot_id, rows_removed=_rows_removed(removed, rewritten))
-
-
-def _remove_dead_letters(context: IngestContext, table: Table, dead_letter_table: str, move: PositionMove,
-                         lease: Lease, run_id: str) -> str | None:
-    """After a move back, the dead letters of the offsets moved back over go too (`remove_dead_letters_from`), so
-    that reading them again lands each dead letter once. Not doing it loses nothing and doubles nothing: the run that
-    lands those offsets again replaces their dead letters when it publishes; so a failure here only warns. Returns
-    `<dead-letter table> snapshot <id>` when it removed some."""
-    catalog = table.catalog
-    if not catalog.table_exists(dead_letter_table):
-        return None
-
-    def still_moved() -> None:
-        context.offsets.confirm_lease(lease)
-        table.refresh()
-        now = read_topic_offsets(table, move.topic).get(move.partition)
-        if now != move.after:
-            raise ReplayError(f"table {move.table}: the next offset of partition {move.partition} is now {now}, no "
-                              f"longer {move.after}")
-
-    try:
-        snapshot_id = remove_dead_letters_from(open_dead_letter_table(catalog, dead_letter_table), move.topic,
-                                               move.partition, move.after, run_id=run_id, check=still_moved)
-    except (EngineError, LeaseLostError, ReplayError) as exc:
-        log.warning("table %s: position moved back, but the dead letters of partition %d from offset %d on stay in "
-                    "%s for now (%s); the run that lands those offsets again replaces them", move.table,
-                    move.partition, move.after, dead_letter_table, exc)
-        return None
-    return None if snapshot_id is None else f"{dead_letter_table} snapshot {snapshot_id}"
 
 
 def _open_table(context: IngestContext, mapping: MappingConfig) -> tuple[RecordValidation, Table]:

@@ -37,23 +37,24 @@ publication *replaces*: in its one commit it deletes the dead letters of the off
 (`kafscale.dead-letter.offsets.<topic>`, the run's whole committed range per partition, invalid records or not) and
 appends the staged files. Every snapshot of ours on the dead-letter table carries `kafscale.dead-letter.ends.<topic>`,
 per partition an offset at or beyond which the table holds no dead letter (a publication raises it to the end of its
-range, a move back lowers it to its offset), so the usual forward publication knows without reading a manifest that
-there is nothing to replace; a table written before the key scans the topic's offsets once. A run with no invalid
-records still stages an (empty) snapshot when the table may hold dead letters of its range, so dead letters of records
-that are valid now (schema fixed since) go when their records land. Exactly-once under a crash between the two tables'
-commits follows from the order of publications per partition: a run publishes the pending staged snapshots of its
-table (older ranges) before it commits, under the leases of its partitions, so for each partition the newest
-publication of a range is the last one, and replacing makes it the only one. On a rollback the dead letters of
-offsets beyond the table's position stay until those offsets land again, then are replaced, never doubled.
-A move back also removes the dead letters from its offset on (`remove_dead_letters_from`, under the partition's lease,
-after the table commit, re-checking the position): a crash before it loses nothing, the re-ingest replaces them.
+range), so the usual forward publication knows without reading a manifest that there is nothing to replace; a table
+written before the key scans the topic's offsets once. A run with no invalid records still stages an (empty) snapshot
+when the table may hold dead letters of its range, so dead letters of records that are valid now (schema fixed since)
+go when their records land. Exactly-once under a crash between the two tables' commits follows from the order of
+publications per partition: a run publishes the pending staged snapshots of its table (older ranges) before it
+commits, under the leases of its partitions, so for each partition the newest publication of a range is the last one,
+and replacing makes it the only one.
+So after a move back or a rollback, the dead letters of offsets beyond the table's position stay until those offsets
+land again, then are replaced, never doubled. A move back deliberately does not delete them itself: a later rollback
+of the table past the move would bring the rows back but not their dead letters (lost in both tables), and nothing
+can be lost while publication is the only writer of dead letters.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import reduce
@@ -441,45 +442,6 @@ def _added_files(table: Table, snapshot: Snapshot) -> list[DataFile]:
 
 
 # ------------------------------------------------------------------------------------------ offsets read again
-
-
-def remove_dead_letters_from(table: Table, topic: str, partition: int, next_offset: int, *, run_id: str,
-                             check: Callable[[], None], max_attempts: int = DEFAULT_PUBLISH_ATTEMPTS) -> int | None:
-    """A position moved back to `next_offset`: remove the dead letters of `topic` `partition` at or beyond it from
-    the dead-letter `table`, as the move removed the table's rows, so the offsets read again land their dead letters
-    once. Returns the snapshot id, None when the table holds none there (by its ends, no manifest read).
-
-    Call it after the move's table commit, under the partition's lease. `check` runs before every attempt and raises
-    to stop: it confirms the lease and that the table's position is still `next_offset`. Then no run has committed
-    the partition since the move, so none has published dead letters of these offsets (a run publishes after its
-    table commit): a publication landing meanwhile makes this commit fail and check again. A crash before this
-    commit leaves the dead letters in place; the publication of the run that reads the offsets again replaces them."""
-    table_name = ".".join(table.name())
-    for attempt in range(1, max_attempts + 1):
-        with catalog_errors(catalog_endpoint(table.catalog)):
-            table.refresh()
-        ends = dead_letter_ends(table, topic)
-        if ends.get(partition, 0) <= next_offset:
-            return None
-        check()
-        properties = {RUN_ID_PROPERTY: run_id, **_ends_properties(table, {topic: {**ends, partition: next_offset}})}
-        try:
-            with catalog_errors(catalog_endpoint(table.catalog)):
-                append_without_client_retries(table, [], properties,
-                                              replacing=_rows_of({topic: {partition: (next_offset, None)}}))
-        except CommitFailedException as exc:
-            if attempt == max_attempts:
-                raise DeadLetterError(f"dead-letter table {table_name}: removing the dead letters of topic {topic} "
-                                      f"partition {partition} from offset {next_offset} lost to concurrent commits "
-                                      f"{attempt} times") from exc
-            time.sleep(_RETRY_WAIT_SECONDS * attempt)
-            continue
-        snapshot_id = committed_snapshot_id(table)
-        log.warning("dead-letter table %s: removed the dead letters of topic %s partition %d from offset %d on "
-                    "(position moved back, run %s) in snapshot %d", table_name, topic, partition, next_offset, run_id,
-                    snapshot_id)
-        return snapshot_id
-    return None
 
 
 def dead_letter_ends(table: Table, topic: str) -> dict[int, int]:

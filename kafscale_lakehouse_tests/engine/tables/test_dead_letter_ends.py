@@ -1,64 +1,54 @@
-"""The dead-letter table's ends (`kafscale.dead-letter.ends.<topic>`) and the removal of a move back's dead letters
-(engine/tables/dead_letters.py), on both catalogs: a table written before the key is scanned once, the removal keeps
-what lies before the move, records the new end, and commits nothing when its check refuses or nothing lies there."""
+"""The dead-letter table's ends (`kafscale.dead-letter.ends.<topic>`, engine/tables/dead_letters.py) on both
+catalogs: a table written before the key is scanned once, and a publication replaces the dead letters it already
+holds of the offsets it covers (read again after a move back or a rollback), in one commit, other partitions kept."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 import pyarrow as pa
-import pytest
 
 from kafscale_lakehouse.engine.tables.dead_letters import (
     DEAD_LETTER_ARROW_SCHEMA,
     dead_letter_ends,
+    dead_letter_target,
     open_dead_letter_table,
-    remove_dead_letters_from,
+    publish_dead_letters,
+    stage_dead_letters,
 )
 from kafscale_lakehouse.engine.tables.summary import DEAD_LETTER_ENDS_PROPERTY_PREFIX
-
-TOPIC = "orders"
-
-
-class RefusedError(Exception):
-    pass
+from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_RECORDS
+from kafscale_lakehouse_tests.validation_modes.test_dead_letter_table import TOPIC, read_source_batches, split
 
 
-def dead_letters(partition: int, offsets: range) -> pa.Table:
+def published_before_the_key(partition: int, offsets: list[int]) -> pa.Table:
     now = datetime.now(UTC)
     return pa.Table.from_pylist([
         {"record_id": f"{TOPIC}:{partition}:{o}", "topic": TOPIC, "partition": partition, "offset": o,
-         "timestamp_ms": 0, "value": b"x", "error": "invalid", "schema_path": None, "run_id": "legacy",
+         "timestamp_ms": 0, "value": b"x", "error": "invalid", "schema_path": None, "run_id": "earlier",
          "ingested_at": now} for o in offsets], schema=DEAD_LETTER_ARROW_SCHEMA)
 
 
-def offsets_of(table, partition: int) -> list[int]:
-    table.refresh()
-    rows = table.scan(selected_fields=("partition", "offset")).to_arrow().to_pylist()
-    return sorted(r["offset"] for r in rows if r["partition"] == partition)
+def test_a_publication_replaces_the_dead_letters_of_its_offsets_in_a_table_written_before_the_ends_key(
+        catalog, namespace, tmp_path):
+    dead_letters = open_dead_letter_table(catalog, f"{namespace}.pizzas_dead_letters")
+    dead_letters.append(published_before_the_key(0, sorted(FAULTS)))
+    dead_letters.append(published_before_the_key(1, [0, 1, 2]))
+    assert dead_letter_ends(dead_letters, TOPIC) == {0: max(FAULTS) + 1, 1: 3}, "no key: scanned"
+    splitter, _ = split(read_source_batches(tmp_path),
+                        dead_letter_target(dead_letters, "run-again", target_file_size_bytes=1 << 20))
+    staged = stage_dead_letters(dead_letters, splitter.stats.dead_letter_files, run_id="run-again",
+                                source_table=f"{namespace}.pizzas", topic=TOPIC,
+                                offset_ranges={0: (0, SEGMENT_RECORDS)})
 
+    published = publish_dead_letters(dead_letters, staged, source_snapshot_id=1)
 
-def test_a_move_back_removes_the_dead_letters_from_its_offset_on_and_records_the_new_end(catalog, namespace):
-    table = open_dead_letter_table(catalog, f"{namespace}.orders_dead_letters")
-    table.append(dead_letters(0, range(10)))  # written before the ends key existed
-    table.append(dead_letters(1, range(4)))
-    assert dead_letter_ends(table, TOPIC) == {0: 10, 1: 4}, "no key: the topic's offsets are scanned"
-
-    with pytest.raises(RefusedError):
-        remove_dead_letters_from(table, TOPIC, 0, 2, run_id="move-1", check=_refuse)
-    assert offsets_of(table, 0) == list(range(10)), "a refused check commits nothing"
-
-    snapshot_id = remove_dead_letters_from(table, TOPIC, 0, 6, run_id="move-2", check=lambda: None)
-
-    assert snapshot_id == table.current_snapshot().snapshot_id
-    assert offsets_of(table, 0) == list(range(6)) and offsets_of(table, 1) == list(range(4))
-    assert table.current_snapshot().summary[DEAD_LETTER_ENDS_PROPERTY_PREFIX + TOPIC] == '{"0":6,"1":4}'
-    assert dead_letter_ends(table, TOPIC) == {0: 6, 1: 4}
-    before = table.current_snapshot().snapshot_id
-    assert remove_dead_letters_from(table, TOPIC, 0, 6, run_id="move-3", check=_refuse) is None, (
-        "the recorded end says nothing lies there: no check, no commit")
-    assert table.current_snapshot().snapshot_id == before
-
-
-def _refuse() -> None:
-    raise RefusedError("the position moved on")
+    dead_letters.refresh()
+    rows = dead_letters.scan().to_arrow().to_pylist()
+    assert sorted((r["partition"], r["offset"], r["run_id"]) for r in rows) == [
+        *((0, o, "run-again") for o in sorted(FAULTS)), *((1, o, "earlier") for o in (0, 1, 2))]
+    assert dead_letters.current_snapshot().snapshot_id == published
+    assert dead_letters.current_snapshot().summary[DEAD_LETTER_ENDS_PROPERTY_PREFIX + TOPIC] == (
+        f'{{"0":{SEGMENT_RECORDS},"1":3}}')
+    assert publish_dead_letters(dead_letters, staged, source_snapshot_id=1) == published, "published once"
+    assert len(dead_letters.scan().to_arrow()) == len(rows)
