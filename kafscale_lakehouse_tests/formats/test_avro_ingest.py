@@ -17,6 +17,8 @@ from kafscale_lakehouse.engine.ingestion.run import IngestContext, IngestFailedE
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.offsets.ranges import OffsetRange
+from kafscale_lakehouse.schema.registry import SchemaNotFoundError, SchemaRegistryUnavailableError
+from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.formats.avro_orders import ORDER_V1, ORDER_V2, ORDER_V3, framed, order
 
@@ -169,3 +171,15 @@ def test_a_replay_of_an_avro_range_decodes_it_again_into_the_typed_columns(produ
         for column in ("order_id", "store_id", "lines", "coupon", "placed_at", "attributes"):
             assert after[offset][column] == before[offset][column], (offset, column)
     assert after[SCHEMA_CHANGE_AT + 2]["lines"][0]["sku"] == "sku-4"
+
+
+def test_a_registry_that_is_down_or_lacks_the_subject_fails_the_run_before_anything_is_read(
+        production_world, confluent_registry, spark):
+    world = production_world
+    _write_avro_topic(world, {1: 1, 2: 2})
+    [port] = free_ports(1)
+    with pytest.raises(SchemaRegistryUnavailableError, match=f"subject {world.topic}-value"):
+        ingest(world.config(_config_document(world, f"http://127.0.0.1:{port}", "lenient")), spark)
+    with pytest.raises(SchemaNotFoundError, match=f"subject {world.topic}-value.*40401"):
+        ingest(world.config(_config_document(world, confluent_registry.url, "lenient")), spark)
+    assert world.store_next_offsets() == {}
