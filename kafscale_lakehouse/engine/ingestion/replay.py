@@ -29,6 +29,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import MappingConfig
+from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.ingestion.lfs import lfs_read_settings
 from kafscale_lakehouse.engine.ingestion.positions import table_identity
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, open_mapping_table
@@ -65,7 +66,7 @@ log = logging.getLogger(__name__)
 REPLAY_PROPERTY = "kafscale.replay"  # on replay snapshots: `<topic>/<partition>/<start>-<end>` (end exclusive)
 
 
-class ReplayError(RuntimeError):
+class ReplayError(EngineError):
     """The replay cannot run or was stopped; nothing was replaced. The message names the table, range and cause."""
 
 
