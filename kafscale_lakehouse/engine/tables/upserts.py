@@ -407,25 +407,42 @@ def _read_files(table: Table, files: Sequence[DataFile]) -> pa.Table:
     return scan.to_table([FileScanTask(f) for f in files])
 
 
-def _plan_rewrite(table: Table, keys: pa.Table, job: SinkJob) -> _Rewrite:
-    """Read each file that may hold `keys` and write it again without their rows (files holding none are kept)."""
-    removed, added, rows_removed = [], [], 0
+def _plan_rewrite(table: Table, keys: pa.Table, new_rows: pa.Table, job: SinkJob) -> _Rewrite:
+    """Read each file that may hold `keys` and write it again without their rows, with the `new_rows` that replace
+    rows of it (so a file keeps the narrow key range it had, and the next upsert can skip it by its bounds); files
+    holding none of the keys are kept. The new rows of keys no file held are written to files of their own. Rows
+    are written in key order."""
+    ids = list(keys.column_names)
+    indexed = new_rows.append_column(_ROW, pa.array(np.arange(new_rows.num_rows, dtype=np.int64)))
+    placed = np.zeros(new_rows.num_rows, dtype=bool)
+    removed: list[DataFile] = []
+    added: list[DataFile] = []
+    rows_removed = 0
     candidates = files_to_rewrite(table, keys)
     try:
         for number, data_file in enumerate(candidates):
             rows = _read_files(table, [data_file])
-            kept = rows.join(keys, keys=list(keys.column_names), join_type="left anti")
+            kept = rows.join(keys, keys=ids, join_type="left anti")
             if kept.num_rows == rows.num_rows:
                 continue  # the bounds could not exclude it, but it holds none of the keys
             removed.append(data_file)
             rows_removed += rows.num_rows - kept.num_rows
-            if kept.num_rows:
-                added.extend(write_batches_as_data_files(job, kept.to_batches(), _DRIVER_TASK_ID + 1 + number))
+            replacing = indexed.join(rows.select(ids), keys=ids, join_type="left semi")
+            replacing = replacing.filter(pc.invert(pa.array(placed[replacing.column(_ROW).to_numpy()])))
+            placed[replacing.column(_ROW).to_numpy()] = True
+            merged = pa.concat_tables([kept, replacing.drop_columns([_ROW]).select(kept.column_names)])
+            if merged.num_rows:
+                added.extend(write_batches_as_data_files(job, merged.sort_by([(i, "ascending") for i in ids])
+                                                         .to_batches(), _DRIVER_TASK_ID + 1 + number))
+        rest = indexed.filter(pa.array(~placed)).drop_columns([_ROW])
+        if rest.num_rows:
+            added.extend(write_batches_as_data_files(job, rest.sort_by([(i, "ascending") for i in ids]).to_batches(),
+                                                     _DRIVER_TASK_ID))
     except BaseException:
         delete_data_files(table.io, [f.file_path for f in added])
         raise
-    log.info("table %s: %d of %d candidate files hold changed keys (%d rows replaced or deleted)",
-             ".".join(table.name()), len(removed), len(candidates), rows_removed)
+    log.info("table %s: %d of %d candidate files hold changed keys (%d rows replaced or deleted, %d rows added)",
+             ".".join(table.name()), len(removed), len(candidates), rows_removed, new_rows.num_rows)
     return _Rewrite(removed, added, rows_removed)
 
 
@@ -436,26 +453,29 @@ class _Committed:
     rewrite: _Rewrite
 
 
-def _commit_replacing_keys(table: Table, keys: pa.Table, new_files: Sequence[DataFile], job: SinkJob, *,
+def _commit_replacing_keys(table: Table, keys: pa.Table, new_rows: pa.Table, job: SinkJob, *,
                            what: str, properties: Mapping[str, str], check: Callable[[Table], None] | None = None,
                            positions: tuple[str, Mapping[int, int]] | None = None,
                            max_attempts: int = DEFAULT_COMMIT_ATTEMPTS) -> _Committed:
-    """One overwrite snapshot removing the rows of `keys` (their files rewritten without them) and adding
-    `new_files`; planned again when a concurrent commit removed a file it rewrites. On failure every file it wrote
-    and `new_files` are deleted, except when the outcome is unknown (they may be referenced)."""
+    """One overwrite snapshot removing the rows of `keys` and adding `new_rows` (`_plan_rewrite`); planned again
+    when a concurrent commit removed a file it rewrites, or when the table's spec changed since the files were
+    written. On failure every file it wrote is deleted, except when the outcome is unknown (they may be
+    referenced)."""
     table_name = ".".join(table.name())
     commit_id = uuid.uuid4().hex
     before_first: list[int | None] = []
 
-    def check_attempt(current: Table) -> None:
-        if not before_first:
-            before_first.append(current.metadata.current_snapshot_id)
-        if check is not None:
-            check(current)
-
     for plan in range(1, MAX_PLANS + 1):
-        rewrite = _plan_rewrite(table, keys, job)
-        added = [*rewrite.added, *new_files]
+        rewrite = _plan_rewrite(table, keys, new_rows, job)
+        added = rewrite.added
+
+        def check_attempt(current: Table, added: list[DataFile] = added) -> None:
+            if not before_first:
+                before_first.append(current.metadata.current_snapshot_id)
+            refuse_changed_spec(current, added, [f.file_path for f in added], job.run_id)
+            if check is not None:
+                check(current)
+
         snapshot_properties = {**properties, REWRITTEN_FILES_PROPERTY: str(len(rewrite.removed))}
         try:
             snapshot_id, attempts = commit_rewrite(
@@ -466,7 +486,6 @@ def _commit_replacing_keys(table: Table, keys: pa.Table, new_files: Sequence[Dat
         except RewriteAbandonedError as exc:
             delete_data_files(table.io, [f.file_path for f in rewrite.added])
             if plan == MAX_PLANS:
-                delete_uncommitted(table, [f.file_path for f in new_files], table_name, job.run_id)
                 raise UpsertError(f"table {table_name}: {what} planned {plan} times, concurrent commits kept "
                                   f"replacing its files: {exc}") from exc
             log.info("table %s: %s; planning %s again", table_name, exc, what)
@@ -517,17 +536,13 @@ def commit_upsert(
     job = SinkJob.for_table(table, run_id, target_file_size_bytes)
     try:
         changes = latest_changes(_read_files(table, data_files), key, events)
-        new_state = write_batches_as_data_files(job, changes.upserts.to_batches(), _DRIVER_TASK_ID)
-    except BaseException:
-        delete_data_files(table.io, [f.file_path for f in data_files])
-        raise
-    delete_data_files(table.io, [f.file_path for f in data_files])  # read: the new state replaces them
+    finally:
+        delete_data_files(table.io, [f.file_path for f in data_files])  # read: the new state is written again
     if changes.keyless:
         log.warning("table %s: %d tombstones of run %s name no key (no id columns, no JSON record key holding "
                     "them); they delete nothing", table_name, changes.keyless, run_id)
 
     def check(current: Table) -> None:
-        refuse_changed_spec(current, new_state, [f.file_path for f in new_state], run_id)
         committed = read_committed_offsets(current).get(topic, {})
         conflict = first_offset_conflict(committed, start_offsets)
         if conflict is not None:
@@ -544,7 +559,7 @@ def commit_upsert(
     }
     if changes.keyless:
         properties[KEYLESS_RECORDS_PROPERTY] = str(changes.keyless)
-    committed = _commit_replacing_keys(table, changes.keys, new_state, job, what=f"upsert of run {run_id}",
+    committed = _commit_replacing_keys(table, changes.keys, changes.upserts, job, what=f"upsert of run {run_id}",
                                        properties=properties, check=check, positions=(topic, dict(end_offsets)),
                                        max_attempts=max_attempts)
     topic_offsets = read_topic_offsets(table, topic)
@@ -553,8 +568,7 @@ def commit_upsert(
              table_name, run_id, changes.upserts.num_rows, changes.deleted, committed.snapshot_id,
              len(rewrite.removed), topic, topic_offsets)
     return CommitResult(snapshot_id=committed.snapshot_id, topic_offsets=topic_offsets, attempts=committed.attempts,
-                        data_file_count=len(rewrite.added) + len(new_state),
-                        record_count=sum(f.record_count for f in [*rewrite.added, *new_state]))
+                        data_file_count=len(rewrite.added), record_count=sum(f.record_count for f in rewrite.added))
 
 
 # ---- downstream upserts (the IO manager's `write_mode: upsert`) ----------------------------------------------------
@@ -616,18 +630,14 @@ def upsert_rows(table: Table, data_files: Sequence[DataFile], options: UpsertOpt
                 keys = keys.slice(0, 0)  # matched rows stay as they are
             if options.when_matched_update_all:
                 keys = rows.select(ids)
-        new_files = write_batches_as_data_files(job, rows.to_batches(), _DRIVER_TASK_ID) if rows.num_rows else []
-    except BaseException:
-        delete_data_files(table.io, [f.file_path for f in data_files])
-        raise
-    delete_data_files(table.io, [f.file_path for f in data_files])
-    if not new_files and keys.num_rows == 0:
+    finally:
+        delete_data_files(table.io, [f.file_path for f in data_files])  # read: written again with the rest
+    if rows.num_rows == 0 and keys.num_rows == 0:
         return RowsUpserted(None, 0, 0, 0, 0, 0)
-    committed = _commit_replacing_keys(table, keys, new_files, job, what=f"upsert of run {run_id}",
+    committed = _commit_replacing_keys(table, keys, rows, job, what=f"upsert of run {run_id}",
                                        properties=dict(snapshot_properties or {}), max_attempts=max_attempts)
     return RowsUpserted(committed.snapshot_id, rows.num_rows, committed.rewrite.rows_removed,
-                        len(committed.rewrite.removed), len(new_files) + len(committed.rewrite.added),
-                        committed.attempts)
+                        len(committed.rewrite.removed), len(committed.rewrite.added), committed.attempts)
 
 
 def _keys_in_table(table: Table, keys: pa.Table) -> pa.Table:
