@@ -187,7 +187,7 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
             lambda t: t + "  - topic: orders2\n    table: prod.orders\n",
             "mappings[1].table: table 'prod.orders' is already the target of mappings[0]",
         ),
-        (lambda t: t + "    mode: upsert\n", "mappings[0].mode: 'upsert' is not one of append"),
+        (lambda t: t + "    mode: merge\n", "mappings[0].mode: 'merge' is not one of append, upsert"),
         (
             lambda t: t.replace("etcd:\n  endpoints: [http://etcd:2379]\n", ""),
             "etcd.endpoints: is required for offsets.backend etcd",
