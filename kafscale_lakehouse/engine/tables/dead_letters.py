@@ -67,7 +67,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot, ancestors_of
+from pyiceberg.table.snapshots import TOTAL_RECORDS, Snapshot, ancestors_of
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
 from kafscale_lakehouse.engine.errors import EngineError
@@ -215,7 +215,8 @@ class StagedDeadLetters:
 
 def stage_dead_letters(table: Table, files: list[DataFile], *, run_id: str, source_table: str, topic: str,
                        offset_ranges: Mapping[int, tuple[int, int]]) -> StagedDeadLetters | None:
-    """Step 2: commit `files` as a staged snapshot of the dead-letter `table` (None when there are no files).
+    """Step 2: commit `files` as a staged snapshot of the dead-letter `table` (None when there are no files and no
+    dead letters of the offsets to replace).
 
     `offset_ranges`: partition → [start, end) offsets the run commits; its publication replaces the dead letters of
     these offsets. So with no files, a staged snapshot is still made (of no file) when `table` may hold dead letters
@@ -462,7 +463,7 @@ def dead_letter_ends(table: Table, topic: str) -> dict[int, int]:
 def _known_ends(table: Table, topic: str) -> dict[int, int] | None:
     """The recorded ends of `topic` (`dead_letter_ends`), None when not recorded; a table without rows has none."""
     current = table.current_snapshot()
-    if current is None or (current.summary is not None and current.summary.get("total-records") == "0"):
+    if current is None or (current.summary is not None and current.summary.get(TOTAL_RECORDS) == "0"):
         return {}
     carried = _carried_ends(table)
     value = carried.get(DEAD_LETTER_ENDS_PROPERTY_PREFIX + topic)
@@ -504,14 +505,12 @@ def _staged_ranges(table_name: str, snapshot: Snapshot) -> dict[str, dict[int, t
             for key, value in summary_properties(snapshot).items() if key.startswith(OFFSET_RANGES_PROPERTY_PREFIX)}
 
 
-def _rows_of(ranges: Mapping[str, Mapping[int, tuple[int, int | None]]]) -> BooleanExpression | None:
-    """The rows of these offsets (end None: to the end of the partition); None when there are none."""
-    clauses: list[BooleanExpression] = []
-    for topic, by_partition in sorted(ranges.items()):
-        for partition, (start, end) in sorted(by_partition.items()):
-            clause: BooleanExpression = And(And(EqualTo("topic", topic), EqualTo("partition", partition)),
-                                            GreaterThanOrEqual("offset", start))
-            clauses.append(clause if end is None else And(clause, LessThan("offset", end)))
+def _rows_of(ranges: Mapping[str, Mapping[int, tuple[int, int]]]) -> BooleanExpression | None:
+    """The dead letters of these offsets ([start, end) per topic and partition); None when there are none."""
+    clauses: list[BooleanExpression] = [
+        reduce(And, [EqualTo("topic", topic), EqualTo("partition", partition), GreaterThanOrEqual("offset", start),
+                     LessThan("offset", end)])
+        for topic, by_partition in sorted(ranges.items()) for partition, (start, end) in sorted(by_partition.items())]
     return reduce(Or, clauses) if clauses else None
 
 
