@@ -361,6 +361,9 @@ class MappingConfig(ConfigModel):
     # `schema_registry` (Flink's `avro-confluent`, Kafka Connect's AvroConverter)
     value_format: Annotated[Literal["json", "avro"], BeforeValidator(_lowercase)] = "json"
     schema_registry: ConfluentRegistryConfig | None = None  # extension, for value_format avro
+    # extension: a `kafka_timestamp` timestamptz column from the record timestamp, which partition_spec can take
+    # hour/day of (`timestamp_ms` stays the Go processor's long)
+    kafka_timestamp_column: bool = False
 
     @property
     def columns(self) -> list[Column]:

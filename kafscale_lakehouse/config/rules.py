@@ -22,7 +22,7 @@ from kafscale_lakehouse.config.models import (
 )
 from kafscale_lakehouse.config.spark_remote import parse_remote_url
 from kafscale_lakehouse.format.lfs import LFS_METADATA_COLUMNS
-from kafscale_lakehouse.schema.columns import BASE_COLUMNS
+from kafscale_lakehouse.schema.columns import BASE_COLUMNS, KAFKA_TIMESTAMP_COLUMN
 
 _IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -178,12 +178,16 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
         problem("schema.registry.base_url", f"is required for {at}.schema.source registry")
 
     column_types = dict(base_types)
+    if mapping.kafka_timestamp_column:
+        column_types[KAFKA_TIMESTAMP_COLUMN] = "timestamp"
     for column_index, column in enumerate(schema.columns):
         column_at = f"{at}.schema.columns[{column_index}].name"
         if not column.name:
             problem(column_at, "must not be empty")
         elif column.name in base_types:
             problem(column_at, f"{column.name!r} is a base column KafScale always writes ({', '.join(base_types)})")
+        elif column.name == KAFKA_TIMESTAMP_COLUMN and mapping.kafka_timestamp_column:
+            problem(column_at, f"{column.name!r} is the column kafka_timestamp_column adds")
         elif column.name in column_types:
             problem(column_at, f"{column.name!r} is declared twice")
         column_types.setdefault(column.name, column.type)

@@ -29,6 +29,7 @@ from pyiceberg.types import (
     PrimitiveType,
     StringType,
     TimestampType,
+    TimestamptzType,
 )
 
 from kafscale_lakehouse.format.base_columns import BASE_SCHEMA
@@ -95,6 +96,18 @@ BASE_COLUMN_NAMES = tuple(column.name for column in BASE_COLUMNS)
 LFS_METADATA_COLUMNS: tuple[Column, ...] = tuple(
     Column(name=f.name, type="long" if f.type == pa.int64() else "string") for f in LFS_METADATA_FIELDS)
 FIRST_MAPPED_FIELD_ID = len(BASE_COLUMNS) + 1
+# Extension `mappings[].kafka_timestamp_column`: the record timestamp as a timestamptz (the base column `timestamp_ms`
+# is a long, as Go writes it, which no hour/day partition transform takes). Added after the table's other columns.
+KAFKA_TIMESTAMP_COLUMN = "kafka_timestamp"
+KAFKA_TIMESTAMP_ARROW_TYPE = pa.timestamp("us", tz="UTC")
+
+
+def with_kafka_timestamp_column(schema: Schema) -> Schema:
+    """`schema` (of a new table) with the optional `kafka_timestamp` timestamptz column last."""
+    if KAFKA_TIMESTAMP_COLUMN in schema.column_names:
+        return schema
+    return Schema(*schema.fields, NestedField(schema.highest_field_id + 1, KAFKA_TIMESTAMP_COLUMN, TimestamptzType(),
+                                              required=False))
 
 # JSON Schema property types → column types, as the Go processor maps registry schemas.
 _JSON_SCHEMA_TYPES: dict[str, ColumnType] = {

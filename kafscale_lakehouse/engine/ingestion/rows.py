@@ -40,6 +40,7 @@ from kafscale_lakehouse.engine.tables.dead_letters import DEAD_LETTER_ARROW_SCHE
 from kafscale_lakehouse.engine.tables.summary import LfsStats
 from kafscale_lakehouse.format import BASE_SCHEMA
 from kafscale_lakehouse.schema.avro import AvroValueDecoder, DecodeStop
+from kafscale_lakehouse.schema.columns import KAFKA_TIMESTAMP_ARROW_TYPE, KAFKA_TIMESTAMP_COLUMN
 
 log = logging.getLogger(__name__)
 
@@ -213,3 +214,23 @@ def with_avro_value_columns(batches: Iterable[pa.RecordBatch], decoder: AvroValu
                 topic=partition.topic, partition=partition.partition, kfs_key=segment.kfs_key, key=record_id,
                 position=None, error_type=error_type, message=f"record {record_id}: {stop.reason}",
                 base_offset=segment.base_offset, next_offset=offset))
+
+
+_KAFKA_TIMESTAMP_FIELD = pa.field(KAFKA_TIMESTAMP_COLUMN, KAFKA_TIMESTAMP_ARROW_TYPE, nullable=True)
+
+
+def _before_status_columns(schema: pa.Schema) -> int:
+    return next((i for i, name in enumerate(schema.names) if name in SOURCE_STATUS_COLUMNS), len(schema.names))
+
+
+def schema_with_kafka_timestamp(schema: pa.Schema) -> pa.Schema:
+    """`schema` of source batches with the `kafka_timestamp` column before the status columns."""
+    return schema.insert(_before_status_columns(schema), _KAFKA_TIMESTAMP_FIELD)
+
+
+def with_kafka_timestamp(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`batches` with `kafka_timestamp`: the record timestamp (`timestamp_ms`) as a UTC timestamp."""
+    for batch in batches:
+        milliseconds = pc.cast(batch.column("timestamp_ms"), pa.timestamp("ms", tz="UTC"))
+        yield batch.add_column(_before_status_columns(batch.schema), _KAFKA_TIMESTAMP_FIELD,
+                               pc.cast(milliseconds, KAFKA_TIMESTAMP_ARROW_TYPE))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
+from pyiceberg.types import TimestamptzType
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
@@ -59,7 +60,14 @@ from kafscale_lakehouse.engine.ingestion.validation import (
 )
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.tables.appends import commit_append
-from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, PartitionFieldSpec, load_catalog, open_table
+from kafscale_lakehouse.engine.tables.catalogs import (
+    CatalogSettings,
+    PartitionFieldSpec,
+    add_missing_column,
+    evolve_partition_spec,
+    load_catalog,
+    open_table,
+)
 from kafscale_lakehouse.engine.tables.commits import delete_data_files
 from kafscale_lakehouse.engine.tables.dead_letters import (
     dead_letter_target,
@@ -89,7 +97,7 @@ from kafscale_lakehouse.offsets import Lease, LeaseLostError, OffsetStore, Table
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
 from kafscale_lakehouse.schema.avro_tables import RegisteredValueSchemas
-from kafscale_lakehouse.schema.columns import Column
+from kafscale_lakehouse.schema.columns import KAFKA_TIMESTAMP_COLUMN, Column, with_kafka_timestamp_column
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
@@ -205,16 +213,22 @@ def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: 
                        registered_values: RegisteredValueSchemas | None = None) -> Table:
     """The mapping's table, created when allowed, with its schema evolved to the mapped columns; an Avro mapping's
     (`registered_values`) is created from the oldest version of its value subject (`with_avro_value_schemas`
-    evolves it through the others)."""
+    evolves it through the others). `kafka_timestamp_column` adds `kafka_timestamp`; a changed `partition_spec`
+    evolves the table's spec."""
+    schema = table_schema(columns) if registered_values is None else registered_values.first_table_schema()
+    partition_fields = [PartitionFieldSpec(f.source, f.transform, f.field_name) for f in mapping.partition_spec]
     table = open_table(
         load_catalog(context.catalog_settings),
         mapping.table,
-        schema=table_schema(columns) if registered_values is None else registered_values.first_table_schema(),
+        schema=with_kafka_timestamp_column(schema) if mapping.kafka_timestamp_column else schema,
         create_if_missing=mapping.create_table_if_missing,
-        partition_fields=[PartitionFieldSpec(f.source, f.transform, f.field_name) for f in mapping.partition_spec],
+        partition_fields=partition_fields,
         properties=mapping.table_properties,
     )
     evolve_table_schema(table, columns, allow_type_widening=mapping.schema_config.allow_type_widening)
+    if mapping.kafka_timestamp_column:
+        add_missing_column(table, KAFKA_TIMESTAMP_COLUMN, TimestamptzType())
+    evolve_partition_spec(table, mapping.table, partition_fields)
     return table
 
 
@@ -493,6 +507,7 @@ def _write(prepared: PreparedIngest) -> _Written:
         lfs=lfs_read_settings(mapping.lfs, prepared.validation.mode),
         numeric_timestamp_unit=mapping.schema_config.timestamp_unit,
         avro=prepared.validation.avro,
+        kafka_timestamp=mapping.kafka_timestamp_column,
     )
     return _Written(messages, started)
 

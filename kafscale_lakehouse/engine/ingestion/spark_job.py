@@ -34,7 +34,9 @@ from kafscale_lakehouse.engine.ingestion.rows import (
     SourceRowSplitter,
     SourceTaskStats,
     avro_source_schema,
+    schema_with_kafka_timestamp,
     with_avro_value_columns,
+    with_kafka_timestamp,
 )
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SOURCE_STATUS_COLUMNS,
@@ -89,6 +91,7 @@ class IngestionTaskSpec:
     lfs: LfsReadSettings | None = None  # what to do with LFS envelope records (mappings[].lfs)
     numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS  # mappings[].schema
     avro: AvroValueSchemas | None = None  # value_format avro: decode the values into the table's value columns
+    kafka_timestamp: bool = False  # mappings[].kafka_timestamp_column: add the record timestamp as a timestamptz
 
     def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in task_ids:
@@ -106,6 +109,8 @@ class IngestionTaskSpec:
         if self.avro is not None:  # the columns come from the values' Avro schemas, not from JSON
             batches = with_avro_value_columns(batches, AvroValueDecoder(self.avro), partition,
                                               invalid_stops=self.dead_letters is None)
+        if self.kafka_timestamp:
+            batches = with_kafka_timestamp(batches)
         records = _until_failure(batches, failures)
         try:
             data_files = write_batches_as_data_files(self.sink, splitter.rows_to_write(records), task_id)
@@ -130,7 +135,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
                             dead_letters: tuple[Table, DeadLetterTarget] | None = None,
                             lfs: LfsReadSettings | None = None,
                             numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
-                            avro: AvroValueSchemas | None = None,
+                            avro: AvroValueSchemas | None = None, kafka_timestamp: bool = False,
                             ) -> list[IngestionTaskOutput]:
     """Read `input_partitions` and write them as data files of `table` (and invalid records as data files of the
     dead-letter table), one Spark task per input partition; returns each task's output, nothing committed.
@@ -140,12 +145,15 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     sink = SinkJob.for_table(table, run_id, target_file_size_bytes)
     written = (source_arrow_schema(columns, validated=json_schema is not None) if avro is None
                else avro_source_schema(AvroValueDecoder(avro)))
+    if kafka_timestamp:
+        written = schema_with_kafka_timestamp(written)
     check_arrow_schema(pa.schema([f for f in written if f.name not in SOURCE_STATUS_COLUMNS]), table,
                        what=f"records of topic {topic}")
     if not input_partitions:
         return []
     tasks = IngestionTaskSpec(store, tuple(input_partitions), tuple(columns), json_schema, sink,
-                              dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit, avro)
+                              dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit, avro,
+                              kafka_timestamp)
     count = len(input_partitions)
     log.info("table %s run %s: one Spark job of %d tasks over %d segments (%d bytes)", sink.table_name, run_id, count,
              sum(len(p.segments) for p in input_partitions),

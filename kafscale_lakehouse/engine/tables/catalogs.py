@@ -30,6 +30,7 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform, UnknownTransform, parse_transform
+from pyiceberg.types import IcebergType
 from sqlalchemy.exc import SQLAlchemyError
 
 from kafscale_lakehouse.redaction import redact_url
@@ -226,6 +227,40 @@ def build_partition_spec(identifier: str, schema: Schema, fields: Sequence[Parti
         )
         spec_fields.append(PartitionField(source.field_id, _FIRST_PARTITION_FIELD_ID + position, transform, name))
     return PartitionSpec(*spec_fields)
+
+
+def add_missing_column(table: Table, name: str, field_type: IcebergType) -> bool:
+    """Add the optional top-level column `name` unless the table has one; returns whether it added it."""
+    if name in table.schema().column_names:
+        return False
+    with table.update_schema() as update:
+        update.add_column(name, field_type, required=False)
+    log.info("table %s: column %s (%s) added", ".".join(table.name()), name, field_type)
+    return True
+
+
+def evolve_partition_spec(table: Table, identifier: str, fields: Sequence[PartitionFieldSpec]) -> bool:
+    """Bring the table's current partition spec to `fields` (`update_spec`: fields the config no longer has are
+    removed, new ones added; files written under the old spec stay as they are); returns whether it changed."""
+    wanted = build_partition_spec(identifier, table.schema(), fields)
+    current = table.spec()
+    if [(f.source_id, f.transform, f.name) for f in current.fields] == [
+            (f.source_id, f.transform, f.name) for f in wanted.fields]:
+        return False
+    schema = table.schema()
+    keep = {(f.source_id, str(f.transform), f.name) for f in wanted.fields}
+    have = {(f.source_id, str(f.transform), f.name) for f in current.fields}
+    with table.update_spec() as update:
+        for field in current.fields:
+            if (field.source_id, str(field.transform), field.name) not in keep:
+                update.remove_field(field.name)
+        for field in wanted.fields:
+            if (field.source_id, str(field.transform), field.name) not in have:
+                update.add_field(schema.find_field(field.source_id).name, field.transform, field.name)
+    log.info("table %s: partition spec evolved from [%s] to [%s]", identifier,
+             ", ".join(f"{f.name}={f.transform}" for f in current.fields),
+             ", ".join(f"{f.name}={f.transform}" for f in wanted.fields))
+    return True
 
 
 def catalog_endpoint(catalog: Catalog) -> str:
