@@ -162,11 +162,10 @@ def _with_tombstone_ids(rows: pa.Table, key: UpsertKey) -> pa.Table:
     from_key = JsonColumnCoercer(id_columns).coerce(rows.column("key").take(pa.array(where)))
     for name in key.id_columns:
         column = rows.column(name).combine_chunks()
-        values = column.to_pylist()
-        for position, value in zip(where.tolist(), from_key.columns[name].to_pylist(), strict=True):
-            values[position] = value
         index = rows.schema.get_field_index(name)
-        rows = rows.set_column(index, rows.schema.field(index), pa.array(values, column.type))
+        mask = missing.combine_chunks() if isinstance(missing, pa.ChunkedArray) else missing
+        filled = pc.replace_with_mask(column, mask, from_key.columns[name].cast(column.type))
+        rows = rows.set_column(index, rows.schema.field(index), filled)
     return rows
 
 
