@@ -532,6 +532,7 @@ def commit_upsert(
     if set(start_offsets) != set(end_offsets):
         raise ValueError(f"table {table_name} topic {topic}: start offsets cover partitions {sorted(start_offsets)} "
                          f"but end offsets cover {sorted(end_offsets)}")
+    _suggest_bucketing(table, key)
     job = SinkJob.for_table(table, run_id, target_file_size_bytes)
     try:
         changes = latest_changes(_read_files(table, data_files), key, events)
@@ -568,6 +569,23 @@ def commit_upsert(
              len(rewrite.removed), topic, topic_offsets)
     return CommitResult(snapshot_id=committed.snapshot_id, topic_offsets=topic_offsets, attempts=committed.attempts,
                         data_file_count=len(rewrite.added), record_count=sum(f.record_count for f in rewrite.added))
+
+
+_SUGGESTED: set[str] = set()  # tables told about bucketing, once per process
+
+
+def _suggest_bucketing(table: Table, key: UpsertKey) -> None:
+    """An upsert table not partitioned on its id reads and rewrites every file whose bounds may hold a changed key;
+    `bucket[N]` of the id keeps a run to its keys' buckets. Said once per table and process."""
+    name = ".".join(table.name())
+    if name in _SUGGESTED or key.is_record_key:
+        return
+    _SUGGESTED.add(name)
+    field_ids = {table.schema().find_field(column).field_id for column in key.id_columns}
+    if not any(f.source_id in field_ids for f in table.spec().fields):
+        log.warning("table %s: an upsert table partitioned by bucket of its id rewrites only the buckets a run's keys "
+                    "fall in; consider partition_spec: [{source: %s, transform: bucket[16]}] (about one bucket per "
+                    "GB of table) when creating it", name, key.id_columns[0])
 
 
 # ---- downstream upserts (the IO manager's `write_mode: upsert`) ----------------------------------------------------

@@ -5,6 +5,7 @@ commit, then a rerun, ends the same way."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import sys
 from typing import Any
@@ -104,8 +105,9 @@ def assert_state(world: IngestWorld, log: ChangeLog) -> None:
 
 
 @pytest.mark.parametrize("bucketed", [False, True], ids=["unpartitioned", "bucketed"])
-def test_updates_and_tombstones_over_runs_end_in_the_logs_state(production_world, spark, bucketed):
+def test_updates_and_tombstones_over_runs_end_in_the_logs_state(production_world, spark, bucketed, caplog):
     world = production_world
+    caplog.set_level(logging.WARNING, logger="kafscale_lakehouse.engine.tables.upserts")
     log = ChangeLog(world, seed=21)
     config = world.config(upsert_document(world, bucketed=bucketed))
     for _ in range(3):
@@ -113,6 +115,8 @@ def test_updates_and_tombstones_over_runs_end_in_the_logs_state(production_world
         [result] = ingest(config, spark)
         assert result.snapshot_id is not None
         assert_state(world, log)
+    # A table not bucketed on its id is told, once, how to keep runs to their keys' buckets.
+    assert caplog.text.count("transform: bucket[16]") == (0 if bucketed else 1)
     snapshots = world.our_snapshots()
     assert len(snapshots) == 3 and len({s.summary[RUN_ID_PROPERTY] for s in snapshots}) == 3
     # A run with nothing new commits nothing and changes nothing.
