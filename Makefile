@@ -20,18 +20,15 @@ install-test: $(BIN)/python
 # `dagster dev` on the embedded default (lakehouse.yaml, data in var/) next to the demo producer, which writes a
 # segment of pizza orders per partition every few seconds (`--lfs`: every 5th order, with a photo, as a KafScale LFS
 # blob that the mapping resolves), and the Spark engine (a Spark Connect server on 127.0.0.1:$(SPARK_ENGINE_PORT))
-# that every run connects to through SPARK_REMOTE, so no run starts a JVM. Ctrl-C stops all three (the trap stops
-# the producer and the engine).
+# that every run connects to through SPARK_REMOTE, so no run starts a JVM. Ctrl-C (or SIGTERM) stops all three within
+# seconds, the engine last, once no run uses it (scripts/run-demo.sh).
 SPARK_ENGINE_PORT ?= 15002
+DAGSTER_PORT ?= 3000
 demo: install
 	mkdir -p $(DAGSTER_HOME)
 	cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
 	$(BIN)/kafscale-lakehouse demo-producer --lfs --rounds 1  # segments before the first sensor tick
-	$(BIN)/kafscale-lakehouse spark-engine --address 127.0.0.1:$(SPARK_ENGINE_PORT) & engine=$$!; \
-	$(BIN)/kafscale-lakehouse demo-producer --lfs & producer=$$!; \
-	trap 'kill $$producer $$engine 2>/dev/null; wait $$producer $$engine' EXIT; trap 'exit 130' INT TERM; \
-	DAGSTER_HOME=$(DAGSTER_HOME) SPARK_REMOTE=sc://127.0.0.1:$(SPARK_ENGINE_PORT) \
-	  $(BIN)/dagster dev -h 127.0.0.1 -p 3000
+	DAGSTER_HOME=$(DAGSTER_HOME) scripts/run-demo.sh $(BIN) $(SPARK_ENGINE_PORT) $(DAGSTER_PORT)
 
 lint: install-test
 	$(BIN)/ruff check kafscale_lakehouse kafscale_lakehouse_tests benchmarks scripts

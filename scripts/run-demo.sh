@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# `make demo`: the Spark engine, the demo producer and `dagster dev`, stopped in an order in which no run fails for it.
+# Ctrl-C or SIGTERM stops the producer, then `dagster dev` (webserver, daemon, code servers) while the runs in flight
+# finish; runs still going after a few seconds are canceled (Dagster records them canceled, not failed) and unwind;
+# only when the last process `dagster dev` started is gone does the engine, which those runs were using, stop.
+# usage: DAGSTER_HOME=… scripts/run-demo.sh VENV_BIN ENGINE_PORT DAGSTER_PORT
+set -uo pipefail
+bin=$1 engine_port=$2 dagster_port=$3
+RUN_FINISH_SECONDS=10  # a demo run takes a few seconds on a warm engine
+DEV_STOP_TIMEOUT_SECONDS=60
+
+# Job control on: each background command gets a process group of its own, with SIGINT at its default (without it,
+# bash starts them ignoring SIGINT, and `dagster dev` maps SIGTERM to that too, so nothing could stop it). Ctrl-C
+# (SIGINT to the terminal's process group) or a SIGTERM to make's group reaches this script only, which stops the
+# three in order.
+set -m
+"$bin/kafscale-lakehouse" spark-engine --address "127.0.0.1:$engine_port" & engine=$!
+"$bin/kafscale-lakehouse" demo-producer --lfs & producer=$!
+SPARK_REMOTE="sc://127.0.0.1:$engine_port" "$bin/dagster" dev -h 127.0.0.1 -p "$dagster_port" & dev=$!
+
+# Started when stopping begins, as importing Dagster takes seconds: once imported, it reads one line; `cancel` marks
+# the runs in flight as canceling (Dagster then records them canceled, not failed, when the interrupt reaches them)
+# and cancels the queued ones; anything else (end of input) leaves the runs alone.
+start_canceller() {
+  exec {canceller}> >("$bin/python" -c '
+import sys
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+if sys.stdin.readline().strip() == "cancel":
+    instance = DagsterInstance.get()
+    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])):
+        instance.report_run_canceling(run, message="make demo is stopping")
+    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED])):
+        instance.report_run_canceled(run, message="make demo is stopping")
+')
+  canceller_pid=$!
+}
+
+# Run workers: the code servers start each run in a process of its own (multiprocessing's spawn).
+runs_in_flight() { pgrep -g "$dev" -f multiprocessing.spawn >/dev/null; }
+dev_running() { kill -0 -"$dev" 2>/dev/null; }
+
+wait_while() {  # SECONDS COMMAND: until COMMAND fails or SECONDS passed; fails if COMMAND still succeeds
+  local deadline=$((SECONDS + $1))
+  while "$2" && ((SECONDS < deadline)); do sleep 0.2; done
+  ! "$2"
+}
+
+stop() {
+  trap '' INT TERM  # a second Ctrl-C does not cut the shutdown short
+  kill "$producer" 2>/dev/null
+  if dev_running; then
+    # `dagster dev` alone first: it stops the webserver and the daemon (no new runs) while the runs in flight finish.
+    kill -INT "$dev" 2>/dev/null
+    start_canceller
+    if ! wait_while "$RUN_FINISH_SECONDS" runs_in_flight; then
+      # Still going: canceled (marked first), then interrupted.
+      echo cancel >&"$canceller"
+      exec {canceller}>&-
+      wait "$canceller_pid" || echo "run-demo: could not mark the runs in flight as canceling" >&2
+      kill -INT -"$dev" 2>/dev/null
+    else
+      exec {canceller}>&-
+    fi
+    kill -TERM -"$dev" 2>/dev/null  # the code servers (the runs' multiprocessing resource tracker follows them)
+    if ! wait_while "$DEV_STOP_TIMEOUT_SECONDS" dev_running; then
+      echo "run-demo: dagster dev still running after ${DEV_STOP_TIMEOUT_SECONDS} s, killing it" >&2
+      kill -KILL -"$dev" 2>/dev/null
+    fi
+  fi
+  kill "$engine" 2>/dev/null
+  wait "$producer" "$engine" 2>/dev/null
+}
+
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
+wait "$dev"
+status=$?
+stop
+exit "$status"
