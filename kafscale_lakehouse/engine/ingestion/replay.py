@@ -130,6 +130,12 @@ def plan_replay(table: Table, records: RecordRange) -> ReplayPlan:
 def replay_range(context: IngestContext, mapping: MappingConfig, offsets: OffsetRange, *,
                  run_id: str | None = None) -> ReplayResult:
     """Replace the rows of `offsets` of the mapping's topic with the records read again (see the module docstring)."""
+    if mapping.mode == "upsert":
+        # The rows of an upsert table are the latest record per key, not the records of an offset range: putting the
+        # range's records back would bring superseded and deleted rows back.
+        raise ReplayError(f"table {mapping.table} is an upsert table (mappings[].mode upsert): an offset range cannot "
+                          "be replayed into it; move the partition back instead (offsets reset --partition P "
+                          "--to-offset N), and the next run applies the records from N again")
     topic = mapping.topic
     run_id = run_id or f"replay-{uuid.uuid4().hex}"
     records = RecordRange(topic, offsets)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kafscale_lakehouse.config import ConfigError, parse_config
+from kafscale_lakehouse.engine.ingestion.replay import ReplayError, replay_range
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 
 
 def _config(**mapping: object):
@@ -57,3 +59,10 @@ def test_cdc_block():
         with pytest.raises(ConfigError) as caught:
             _config(**mapping)
         assert any(key in problem and words in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_an_offset_range_is_not_replayed_into_an_upsert_table():
+    mapping = _config(mode="upsert", id_columns=["store_id"]).mappings[0]
+    # Refused before any connection is used: the rows of an upsert table are not the records of a range.
+    with pytest.raises(ReplayError, match=r"cdc.stores is an upsert table .* --to-offset N"):
+        replay_range(None, mapping, OffsetRange(0, 0, 10))  # type: ignore[arg-type]
