@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from kafscale_lakehouse.engine.ingestion.run import ingest
+from kafscale_lakehouse.engine.ingestion.replay import move_position
+from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest
 from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY, read_topic_offsets
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.orchestration.checks import evaluate_id_unique
@@ -168,3 +169,18 @@ def test_id_unique_passes_on_the_upserted_state_and_fails_on_a_second_row_of_a_k
     check = evaluate_id_unique(world.table(), world.topic, ["store_id"], metadata)
     assert not check.passed and check.metadata["duplicate_ids"].value == 1
     assert str(landed.column("store_id")[0].as_py()) in check.description
+
+
+def test_moving_a_partition_back_then_running_again_gives_the_same_state(embedded_world, spark):
+    world = embedded_world
+    log = ChangeLog(world, seed=99)
+    config = world.config(upsert_document(world))
+    for _ in range(2):
+        log.write(100)
+        ingest(config, spark)
+    assert_state(world, log)
+    with IngestContext.from_config(config, spark) as context:
+        move_position(context, config.mappings[0], 0, log.next_offset[0] // 3)
+    [result] = ingest(config, spark)
+    assert result.partitions[0].start_offset == log.next_offset[0] // 3
+    assert_state(world, log)
