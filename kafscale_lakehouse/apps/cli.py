@@ -71,7 +71,8 @@ def run_demo_producer_command(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     options = {name: getattr(args, name) for name in ("topic", "partitions", "interval_seconds",
-                                                      "records_per_segment", "rounds", "lfs") if hasattr(args, name)}
+                                                      "records_per_segment", "rounds", "lfs", "avro")
+               if hasattr(args, name)}
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parent = os.getppid()
     try:
@@ -359,6 +360,13 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=argparse.SUPPRESS,
         help="send some orders (with a photo) as KafScale LFS blobs + envelopes",
+    )
+    producer.add_argument(
+        "--avro",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="also write the orders as Avro (Confluent wire format) to the value_format avro mappings' topics, "
+        "serving their registry when it is a local port nobody serves",
     )
     producer.add_argument(
         "--rounds",

@@ -23,20 +23,29 @@ import json
 import logging
 import struct
 import time
+import urllib.parse
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from kafscale_lakehouse.apps.workload import ALL_CODECS, pizza_orders
-from kafscale_lakehouse.config import LakehouseConfig
+from kafscale_lakehouse.apps.workload import ALL_CODECS, PIZZA_AVRO_SCHEMA, pizza_order_as_avro, pizza_orders
+from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.connections import etcd_client_from_config, offset_store_from_config, segment_store_from_config
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.offsets import LocalOffsetStore
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
+from kafscale_lakehouse.schema.avro import parse_avro_schema
+from kafscale_lakehouse.schema.confluent_registry import (
+    ConfluentRegistryClient,
+    ConfluentRegistrySettings,
+    subject_name,
+)
+from kafscale_lakehouse.schema.registry import SchemaRegistryUnavailableError
 from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, SegmentStore
+from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +73,8 @@ class DemoProducer:
     """Appends one segment per partition per `produce_round`, continuing after the segments already in `store`."""
 
     def __init__(self, store: SegmentStore, publish_watermark: WatermarkPublisher, *, topic: str, partitions: int,
-                 records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, seed: int = 0, lfs: bool = False) -> None:
+                 records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, seed: int = 0, lfs: bool = False,
+                 avro_schema_id: int | None = None) -> None:
         if partitions < 1 or records_per_segment < 1:
             raise ValueError(f"partitions ({partitions}) and records_per_segment ({records_per_segment}) must be "
                              f"at least 1")
@@ -74,6 +84,10 @@ class DemoProducer:
         self.records_per_segment = records_per_segment
         self.seed = seed
         self.lfs = lfs
+        # the orders as PIZZA_AVRO_SCHEMA in the Confluent wire format, with this registered schema id
+        self.avro_schema_id = avro_schema_id
+        self._avro_schema = parse_avro_schema(json.dumps(PIZZA_AVRO_SCHEMA), what="the demo's Avro order",
+                                              for_reading=True)
         self.next_offsets = {partition: self._resume_offset(partition) for partition in range(partitions)}
         self.segments_written = 0
 
@@ -90,7 +104,9 @@ class DemoProducer:
             spacing_ms = max(1, interval_ms // count)
             records = pizza_orders(base_offset, count, seed=self.seed, partition=partition,
                                    start_ms=now_ms - (base_offset + count - 1) * spacing_ms, interval_ms=spacing_ms)
-            if self.lfs:
+            if self.avro_schema_id is not None:
+                records = [pizza_order_as_avro(r, self.avro_schema_id, self._avro_schema) for r in records]
+            elif self.lfs:
                 records = [self._as_lfs_envelope(partition, base_offset + i, record) if (base_offset + i) % LFS_EVERY
                            == 0 else record for i, record in enumerate(records)]
             shift = self.segments_written % len(ALL_CODECS)
@@ -159,9 +175,11 @@ def watermark_publisher(config: LakehouseConfig, etcd: EtcdClient | None = None)
 def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, partitions: int = DEFAULT_PARTITIONS,
                       interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
                       records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, rounds: int | None = None,
-                      keep_going: Callable[[], bool] = lambda: True, lfs: bool = False) -> int:
+                      keep_going: Callable[[], bool] = lambda: True, lfs: bool = False, avro: bool = False) -> int:
     """Produce a round every `interval_seconds` until `rounds` are done or `keep_going()` is false; returns the
-    number of segments written. `topic` defaults to the first mapping's topic."""
+    number of segments written. `topic` defaults to the first mapping's topic; `avro`: the mappings with
+    `value_format: avro` get the same orders as Avro (their registry served here when it is a local port nobody
+    serves)."""
     if topic is None:
         if not config.mappings:
             raise ValueError("mappings: the config maps no topic; give the demo producer a topic")
@@ -172,6 +190,16 @@ def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, part
         config.segments.local_root.mkdir(parents=True, exist_ok=True)  # a broker creates its bucket, so do we
     producer = DemoProducer(segment_store_from_config(config), watermark_publisher(config), topic=topic,
                             partitions=partitions, records_per_segment=records_per_segment, lfs=lfs)
+    producers = [producer]
+    registries: list[ConfluentCompatibleRegistry] = []
+    if avro:
+        for mapping in config.mappings:
+            if mapping.value_format == "avro" and mapping.topic != topic:
+                schema_id = _register_demo_schema(mapping, registries)
+                producers.append(DemoProducer(segment_store_from_config(config), watermark_publisher(config),
+                                              topic=mapping.topic, partitions=partitions,
+                                              records_per_segment=records_per_segment, avro_schema_id=schema_id))
+                log.info("demo producer: topic %s gets the orders as Avro (schema id %d)", mapping.topic, schema_id)
     log.info("demo producer: topic %s, %d partitions, %d orders per segment every %.1fs into %s; resuming at %s%s",
              topic, partitions, records_per_segment, interval_seconds, producer.store.location, producer.next_offsets,
              f"; every {LFS_EVERY}th order with a photo as an LFS blob" if lfs else "")
@@ -179,10 +207,34 @@ def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, part
     done = 0
     while (rounds is None or done < rounds) and keep_going():
         started = time.monotonic()
-        for segment in producer.produce_round(time.time_ns() // 1_000_000, interval_ms):
+        now_ms = time.time_ns() // 1_000_000
+        for segment in (s for p in producers for s in p.produce_round(now_ms, interval_ms)):
             log.info("wrote %s (offsets %d..%d, codecs %s)", segment.kfs_key, segment.base_offset,
                      segment.last_offset, "/".join(segment.codecs))
         done += 1
         if rounds is None or done < rounds:
             time.sleep(max(0.0, interval_seconds - (time.monotonic() - started)))
-    return producer.segments_written
+    for registry in registries:
+        registry.stop()
+    return sum(p.segments_written for p in producers)
+
+
+def _register_demo_schema(mapping: MappingConfig, registries: list[ConfluentCompatibleRegistry]) -> int:
+    """Register PIZZA_AVRO_SCHEMA under the mapping's value subject; when the mapping's registry is a local port
+    nobody serves, serve the in-memory demo registry there for as long as the producer runs (appended to
+    `registries`). Its ids are deterministic, so a restarted demo registry gives the schema its id again."""
+    registry = mapping.schema_registry
+    if registry is None:  # parse_config requires it for value_format avro
+        raise ValueError(f"mappings[].schema_registry: is required for topic {mapping.topic}")
+    client = ConfluentRegistryClient(ConfluentRegistrySettings(registry.url, timeout_seconds=2), max_attempts=1)
+    subject = subject_name(mapping.topic, registry.subject_name_strategy, registry.record_name)
+    text = json.dumps(PIZZA_AVRO_SCHEMA)
+    try:
+        return client.register(subject, text)
+    except SchemaRegistryUnavailableError:
+        parts = urllib.parse.urlsplit(registry.url)
+        if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
+            raise
+    log.info("demo producer: serving the demo schema registry at %s", registry.url)
+    registries.append(ConfluentCompatibleRegistry(parts.port).start())
+    return client.register(subject, text)

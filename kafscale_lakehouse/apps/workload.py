@@ -14,6 +14,7 @@ Two workloads (`WORKLOADS`):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -24,8 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from kafscale_lakehouse.format import DEFAULT_INDEX_INTERVAL, Record, encode_segment
+from kafscale_lakehouse.schema.avro import encode_framed_avro
 from kafscale_lakehouse.schema.columns import Column
 
 PIZZA_TOPIC = "completed-pizzas"
@@ -111,6 +114,36 @@ def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int 
         headers.append(("baggage", f"order.id={order_id},store.id={store_id}".encode()))
     return Record(key=order_id.encode(), value=value.encode(), headers=tuple(headers),
                   timestamp_ms=timestamp_ms)
+
+
+# The demo's Avro topic: the same orders as a record with a nested list of toppings (issue 20), written in the Confluent
+# wire format (`pizza_order_as_avro`).
+PIZZA_AVRO_SCHEMA = {"type": "record", "name": "PizzaOrder", "namespace": "kafscale.demo", "fields": [
+    {"name": "order_id", "type": {"type": "string", "logicalType": "uuid"}},
+    {"name": "store_id", "type": "int"},
+    {"name": "date_ordered", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "sauce", "type": "string"},
+    {"name": "cheese", "type": "string"},
+    {"name": "toppings", "type": {"type": "array", "items": {"type": "record", "name": "Topping", "fields": [
+        {"name": "kind", "type": {"type": "enum", "name": "ToppingKind", "symbols": ["MEAT", "VEGGIE"]}},
+        {"name": "name", "type": "string"},
+    ]}}},
+    {"name": "notes", "type": ["null", "string"], "default": None},
+]}
+
+
+def pizza_order_as_avro(record: Record, schema_id: int, parsed_schema: Any) -> Record:
+    """A `pizza_order` record with its JSON value re-encoded as `PIZZA_AVRO_SCHEMA` in the Confluent wire format."""
+    if record.value is None:
+        return record
+    order = json.loads(record.value)
+    toppings = [{"kind": kind, "name": order[field]} for kind, field in (("MEAT", "meats"), ("VEGGIE", "veggies"))
+                if order[field] != "none"]
+    avro_order = {"order_id": order["order_id"], "store_id": order["store_id"],
+                  "date_ordered": datetime.fromtimestamp(record.timestamp_ms / 1000, tz=UTC),
+                  "sauce": order["sauce"], "cheese": order["cheese"], "toppings": toppings,
+                  "notes": order.get("notes")}
+    return dataclasses.replace(record, value=encode_framed_avro(schema_id, parsed_schema, avro_order))
 
 
 def _value_size(draw: int) -> int:

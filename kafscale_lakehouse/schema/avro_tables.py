@@ -22,7 +22,12 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.schema.avro import AvroValueSchemas, avro_value_fields, parse_avro_schema
-from kafscale_lakehouse.schema.columns import BASE_COLUMN_NAMES, FIRST_MAPPED_FIELD_ID, table_schema
+from kafscale_lakehouse.schema.columns import (
+    BASE_COLUMN_NAMES,
+    FIRST_MAPPED_FIELD_ID,
+    KAFKA_TIMESTAMP_COLUMN,
+    table_schema,
+)
 from kafscale_lakehouse.schema.confluent_registry import RegisteredSchema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 
@@ -77,7 +82,8 @@ def evolve_table_to_avro_versions(table: Table, table_name: str, subject: str,
             continue
         evolved_to = version.schema_id
     arrow = schema_to_pyarrow(table.schema())
-    value_schema = pa.schema([f for f in arrow if f.name not in BASE_COLUMN_NAMES])
+    # kafka_timestamp (kafka_timestamp_column) is the record's, not the value's
+    value_schema = pa.schema([f for f in arrow if f.name not in (*BASE_COLUMN_NAMES, KAFKA_TIMESTAMP_COLUMN)])
     schemas = {v.schema_id: v.text for v in versions if v.schema_type == "AVRO"}
     return AvroValueSchemas(subject=subject, schemas=schemas, value_schema=value_schema, refused=refused,
                             latest_id=versions[-1].schema_id if latest else None)

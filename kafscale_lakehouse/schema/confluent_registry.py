@@ -109,14 +109,25 @@ class ConfluentRegistryClient:
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
         return self._version(path, f"subject {subject}", "latest")
 
+    def register(self, subject: str, schema_text: str, schema_type: str = "AVRO") -> int:
+        """Register a schema under `subject` (a producer's side: the demo producer); returns its id."""
+        body: dict[str, Any] = {"schema": schema_text}
+        if schema_type != "AVRO":
+            body["schemaType"] = schema_type
+        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
+        return int(self._get(path, f"subject {subject}", json.dumps(body).encode())["id"])
+
     def _version(self, path: str, what: str, version: str) -> RegisteredSchema:
         body = self._get(f"{path}/{version}", f"{what} version {version}")
         return RegisteredSchema(int(body["id"]), body.get("schemaType", "AVRO"), body["schema"], int(body["version"]))
 
-    def _get(self, path: str, what: str) -> Any:
+    def _get(self, path: str, what: str, post: bytes | None = None) -> Any:
+        """GET `path` (POST `post` to it when given), retried on outages."""
         url = self.base_url + path
         shown = redact_url(url)
-        request = urllib.request.Request(url, headers={"Accept": "application/vnd.schemaregistry.v1+json"})  # noqa: S310 - the configured registry URL
+        media_type = "application/vnd.schemaregistry.v1+json"
+        request = urllib.request.Request(url, data=post,  # noqa: S310 - the configured registry URL
+                                         headers={"Accept": media_type, "Content-Type": media_type})
         if self._authorization is not None:
             request.add_unredirected_header("Authorization", self._authorization)
         failure = ""
