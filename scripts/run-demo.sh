@@ -15,7 +15,7 @@ DEV_STOP_TIMEOUT_SECONDS=60
 # three in order.
 set -m
 "$bin/kafscale-lakehouse" spark-engine --address "127.0.0.1:$engine_port" & engine=$!
-"$bin/kafscale-lakehouse" demo-producer --lfs & producer=$!
+"$bin/kafscale-lakehouse" demo-producer --lfs --avro & producer=$!
 SPARK_REMOTE="sc://127.0.0.1:$engine_port" "$bin/dagster" dev -h 127.0.0.1 -p "$dagster_port" & dev=$!
 
 # Started when stopping begins, as importing Dagster takes seconds: once imported, it reads one line; `cancel` marks
