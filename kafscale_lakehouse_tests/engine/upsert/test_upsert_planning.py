@@ -13,13 +13,17 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
+from kafscale_lakehouse.engine.tables.data_files import SinkJob, write_batches_as_data_files
+from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.engine.tables.upserts import (
     ChangeEvents,
     UpsertError,
     UpsertKey,
+    commit_upsert,
     files_to_rewrite,
     latest_changes,
 )
+from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.schema.columns import Column
 
 COLUMNS = (Column("id", "long", required=True), Column("status", "string"))
@@ -129,3 +133,34 @@ def test_a_bucketed_table_prunes_by_the_keys_buckets(catalog):
 
 def _low(data_file) -> int:
     return int.from_bytes(data_file.lower_bounds[1], "little", signed=True)
+
+
+def test_commit_upsert_keyed_by_the_record_key(catalog):
+    """`id_columns: [key]` on a sqlite-catalog table: the binary record key is the id; two runs, offsets carried."""
+    catalog.create_namespace("n")
+    table = catalog.create_table("n.keyed", table_schema(COLUMNS))
+    key = UpsertKey(("key",), COLUMNS)
+
+    def run(run_id: str, start: int, records: list[tuple[bytes, bytes | None]]) -> None:
+        rows = pa.table({
+            "record_id": [f"t:0:{start + i}" for i in range(len(records))],
+            "topic": ["t"] * len(records),
+            "partition": pa.array([0] * len(records), pa.int32()),
+            "offset": pa.array(range(start, start + len(records)), pa.int64()),
+            "timestamp_ms": pa.array([0] * len(records), pa.int64()),
+            "key": pa.array([k for k, _ in records], pa.binary()),
+            "value": pa.array([v for _, v in records], pa.binary()),
+            "headers": pa.nulls(len(records), pa.string()),
+            "id": pa.array([1] * len(records), pa.int64()),
+            "status": [None if v is None else v.decode() for _, v in records],
+        })
+        files = write_batches_as_data_files(SinkJob.for_table(table, run_id, 1 << 20), rows.to_batches(), 0)
+        commit_upsert(table, files, key, "t", {0: start}, {0: start + len(records)}, run_id,
+                      target_file_size_bytes=1 << 20)
+
+    run("r1", 0, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"c", b"1")])
+    run("r2", 4, [(b"b", None), (b"c", b"2"), (b"d", b"1")])
+    rows = table.scan(selected_fields=("key", "status", "offset")).to_arrow().to_pylist()
+    assert sorted((r["key"], r["status"], r["offset"]) for r in rows) == [
+        (b"a", "2", 2), (b"c", "2", 5), (b"d", "1", 6)]
+    assert read_topic_offsets(table, "t") == {0: 7}
