@@ -12,7 +12,18 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, NonNegativeInt, PositiveInt, SecretStr, field_serializer
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    SecretStr,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from kafscale_lakehouse.config.go_yaml import ConfigModel, ParsedAs
 from kafscale_lakehouse.redaction import redact_url
@@ -89,18 +100,52 @@ class SegmentsConfig(ConfigModel):
     local_root: LocalPath | None = None
 
 
-class CatalogConfig(ConfigModel):
-    """`iceberg.catalog`. `type: sql` (extension) is pyiceberg's SqlCatalog, e.g. `uri: sqlite:///var/catalog.db`."""
+# pyiceberg's catalog types (`pyiceberg.catalog.CatalogType`); the Go processor's config has `rest` only.
+CatalogType = Literal["rest", "sql", "glue", "hive", "dynamodb", "bigquery", "in-memory"]
+CATALOG_TYPES_WITH_URI = ("rest", "hive", "sql")
+# `iceberg.catalog.properties` keys whose values are secrets (`glue.secret-access-key`, `client.session-token`,
+# `credential`, `gcp.bigquery.credentials-info`...): shown as `**********`.
+_SECRET_PROPERTY_WORDS = ("secret", "password", "token", "credential")
 
-    type: Literal["rest", "sql"]
-    uri: str
+
+class CatalogConfig(ConfigModel):
+    """`iceberg.catalog`. `type` is any catalog pyiceberg ships (extension: the Go processor has `rest`): `sql` is
+    pyiceberg's SqlCatalog, e.g. `uri: sqlite:///var/catalog.db`; `glue`, `hive`, `dynamodb`, `bigquery` and
+    `in-memory` take their pyiceberg properties from `properties` (secrets as `${VAR}`; shown masked)."""
+
+    type: CatalogType
+    # required for rest, hive (the thrift URI) and sql (an SQLAlchemy URL); glue, dynamodb... have none
+    uri: str = Field(default="", validate_default=True)
     name: str = "default"  # extension: the pyiceberg catalog name (SqlCatalog stores it with every table)
     token: SecretStr | None = None
     username: str | None = None
     password: SecretStr | None = None
     credential: SecretStr | None = None  # extension: OAuth2 client credential `id:secret`
-    # extension: passed to pyiceberg's catalog as they are (SigV4 `rest.sigv4-enabled`, OAuth `scope`, `header.*`)
+    # extension: passed to pyiceberg's catalog as they are (SigV4 `rest.sigv4-enabled`, OAuth `scope`, `header.*`,
+    # `glue.region`, `hive.kerberos-authentication`, `dynamodb.table-name`, `gcp.bigquery.project-id`...)
     properties: StringMap = Field(default_factory=dict)
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_when_needed(cls, uri: str, info: ValidationInfo) -> str:
+        # A field validator, so the error names iceberg.catalog.uri and shows no other (secret) key; reported like
+        # any missing key.
+        if info.data.get("type") in CATALOG_TYPES_WITH_URI and not uri:
+            raise PydanticCustomError("missing", "Field required")
+        return uri
+
+    def __repr_args__(self):  # noqa: ANN204 - pydantic's signature
+        for name, value in super().__repr_args__():
+            yield name, _masked_properties(value) if name == "properties" else value
+
+    @field_serializer("properties")
+    def _properties_for_display(self, properties: dict[str, str]) -> dict[str, str]:
+        return _masked_properties(properties)
+
+
+def _masked_properties(properties: dict[str, str]) -> dict[str, str]:
+    return {key: "**********" if any(word in key.lower() for word in _SECRET_PROPERTY_WORDS) else value
+            for key, value in properties.items()}
 
 
 class IcebergConfig(ConfigModel):

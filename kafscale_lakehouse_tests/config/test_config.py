@@ -161,7 +161,8 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
             lambda t: t.replace("  bucket: kafscale-data", "  region: x"),
             "s3.bucket: is required (or set segments.local_root to read segments from a local directory)",
         ),
-        (lambda t: t.replace("type: rest", "type: hive"), "iceberg.catalog.type: 'hive' is not one of rest, sql"),
+        (lambda t: t.replace("type: rest", "type: nessie"),
+         "iceberg.catalog.type: 'nessie' is not one of rest, sql, glue, hive, dynamodb, bigquery, in-memory"),
         (lambda t: t + "s3x: 1\n", "s3x: unknown key (did you mean 's3'?)"),
         (
             lambda t: t.replace("[http://etcd:2379]", "http://etcd:2379"),
@@ -284,7 +285,7 @@ def test_each_problem_names_its_key(tmp_path, change, expected):
 
 def test_all_problems_are_reported_at_once(tmp_path):
     text = (
-        MINIMAL_GO.replace("type: rest", "type: hive").replace("  bucket: kafscale-data", "  buckt: x")
+        MINIMAL_GO.replace("type: rest", "type: nessie").replace("  bucket: kafscale-data", "  buckt: x")
         + "offsets:\n  lease_ttl_seconds: x\n"
     )
     problems = problems_of(tmp_path, text)

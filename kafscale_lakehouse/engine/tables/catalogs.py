@@ -1,4 +1,5 @@
-"""Iceberg catalogs through pyiceberg (`rest`, embedded `sql` on sqlite) and opening/creating the mapped tables."""
+"""Iceberg catalogs through pyiceberg (`rest`, `sql` on sqlite or a database, and every other catalog type pyiceberg
+ships) and opening/creating the mapped tables."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from urllib.parse import urlsplit
 
 import requests
 from pyarrow.fs import FileSelector
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import AVAILABLE_CATALOGS, Catalog, CatalogType
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
@@ -38,7 +39,7 @@ from kafscale_lakehouse.storage.s3_store import SSE_TYPES
 
 log = logging.getLogger(__name__)
 
-CATALOG_TYPES = ("rest", "sql")
+CATALOG_TYPES = tuple(catalog_type.value for catalog_type in CatalogType)  # rest, hive, glue, dynamodb, sql, ...
 # Partition field ids start at 1000 by Iceberg convention; the catalog re-assigns them on create anyway.
 _FIRST_PARTITION_FIELD_ID = 1000
 
@@ -151,6 +152,13 @@ def load_catalog(settings: CatalogSettings) -> Catalog:
         endpoint = redact_url(settings.uri)
         with catalog_errors(endpoint, _rest_auth_hint(settings)):
             catalog: Catalog = RestCatalog(settings.name, **props)
+    elif settings.type != "sql":
+        # glue, hive, dynamodb, bigquery, in-memory: pyiceberg's own constructor, with the properties as given.
+        if settings.warehouse:
+            props["warehouse"] = _warehouse_uri(settings.warehouse)
+        endpoint = redact_url(props.get("uri") or f"{settings.type} catalog {settings.name}")
+        with catalog_errors(endpoint):
+            catalog = _construct_catalog(settings.type, settings.name, props, endpoint)
     else:
         if not settings.warehouse:
             raise ValueError("warehouse: is required for a sql catalog")
@@ -162,6 +170,19 @@ def load_catalog(settings: CatalogSettings) -> Catalog:
             catalog = SqlCatalog(settings.name, **props)
     log.info("Iceberg %s catalog %r at %s", settings.type, settings.name, endpoint)
     return catalog
+
+
+def _construct_catalog(catalog_type: str, name: str, props: dict[str, str], endpoint: str) -> Catalog:
+    """pyiceberg's catalog of `catalog_type`; what its constructor refuses (a missing extra, a property it
+    validates, an AWS client without region or credentials) → `CatalogError` naming the type and the endpoint."""
+    try:
+        return AVAILABLE_CATALOGS[CatalogType(catalog_type)](name, props)
+    except (CatalogError, requests.RequestException, SQLAlchemyError):
+        raise  # catalog_errors names these
+    except Exception as exc:  # any constructor failure (boto3, thrift, google-cloud) is a config fault
+        raise CatalogError(
+            f"Iceberg {catalog_type} catalog at {endpoint} cannot be constructed: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def open_table(
