@@ -15,15 +15,20 @@ import logging
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
 import pyarrow as pa
+import pyiceberg.io.pyarrow as _pyiceberg_pyarrow
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.expressions.visitors import _StrictMetricsEvaluator
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _determine_partitions, _to_requested_schema
+from pyiceberg.io.pyarrow import (
+    ArrowProjectionVisitor,
+    _check_pyarrow_schema_compatible,
+    _determine_partitions,
+    _to_requested_schema,
+)
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
@@ -31,6 +36,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.update import AssertRefSnapshotId, _apply_table_update, _TableMetadataUpdateContext
 from pyiceberg.table.update.snapshot import ExpireSnapshots
+from pyiceberg.types import ListType
 from pyiceberg.utils.datetime import datetime_to_millis
 
 from kafscale_lakehouse.engine.errors import EngineError
@@ -211,36 +217,26 @@ def delete_data_files(io: FileIO, paths: Iterable[str]) -> list[str]:
 check_pyarrow_schema_compatible = _check_pyarrow_schema_compatible
 determine_partitions = _determine_partitions
 
-
-def to_requested_schema(*, batch: pa.RecordBatch, **kwargs: Any) -> pa.RecordBatch:
-    """pyiceberg's `_to_requested_schema`, with the null lists of structs it turns into empty lists put back.
-
-    pyiceberg 0.12 rebuilds a list whose elements are structs from its offsets alone (a workaround for
-    apache/arrow#38809), which drops the list's validity: a tombstone's null line-item list would land as `[]`."""
-    projected = _to_requested_schema(batch=batch, **kwargs)
-    columns = [_with_list_nulls(batch.column(field.name), column) if field.name in batch.schema.names else column
-               for field, column in zip(projected.schema, projected.columns, strict=True)]
-    return pa.RecordBatch.from_arrays(columns, schema=projected.schema)
+to_requested_schema = _to_requested_schema
 
 
-def _with_list_nulls(source: pa.Array, projected: pa.Array) -> pa.Array:
-    """`projected` with the nulls of `source` (the same rows) restored in its lists, at any depth of structs."""
-    if source.null_count == projected.null_count and not pa.types.is_struct(projected.type):
+class _NullListPreservingProjection(ArrowProjectionVisitor):
+    """pyiceberg 0.12's projection of Arrow data to a table schema rebuilds a list whose elements are structs from its
+    offsets alone (its workaround for apache/arrow#38809), which drops the list's validity: a null list of structs
+    (an Avro tombstone's line items) became `[]` when written, and again when read back (scans, compaction,
+    replay's rewrites). This puts the list's nulls back."""
+
+    def list(self, list_type: ListType, list_array: pa.Array | None, value_array: pa.Array | None) -> pa.Array | None:
+        projected = super().list(list_type, list_array, value_array)
+        if (isinstance(projected, pa.ListArray | pa.LargeListArray) and list_array is not None
+                and list_array.null_count and projected.null_count != list_array.null_count):
+            return type(projected).from_arrays(projected.offsets, projected.values, type=projected.type,
+                                               mask=list_array.is_null())
         return projected
-    if isinstance(projected, (pa.ListArray, pa.LargeListArray)) and source.null_count:
-        if isinstance(source, pa.ListArray | pa.LargeListArray) and projected.offset == 0:
-            kind = pa.LargeListArray if isinstance(projected, pa.LargeListArray) else pa.ListArray
-            return kind.from_arrays(projected.offsets, projected.values, type=projected.type, mask=source.is_null())
-        return projected
-    if isinstance(projected, pa.StructArray) and isinstance(source, pa.StructArray):
-        names = {source.type.field(i).name for i in range(source.type.num_fields)}
-        children = [_with_list_nulls(source.field(f.name), projected.field(i)) if f.name in names
-                    else projected.field(i) for i, f in enumerate(projected.type)]
-        if all(c is projected.field(i) for i, c in enumerate(children)):
-            return projected
-        return pa.StructArray.from_arrays(children, fields=list(projected.type),
-                                          mask=projected.is_null() if projected.null_count else None)
-    return projected
+
+
+# `_to_requested_schema` (our writers) and pyiceberg's readers look the visitor up in their module when they run.
+_pyiceberg_pyarrow.ArrowProjectionVisitor = _NullListPreservingProjection  # type: ignore[misc]
 
 
 def arrow_schema_as_iceberg(arrow_schema: pa.Schema) -> Schema:

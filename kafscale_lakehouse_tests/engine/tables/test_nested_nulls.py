@@ -1,9 +1,12 @@
-"""Null lists of structs survive the projection to the file schema (commits.to_requested_schema): pyiceberg 0.12 turns
-them into empty lists, so a tombstone's null line-item list would land as []."""
+"""Null lists of structs survive pyiceberg's projection to a table schema, on write (commits.to_requested_schema) and
+on read (scans, compaction): pyiceberg 0.12 turns them into empty lists, so a tombstone's null line-item list would
+land, or read back, as [] (commits._NullListPreservingProjection)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import pyarrow_to_schema, schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, ListType, MapType, NestedField, StringType, StructType
@@ -35,3 +38,16 @@ def test_null_lists_of_structs_stay_null_at_any_depth_and_in_slices() -> None:
         assert [r["lines"] for r in got] == [r["lines"] for r in rows]
         assert [r["order"] for r in got] == [r["order"] for r in rows]
         assert [r["attributes"] is None for r in got] == [r["attributes"] is None for r in rows]
+
+
+def test_null_lists_of_structs_read_back_null(tmp_path) -> None:
+    """pyiceberg's reader projects with the same visitor: a file holding a null list of structs scans as null."""
+    catalog = SqlCatalog("nested", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=f"file://{tmp_path}")
+    catalog.create_namespace("n")
+    table = catalog.create_table("n.orders", SCHEMA)
+    path = tmp_path / "orders.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS, schema=schema_to_pyarrow(table.schema())), path)
+    table.add_files([f"file://{path}"])
+    got = table.scan().to_arrow().to_pylist()
+    assert [r["lines"] for r in got] == [r["lines"] for r in ROWS]
+    assert [r["order"] for r in got] == [r["order"] for r in ROWS]
