@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.maintenance",),
     ("connections",),
     ("engine.ingestion",),
-    ("orchestration", "apps", "definitions", "demo_assets", "testing"),
+    ("orchestration", "apps", "definitions", "defs", "demo_assets", "testing"),
 )
 TOP_LEVEL_PACKAGE = ""  # kafscale_lakehouse/__init__.py
 

@@ -1,0 +1,135 @@
+"""`KafscaleLakehouseComponent`: KafScale ingestion as a Dagster component (`dg scaffold defs`), the one way our
+definitions are built, for our own code location (`kafscale_lakehouse/defs/lakehouse/defs.yaml`) and for a user's
+Dagster project alike.
+
+Per mapping of the lakehouse config: the topic's observable asset, the table asset with its checks, an ingest job,
+a replay job and a sensor; maintenance jobs and schedules; the resources and the Iceberg IO manager. With the demo's
+mapping (`rpc.pizzas`), the demo lakehouse's downstream assets (`demo_assets.py`) are added.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from dagster.components.scaffold.scaffold import ScaffoldRequest, scaffold_with
+from pydantic import Field, model_validator
+
+from kafscale_lakehouse.config import (
+    CONFIG_PATH_ENV_VAR,
+    DEFAULT_CONFIG_PATH,
+    LakehouseConfig,
+    load_config,
+    parse_config,
+)
+from kafscale_lakehouse.demo_assets import DEMO_LANDED_TABLE, demo_definitions
+from kafscale_lakehouse.orchestration.assets import ICEBERG_IO_MANAGER_KEY, build_table_asset, build_topic_source_asset
+from kafscale_lakehouse.orchestration.checks import build_table_checks
+from kafscale_lakehouse.orchestration.io_manager import KafscaleIcebergIOManager
+from kafscale_lakehouse.orchestration.maintenance import build_maintenance
+from kafscale_lakehouse.orchestration.naming import ingest_job_name, table_asset_key
+from kafscale_lakehouse.orchestration.replay import build_replay_job
+from kafscale_lakehouse.orchestration.resources import CATALOG_RESOURCE_KEY, SPARK_RESOURCE_KEY, lakehouse_resources
+from kafscale_lakehouse.orchestration.sensors import build_sensors
+
+log = logging.getLogger(__name__)
+
+
+def build_definitions(config: LakehouseConfig, *, source: str = "<config>") -> dg.Definitions:
+    """The definitions of `config` (`source` names the config file in errors)."""
+    resources: dict[str, object] = dict(lakehouse_resources(config))
+    resources[ICEBERG_IO_MANAGER_KEY] = KafscaleIcebergIOManager(
+        iceberg_catalog=resources[CATALOG_RESOURCE_KEY], spark=resources[SPARK_RESOURCE_KEY],
+        target_file_size_bytes=config.processor.target_file_size_bytes)
+    assets: list[dg.AssetsDefinition] = []
+    checks: list[dg.AssetChecksDefinition] = []
+    jobs: list[dg.JobDefinition | dg.UnresolvedAssetJobDefinition] = []
+    for mapping in config.mappings:
+        assets += [build_topic_source_asset(config, mapping), build_table_asset(config, mapping)]
+        checks += build_table_checks(config, mapping)
+        jobs.append(dg.define_asset_job(
+            ingest_job_name(mapping.table), selection=dg.AssetSelection.assets(table_asset_key(mapping.table)),
+            description=f"Ingest KafScale topic {mapping.topic!r} into {mapping.table} and check the result."))
+        jobs.append(build_replay_job(config, mapping))
+    maintenance_jobs, schedules = build_maintenance(config)
+    log.info("Dagster definitions for %d mapping(s) of %s", len(config.mappings), source)
+    # In-process: a run's checks follow its commit in the same process, reusing its Spark session and clients
+    # (a process per step would start Spark and the connections again, on machines Spark already keeps busy).
+    definitions = dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs + maintenance_jobs,
+                                 schedules=schedules, sensors=build_sensors(config), resources=resources,
+                                 executor=dg.in_process_executor)
+    if any(mapping.table == DEMO_LANDED_TABLE for mapping in config.mappings):
+        definitions = dg.Definitions.merge(definitions, demo_definitions())
+    return definitions
+
+
+class KafscaleLakehouseScaffolder(dg.Scaffolder):
+    """`dg scaffold defs kafscale_lakehouse.orchestration.component.KafscaleLakehouseComponent <path>`: a defs.yaml
+    that points at a `lakehouse.yaml` beside it, and that file with one mapping to fill in."""
+
+    def scaffold(self, request: ScaffoldRequest) -> None:
+        dg.scaffold_component(request, {"config_path": "lakehouse.yaml"})
+        config = Path(request.target_path) / "lakehouse.yaml"
+        if not config.exists():
+            config.write_text(SCAFFOLDED_CONFIG)
+
+
+SCAFFOLDED_CONFIG = """\
+# The KafScale lakehouse config (README: "Configuration"): where the segments are, the Iceberg catalog, the offsets
+# store, and a mapping per topic. `${VAR}` is read from the environment (secrets belong there).
+s3:
+  bucket: kafscale-data
+  namespace: default
+  region: us-east-1
+iceberg:
+  catalog:
+    type: rest
+    uri: http://iceberg-rest:8181
+  warehouse: s3://warehouse/
+etcd:
+  endpoints: [http://etcd:2379]
+mappings:
+  - topic: orders
+    table: prod.orders
+    create_table_if_missing: true
+"""
+
+
+@scaffold_with(KafscaleLakehouseScaffolder)
+class KafscaleLakehouseComponent(dg.Component, dg.Model, dg.Resolvable):
+    """KafScale topics landed in Iceberg tables exactly once: per mapping, the topic and table assets, the table's
+    checks, ingest and replay jobs, a sensor, maintenance jobs and schedules, and their resources.
+
+    The lakehouse config is either a file (`config_path`, relative to this defs.yaml) or inline (`config`: the same
+    document as a lakehouse.yaml, `mappings[]` and all); with neither, `$KAFSCALE_LAKEHOUSE_CONFIG`, then
+    `lakehouse.yaml` in the working directory.
+    """
+
+    config_path: str | None = Field(
+        default=None, description="A lakehouse.yaml, relative to the directory of this defs.yaml.")
+    config: dict[str, Any] | None = Field(
+        default=None, description="The lakehouse config inline: s3, iceberg, etcd/offsets, mappings[], ...")
+
+    @model_validator(mode="after")
+    def _one_config(self) -> KafscaleLakehouseComponent:
+        if self.config_path is not None and self.config is not None:
+            raise ValueError("give config_path or config, not both")
+        return self
+
+    def lakehouse_config(self, directory: Path) -> tuple[LakehouseConfig, str]:
+        """The config and its source, for a component whose defs.yaml is in `directory`."""
+        if self.config is not None:
+            source = f"{directory / 'defs.yaml'} (attributes.config)"
+            return parse_config(self.config, source=source, base_dir=directory), source
+        if self.config_path is not None:
+            path = directory / self.config_path
+            return load_config(path), str(path)
+        source = os.environ.get(CONFIG_PATH_ENV_VAR) or DEFAULT_CONFIG_PATH
+        return load_config(source), source
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        config, source = self.lakehouse_config(context.path)
+        return build_definitions(config, source=source)
