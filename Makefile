@@ -34,6 +34,8 @@ demo: install
 lint: install-test
 	$(BIN)/ruff check kafscale_lakehouse kafscale_lakehouse_tests benchmarks scripts
 	$(BIN)/mypy
+	# The dg project: defs.yaml files validate and the code location's definitions load (KafscaleLakehouseComponent).
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dg check defs
 
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
