@@ -487,7 +487,7 @@ def _commit_replacing_keys(table: Table, keys: pa.Table, new_rows: pa.Table, job
             if plan == MAX_PLANS:
                 raise UpsertError(f"table {table_name}: {what} planned {plan} times, concurrent commits kept "
                                   f"replacing its files: {exc}") from exc
-            log.info("table %s: %s; planning %s again", table_name, exc, what)
+            log.info("%s; planning %s again", exc, what)
             continue
         except CommitFailedException as exc:
             landed = find_commit_after_refresh(table, commit_id, before_first[0] if before_first else None)

@@ -164,3 +164,46 @@ def test_commit_upsert_keyed_by_the_record_key(catalog):
     assert sorted((r["key"], r["status"], r["offset"]) for r in rows) == [
         (b"a", "2", 2), (b"c", "2", 5), (b"d", "1", 6)]
     assert read_topic_offsets(table, "t") == {0: 7}
+
+
+def test_a_compaction_landing_before_the_commit_makes_the_upsert_plan_again(catalog):
+    """Another writer (a compaction: same rows, new files) commits between the upsert's plan and its commit: the
+    commit is refused, the files it rewrote are gone, so it plans again on the new files; no key ends twice."""
+    catalog.create_namespace("n")
+    table = catalog.create_table("n.compacted", table_schema(COLUMNS))
+    key = UpsertKey(("id",), COLUMNS)
+
+    def changes(run_id: str, start: int, ids: list[int], status: str) -> list:
+        rows = pa.table({
+            "record_id": [f"t:0:{start + i}" for i in range(len(ids))],
+            "topic": ["t"] * len(ids),
+            "partition": pa.array([0] * len(ids), pa.int32()),
+            "offset": pa.array(range(start, start + len(ids)), pa.int64()),
+            "timestamp_ms": pa.array([0] * len(ids), pa.int64()),
+            "key": pa.nulls(len(ids), pa.binary()),
+            "value": pa.array([b"{}"] * len(ids), pa.binary()),
+            "headers": pa.nulls(len(ids), pa.string()),
+            "id": pa.array(ids, pa.int64()),
+            "status": [status] * len(ids),
+        })
+        return write_batches_as_data_files(SinkJob.for_table(table, run_id, 1 << 20), rows.to_batches(), 0)
+
+    commit_upsert(table, changes("r1", 0, list(range(10)), "v1"), key, "t", {0: 0}, {0: 10}, "r1",
+                  target_file_size_bytes=1 << 20)
+    compactions = []
+
+    def compact_once(_current) -> None:
+        if not compactions:
+            other = catalog.load_table("n.compacted")
+            before = {t.file.file_path for t in other.scan().plan_files()}
+            with other.transaction() as transaction:
+                transaction.overwrite(other.scan().to_arrow(), snapshot_properties={"kafscale.offsets.t": '{"0":10}'})
+            compactions.append(before)
+
+    result = commit_upsert(table, changes("r2", 10, [2, 3], "v2"), key, "t", {0: 10}, {0: 12}, "r2",
+                           target_file_size_bytes=1 << 20, before_attempt=compact_once)
+    assert compactions and result.attempts >= 1
+    rows = table.scan(selected_fields=("id", "status")).to_arrow().to_pylist()
+    assert sorted((r["id"], r["status"]) for r in rows) == [(i, "v2" if i in (2, 3) else "v1") for i in range(10)]
+    assert read_topic_offsets(table, "t") == {0: 12}
+    assert not compactions[0] & {t.file.file_path for t in table.scan().plan_files()}
