@@ -98,7 +98,7 @@ def timed(decode: Callable[[], int], repeat: int) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--records", type=int, default=65_536)  # a Spark task's batch (MAX_ROWS_PER_BATCH)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as a Spark task gets

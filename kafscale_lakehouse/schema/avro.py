@@ -24,6 +24,7 @@ one whose schema could not evolve the table, stops the partition at that record 
 
 from __future__ import annotations
 
+import gc
 import io
 import itertools
 import json
@@ -213,6 +214,17 @@ class AvroValueDecoder:
         self._parsed: dict[int, Any] = {}
 
     def decode(self, values: pa.Array) -> DecodedValues:
+        # A batch allocates a dict or list per record and nested value, none of them in a cycle: the cyclic garbage
+        # collector would walk them all again and again as they pile up (1.5x the decoding time on 65k orders).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._decode(values)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _decode(self, values: pa.Array) -> DecodedValues:
         records: list[dict[str, Any] | None] = []
         reasons: list[str | None] = []
         stop = None
