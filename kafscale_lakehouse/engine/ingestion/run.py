@@ -22,7 +22,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
@@ -91,7 +91,7 @@ from kafscale_lakehouse.engine.tables.summary import (
     read_topic_offsets,
     skipped_summary_properties,
 )
-from kafscale_lakehouse.engine.tables.upserts import UpsertKey, commit_upsert
+from kafscale_lakehouse.engine.tables.upserts import ChangeEvents, UpsertKey, commit_upsert
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseLostError, OffsetStore, TableIdentity
 from kafscale_lakehouse.offsets.ranges import OffsetRange
@@ -500,7 +500,7 @@ def _write(prepared: PreparedIngest) -> _Written:
         context.store,
         topic,
         prepared.input_partitions(),
-        columns=prepared.validation.columns,
+        columns=_written_columns(mapping, prepared.validation.columns),
         json_schema=prepared.validation.json_schema,
         target_file_size_bytes=config.processor.target_file_size_bytes,
         dead_letters=target,
@@ -510,6 +510,14 @@ def _write(prepared: PreparedIngest) -> _Written:
         kafka_timestamp=mapping.kafka_timestamp_column,
     )
     return _Written(messages, started)
+
+
+def _written_columns(mapping: MappingConfig, columns: Sequence[Column]) -> Sequence[Column]:
+    """Change events (`cdc`) are coerced into the mapped columns at the commit, from each event's row image: the
+    Spark tasks keep the columns (partition values need them) but require none, as the envelope has none of them."""
+    if mapping.cdc is None:
+        return columns
+    return [replace(column, required=False) for column in columns]
 
 
 def _select_commit(prepared: PreparedIngest, written: _Written) -> _CommitSelection | None:
@@ -602,7 +610,7 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
         commit = commit_upsert(
             prepared.table, files, key, topic, starts, commit_ends, run_id,
             target_file_size_bytes=prepared.context.config.processor.target_file_size_bytes,
-            snapshot_properties=properties, before_attempt=before_attempt,
+            events=_change_events(mapping), snapshot_properties=properties, before_attempt=before_attempt,
         )
     else:
         commit = commit_append(
@@ -615,6 +623,13 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
             dead_letters, staged, source_snapshot_id=commit.snapshot_id
         )
     return commit.snapshot_id
+
+
+def _change_events(mapping: MappingConfig) -> ChangeEvents | None:
+    cdc = mapping.cdc
+    if cdc is None:
+        return None
+    return ChangeEvents(cdc.format, cdc.op_field, tuple(cdc.delete_ops), mapping.schema_config.timestamp_unit)
 
 
 def _update_store(prepared: PreparedIngest, selected: _CommitSelection, snapshot_id: int) -> None:
