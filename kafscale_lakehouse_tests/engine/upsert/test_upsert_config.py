@@ -7,6 +7,7 @@ import pytest
 from kafscale_lakehouse.config import ConfigError, parse_config
 from kafscale_lakehouse.engine.ingestion.replay import ReplayError, replay_range
 from kafscale_lakehouse.offsets.ranges import OffsetRange
+from kafscale_lakehouse.orchestration.checks import build_table_checks
 
 
 def _config(**mapping: object):
@@ -66,3 +67,13 @@ def test_an_offset_range_is_not_replayed_into_an_upsert_table():
     # Refused before any connection is used: the rows of an upsert table are not the records of a range.
     with pytest.raises(ReplayError, match=r"cdc.stores is an upsert table .* --to-offset N"):
         replay_range(None, mapping, OffsetRange(0, 0, 10))  # type: ignore[arg-type]
+
+
+def test_an_upsert_table_checks_id_unique_in_place_of_record_id_unique():
+    upsert = _config(mode="upsert", id_columns=["store_id"])
+    append = _config()
+    names = {c.check_key.name for c in build_table_checks(upsert, upsert.mappings[0])}
+    assert names == {"schema_valid", "id_unique", "offsets_contiguous", "freshness"}
+    assert "record_id_unique" in {c.check_key.name for c in build_table_checks(append, append.mappings[0])}
+    [id_unique] = [c for c in build_table_checks(upsert, upsert.mappings[0]) if c.check_key.name == "id_unique"]
+    assert id_unique.check_specs_by_output_name and all(s.blocking for s in id_unique.check_specs)
