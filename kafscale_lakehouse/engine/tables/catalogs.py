@@ -4,6 +4,7 @@ ships) and opening/creating the mapped tables."""
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -15,7 +16,6 @@ import requests
 from pyarrow.fs import FileSelector
 from pyiceberg.catalog import AVAILABLE_CATALOGS, Catalog, CatalogType
 from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
     ForbiddenError,
     NoSuchNamespaceError,
@@ -32,7 +32,6 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform, UnknownTransform, parse_transform
 from pyiceberg.types import IcebergType
-from sqlalchemy.exc import SQLAlchemyError
 
 from kafscale_lakehouse.redaction import redact_url
 from kafscale_lakehouse.storage.s3_store import SSE_TYPES
@@ -166,6 +165,8 @@ def load_catalog(settings: CatalogSettings) -> Catalog:
         if "uri" not in props:  # not setdefault: the default needs a local warehouse, a given uri does not
             props["uri"] = _default_sqlite_uri(props["warehouse"])
         endpoint = redact_url(props["uri"])
+        from pyiceberg.catalog.sql import SqlCatalog  # SQLAlchemy, ~0.3 s of imports: only for a sql catalog
+
         with catalog_errors(endpoint, "the access to its database"):
             catalog = SqlCatalog(settings.name, **props)
     log.info("Iceberg %s catalog %r at %s", settings.type, settings.name, endpoint)
@@ -177,9 +178,9 @@ def _construct_catalog(catalog_type: str, name: str, props: dict[str, str], endp
     validates, an AWS client without region or credentials) → `CatalogError` naming the type and the endpoint."""
     try:
         return AVAILABLE_CATALOGS[CatalogType(catalog_type)](name, props)
-    except (CatalogError, requests.RequestException, SQLAlchemyError):
-        raise  # catalog_errors names these
     except Exception as exc:  # any constructor failure (boto3, thrift, google-cloud) is a config fault
+        if isinstance(exc, (CatalogError, requests.RequestException, *_sql_catalog_errors())):
+            raise  # catalog_errors names these
         raise CatalogError(
             f"Iceberg {catalog_type} catalog at {endpoint} cannot be constructed: {type(exc).__name__}: {exc}"
         ) from exc
@@ -303,10 +304,17 @@ def catalog_errors(endpoint: str, credential_keys: str = "the catalog credential
         ) from exc
     except (requests.ConnectionError, requests.Timeout) as exc:
         raise CatalogUnavailableError(f"Iceberg catalog at {endpoint} is unreachable ({type(exc).__name__})") from exc
-    except SQLAlchemyError as exc:
+    except _sql_catalog_errors() as exc:
         raise CatalogUnavailableError(f"Iceberg sql catalog at {endpoint} failed ({type(exc).__name__})") from exc
     except (ServerError, ServiceUnavailableError) as exc:
         raise CatalogUnavailableError(f"Iceberg catalog at {endpoint} answered {type(exc).__name__}") from exc
+
+
+def _sql_catalog_errors() -> tuple[type[Exception], ...]:
+    """SQLAlchemy's errors once something (pyiceberg's SqlCatalog) imported it; none can be raised before, and a
+    REST deployment's processes should not import SQLAlchemy for an except clause."""
+    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
+    return (sqlalchemy_exc.SQLAlchemyError,) if sqlalchemy_exc is not None else ()
 
 
 def _rest_auth_hint(settings: CatalogSettings) -> str:
