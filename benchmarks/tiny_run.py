@@ -217,7 +217,7 @@ def in_process_breakdown(document: dict, engine_url: str, topic: Topic) -> tuple
 
     def counted_call(self, operation, fn):
         # One line per kind of call: the key prefix, run ids and lease ids stripped, transactions by key count.
-        kind = re.sub(r"lease [0-9a-f]+", "lease", re.sub(r"\S*/(runs/[^/]+/)[0-9a-f]{32}", r"\1<run>",
+        kind = re.sub(r"lease [0-9a-f]+", "lease", re.sub(r"(runs/[^/]+/)[0-9a-f]{32}", r"\1<run>",
                                                            operation.replace(prefix, "")))
         kind = re.sub(r"transaction on (.*)", lambda m: f"transaction on {m.group(1).count(',') + 1} key(s)", kind)
         trips[f"etcd {kind}"] += 1
