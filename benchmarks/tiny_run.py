@@ -235,6 +235,7 @@ def in_process_breakdown(document: dict, engine_url: str, topic: Topic) -> tuple
     topic.land()
     EtcdClient._call, requests.Session.send = counted_call, counted_send
     os.environ["SPARK_REMOTE"] = engine_url
+    spark = None
     try:
         started = time.perf_counter()
         spark = get_spark_session(config.spark.master, dict(config.spark.conf))
@@ -254,6 +255,9 @@ def in_process_breakdown(document: dict, engine_url: str, topic: Topic) -> tuple
     finally:
         EtcdClient._call, requests.Session.send = original_call, original_send
         os.environ.pop("SPARK_REMOTE", None)
+        if spark is not None:
+            # Closed now, while the engine runs: at exit its client would retry against the stopped engine.
+            spark.stop()
     return dict(phases), trips, session_seconds, context_seconds
 
 
