@@ -8,7 +8,8 @@ A case is `primary@point/action+secondary`:
   (leases expire while it lives), or whose commit is applied but answered with an error (`unknown`);
 - meanwhile (or, when it was killed, after it) the secondary acts: another run of ours (in this process, or a
   process killed at a point of its own), our maintenance, a position move or replay, another engine's
-  append/delete/rollback/expiry through pyiceberg, or the broker re-cutting or re-uploading a segment;
+  append, delete (copy-on-write, or merge-on-read position deletes), rollback or expiry, or the broker re-cutting or
+  re-uploading a segment;
 - then the primary goes on (pause, freeze) and ends; leases expire; settling runs ingest until nothing moves.
 
 The invariants (`check_invariants`), after the two actors and again after settling: the table scans; every file
@@ -40,6 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.expressions import And, EqualTo, LessThan
 from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table
@@ -54,6 +56,7 @@ from kafscale_lakehouse.storage import ObjectKind
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine.faults.actor import POINTS
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
+from kafscale_lakehouse_tests.engine.tables.other_engines import add_position_deletes
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_RECORDS, records_with_faults
 
 log = logging.getLogger(__name__)
@@ -63,9 +66,8 @@ ACTIONS = ("kill", "pause", "freeze", "unknown")
 SECONDARY_KILL_POINTS = ("before-commit", "after-commit", "before-forget")
 SECONDARIES = (
     "none", "ingest", *(f"ingest-killed:{p}" for p in SECONDARY_KILL_POINTS), "compact", "manifests", "expire",
-    "orphans",
-    "replay", "move-back", "foreign-append", "foreign-delete", "foreign-rollback", "foreign-expire", "recut",
-    "reupload",
+    "orphans", "replay", "move-back", "foreign-append", "foreign-delete", "foreign-delete-mor", "foreign-rollback",
+    "foreign-expire", "recut", "reupload",
 )
 # The primary ingest reads partition 0's first pending segment after these points; a re-cut must come before the read
 # for the old and the new segment to disagree (a re-cut of offsets already landed is retention, not a fault).
@@ -100,7 +102,8 @@ HOLE_CASES = {
     "1c commit applied, answered 5xx": Case("ingest", "inside-commit", "unknown", "ingest"),
     "3 position moved back while an ingestion commits": Case("move-back", "before-lease", "pause", "ingest"),
     "4 segment re-cut between planning and reading": Case("ingest", "after-plan", "pause", "recut"),
-    "5 compaction while another engine deletes": Case("compact", "after-write", "pause", "foreign-delete"),
+    "5 compaction while another engine deletes (merge-on-read)": Case(
+        "compact", "after-write", "pause", "foreign-delete-mor"),
     "7 table rolled back under a run": Case("ingest", "after-write", "pause", "foreign-rollback"),
     "7 another engine expires our snapshots": Case("ingest", "after-commit", "kill", "foreign-expire"),
 }
@@ -290,7 +293,7 @@ class FaultWorld:
         if name in ("replay", "move-back"):
             return self.run_in_process(name, lambda: self.cli_main(*self.command(name, config_path)))
         if name.startswith("foreign-"):
-            getattr(self, "foreign_" + name.removeprefix("foreign-"))(self.world.table())
+            getattr(self, name.replace("-", "_"))(self.world.table())
             return Outcome(name, True)
         if name == "recut":
             self.world.write_segments(0, RECUT_RECORDS, base_offset=PENDING_BASE, records_per_segment=RECUT_RECORDS)
@@ -320,6 +323,14 @@ class FaultWorld:
         for partition, offsets in FOREIGN_DELETED.items():
             table.delete(And(EqualTo("partition", partition), LessThan("offset", max(offsets) + 1)))
             self.deleted.setdefault(partition, set()).update(offsets)
+
+    def foreign_delete_mor(self, table: Table) -> None:
+        """A merge-on-read DELETE (Trino, Spark): a position-delete file for the first 5 rows of a data file of
+        partition 1."""
+        task = next(t for t in table.scan(row_filter=EqualTo("partition", 1)).plan_files() if not t.delete_files)
+        offsets = pq.read_table(table.io.new_input(task.file.file_path).open(), columns=["offset"]).column("offset")
+        add_position_deletes(table, task.file, list(range(5)))
+        self.deleted.setdefault(1, set()).update(offsets.to_pylist()[:5])
 
     def foreign_rollback(self, table: Table) -> None:
         current = table.current_snapshot()
