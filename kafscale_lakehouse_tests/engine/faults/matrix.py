@@ -224,7 +224,9 @@ class FaultWorld:
         config = ["--config", str(config_path)]
         return {
             "ingest": ["ingest", *config, "--once"],
-            "replay": ["offsets", "replay", "--topic", self.topic, "--partition", "0", "--from", "0", "--yes",
+            # Partition 1: a replay refuses a range holding invalid records (it writes no dead letters); from 20:
+            # another engine's delete of offsets 0..9 stays deleted.
+            "replay": ["offsets", "replay", "--topic", self.topic, "--partition", "1", "--from", "20", "--yes",
                        *config],
             "move-back": ["offsets", "reset", "--topic", self.topic, "--to-offset", str(MOVE_BACK_TO),
                           "--partition", "0", "--yes", *config],
