@@ -351,7 +351,7 @@ def prepare_ingest(
     validation = resolve_record_validation(context.config, mapping, context.registry)
     table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
     validation = with_avro_value_schemas(validation, table, mapping.table)
-    catalog = load_catalog(context.catalog_settings)
+    catalog = table.catalog  # the one open_mapping_table loaded: a REST catalog costs round trips to load
     # Of a run that stopped between its commit and publishing; what can no longer be published is reported.
     pending_dead_letters = publish_pending_dead_letters(table, catalog)
     result.dead_letters_lost = pending_dead_letters.lost
