@@ -21,6 +21,7 @@ PAGES = {
     "demo-asset-checks.png": "/assets/rpc/pizzas?view=checks&checkDetail=record_id_unique",
     "demo-lineage.png": "/assets/rpc/sauce_daily?view=lineage&lineageScope=upstream&lineageDepth=3",
     "demo-downstream-asset.png": "/assets/rpc/sauce_daily",
+    "demo-avro-asset.png": "/assets/rpc/pizzas_avro",
 }
 
 
