@@ -23,6 +23,7 @@ PAGES = {
     "demo-downstream-asset.png": "/assets/rpc/sauce_daily",
     "demo-avro-asset.png": "/assets/rpc/pizzas_avro",
 }
+SCROLL = {"demo-avro-asset.png": 900}  # pixels down the page: the Avro table's nested columns and run metadata
 
 
 def main() -> None:
@@ -44,6 +45,10 @@ def main() -> None:
                 page.wait_for_timeout(500)
             except PlaywrightTimeoutError:
                 pass  # not shown (any more)
+            if name in SCROLL:
+                page.mouse.move(600, 600)  # over the scrolling pane
+                page.mouse.wheel(0, SCROLL[name])
+                page.wait_for_timeout(1000)
             page.screenshot(path=args.out / name)
             print(f"wrote {args.out / name}")
         browser.close()
