@@ -10,7 +10,10 @@ point it writes `<signal dir>/reached` and then, by `action`:
 - `freeze`: SIGSTOPs itself, lease keeper included, so its leases expire while it still "runs" (a worker declared
   dead but alive); the test SIGCONTs it;
 - `unknown` (only `inside-commit`): the catalog applied the commit, the answer is lost: raises pyiceberg's
-  `CommitStateUnknownException` (what a 5xx answer raises) and goes on.
+  `CommitStateUnknownException` (what a 5xx answer raises) and goes on;
+- `late` (only `inside-commit`): the answer is lost at once (`CommitStateUnknownException`) and the catalog applies the
+  commit only when `<signal dir>/go` appears (a request stuck in a proxy or a catalog's queue): the run ends, the
+  process stays until then, and writes `<signal dir>/applied` or `<signal dir>/refused`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +40,8 @@ from kafscale_lakehouse.apps import cli
 
 log = logging.getLogger("kafscale_lakehouse_tests.engine.faults.actor")
 
-ACTIONS = ("kill", "pause", "freeze", "unknown")
+ACTIONS = ("kill", "pause", "freeze", "unknown", "late")
+COMMIT_ONLY_ACTIONS = ("unknown", "late")
 PAUSE_LIMIT_SECONDS = 600
 
 # Where each point is, per actor: (module, attribute, "before" | "after" the call). `inside-commit` is the catalog's
@@ -105,12 +110,16 @@ def _at_point(point: str, action: str, signal_dir: Path) -> None:
     elif action == "freeze":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif action == "pause":
-        deadline = time.monotonic() + PAUSE_LIMIT_SECONDS
-        while not (signal_dir / "go").exists():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"paused at {point} for {PAUSE_LIMIT_SECONDS}s without a go")
-            time.sleep(0.05)
+        _wait_for_go(point, signal_dir)
     log.warning("FAULT POINT %s: going on", point)
+
+
+def _wait_for_go(point: str, signal_dir: Path) -> None:
+    deadline = time.monotonic() + PAUSE_LIMIT_SECONDS
+    while not (signal_dir / "go").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"paused at {point} for {PAUSE_LIMIT_SECONDS}s without a go")
+        time.sleep(0.05)
 
 
 def _wrap(function: Callable[..., Any], when: str, point: str, action: str, signal_dir: Path) -> Callable[..., Any]:
@@ -138,6 +147,22 @@ def _install_inside_commit(point: str, action: str, signal_dir: Path) -> None:
         real = catalog_class.commit_table
 
         def commit_table(self: Any, table: Any, requirements: Any, updates: Any, _real: Any = real) -> Any:
+            if action == "late" and _inside_table_commit and not _reached:
+                _at_point(point, action, signal_dir)
+
+                def apply_later() -> None:
+                    _wait_for_go(point, signal_dir)
+                    try:
+                        _real(self, table, requirements, updates)
+                    except Exception as exc:  # any refusal: the test reads it from the file
+                        log.warning("FAULT POINT %s: the late commit was refused: %r", point, exc)
+                        (signal_dir / "refused").write_text(repr(exc))
+                    else:
+                        log.warning("FAULT POINT %s: the late commit was applied", point)
+                        (signal_dir / "applied").write_text("applied\n")
+
+                threading.Thread(target=apply_later, name="late-commit").start()  # not a daemon: the process waits
+                raise CommitStateUnknownException("fault injected: the answer was lost; the catalog applies it later")
             response = _real(self, table, requirements, updates)
             if _inside_table_commit and not _reached:
                 _at_point(point, action, signal_dir)
@@ -149,8 +174,9 @@ def _install_inside_commit(point: str, action: str, signal_dir: Path) -> None:
 
 
 def install(actor: str, point: str, action: str, signal_dir: Path) -> None:
-    if action not in ACTIONS or (action == "unknown" and point != "inside-commit"):
-        raise SystemExit(f"action {action!r} is not one of {ACTIONS} at {point!r} ('unknown': inside-commit only)")
+    if action not in ACTIONS or (action in COMMIT_ONLY_ACTIONS and point != "inside-commit"):
+        raise SystemExit(f"action {action!r} is not one of {ACTIONS} at {point!r} ({COMMIT_ONLY_ACTIONS}: "
+                         "inside-commit only)")
     try:
         owner, attribute, when = POINTS[actor][point]
     except KeyError:

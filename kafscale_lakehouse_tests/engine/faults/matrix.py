@@ -5,11 +5,12 @@ with.
 A case is `primary@point/action+secondary`:
 - the primary (`ingest`, `replay`, `move-back`, and maintenance: `compact`, `manifests`, `expire`, `orphans`) is a
   real `kafscale-lakehouse` process (actor.py) that reaches `point` and is killed, paused (leases kept) or frozen
-  (leases expire while it lives), or whose commit is applied but answered with an error (`unknown`);
-- meanwhile (or, when it was killed, after it) the secondary acts: another run of ours (in this process, or a
-  process killed at a point of its own), our maintenance, a position move or replay, another engine's
-  append, delete (copy-on-write, or merge-on-read position deletes), rollback or expiry, or the broker re-cutting or
-  re-uploading a segment;
+  (leases expire while it lives), or whose commit is applied but answered with an error (`unknown`), or answered
+  with an error and applied by the catalog only later (`late`: after the run ended and released its leases);
+- meanwhile (or, when it was killed, after it) the secondary acts: another run of ours (in this process, a process
+  killed at a point of its own, or one held at its own point while the primary goes on), our maintenance, a
+  position move or replay, another engine's append, delete (copy-on-write, or merge-on-read position deletes),
+  rollback or expiry, or the broker re-cutting or re-uploading a segment;
 - then the primary goes on (pause, freeze) and ends; leases expire; settling runs ingest until nothing moves.
 
 The invariants (`check_invariants`), after the two actors and again after settling: the table scans; every file
@@ -62,10 +63,12 @@ from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_REC
 log = logging.getLogger(__name__)
 
 PRIMARIES = tuple(POINTS)
-ACTIONS = ("kill", "pause", "freeze", "unknown")
+ACTIONS = ("kill", "pause", "freeze", "unknown", "late")
 SECONDARY_KILL_POINTS = ("before-commit", "after-commit", "before-forget")
+SECONDARY_PAUSE_POINTS = ("after-plan", "before-commit")  # a second run held there while the primary goes on
 SECONDARIES = (
-    "none", "ingest", *(f"ingest-killed:{p}" for p in SECONDARY_KILL_POINTS), "compact", "manifests", "expire",
+    "none", "ingest", *(f"ingest-killed:{p}" for p in SECONDARY_KILL_POINTS),
+    *(f"ingest-paused:{p}" for p in SECONDARY_PAUSE_POINTS), "compact", "manifests", "expire",
     "orphans", "replay", "move-back", "foreign-append", "foreign-delete", "foreign-delete-mor", "foreign-rollback",
     "foreign-expire", "recut", "reupload",
 )
@@ -100,6 +103,8 @@ HOLE_CASES = {
         "ingest", "before-lease", "pause", "ingest-killed:before-forget"),
     "1b lease expires between the lease check and a slow commit": Case("ingest", "before-commit", "freeze", "ingest"),
     "1c commit applied, answered 5xx": Case("ingest", "inside-commit", "unknown", "ingest"),
+    "1c the catalog applies a commit after the run gave up on it, while a second run cleans up": Case(
+        "ingest", "inside-commit", "late", "ingest-paused:after-plan"),
     "3 position moved back while an ingestion commits": Case("move-back", "before-lease", "pause", "ingest"),
     "4 segment re-cut between planning and reading": Case("ingest", "after-plan", "pause", "recut"),
     "5 compaction while another engine deletes (merge-on-read)": Case(
@@ -120,11 +125,13 @@ def all_cases() -> list[Case]:
     for primary, points in POINTS.items():
         for point in points:
             for action in ACTIONS:
-                if action == "unknown" and point != "inside-commit":
+                if action in ("unknown", "late") and point != "inside-commit":
                     continue
                 for secondary in SECONDARIES:
                     if secondary == "recut" and primary == "ingest" and point not in POINTS_BEFORE_READ:
                         continue
+                    if secondary.startswith("ingest-paused:") and action in ("kill", "unknown"):
+                        continue  # the primary has ended: nothing to interleave with
                     cases.append(Case(primary, point, action, secondary))
     return cases
 
@@ -353,23 +360,41 @@ class FaultWorld:
         if case.action == "freeze":
             # Frozen, lease keeper included: its leases expire while it lives.
             self.world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 4)
+        if case.action == "late":
+            self.wait_for_leases(owner_pid=primary.pid)  # the run ended on the lost answer; its commit is held
         if case.action in ("kill", "unknown"):
             self.outcomes.append(self.finish(primary, case.primary))
             self.wait_for_leases()
             self.outcomes.append(self.secondary(case.secondary, config_path, signal_dir))
+        elif case.secondary.startswith("ingest-paused:"):
+            # The second run is held at its own point while the first goes on (and ends), then goes on itself.
+            point = case.secondary.partition(":")[2]
+            second = self.start("ingest", point, "pause", config_path, signal_dir / "secondary")
+            self.wait_reached(second, signal_dir / "secondary", f"the second ingest ({case.id})")
+            self.resume(case, primary, signal_dir)
+            (signal_dir / "secondary" / "go").write_text("go\n")
+            self.outcomes.append(self.finish(second, case.secondary))
         else:
             self.outcomes.append(self.secondary(case.secondary, config_path, signal_dir))
             if case.secondary.startswith("ingest-killed:"):
                 self.wait_for_leases(owner_pid=self.secondary_pid)  # the killed run's, before the primary goes on
-            if case.action == "freeze":
-                os.kill(primary.pid, signal.SIGCONT)
-            else:
-                (signal_dir / "go").write_text("go\n")
-            self.outcomes.append(self.finish(primary, case.primary))
+            self.resume(case, primary, signal_dir)
         self.wait_for_leases()
         self.check_invariants(case, "after both actors", settled=False)
         self.settle(case)
         self.check_invariants(case, "after settling", settled=True)
+
+    def resume(self, case: Case, primary: subprocess.Popen, signal_dir: Path) -> None:
+        """The held primary goes on (a late commit is applied, or refused) and ends."""
+        if case.action == "freeze":
+            os.kill(primary.pid, signal.SIGCONT)
+        else:
+            (signal_dir / "go").write_text("go\n")
+        outcome = self.finish(primary, case.primary)
+        if case.action == "late":
+            late = "applied" if (signal_dir / "applied").exists() else "refused"
+            outcome.detail += f"; its late commit was {late}"
+        self.outcomes.append(outcome)
 
     def wait_for_leases(self, owner_pid: int | None = None) -> None:
         """Until etcd drops the leases of dead actors (every lease, or those of the process `owner_pid`)."""
