@@ -101,7 +101,8 @@ class Case:
 HOLE_CASES = {
     "1a clean-up with a table opened before another run's commit": Case(
         "ingest", "before-lease", "pause", "ingest-killed:before-forget"),
-    "1b lease expires between the lease check and a slow commit": Case("ingest", "before-commit", "freeze", "ingest"),
+    "1b lease expires between the lease check and a slow commit": Case(
+        "ingest", "before-commit", "freeze", "ingest-paused:after-plan"),
     "1c commit applied, answered 5xx": Case("ingest", "inside-commit", "unknown", "ingest"),
     "1c the catalog applies a commit after the run gave up on it, while a second run cleans up": Case(
         "ingest", "inside-commit", "late", "ingest-paused:after-plan"),
