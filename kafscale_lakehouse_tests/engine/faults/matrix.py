@@ -335,12 +335,13 @@ class FaultWorld:
             self.deleted.setdefault(partition, set()).update(offsets)
 
     def foreign_delete_mor(self, table: Table) -> None:
-        """A merge-on-read DELETE (Trino, Spark): a position-delete file for the first 5 rows of a data file of
-        partition 1."""
+        """A merge-on-read DELETE (Trino, Spark): a position-delete file for the first 5 rows of a data file that
+        holds rows of partition 1 (a compacted file holds both partitions: the rows' own partitions are recorded)."""
         task = next(t for t in table.scan(row_filter=EqualTo("partition", 1)).plan_files() if not t.delete_files)
-        offsets = pq.read_table(table.io.new_input(task.file.file_path).open(), columns=["offset"]).column("offset")
+        rows = pq.read_table(table.io.new_input(task.file.file_path).open(), columns=["partition", "offset"])
         add_position_deletes(table, task.file, list(range(5)))
-        self.deleted.setdefault(1, set()).update(offsets.to_pylist()[:5])
+        for row in rows.slice(0, 5).to_pylist():
+            self.deleted.setdefault(row["partition"], set()).add(row["offset"])
 
     def foreign_rollback(self, table: Table) -> None:
         current = table.current_snapshot()
