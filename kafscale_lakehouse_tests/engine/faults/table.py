@@ -1,7 +1,7 @@
 """The fault matrix's outcome as a table (actors by points by outcome), from a pytest JUnit XML report.
 
     KAFSCALE_FAULT_MATRIX=60 pytest kafscale_lakehouse_tests/engine/faults --junitxml=matrix.xml
-    python -m kafscale_lakehouse_tests.engine.faults.table matrix.xml
+    python -m kafscale_lakehouse_tests.engine.faults.table matrix.xml [more.xml ...]
 
 One row per primary and point; per action, the cases that passed of those run, and the failed cases by secondary.
 """
@@ -18,9 +18,10 @@ from kafscale_lakehouse_tests.engine.faults.matrix import ACTIONS
 CASE_ID = re.compile(r"\[(?P<primary>[\w-]+)@(?P<point>[\w-]+)/(?P<action>\w+)\+(?P<secondary>[\w:-]+)\]$")
 
 
-def outcome_table(junit_xml: str) -> str:
+def outcome_table(*junit_xmls: str) -> str:
     runs: dict[tuple[str, str], dict[str, list[tuple[str, bool]]]] = defaultdict(lambda: defaultdict(list))
-    for case in ElementTree.parse(junit_xml).getroot().iter("testcase"):
+    cases = [case for path in junit_xmls for case in ElementTree.parse(path).getroot().iter("testcase")]
+    for case in cases:
         match = CASE_ID.search(case.get("name", ""))
         if match is None:
             continue
@@ -45,4 +46,4 @@ def outcome_table(junit_xml: str) -> str:
 
 
 if __name__ == "__main__":
-    print(outcome_table(sys.argv[1]))
+    print(outcome_table(*sys.argv[1:]))
