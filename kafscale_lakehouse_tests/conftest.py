@@ -105,3 +105,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     from kafscale_lakehouse_tests.engine.faults.matrix import selection
 
     return selection().describe()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The seed again at the end: `-q` (CI's `make test`) prints no header."""
+    ran = [r for reports in terminalreporter.stats.values() for r in reports
+           if "engine/faults/" in getattr(r, "nodeid", "")]
+    if ran:
+        from kafscale_lakehouse_tests.engine.faults.matrix import selection
+
+        terminalreporter.write_line(selection().describe())
