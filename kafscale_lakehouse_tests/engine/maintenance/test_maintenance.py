@@ -186,10 +186,12 @@ def test_expiry_by_count_keeps_the_newest_and_the_offsets_chain(embedded_world, 
         expire_snapshots(table, older_than=datetime.now(UTC), retain_last=3, max_snapshots=2)
 
 
-def test_expiry_re_plans_when_a_commit_lands_between_its_planning_and_its_commit(embedded_world, spark, monkeypatch):
+@pytest.mark.parametrize("world_kind", ["embedded", "production"])  # the sqlite and the REST catalog enforce it
+def test_expiry_re_plans_when_a_commit_lands_between_its_planning_and_its_commit(request, world_kind, spark,
+                                                                                  monkeypatch):
     """Issue 19, hole 7: the expiry commit requires main to be where it was planned; a rollback to an older
     snapshot landing in between makes it re-plan instead of removing main's new head and its offsets."""
-    world = embedded_world
+    world = request.getfixturevalue(f"{world_kind}_world")
     _land_in_rounds(world, spark, rounds=2)
     [first_run, latest_run] = world.our_snapshots(world.table())
     real_protected = maintenance.protected_snapshot_ids
