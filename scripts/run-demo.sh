@@ -16,7 +16,13 @@ DEV_STOP_TIMEOUT_SECONDS=60
 set -m
 "$bin/kafscale-lakehouse" spark-engine --address "127.0.0.1:$engine_port" & engine=$!
 "$bin/kafscale-lakehouse" demo-producer --lfs --avro & producer=$!
-SPARK_REMOTE="sc://127.0.0.1:$engine_port" "$bin/dagster" dev -h 127.0.0.1 -p "$dagster_port" & dev=$!
+# `dagster dev` with SIGINT at its default even when this script was started with it ignored (nohup, a script's `&`,
+# some CI runners: an ignored signal cannot be trapped or reset by bash, and `dagster dev` maps SIGTERM to its SIGINT
+# handler, so it would ignore both and only the SIGKILL after DEV_STOP_TIMEOUT_SECONDS would stop it).
+SPARK_REMOTE="sc://127.0.0.1:$engine_port" "$bin/python" -c '
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execv(sys.argv[1], sys.argv[1:])' "$bin/dagster" dev -h 127.0.0.1 -p "$dagster_port" & dev=$!
 
 # Started when stopping begins, as importing Dagster takes seconds: once imported, it reads one line; `cancel` marks
 # the runs in flight as canceling (Dagster then records them canceled, not failed, when the interrupt reaches them)
