@@ -409,6 +409,10 @@ class MappingConfig(ConfigModel):
     # extension: a `kafka_timestamp` timestamptz column from the record timestamp, which partition_spec can take
     # hour/day of (`timestamp_ms` stays the Go processor's long)
     kafka_timestamp_column: bool = False
+    # extension: `audited` commits each run to the branch `audit_branch` and fast-forwards `main` to it only when
+    # the blocking checks pass on that snapshot (engine/tables/audit.py); `direct` commits to `main`
+    publish: Annotated[Literal["direct", "audited"], BeforeValidator(_lowercase)] = "direct"
+    audit_branch: str = "kafscale-audit"  # extension, for publish audited
 
     @property
     def columns(self) -> list[Column]:

@@ -166,6 +166,7 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
                 )
 
     _check_value_format(at, mapping, problem)
+    _check_publish(at, mapping, problem)
     schema = mapping.schema_config
     if schema.source == "mapping" and not schema.columns:
         problem(f"{at}.schema.columns", "is required for schema.source mapping")
@@ -223,6 +224,19 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
         elif name in column_types and not (field.transform_name == "identity" and name == field.source):
             problem(f"{field_at}.name", f"partition field name {name!r} is already a column name")
         partition_names.add(name)
+
+
+def _check_publish(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
+    """An audited mapping's runs commit to `audit_branch`, which must be a branch of its own: not `main` (readers'
+    branch), and not empty."""
+    branch = mapping.audit_branch
+    if branch == "main":
+        problem(f"{at}.audit_branch", "must not be main: audited runs commit there before main is fast-forwarded")
+    elif not branch.strip():
+        problem(f"{at}.audit_branch", "must not be empty")
+    if mapping.publish == "audited" and mapping.mode == "upsert":
+        problem(f"{at}.publish", "audited is not supported with mode upsert yet (its copy-on-write commit goes to "
+                "main); use publish direct")
 
 
 def _check_id_columns(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
