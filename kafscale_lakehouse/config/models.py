@@ -218,6 +218,13 @@ class ProcessorConfig(ConfigModel):
     # Extension: how long a segment object without its pair (the broker uploads `.kfs` and `.index` in parallel) may
     # stop its partition before that is an error naming the object; before, its upload may still complete. 0: at once.
     orphan_segment_grace_seconds: NonNegativeInt = 300
+    # Extension: how topics are watched. `per_table` (default): a sensor per mapping and a run per table. `namespace`:
+    # one sensor lists the whole namespace once per tick and requests runs of `land_tables` that land many tables each
+    # (orchestration/namespace_sensor.py), for deployments with tens to hundreds of topics.
+    watch: Annotated[Literal["per_table", "namespace"], BeforeValidator(_lowercase)] = "per_table"
+    # Extension: with `watch: namespace`, the pending segment bytes one `land_tables` run takes on (whole tables; a
+    # table larger than the budget is a run of its own, itself bounded by `max_bytes_per_run`).
+    max_bytes_per_batch_run: PositiveInt = 1 << 30
 
 
 class SparkConfig(ConfigModel):
