@@ -17,6 +17,9 @@ Differences from Go, all deliberate:
   accepted and ignored with a log line (they tell the chart where the config lives, nothing the processor uses);
 - `s3.namespace` defaults to `default`, the broker's default namespace (Go lists from the bucket root);
   write `namespace: ""` for a broker without namespace;
+- `mappings[].topic_pattern` (extension): one mapping for every topic a regular expression matches, `table` a
+  template with `{topic}`; `parse_config` keeps these apart (`pattern_mappings`) and `resolve_topic_patterns` adds a
+  mapping per matched topic to `mappings`;
 - a topic may feed only one table and a table may be fed by only one mapping (Go keeps the last mapping
   of a topic without a word); offsets and leases are kept per topic and partition;
 - `mappings[].schema.columns` is an error unless `schema.source` is `mapping` (Go ignores them).
@@ -33,6 +36,7 @@ validates against their vocabulary (column types, S3 server-side encryption type
 - `loading.py`: `load_config`/`parse_config`: Helm chart keys, `${VAR}`, LFS environment overrides, then validation;
 - `rules.py`: paths, defaults that depend on other keys, and the rules that span keys;
 - `errors.py`: `ConfigError` and pydantic's errors translated into `key.path: problem` lines;
+- `topic_patterns.py`: `mappings[].topic_pattern` resolved against the topics found (a mapping per matched topic);
 - `spark_remote.py`: the Spark Connect URL of `spark.remote`, parsed once for the config and the engine.
 """
 
@@ -79,9 +83,18 @@ from kafscale_lakehouse.config.models import (
     SparkConfig,
     SseConfig,
 )
+from kafscale_lakehouse.config.rules import (
+    TOPIC_PLACEHOLDER,
+)
 from kafscale_lakehouse.config.spark_remote import (
     ConnectAddress,
     parse_remote_url,
+)
+from kafscale_lakehouse.config.topic_patterns import (
+    TopicPatternResolution,
+    name_part,
+    resolve_topic_patterns,
+    table_for_topic,
 )
 from kafscale_lakehouse.redaction import (
     redact_url,
@@ -94,6 +107,7 @@ __all__ = [
     "LFS_ENV_OVERRIDES",
     "PARTITION_TRANSFORM_PATTERN",
     "PARTITION_TRANSFORM_SOURCE_TYPES",
+    "TOPIC_PLACEHOLDER",
     "YAML11_FALSE",
     "YAML11_TRUE",
     "CatalogConfig",
@@ -121,9 +135,13 @@ __all__ = [
     "SegmentsConfig",
     "SparkConfig",
     "SseConfig",
+    "TopicPatternResolution",
     "YamlScalar",
     "load_config",
+    "name_part",
     "parse_config",
     "parse_remote_url",
     "redact_url",
+    "resolve_topic_patterns",
+    "table_for_topic",
 ]

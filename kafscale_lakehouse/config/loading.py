@@ -52,7 +52,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> LakehouseConfig:
     if document is None:
         document = {}
     config = parse_config(document, source=source, base_dir=Path(source).resolve().parent)
-    log.info("loaded config %s: %d mapping(s)", source, len(config.mappings))
+    log.info("loaded config %s: %d mapping(s), %d topic pattern(s)", source, len(config.mappings),
+             len(config.pattern_mappings))
     return config
 
 
@@ -77,6 +78,10 @@ def parse_config(
     problems.extend(check_rules(config))
     if problems:
         raise ConfigError(source, problems)
+    # `mappings` holds the mappings of one topic each; the topic patterns are resolved against the topics found
+    # (topic_patterns.py), so a caller that does not resolve them never sees a mapping without its topic.
+    config._pattern_mappings = [(index, m) for index, m in enumerate(config.mappings) if m.topic_pattern is not None]
+    config.mappings = [m for m in config.mappings if m.topic_pattern is None]
     return config
 
 

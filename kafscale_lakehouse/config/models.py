@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     NonNegativeInt,
     PositiveInt,
+    PrivateAttr,
     SecretStr,
     ValidationInfo,
     field_serializer,
@@ -387,9 +388,13 @@ class CdcConfig(ConfigModel):
 
 
 class MappingConfig(ConfigModel):
-    """`mappings[]`: one KafScale topic landed into one Iceberg table (`namespace.table`)."""
+    """`mappings[]`: one KafScale topic landed into one Iceberg table (`namespace.table`); or, with `topic_pattern`,
+    a template for every topic the pattern matches (`config/topic_patterns.py`)."""
 
-    topic: str
+    topic: str = ""  # required unless topic_pattern is set
+    # Extension: a regular expression (full match) of topics; `table` is then a template with `{topic}` (the topic
+    # escaped as in Dagster names: `orders-eu` -> `orders_dash_eu`) and every other key applies to each topic.
+    topic_pattern: str | None = None
     table: str
     # `upsert` (extension): the table holds the latest row per `id_columns` (engine/tables/upserts.py)
     mode: Literal["append", "upsert"] = "append"
@@ -445,6 +450,14 @@ class LakehouseConfig(ConfigModel):
     processor: ProcessorConfig = Field(default_factory=ProcessorConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)  # extension
     mappings: list[MappingConfig] = Field(default_factory=list)
+    # The `topic_pattern` mappings with their index in `mappings[]`, taken out of `mappings` by `parse_config` (which
+    # then holds the mappings of one topic each); `config/topic_patterns.py` resolves them against the topics found.
+    _pattern_mappings: list[tuple[int, MappingConfig]] = PrivateAttr(default_factory=list)
+
+    @property
+    def pattern_mappings(self) -> list[tuple[int, MappingConfig]]:
+        """`(index in mappings[], mapping)` of each `topic_pattern` mapping, in config order."""
+        return self._pattern_mappings
 
     @property
     def warehouse_s3(self) -> S3ConnectionConfig:

@@ -26,6 +26,8 @@ from kafscale_lakehouse.schema.columns import BASE_COLUMNS, KAFKA_TIMESTAMP_COLU
 
 _IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# In the `table` (and `dead_letter_table`) of a `topic_pattern` mapping: the matched topic, escaped (topic_patterns.py).
+TOPIC_PLACEHOLDER = "{topic}"
 
 
 def resolve_paths_and_defaults(config: LakehouseConfig, base_dir: Path) -> list[str]:
@@ -142,10 +144,19 @@ def check_rules(config: LakehouseConfig) -> list[str]:
 def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
     at = f"mappings[{index}]"
     base_types = {column.name: column.type for column in BASE_COLUMNS}
-    if not _KAFKA_TOPIC.match(mapping.topic) or mapping.topic in (".", ".."):
+    if mapping.topic_pattern is not None:
+        _check_topic_pattern(at, mapping, problem)
+    elif not mapping.topic:
+        problem(f"{at}.topic", "is required (a topic name, or topic_pattern: a regular expression of topic names)")
+    elif not _KAFKA_TOPIC.match(mapping.topic) or mapping.topic in (".", ".."):
         problem(f"{at}.topic", f"{mapping.topic!r} is not a valid Kafka topic name (1-249 of A-Z a-z 0-9 . _ -)")
     for key, identifier in (("table", mapping.table), ("dead_letter_table", mapping.dead_letter_table)):
-        if identifier is not None and not _is_table_identifier(identifier):
+        if identifier is not None and mapping.topic_pattern is not None:
+            # A template: judged with a topic in the placeholder (each topic's own table is judged when resolved).
+            identifier = identifier.replace(TOPIC_PLACEHOLDER, "t")
+            if "{" in identifier or "}" in identifier:
+                continue  # reported by _check_topic_pattern
+        if identifier is not None and not is_table_identifier(identifier):
             problem(
                 f"{at}.{key}",
                 f"{identifier!r} is not a table identifier namespace.table (each part a letter or _ "
@@ -239,6 +250,27 @@ def _check_publish(at: str, mapping: MappingConfig, problem) -> None:  # noqa: A
                 "main); use publish direct")
 
 
+def _check_topic_pattern(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
+    """A `topic_pattern` mapping: no `topic` beside it, a regular expression, and a table (and dead-letter table)
+    template holding `{topic}`, so that every matched topic has a table of its own."""
+    if mapping.topic:
+        problem(f"{at}.topic_pattern", f"and topic both say which topics this mapping lands; set only one (topic "
+                                       f"{mapping.topic!r}, topic_pattern {mapping.topic_pattern!r})")
+    try:
+        re.compile(mapping.topic_pattern or "")
+    except re.error as exc:
+        problem(f"{at}.topic_pattern", f"{mapping.topic_pattern!r} is not a regular expression ({exc})")
+    if not mapping.topic_pattern:
+        problem(f"{at}.topic_pattern", "must not be empty")
+    for key, template in (("table", mapping.table), ("dead_letter_table", mapping.dead_letter_table)):
+        if template is not None and TOPIC_PLACEHOLDER not in template:
+            problem(f"{at}.{key}", f"{template!r} must hold {TOPIC_PLACEHOLDER} (each topic of topic_pattern "
+                                   f"lands in a table of its own, e.g. raw.{TOPIC_PLACEHOLDER})")
+        elif template is not None and ("{" in template.replace(TOPIC_PLACEHOLDER, "")
+                                       or "}" in template.replace(TOPIC_PLACEHOLDER, "")):
+            problem(f"{at}.{key}", f"{template!r}: {TOPIC_PLACEHOLDER} is the only placeholder")
+
+
 def _check_id_columns(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
     """`id_columns` key an upsert table: mapped columns that every record has (`required`, so a record without its
     id is an invalid record, not a row nobody can replace), or the record key `key`."""
@@ -302,12 +334,16 @@ def _check_unique(config: LakehouseConfig, problem) -> None:  # noqa: ANN001
     first_by_topic: dict[str, int] = {}
     first_by_table: dict[str, int] = {}
     for index, mapping in enumerate(config.mappings):
-        if mapping.topic in first_by_topic:
+        # A pattern's topics are checked when it is resolved (topic_patterns.py); its table template here.
+        if mapping.topic_pattern is None and mapping.topic in first_by_topic:
             problem(
                 f"mappings[{index}].topic",
                 f"topic {mapping.topic!r} is already mapped by mappings[{first_by_topic[mapping.topic]}]",
             )
-        first_by_topic.setdefault(mapping.topic, index)
+        if mapping.topic_pattern is None:
+            first_by_topic.setdefault(mapping.topic, index)
+        if mapping.topic_pattern is not None:
+            continue  # a template: two patterns may share one, their topics are distinct (checked when resolved)
         if mapping.table in first_by_table:
             problem(
                 f"mappings[{index}].table",
@@ -322,7 +358,8 @@ def _check_unique(config: LakehouseConfig, problem) -> None:  # noqa: ANN001
             )
 
 
-def _is_table_identifier(identifier: str) -> bool:
+def is_table_identifier(identifier: str) -> bool:
+    """`namespace.table` (or deeper), each part a letter or `_`, then letters, digits, `_`."""
     parts = identifier.split(".")
     return len(parts) >= 2 and all(_IDENTIFIER_PART.match(part) for part in parts)
 

@@ -9,23 +9,11 @@ from __future__ import annotations
 
 import dagster as dg
 
+from kafscale_lakehouse.config import name_part
 from kafscale_lakehouse.engine.tables import table_asset_path
 
-# `_` is doubled so that the `_dot_`/`_dash_` escapes cannot be produced by a name that contained them literally.
-_ESCAPES = {"_": "__", ".": "_dot_", "-": "_dash_"}
-
-
-def dagster_name_part(text: str) -> str:
-    """`text` as a valid, injective Dagster name fragment: `completed-pizzas` -> `completed_dash_pizzas`."""
-    escaped = []
-    for char in text:
-        if char in _ESCAPES:
-            escaped.append(_ESCAPES[char])
-        elif char.isascii() and char.isalnum():
-            escaped.append(char)
-        else:
-            raise ValueError(f"{text!r}: character {char!r} cannot appear in a Kafka topic or table identifier")
-    return "".join(escaped)
+# The config's escaping (config/topic_patterns.py), which pattern-mapped table names use too: one implementation.
+dagster_name_part = name_part
 
 
 def table_asset_key(table: str) -> dg.AssetKey:
