@@ -15,7 +15,7 @@ DEV_STOP_TIMEOUT_SECONDS=60
 # three in order.
 set -m
 "$bin/kafscale-lakehouse" spark-engine --address "127.0.0.1:$engine_port" & engine=$!
-"$bin/kafscale-lakehouse" demo-producer --lfs --avro & producer=$!
+"$bin/kafscale-lakehouse" demo-producer --lfs --avro --cdc & producer=$!
 # `dagster dev` with SIGINT at its default even when this script was started with it ignored (nohup, a script's `&`,
 # some CI runners: an ignored signal cannot be trapped or reset by bash, and `dagster dev` maps SIGTERM to its SIGINT
 # handler, so it would ignore both and only the SIGKILL after DEV_STOP_TIMEOUT_SECONDS would stop it).

@@ -1,5 +1,6 @@
 """Screenshots of the demo while `make demo` runs: the landed table (overview, record_id_unique check), the lineage
-from the topic to the daily aggregate, and the aggregate's asset page.
+from the topic to the daily aggregate, the aggregate's asset page, the Avro table and the CDC topic's upsert table
+(its id_unique check).
 
 Not a project dependency: run it from any Python with Playwright (`pip install playwright`), driving Debian's
 Chromium (`apt-get install chromium`; Playwright's own browser download does not work on a closed network):
@@ -22,6 +23,8 @@ PAGES = {
     "demo-lineage.png": "/assets/rpc/sauce_daily?view=lineage&lineageScope=upstream&lineageDepth=3",
     "demo-downstream-asset.png": "/assets/rpc/sauce_daily",
     "demo-avro-asset.png": "/assets/rpc/pizzas_avro",
+    "demo-upsert-asset.png": "/assets/rpc/store_status",
+    "demo-upsert-checks.png": "/assets/rpc/store_status?view=checks&checkDetail=id_unique",
 }
 SCROLL = {"demo-avro-asset.png": 900}  # pixels down the page: the Avro table's nested columns and run metadata
 

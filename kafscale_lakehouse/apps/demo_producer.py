@@ -13,6 +13,12 @@ With `lfs` (`--lfs`), every `LFS_EVERY`th order carries a photo (a small generat
 record value is its LFS envelope (docs/kafscale-format.md §9). Blobs go to the segment bucket under `lfs/` (S3), or
 for a local segment directory to `<local_root>/<LOCAL_LFS_BUCKET>/lfs/...`, where the ingestion's LFS stage looks for
 bucket `LOCAL_LFS_BUCKET`. A mapping with `lfs.mode: resolve` (the embedded default's) lands the full orders.
+
+With `cdc` (`--cdc`), the mappings with `cdc.format: debezium` get a change stream of a `stores` table as Debezium's
+PostgreSQL connector writes it (`store_status_changes`): creates, updates, deletes (whose `before` holds the primary
+key alone) each followed by a tombstone, of a few store ids that are reused (a deleted store opens again), keyed by
+`{"store_id": N}`; a store's changes stay in partition `store_id % partitions`. The embedded default lands them in an
+upsert table (`mode: upsert`) holding each store's latest row.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import base64
 import dataclasses
 import json
 import logging
+import random
 import struct
 import time
 import urllib.parse
@@ -55,6 +62,11 @@ DEFAULT_RECORDS_PER_SEGMENT = 40
 RECORDS_PER_BATCH = 10
 LFS_EVERY = 5
 LOCAL_LFS_BUCKET = "kafscale-lfs"  # the envelope bucket of blobs beside a local segment directory
+STORES = 12  # store ids 1..STORES of the CDC topic: few, so keys are updated, deleted and created again
+STORE_CHANGES_PER_SEGMENT = 8
+STORE_STATUSES = ("open", "busy", "closed", "renovating")
+STORE_CITIES = ("Amsterdam", "Berlin", "Lisbon", "Oslo", "Porto", "Vienna")
+STORE_DELETE_SHARE = 0.2
 
 # (topic, partition, next offset) -> None
 WatermarkPublisher = Callable[[str, int, int], None]
@@ -74,7 +86,7 @@ class DemoProducer:
 
     def __init__(self, store: SegmentStore, publish_watermark: WatermarkPublisher, *, topic: str, partitions: int,
                  records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, seed: int = 0, lfs: bool = False,
-                 avro_schema_id: int | None = None) -> None:
+                 avro_schema_id: int | None = None, store_changes: bool = False) -> None:
         if partitions < 1 or records_per_segment < 1:
             raise ValueError(f"partitions ({partitions}) and records_per_segment ({records_per_segment}) must be "
                              f"at least 1")
@@ -86,9 +98,13 @@ class DemoProducer:
         self.lfs = lfs
         # the orders as PIZZA_AVRO_SCHEMA in the Confluent wire format, with this registered schema id
         self.avro_schema_id = avro_schema_id
+        self.store_changes = store_changes  # a Debezium change stream of stores instead of orders
+        self.partitions = partitions
+        self.stores: dict[int, dict[str, object] | None] = {}  # the source table's rows this producer changed
         self._avro_schema = parse_avro_schema(json.dumps(PIZZA_AVRO_SCHEMA), what="the demo's Avro order",
                                               for_reading=True)
         self.next_offsets = {partition: self._resume_offset(partition) for partition in range(partitions)}
+        self.resumed = {partition: offset > 0 for partition, offset in self.next_offsets.items()}
         self.segments_written = 0
 
     def _resume_offset(self, partition: int) -> int:
@@ -100,11 +116,16 @@ class DemoProducer:
         """One segment per partition, its orders spread over the `interval_ms` before `now_ms`."""
         produced = []
         for partition, base_offset in sorted(self.next_offsets.items()):
-            count = self.records_per_segment
+            count = STORE_CHANGES_PER_SEGMENT if self.store_changes else self.records_per_segment
             spacing_ms = max(1, interval_ms // count)
-            records = pizza_orders(base_offset, count, seed=self.seed, partition=partition,
+            if self.store_changes:
+                records = store_status_changes(self.stores, partition, self.partitions, base_offset, count,
+                                               seed=self.seed, now_ms=now_ms, spacing_ms=spacing_ms,
+                                               resumed=self.resumed[partition])
+            else:
+                records = pizza_orders(base_offset, count, seed=self.seed, partition=partition,
                                    start_ms=now_ms - (base_offset + count - 1) * spacing_ms, interval_ms=spacing_ms)
-            if self.avro_schema_id is not None:
+            if self.avro_schema_id is not None:  # (not with store_changes: run_demo_producer never asks for both)
                 records = [pizza_order_as_avro(r, self.avro_schema_id, self._avro_schema) for r in records]
             elif self.lfs:
                 records = [self._as_lfs_envelope(partition, base_offset + i, record) if (base_offset + i) % LFS_EVERY
@@ -115,7 +136,7 @@ class DemoProducer:
                                      records_per_batch=RECORDS_PER_BATCH, created_ms=now_ms)
             self.publish_watermark(self.topic, partition, segment.last_offset + 1)
             kfs_key, _ = self.store.write_segment(self.topic, partition, base_offset, segment.kfs, segment.index)
-            batch_count = -(-count // RECORDS_PER_BATCH)
+            batch_count = -(-len(records) // RECORDS_PER_BATCH)
             produced.append(ProducedSegment(partition, base_offset, segment.last_offset, kfs_key,
                                             tuple(codecs[i % len(codecs)] for i in range(batch_count))))
             self.next_offsets[partition] = segment.last_offset + 1
@@ -139,6 +160,44 @@ class DemoProducer:
             self.store.put(key, blob)
         envelope = encode_envelope(bucket, key, blob, content_type="application/json", proxy_id="demo-producer")
         return dataclasses.replace(record, value=envelope)
+
+
+def store_status_changes(stores: dict[int, dict[str, object] | None], partition: int, partitions: int,
+                         first_offset: int, count: int, *, seed: int, now_ms: int, spacing_ms: int,
+                         resumed: bool = False) -> list[Record]:
+    """At least `count` Debezium change records (a delete brings its tombstone along, so a segment may hold one more)
+    of the stores living in `partition` (`store_id % partitions`), from `first_offset` on; `stores` is the source
+    table as this producer knows it (None: deleted), updated here. A store not in it is created (`c`), or read
+    (`r`, as Debezium's snapshot after a restart does) when the producer `resumed` an existing log and has not seen
+    the store since; an existing one is updated (`u`) or deleted (`d`, then a tombstone). Deterministic for
+    (`seed`, `partition`, `first_offset`) and `stores`."""
+    ids = [store for store in range(1, STORES + 1) if store % partitions == partition]
+    if not ids:
+        return []
+    rng = random.Random(f"{seed}:{partition}:{first_offset}")  # noqa: S311 - demo data, not security
+    records: list[Record] = []
+    while len(records) < count:
+        store = rng.choice(ids)
+        timestamp_ms = now_ms - (count - len(records)) * spacing_ms
+        before = stores.get(store)
+        key = json.dumps({"store_id": store}).encode()
+        source = {"version": "2.7.3.Final", "connector": "postgresql", "name": "demo", "ts_ms": timestamp_ms,
+                  "db": "shop", "schema": "public", "table": "stores", "lsn": (first_offset + len(records)) * 64}
+        if before is not None and rng.random() < STORE_DELETE_SHARE:
+            stores[store] = None
+            event = {"before": {"store_id": store}, "after": None, "source": source, "op": "d", "ts_ms": timestamp_ms}
+            records.append(Record(key=key, value=json.dumps(event).encode(), timestamp_ms=timestamp_ms))
+            records.append(Record(key=key, value=None, timestamp_ms=timestamp_ms))  # tombstones.on.delete
+            continue
+        after: dict[str, object] = {
+            "store_id": store, "city": STORE_CITIES[store % len(STORE_CITIES)], "status": rng.choice(STORE_STATUSES),
+            "seats": 10 * rng.randrange(2, 9), "updated_at": timestamp_ms * 1000}  # MicroTimestamp
+        op = "u" if before is not None else "r" if resumed and store not in stores else "c"
+        stores[store] = after
+        # REPLICA IDENTITY DEFAULT: an update's `before` is null
+        event = {"before": None, "after": after, "source": source, "op": op, "ts_ms": timestamp_ms}
+        records.append(Record(key=key, value=json.dumps(event).encode(), timestamp_ms=timestamp_ms))
+    return records
 
 
 def pizza_photo(seed: int, size: int = 24) -> bytes:
@@ -175,11 +234,13 @@ def watermark_publisher(config: LakehouseConfig, etcd: EtcdClient | None = None)
 def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, partitions: int = DEFAULT_PARTITIONS,
                       interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
                       records_per_segment: int = DEFAULT_RECORDS_PER_SEGMENT, rounds: int | None = None,
-                      keep_going: Callable[[], bool] = lambda: True, lfs: bool = False, avro: bool = False) -> int:
+                      keep_going: Callable[[], bool] = lambda: True, lfs: bool = False, avro: bool = False,
+                      cdc: bool = False) -> int:
     """Produce a round every `interval_seconds` until `rounds` are done or `keep_going()` is false; returns the
     number of segments written. `topic` defaults to the first mapping's topic; `avro`: the mappings with
     `value_format: avro` get the same orders as Avro (their registry served here when it is a local port nobody
-    serves)."""
+    serves); `cdc`: the mappings with `cdc.format: debezium` get Debezium changes of stores
+    (`store_status_changes`)."""
     if topic is None:
         if not config.mappings:
             raise ValueError("mappings: the config maps no topic; give the demo producer a topic")
@@ -200,6 +261,12 @@ def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, part
                                               topic=mapping.topic, partitions=partitions,
                                               records_per_segment=records_per_segment, avro_schema_id=schema_id))
                 log.info("demo producer: topic %s gets the orders as Avro (schema id %d)", mapping.topic, schema_id)
+    if cdc:
+        for mapping in config.mappings:
+            if mapping.cdc is not None and mapping.cdc.format == "debezium" and mapping.topic != topic:
+                producers.append(DemoProducer(segment_store_from_config(config), watermark_publisher(config),
+                                              topic=mapping.topic, partitions=partitions, store_changes=True))
+                log.info("demo producer: topic %s gets Debezium changes of %d stores", mapping.topic, STORES)
     log.info("demo producer: topic %s, %d partitions, %d orders per segment every %.1fs into %s; resuming at %s%s",
              topic, partitions, records_per_segment, interval_seconds, producer.store.location, producer.next_offsets,
              f"; every {LFS_EVERY}th order with a photo as an LFS blob" if lfs else "")

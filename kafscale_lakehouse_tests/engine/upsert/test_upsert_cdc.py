@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -83,26 +84,33 @@ class DebeziumLog:
                 self.next_offset[partition] += len(records)
 
     def expected_state(self) -> dict[int, dict[str, Any]]:
-        """Computed from the log alone (not from `rows`): the last event per store, its row image and record."""
-        state: dict[int, dict[str, Any]] = {}
-        for partition, records in self.log.items():
-            for offset, record in records:
-                key = json.loads(record.key)
-                store = key.get("payload", key)["store_id"]
-                if record.value is None:
-                    state.pop(store, None)
-                    continue
-                event = json.loads(record.value)
-                event = event.get("payload", event)
-                if event["op"] == "d":
-                    state.pop(store, None)
-                    continue
-                after = event["after"]
-                state[store] = {"store_id": store, "status": after["status"], "seats": after.get("seats"),
-                                "opened": after["opened"], "partition": partition, "offset": offset,
-                                "record_id": f"{self.world.topic}:{partition}:{offset}", "value": record.value,
-                                "key": record.key}
-        return state
+        """Computed from the log alone (not from `rows`)."""
+        entries = [(p, offset, r.key, r.value) for p, records in self.log.items() for offset, r in records]
+        return debezium_reference_state(entries, self.world.topic, MAPPED)
+
+
+def debezium_reference_state(entries: Iterable[tuple[int, int, bytes | None, bytes | None]], topic: str,
+                             columns: Sequence[str], id_column: str = "store_id") -> dict[Any, dict[str, Any]]:
+    """The rows a Debezium log leads to, by `id_column` (read from the record key, `{schema, payload}` unwrapped):
+    per key its last event's `after` image (`columns` of it, None where missing) and its record's base columns; a
+    delete (`op` d) or a tombstone removes the key. `entries`: (partition, offset, key, value) in log order per
+    partition (a key lives in one partition)."""
+    state: dict[Any, dict[str, Any]] = {}
+    for partition, offset, key, value in entries:
+        parsed_key = json.loads(key)
+        identity = parsed_key.get("payload", parsed_key)[id_column]
+        if value is None:
+            state.pop(identity, None)
+            continue
+        event = json.loads(value)
+        event = event.get("payload", event)
+        if event["op"] == "d":
+            state.pop(identity, None)
+            continue
+        after = event["after"]
+        state[identity] = {**{name: after.get(name) for name in columns}, "partition": partition, "offset": offset,
+                           "record_id": f"{topic}:{partition}:{offset}", "value": value, "key": key}
+    return state
 
 
 def assert_cdc_state(world: IngestWorld, log: DebeziumLog, tmp_path: Path) -> None:
