@@ -3,7 +3,9 @@ definitions are built, for our own code location (`kafscale_lakehouse/defs/lakeh
 Dagster project alike.
 
 Per mapping of the lakehouse config: the topic's observable asset, the table asset with its checks, an ingest job,
-a replay job and a sensor; maintenance jobs and schedules; the resources and the Iceberg IO manager. With the demo's
+a replay job and a sensor; maintenance jobs and schedules; the resources and the Iceberg IO manager. A
+`topic_pattern` mapping is a mapping per topic it matches when the location loads (one topic listing), and a sensor
+reloads the location when another topic matches (orchestration/topic_patterns.py). With the demo's
 mapping (`rpc.pizzas`), the demo lakehouse's downstream assets (`demo_assets.py`) are added.
 """
 
@@ -26,20 +28,34 @@ from kafscale_lakehouse.config import (
     parse_config,
 )
 from kafscale_lakehouse.demo_assets import DEMO_LANDED_TABLE, demo_definitions
+from kafscale_lakehouse.engine.ingestion.topic_patterns import with_pattern_topics
+from kafscale_lakehouse.etcd import EtcdError
 from kafscale_lakehouse.orchestration.assets import ICEBERG_IO_MANAGER_KEY, build_table_asset, build_topic_source_asset
 from kafscale_lakehouse.orchestration.checks import build_table_checks
 from kafscale_lakehouse.orchestration.io_manager import KafscaleIcebergIOManager
+from kafscale_lakehouse.orchestration.land_tables import build_land_tables_job
 from kafscale_lakehouse.orchestration.maintenance import build_maintenance
+from kafscale_lakehouse.orchestration.namespace_sensor import build_namespace_sensor
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, table_asset_key
 from kafscale_lakehouse.orchestration.replay import build_replay_job
 from kafscale_lakehouse.orchestration.resources import CATALOG_RESOURCE_KEY, SPARK_RESOURCE_KEY, lakehouse_resources
 from kafscale_lakehouse.orchestration.sensors import build_sensors
+from kafscale_lakehouse.orchestration.topic_patterns import (
+    WEBSERVER_URL_ENV_VAR,
+    build_topic_pattern_sensor,
+    webserver_reload,
+)
+from kafscale_lakehouse.storage import StorageError
 
 log = logging.getLogger(__name__)
 
 
-def build_definitions(config: LakehouseConfig, *, source: str = "<config>") -> dg.Definitions:
-    """The definitions of `config` (`source` names the config file in errors)."""
+def build_definitions(config: LakehouseConfig, *, source: str = "<config>",
+                      webserver_url: str | None = None) -> dg.Definitions:
+    """The definitions of `config` (`source` names the config file in errors). With `topic_pattern` mappings, a
+    mapping per matching topic that exists now, and the sensor that reloads the code location (through the webserver
+    at `webserver_url`, default `$KAFSCALE_LAKEHOUSE_WEBSERVER_URL`) when another one appears."""
+    config = _with_pattern_topics(config, source)
     resources: dict[str, object] = dict(lakehouse_resources(config))
     resources[ICEBERG_IO_MANAGER_KEY] = KafscaleIcebergIOManager(
         iceberg_catalog=resources[CATALOG_RESOURCE_KEY], spark=resources[SPARK_RESOURCE_KEY],
@@ -58,12 +74,34 @@ def build_definitions(config: LakehouseConfig, *, source: str = "<config>") -> d
     log.info("Dagster definitions for %d mapping(s) of %s", len(config.mappings), source)
     # In-process: a run's checks follow its commit in the same process, reusing its Spark session and clients
     # (a process per step would start Spark and the connections again, on machines Spark already keeps busy).
+    if config.processor.watch == "namespace":  # one sensor for every mapping, runs that land many tables each
+        sensors = [build_namespace_sensor(config)]
+        jobs.append(build_land_tables_job(config))
+    else:
+        sensors = build_sensors(config)
+    if config.pattern_mappings:
+        url = webserver_url or os.environ.get(WEBSERVER_URL_ENV_VAR) or None
+        sensors.append(build_topic_pattern_sensor(config, reload=webserver_reload(url) if url else None))
     definitions = dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs + maintenance_jobs,
-                                 schedules=schedules, sensors=build_sensors(config), resources=resources,
+                                 schedules=schedules, sensors=sensors, resources=resources,
                                  executor=dg.in_process_executor)
     if any(mapping.table == DEMO_LANDED_TABLE for mapping in config.mappings):
         definitions = dg.Definitions.merge(definitions, demo_definitions())
     return definitions
+
+
+def _with_pattern_topics(config: LakehouseConfig, source: str) -> LakehouseConfig:
+    """`config` with a mapping per existing topic its patterns match. Listing the topics is the one request loading
+    makes, and only with patterns: when it fails, the location loads with the explicit mappings (the pattern sensor
+    reloads it once the topics can be listed), so a server that is down never takes the other mappings down."""
+    if not config.pattern_mappings:
+        return config
+    try:
+        return with_pattern_topics(config).config
+    except (StorageError, EtcdError) as exc:
+        log.error("%s: the topics matching its topic patterns cannot be listed (%s); loading without them", source,
+                  exc)
+        return config
 
 
 class KafscaleLakehouseScaffolder(dg.Scaffolder):
@@ -112,6 +150,10 @@ class KafscaleLakehouseComponent(dg.Component, dg.Model, dg.Resolvable):
         default=None, description="A lakehouse.yaml, relative to the directory of this defs.yaml.")
     config: dict[str, Any] | None = Field(
         default=None, description="The lakehouse config inline: s3, iceberg, etcd/offsets, mappings[], ...")
+    webserver_url: str | None = Field(
+        default=None, description="The Dagster webserver (http://host:port) the topic pattern sensor asks to reload "
+                                  "this code location when a new topic matches a pattern; default "
+                                  f"${WEBSERVER_URL_ENV_VAR}.")
 
     @model_validator(mode="after")
     def _one_config(self) -> KafscaleLakehouseComponent:
@@ -132,4 +174,4 @@ class KafscaleLakehouseComponent(dg.Component, dg.Model, dg.Resolvable):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         config, source = self.lakehouse_config(context.path)
-        return build_definitions(config, source=source)
+        return build_definitions(config, source=source, webserver_url=self.webserver_url)
