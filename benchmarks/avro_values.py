@@ -38,12 +38,12 @@ from pyiceberg.schema import Schema
 from kafscale_lakehouse.schema import JsonColumnCoercer
 from kafscale_lakehouse.schema.avro import (
     AvroValueDecoder,
-    AvroValueSchemas,
     avro_value_fields,
     encode_framed_avro,
     parse_avro_schema,
 )
 from kafscale_lakehouse.schema.columns import Column
+from kafscale_lakehouse.schema.framed import FramedValueSchemas
 from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
 
 TOPIC = "orders-avro"
@@ -114,7 +114,7 @@ def main() -> None:
     print(f"{args.records} orders: Avro {framed.nbytes / args.records:.0f} B/value on average, "
           f"JSON {json_values.nbytes / args.records:.0f} B/value; load {os.getloadavg()[0]:.1f}")
 
-    ours = AvroValueDecoder(AvroValueSchemas(f"{TOPIC}-value", {schema_id: json.dumps(ORDER)}, value_schema))
+    ours = AvroValueDecoder(FramedValueSchemas(f"{TOPIC}-value", {schema_id: json.dumps(ORDER)}, value_schema))
 
     def decode_ours() -> int:
         decoded = ours.decode(framed)

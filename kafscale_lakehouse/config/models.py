@@ -357,8 +357,8 @@ class LfsConfig(ConfigModel):
 
 
 class ConfluentRegistryConfig(ConfigModel):
-    """`mappings[].schema_registry` (extension): the Confluent-compatible registry that `value_format: avro` values
-    name their schema ids in (schema/confluent_registry.py). Secrets through `${ENV}` references."""
+    """`mappings[].schema_registry` (extension): the Confluent-compatible registry that `value_format: avro` and
+    `protobuf` values name their schema ids in (schema/confluent_registry.py). Secrets through `${ENV}` references."""
 
     url: str
     username: str | None = None  # HTTP Basic, with `password`
@@ -371,7 +371,9 @@ class ConfluentRegistryConfig(ConfigModel):
     # Kafka Connect's value.subject.name.strategy: TopicNameStrategy `<topic>-value`, RecordNameStrategy
     # `<record_name>`, TopicRecordNameStrategy `<topic>-<record_name>`.
     subject_name_strategy: Annotated[Literal["topic", "record", "topic_record"], BeforeValidator(_lowercase)] = "topic"
-    record_name: str | None = None  # the value record's full name, for the record strategies
+    # the value record's full name, for the record strategies; Protobuf: the message the columns come from (default:
+    # the schema's first message), with any strategy
+    record_name: str | None = None
     # Redpanda's value_schema_latest: values carry no wire-format prefix; decode them with the subject's latest version
     latest: bool = False
 
@@ -414,10 +416,10 @@ class MappingConfig(ConfigModel):
     owners: list[str] = Field(default_factory=list)  # extension: Dagster asset owners (emails or team:name)
     tags: StringMap = Field(default_factory=dict)  # extension: Dagster asset tags
     lfs: LfsConfig = Field(default_factory=LfsConfig)
-    # extension: `json` (the Go processor's JSON values) or `avro`, in the Confluent wire format through
-    # `schema_registry` (Flink's `avro-confluent`, Kafka Connect's AvroConverter)
-    value_format: Annotated[Literal["json", "avro"], BeforeValidator(_lowercase)] = "json"
-    schema_registry: ConfluentRegistryConfig | None = None  # extension, for value_format avro
+    # extension: `json` (the Go processor's JSON values), or `avro` / `protobuf` in the Confluent wire format through
+    # `schema_registry` (Flink's `avro-confluent`, Kafka Connect's AvroConverter / ProtobufConverter)
+    value_format: Annotated[Literal["json", "avro", "protobuf"], BeforeValidator(_lowercase)] = "json"
+    schema_registry: ConfluentRegistryConfig | None = None  # extension, for value_format avro and protobuf
     # extension: a `kafka_timestamp` timestamptz column from the record timestamp, which partition_spec can take
     # hour/day of (`timestamp_ms` stays the Go processor's long)
     kafka_timestamp_column: bool = False

@@ -1,8 +1,8 @@
 """Avro values in the Confluent wire format: their Iceberg columns, and decoding them into Arrow columns.
 
-Wire format (Confluent): magic byte 0, the schema id as 4 bytes big-endian, then the Avro binary encoding of the
-value without a container. With `latest` (producers that do not write the prefix) every value is the bare Avro
-encoding of one schema id.
+Wire format (Confluent, schema/framed.py): magic byte 0, the schema id as 4 bytes big-endian, then the Avro binary
+encoding of the value without a container. With `latest` (producers that do not write the prefix) every value is the
+bare Avro encoding of one schema id.
 
 Columns: the top-level fields of the value's record are columns after the base columns, matched by name; nested
 types map as
@@ -29,15 +29,11 @@ import io
 import itertools
 import json
 import logging
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fastavro
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -60,11 +56,17 @@ from pyiceberg.types import (
 )
 
 from kafscale_lakehouse.schema.errors import SchemaMappingError
+from kafscale_lakehouse.schema.framed import (
+    WIRE_HEADER_SIZE,
+    WIRE_MAGIC,
+    DecodedValues,
+    DecodeStop,
+    FramedValueSchemas,
+    arrow_column,
+    wire_header,
+)
 
 log = logging.getLogger(__name__)
-
-WIRE_MAGIC = 0
-WIRE_HEADER_SIZE = 5  # magic byte + 4-byte schema id
 
 _PRIMITIVES: dict[str, IcebergType] = {
     "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
@@ -171,45 +173,10 @@ def _describe(avro: Any) -> str:
 # ---------------------------------------------------------------------------------------------------- decoding
 
 
-@dataclass(frozen=True)
-class AvroValueSchemas:
-    """What the executors need to decode a mapping's values; built on the driver, pickled into the task spec.
-
-    `schemas`: schema id → Avro schema text, every version of `subject` known when the run started; `refused`:
-    schema id → why its records cannot land (its schema could not evolve the table); `value_schema`: the table's
-    columns after the base columns, as Arrow (the types the decoded columns are built as); `latest_id`: values carry
-    no wire-format prefix and are all of this schema id."""
-
-    subject: str
-    schemas: Mapping[int, str]
-    value_schema: pa.Schema
-    refused: Mapping[int, str] = field(default_factory=dict)
-    latest_id: int | None = None
-
-
-@dataclass(frozen=True)
-class DecodeStop:
-    """The partition stops at `row`: records from it on are not delivered."""
-
-    row: int
-    schema_id: int | None
-    reason: str
-
-
-@dataclass(frozen=True)
-class DecodedValues:
-    """Value columns (in `value_schema` order) and the invalid reason per row (null for valid rows and tombstones),
-    for the rows before `stop` (all rows when `stop` is None)."""
-
-    columns: list[pa.Array]
-    invalid_reasons: pa.StringArray
-    stop: DecodeStop | None = None
-
-
 class AvroValueDecoder:
     """Decodes Confluent-framed Avro values into the table's value columns (one per executor task)."""
 
-    def __init__(self, schemas: AvroValueSchemas) -> None:
+    def __init__(self, schemas: FramedValueSchemas) -> None:
         self.settings = schemas
         self._parsed: dict[int, Any] = {}
 
@@ -232,25 +199,19 @@ class AvroValueDecoder:
         for row, value in enumerate(values.to_pylist()):
             record, reason = None, None
             if value is not None:
-                schema_id, start, reason = self._header(value) if latest is None else (latest, 0, None)
+                schema_id, reason = wire_header(value) if latest is None else (latest, None)
+                start = 0 if latest is not None else WIRE_HEADER_SIZE
                 if schema_id is not None:
                     refused = self.settings.refused.get(schema_id)
                     parsed = None if refused is not None else self._schema(schema_id)
                     if parsed is None:
-                        stop = DecodeStop(row, schema_id, refused or self._unknown(schema_id))
+                        stop = DecodeStop(row, schema_id, refused or self.settings.unknown_schema(schema_id))
                         break
                     record, reason = _read_record(value, start, parsed, schema_id)
             records.append(record)
             reasons.append(reason)
-        columns = [self._column(f, records, reasons) for f in self.settings.value_schema]
+        columns = [arrow_column(f, records, reasons) for f in self.settings.value_schema]
         return DecodedValues(columns, pa.array(reasons, pa.string()), stop)
-
-    def _header(self, value: bytes) -> tuple[int | None, int, str | None]:
-        if len(value) < WIRE_HEADER_SIZE or value[0] != WIRE_MAGIC:
-            what = f"magic byte {value[0]}" if value else "an empty value"
-            return None, 0, (f"value is not in the Confluent wire format ({what}, {len(value)} bytes; expected magic "
-                             f"byte 0 and a 4-byte schema id)")
-        return int.from_bytes(value[1:WIRE_HEADER_SIZE], "big"), WIRE_HEADER_SIZE, None
 
     def _schema(self, schema_id: int) -> Any | None:
         parsed = self._parsed.get(schema_id)
@@ -262,42 +223,12 @@ class AvroValueDecoder:
                                                                  what=f"schema id {schema_id}", for_reading=True)
         return parsed
 
-    def _unknown(self, schema_id: int) -> str:
-        known = ", ".join(str(i) for i in sorted(self.settings.schemas)) or "none"
-        return (f"schema id {schema_id} is not a version of subject {self.settings.subject} known to this run "
-                f"(ids {known}); registered since the run started, or under another subject")
-
-    @staticmethod
-    def _column(target: pa.Field, records: Sequence[dict[str, Any] | None], reasons: list[str | None]) -> pa.Array:
-        name = target.name
-        items = [None if r is None else r.get(name) for r in records]
-        try:
-            if target.type == pa.uuid():
-                return _uuid_array(pa.array(items, pa.string()))
-            return pa.array(items, type=target.type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            pass
-        # Some value does not fit the table's type: find those records, make them invalid, keep the rest.
-        converted = []
-        for row, item in enumerate(items):
-            try:
-                if target.type == pa.uuid() and isinstance(item, str):
-                    item = uuid.UUID(item)
-                converted.append(pa.array([item], type=target.type))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-                reasons[row] = reasons[row] or f"{name}: {item!r} does not fit the column type {target.type} ({exc})"
-                converted.append(pa.nulls(1, target.type))
-        return pa.concat_arrays(converted) if converted else pa.array([], type=target.type)
-
 
 # Logical types of top-level fields read as their plain Avro values, which pyarrow takes as they are (ints as
-# microseconds or days) or converts in bulk (uuid strings, `_uuid_array`): fastavro builds a Python datetime, date or
-# UUID per value otherwise, the larger part of the decoding time. Millisecond timestamps keep theirs (a column may
-# mix millis and micros versions); nested fields keep theirs.
+# microseconds or days) or converts in bulk (uuid strings, `framed.uuid_array`): fastavro builds a Python datetime,
+# date or UUID per value otherwise, the larger part of the decoding time. Millisecond timestamps keep theirs (a column
+# may mix millis and micros versions); nested fields keep theirs.
 _READ_PLAIN = {("long", "timestamp-micros"), ("long", "local-timestamp-micros"), ("int", "date"), ("string", "uuid")}
-_HEX_VALUES = np.full(256, 255, dtype=np.uint8)
-_HEX_VALUES[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
-_HEX_VALUES[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
 
 
 def _without_costly_logical_types(text: str) -> str:
@@ -314,24 +245,6 @@ def _plain_if_costly(avro: Any) -> Any:
     if isinstance(avro, dict) and (avro.get("type"), avro.get("logicalType")) in _READ_PLAIN:
         return avro["type"]
     return avro
-
-
-def _uuid_array(strings: pa.StringArray) -> pa.Array:
-    """Canonical UUID strings (`8-4-4-4-12` hex digits) as an Arrow uuid array, vectorized; `ArrowInvalid` when
-    one is not such a string."""
-    count = len(strings)
-    hex_digits = pc.replace_substring(strings.fill_null("0" * 32), "-", "")
-    if count and not pc.all(pc.equal(pc.binary_length(hex_digits), 32)).as_py():
-        raise pa.ArrowInvalid("a value is not a UUID string")
-    start = int(np.frombuffer(hex_digits.buffers()[1], np.int32, count=1, offset=hex_digits.offset * 4)[0])
-    digits = np.frombuffer(hex_digits.buffers()[2], np.uint8, count=count * 32, offset=start)
-    nibbles = _HEX_VALUES[digits]
-    if (nibbles == 255).any():
-        raise pa.ArrowInvalid("a value is not a UUID string")
-    packed = (nibbles[0::2] << 4) | nibbles[1::2]
-    validity = None if strings.null_count == 0 else pc.is_valid(strings).buffers()[1]
-    storage = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), count, [validity, pa.py_buffer(packed.tobytes())])
-    return pa.ExtensionArray.from_storage(pa.uuid(), storage)
 
 
 def _read_record(value: bytes, start: int, parsed: Any, schema_id: int) -> tuple[dict[str, Any] | None, str | None]:

@@ -1,5 +1,5 @@
 """Client of a Confluent-compatible schema registry (Confluent, Karapace, Redpanda, Apicurio's ccompat API), for
-values in the Confluent wire format (`mappings[].value_format: avro`).
+values in the Confluent wire format (`mappings[].value_format: avro`, `protobuf`, `json_schema`).
 
 Plain HTTP (urllib), not confluent-kafka's `SchemaRegistryClient`: the run needs three GETs on the driver
 (a subject's versions, each version), which do not justify confluent-kafka plus httpx, authlib, attrs and cachetools
@@ -99,11 +99,12 @@ class ConfluentRegistryClient:
         body = self._get(f"/schemas/ids/{schema_id}", f"schema id {schema_id}")
         return RegisteredSchema(schema_id, body.get("schemaType", "AVRO"), body["schema"])
 
-    def subject_versions(self, subject: str) -> list[RegisteredSchema]:
-        """Every version of `subject`, oldest first."""
+    def subject_versions(self, subject: str, schema_format: str | None = None) -> list[RegisteredSchema]:
+        """Every version of `subject`, oldest first; `schema_format` as the registry's `format` parameter
+        (`serialized`: Protobuf schemas as the base64 of their FileDescriptorProto)."""
         what = f"subject {subject}"
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
-        return [self._version(path, what, str(v)) for v in self._get(path, what)]
+        return [self._version(path, what, str(v), schema_format) for v in self._get(path, what)]
 
     def latest_version(self, subject: str) -> RegisteredSchema:
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
@@ -117,8 +118,9 @@ class ConfluentRegistryClient:
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
         return int(self._get(path, f"subject {subject}", json.dumps(body).encode())["id"])
 
-    def _version(self, path: str, what: str, version: str) -> RegisteredSchema:
-        body = self._get(f"{path}/{version}", f"{what} version {version}")
+    def _version(self, path: str, what: str, version: str, schema_format: str | None = None) -> RegisteredSchema:
+        query = f"?format={urllib.parse.quote(schema_format)}" if schema_format else ""
+        body = self._get(f"{path}/{version}{query}", f"{what} version {version}")
         return RegisteredSchema(int(body["id"]), body.get("schemaType", "AVRO"), body["schema"], int(body["version"]))
 
     def _get(self, path: str, what: str, post: bytes | None = None) -> Any:

@@ -4,8 +4,11 @@ No real one installs from the registries we reach (Karapace is not on PyPI and n
 Apicurio's are Java distributions), so this serves the part of Confluent's REST API that clients use, with its
 status codes and error bodies (`{"error_code": 40401, "message": ...}`):
 
-- `GET /schemas/ids/{id}` (`schemaType` omitted for Avro, as Confluent does), `GET /schemas/ids/{id}/versions`
-- `GET /subjects`, `GET /subjects/{s}/versions`, `GET /subjects/{s}/versions/{v|latest}`, `DELETE /subjects/{s}`
+- `GET /schemas/ids/{id}` (`schemaType` omitted for Avro, as Confluent does; `?format=serialized` gives a Protobuf
+  schema as the base64 of its `FileDescriptorProto`, compiled from the registered .proto text by protoc from
+  grpcio-tools, a test dependency), `GET /schemas/ids/{id}/versions`
+- `GET /subjects`, `GET /subjects/{s}/versions`, `GET /subjects/{s}/versions/{v|latest}` (`?format=serialized` too),
+  `DELETE /subjects/{s}`
 - `POST /subjects/{s}/versions` (the same schema again gets its id back; an equal schema under another subject
   shares the id), `POST /subjects/{s}` (is this schema registered?)
 - `POST /compatibility/subjects/{s}/versions/{v|latest}`, `GET/PUT /config` and `/config/{s}`; Avro
@@ -22,11 +25,13 @@ import argparse
 import base64
 import json
 import logging
+import tempfile
 import threading
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -52,6 +57,7 @@ class _Schema:
     text: str
     schema_type: str  # AVRO, PROTOBUF, JSON
     references: list[dict[str, Any]]
+    serialized: str | None = None  # Protobuf: the base64 FileDescriptorProto served with format=serialized
 
     def canonical(self) -> tuple[str, str]:
         if self.schema_type == "AVRO":
@@ -86,13 +92,14 @@ class RegistryState:
             shared = next((s.schema_id for s in self.schemas.values() if s.canonical() == key), None)
             schema_id = shared if shared is not None else max(self.schemas, default=0) + 1
             if shared is None:
-                self.schemas[schema_id] = _Schema(schema_id, text, schema_type, candidate.references)
+                self.schemas[schema_id] = _Schema(schema_id, text, schema_type, candidate.references,
+                                                  candidate.serialized)
             self.subjects.setdefault(subject, []).append(schema_id)
             log.info("registry: subject %s version %d is schema id %d", subject, len(self.subjects[subject]),
                      schema_id)
             return schema_id
 
-    def version(self, subject: str, version: str) -> dict[str, Any]:
+    def version(self, subject: str, version: str, schema_format: str | None = None) -> dict[str, Any]:
         versions = self._versions(subject)
         if version in ("latest", "-1"):
             number = len(versions)
@@ -105,7 +112,7 @@ class RegistryState:
             if not 1 <= number <= len(versions):
                 raise RegistryHttpError(404, 40402, f"Version {version} not found.")
         schema = self.schemas[versions[number - 1]]
-        return {"subject": subject, "version": number, "id": schema.schema_id, **_schema_body(schema)}
+        return {"subject": subject, "version": number, "id": schema.schema_id, **_schema_body(schema, schema_format)}
 
     def _versions(self, subject: str) -> list[int]:
         versions = self.subjects.get(subject)
@@ -120,8 +127,11 @@ class RegistryState:
         return schema
 
 
-def _schema_body(schema: _Schema) -> dict[str, Any]:
-    body: dict[str, Any] = {"schema": schema.text}
+def _schema_body(schema: _Schema, schema_format: str | None = None) -> dict[str, Any]:
+    """The schema as Confluent answers it; `format=serialized` gives a Protobuf schema as the base64 of its
+    FileDescriptorProto (other types ignore the format, as Confluent does)."""
+    text = schema.serialized if schema_format == "serialized" and schema.serialized is not None else schema.text
+    body: dict[str, Any] = {"schema": text}
     if schema.schema_type != "AVRO":  # Confluent leaves schemaType out for Avro
         body["schemaType"] = schema.schema_type
     if schema.references:
@@ -132,12 +142,42 @@ def _schema_body(schema: _Schema) -> dict[str, Any]:
 def _check_parses(schema: _Schema) -> None:
     if schema.schema_type not in ("AVRO", "PROTOBUF", "JSON"):
         raise RegistryHttpError(422, 42201, f"Invalid schema type {schema.schema_type}")
+    if schema.schema_type == "PROTOBUF":
+        schema.serialized = _compile_proto(schema.text)
     if schema.schema_type != "AVRO":
         return
     try:
         fastavro.parse_schema(json.loads(schema.text))
     except (ValueError, SchemaParseException, TypeError, KeyError) as exc:
         raise RegistryHttpError(422, 42201, f"Invalid schema: {exc}") from None
+
+
+_PROTOC_LOCK = threading.Lock()
+
+
+def _compile_proto(text: str) -> str:
+    """The base64 FileDescriptorProto of .proto `text`, compiled by protoc (grpcio-tools: the registry needs a real
+    .proto parser, as Confluent's has; imports of Google's well-known types resolve from protoc's own includes)."""
+    try:
+        import grpc_tools
+        from grpc_tools import protoc
+    except ImportError:
+        raise RegistryHttpError(422, 42201, "Invalid schema: Protobuf schemas need grpcio-tools (pip install "
+                                            "'kafscale-lakehouse[test]') in this test registry") from None
+    from google.protobuf import descriptor_pb2
+
+    includes = Path(grpc_tools.__file__).parent / "_proto"
+    with _PROTOC_LOCK, tempfile.TemporaryDirectory(prefix="registry-proto-") as directory:
+        source = Path(directory) / "schema.proto"
+        source.write_text(text)
+        out = Path(directory) / "schema.pb"
+        code = protoc.main(["protoc", f"-I{includes}", f"-I{directory}", f"--descriptor_set_out={out}",
+                            str(source)])
+        if code != 0 or not out.exists():
+            raise RegistryHttpError(422, 42201, "Invalid schema: protoc could not compile the Protobuf schema "
+                                                "(its messages are on the registry's standard error)")
+        [file] = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
+    return base64.b64encode(file.SerializeToString()).decode("ascii")
 
 
 def _compatible(candidate: _Schema, earlier: list[_Schema], level: str) -> bool:
@@ -223,8 +263,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._check_auth()
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"null") if length else None
-            parts = [urllib.parse.unquote(p) for p in urllib.parse.urlsplit(self.path).path.strip("/").split("/")]
-            status, answer = 200, self.server.route(method, parts, body)
+            url = urllib.parse.urlsplit(self.path)
+            parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/")]
+            query = dict(urllib.parse.parse_qsl(url.query))
+            status, answer = 200, self.server.route(method, parts, body, query)
         except RegistryHttpError as exc:
             status, answer = exc.status, {"error_code": exc.error_code, "message": exc.message}
         except (ValueError, TypeError) as exc:
@@ -250,11 +292,12 @@ class SchemaRegistryHttpServer(ThreadingHTTPServer):
         self.state = state
         self.authorization = authorization
 
-    def route(self, method: str, parts: list[str], body: Any) -> Any:
+    def route(self, method: str, parts: list[str], body: Any, query: Mapping[str, str] | None = None) -> Any:
         state = self.state
+        schema_format = (query or {}).get("format")
         match method, parts:
             case "GET", ["schemas", "ids", schema_id]:
-                return _schema_body(state.schema(_int(schema_id)))
+                return _schema_body(state.schema(_int(schema_id)), schema_format)
             case "GET", ["schemas", "ids", schema_id, "versions"]:
                 wanted = state.schema(_int(schema_id)).schema_id
                 return [{"subject": s, "version": i + 1} for s, ids in state.subjects.items()
@@ -264,7 +307,7 @@ class SchemaRegistryHttpServer(ThreadingHTTPServer):
             case "GET", ["subjects", subject, "versions"]:
                 return list(range(1, len(state._versions(subject)) + 1))
             case "GET", ["subjects", subject, "versions", version]:
-                return state.version(subject, version)
+                return state.version(subject, version, schema_format)
             case "GET", ["subjects", subject, "versions", version, "schema"]:
                 return json.loads(state.version(subject, version)["schema"])
             case "DELETE", ["subjects", subject]:

@@ -49,8 +49,9 @@ mappings:
 
 @pytest.mark.parametrize(("mapping", "problem"), [
     ({"value_format": "avro"}, "mappings[0].schema_registry: is required for value_format avro"),
-    ({"value_format": "protobuf", "schema_registry": {"url": "http://r"}},
-     "mappings[0].value_format: 'protobuf' is not one of json, avro"),
+    ({"value_format": "thrift", "schema_registry": {"url": "http://r"}},
+     "mappings[0].value_format: 'thrift' is not one of json, avro, protobuf"),
+    ({"value_format": "protobuf"}, "mappings[0].schema_registry: is required for value_format protobuf"),
     ({"schema_registry": {"url": "http://r"}}, "mappings[0].schema_registry: is only used with value_format avro"),
     ({"value_format": "avro", "schema_registry": {"url": "registry:8081"}},
      "mappings[0].schema_registry.url: 'registry:8081' is not an http(s) URL"),

@@ -9,8 +9,9 @@ import pytest
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
-from kafscale_lakehouse.schema.avro import AvroValueDecoder, AvroValueSchemas, avro_value_fields, parse_avro_schema
+from kafscale_lakehouse.schema.avro import AvroValueDecoder, avro_value_fields, parse_avro_schema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
+from kafscale_lakehouse.schema.framed import FramedValueSchemas
 from kafscale_lakehouse_tests.formats.avro_orders import ORDER_V1, ORDER_V2, framed, order
 
 
@@ -44,7 +45,7 @@ def test_unions_of_two_types_have_no_iceberg_type() -> None:
 
 def test_decoding_tombstones_bad_values_and_unknown_ids() -> None:
     value_schema = _value_schema(ORDER_V2)  # the table was evolved to v2; v1 values fill its columns
-    decoder = AvroValueDecoder(AvroValueSchemas("orders-value", {1: json.dumps(ORDER_V1), 2: json.dumps(ORDER_V2)},
+    decoder = AvroValueDecoder(FramedValueSchemas("orders-value", {1: json.dumps(ORDER_V1), 2: json.dumps(ORDER_V2)},
                                                 value_schema, refused={3: "schema id 3 cannot evolve"}))
     good_v1, good_v2 = framed(1, ORDER_V1, order(1)), framed(2, ORDER_V2, order(2, version=2))
     values = pa.array([good_v1, None, b"{\"json\": 1}", good_v1[:-2], good_v2, framed(7, ORDER_V1, order(3)),
@@ -72,7 +73,7 @@ def test_decoding_tombstones_bad_values_and_unknown_ids() -> None:
 
 def test_latest_reads_values_without_the_prefix() -> None:
     value_schema = _value_schema(ORDER_V1)
-    decoder = AvroValueDecoder(AvroValueSchemas("orders-value", {4: json.dumps(ORDER_V1)}, value_schema,
+    decoder = AvroValueDecoder(FramedValueSchemas("orders-value", {4: json.dumps(ORDER_V1)}, value_schema,
                                                 latest_id=4))
     bare = framed(4, ORDER_V1, order(5))[5:]
     decoded = decoder.decode(pa.array([bare], pa.binary()))

@@ -10,11 +10,12 @@ With a dead-letter target, the held-back invalid records are written by the same
 dead-letter table (`DEAD_LETTER_SCHEMA`), returned uncommitted in the task's stats; `engine/tables/dead_letters.py`
 builds the target on the driver and commits those files.
 
-Avro values (`with_avro_value_columns`): the task decodes the values of the base-column batches into the table's value
-columns (schema/avro.py). A value that does not decode is an invalid record when the run has a dead-letter target,
-else its partition stops there; a schema id the run does not know, or whose schema could not evolve the table, always
-stops the partition at its first record, as an unreadable segment does (`SegmentReadError`, `error_type`
-`AvroSchemaError` / `AvroDecodeError`, `key` the record id).
+Values in the Confluent wire format (`with_framed_value_columns`: Avro, Protobuf): the task decodes the values of the
+base-column batches into the table's value columns (schema/framed.py). A value that does not decode is an invalid
+record when the run has a dead-letter target, else its partition stops there; a schema id the run does not know, or
+whose schema could not evolve the table, always stops the partition at its first record, as an unreadable segment
+does (`SegmentReadError`, `error_type` `AvroSchemaError` / `AvroDecodeError` whatever the format, `key` the record
+id).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from kafscale_lakehouse.engine.tables.data_files import RollingDataFiles
 from kafscale_lakehouse.engine.tables.dead_letters import DEAD_LETTER_ARROW_SCHEMA, DeadLetterTarget
 from kafscale_lakehouse.engine.tables.summary import LfsStats
 from kafscale_lakehouse.format import BASE_SCHEMA
-from kafscale_lakehouse.schema.avro import AvroValueDecoder, DecodeStop
 from kafscale_lakehouse.schema.columns import KAFKA_TIMESTAMP_ARROW_TYPE, KAFKA_TIMESTAMP_COLUMN
+from kafscale_lakehouse.schema.framed import DecodeStop, FramedValueSchemas, ValueDecoder
 
 log = logging.getLogger(__name__)
 
@@ -177,19 +178,19 @@ class SourceRowSplitter:
             s.value_bytes[partition] = s.value_bytes.get(partition, 0) + value_bytes
 
 
-def avro_source_schema(decoder: AvroValueDecoder) -> pa.Schema:
-    """The batches `with_avro_value_columns` yields: base columns, the table's value columns, the invalid reason."""
-    return pa.schema([*BASE_SCHEMA, *decoder.settings.value_schema,
+def framed_source_schema(schemas: FramedValueSchemas) -> pa.Schema:
+    """The batches `with_framed_value_columns` yields: base columns, the table's value columns, the invalid reason."""
+    return pa.schema([*BASE_SCHEMA, *schemas.value_schema,
                       pa.field(INVALID_REASON_COLUMN, pa.string(), nullable=True)])
 
 
-def with_avro_value_columns(batches: Iterable[pa.RecordBatch], decoder: AvroValueDecoder,
+def with_framed_value_columns(batches: Iterable[pa.RecordBatch], decoder: ValueDecoder,
                             partition: SegmentRunPartition, *, invalid_stops: bool) -> Iterator[pa.RecordBatch]:
     """`batches` (the base columns of one input partition's records, in offset order) with their values decoded
-    into the value columns (`avro_source_schema`). Raises `SegmentReadError` at the first record of a schema id that
+    into the value columns (`framed_source_schema`). Raises `SegmentReadError` at the first record of a schema id that
     stops the partition, or (`invalid_stops`: no dead-letter target) at the first value that does not decode, once
     the rows before it are yielded."""
-    schema = avro_source_schema(decoder)
+    schema = framed_source_schema(decoder.settings)
     for batch in batches:
         decoded = decoder.decode(batch.column("value"))
         stop, reasons = decoded.stop, decoded.invalid_reasons

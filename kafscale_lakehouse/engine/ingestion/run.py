@@ -96,8 +96,8 @@ from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseLostError, OffsetStore, TableIdentity
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
-from kafscale_lakehouse.schema.avro_tables import RegisteredValueSchemas
 from kafscale_lakehouse.schema.columns import KAFKA_TIMESTAMP_COLUMN, Column, with_kafka_timestamp_column
+from kafscale_lakehouse.schema.registered_tables import RegisteredValueSchemas
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,

@@ -33,9 +33,9 @@ from kafscale_lakehouse.engine.ingestion.lfs import LfsReadSettings
 from kafscale_lakehouse.engine.ingestion.rows import (
     SourceRowSplitter,
     SourceTaskStats,
-    avro_source_schema,
+    framed_source_schema,
     schema_with_kafka_timestamp,
-    with_avro_value_columns,
+    with_framed_value_columns,
     with_kafka_timestamp,
 )
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
@@ -56,8 +56,9 @@ from kafscale_lakehouse.engine.tables.data_files import (
 )
 from kafscale_lakehouse.engine.tables.dead_letters import DeadLetterTarget
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
-from kafscale_lakehouse.schema.avro import AvroValueDecoder, AvroValueSchemas
 from kafscale_lakehouse.schema.columns import Column
+from kafscale_lakehouse.schema.decoders import value_decoder
+from kafscale_lakehouse.schema.framed import FramedValueSchemas
 from kafscale_lakehouse.schema.json_values import NumericTimestampUnit
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import SegmentStore
@@ -90,7 +91,8 @@ class IngestionTaskSpec:
     dead_letters: DeadLetterTarget | None
     lfs: LfsReadSettings | None = None  # what to do with LFS envelope records (mappings[].lfs)
     numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS  # mappings[].schema
-    avro: AvroValueSchemas | None = None  # value_format avro: decode the values into the table's value columns
+    # value_format avro/protobuf: decode the values into the table's value columns
+    avro: FramedValueSchemas | None = None
     kafka_timestamp: bool = False  # mappings[].kafka_timestamp_column: add the record timestamp as a timestamptz
 
     def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -106,8 +108,8 @@ class IngestionTaskSpec:
         partition = self.input_partitions[task_id]
         batches = read_input_partition(self.store, partition, self.columns, self.json_schema, self.lfs,
                                        splitter.stats.lfs, numeric_timestamp_unit=self.numeric_timestamp_unit)
-        if self.avro is not None:  # the columns come from the values' Avro schemas, not from JSON
-            batches = with_avro_value_columns(batches, AvroValueDecoder(self.avro), partition,
+        if self.avro is not None:  # the columns come from the values' registered schemas, not from JSON
+            batches = with_framed_value_columns(batches, value_decoder(self.avro), partition,
                                               invalid_stops=self.dead_letters is None)
         if self.kafka_timestamp:
             batches = with_kafka_timestamp(batches)
@@ -135,7 +137,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
                             dead_letters: tuple[Table, DeadLetterTarget] | None = None,
                             lfs: LfsReadSettings | None = None,
                             numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
-                            avro: AvroValueSchemas | None = None, kafka_timestamp: bool = False,
+                            avro: FramedValueSchemas | None = None, kafka_timestamp: bool = False,
                             ) -> list[IngestionTaskOutput]:
     """Read `input_partitions` and write them as data files of `table` (and invalid records as data files of the
     dead-letter table), one Spark task per input partition; returns each task's output, nothing committed.
@@ -144,7 +146,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     """
     sink = SinkJob.for_table(table, run_id, target_file_size_bytes)
     written = (source_arrow_schema(columns, validated=json_schema is not None) if avro is None
-               else avro_source_schema(AvroValueDecoder(avro)))
+               else framed_source_schema(avro))
     if kafka_timestamp:
         written = schema_with_kafka_timestamp(written)
     check_arrow_schema(pa.schema([f for f in written if f.name not in SOURCE_STATUS_COLUMNS]), table,

@@ -5,10 +5,11 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
   (`SchemaRegistryClient.columns`); `none` → base columns only.
 - JSON Schema (`schema.mode` lenient or strict): the topic's compiled schema, handed to the `kafscale` source so the
   executors validate every value while they decode (`jsonschema` is per-record Python work: it scales with tasks).
-- Avro values (`mappings[].value_format: avro`): every version of the value subject, from the mapping's
-  Confluent-compatible `schema_registry`, fetched here once per run; once the table is open,
-  `with_avro_value_schemas` evolves it through them and gives what the executors decode with (schema/avro_tables.py).
-  The columns are the value schema's fields; no JSON Schema judges them.
+- Values in the Confluent wire format (`mappings[].value_format: avro`, `protobuf`): every version of the value
+  subject, from the mapping's Confluent-compatible `schema_registry`, fetched here once per run (Protobuf ones as
+  their serialized FileDescriptorProto); once the table is open, `with_avro_value_schemas` evolves it through them
+  and gives what the executors decode with (schema/registered_tables.py). The columns are the value schema's fields;
+  no JSON Schema judges them.
 - A registry that is down, answers 404 or serves a document that is no JSON Schema raises here
   (`SchemaRegistryError`, `InvalidSchemaDocumentError`): the run fails before it reads anything, and no record is
   ever judged invalid because of the registry.
@@ -27,14 +28,14 @@ from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.tables.dead_letters import mapping_dead_letter_table
-from kafscale_lakehouse.schema.avro import AvroValueSchemas
-from kafscale_lakehouse.schema.avro_tables import RegisteredValueSchemas, evolve_table_to_avro_versions
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
 from kafscale_lakehouse.schema.confluent_registry import (
     ConfluentRegistryClient,
     ConfluentRegistrySettings,
     subject_name,
 )
+from kafscale_lakehouse.schema.framed import FramedValueFormat, FramedValueSchemas
+from kafscale_lakehouse.schema.registered_tables import RegisteredValueSchemas, evolve_table_to_registered_versions
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 
@@ -47,8 +48,9 @@ class RecordValidation:
     columns: tuple[Column, ...]  # the mapped columns of the table and of the read
     json_schema: CompiledJsonSchema | None  # validate every value against it (lenient, strict)
     dead_letter_table: str | None  # where invalid records go; None: invalid records fail the run
-    registered_values: RegisteredValueSchemas | None = None  # value_format avro: the value subject's versions
-    avro: AvroValueSchemas | None = None  # value_format avro, once the table is open: what the executors decode with
+    registered_values: RegisteredValueSchemas | None = None  # value_format avro/protobuf: the subject's versions
+    # value_format avro/protobuf, once the table is open: what the executors decode the values with
+    avro: FramedValueSchemas | None = None
 
 
 def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
@@ -79,7 +81,8 @@ def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
 
 
 def registered_value_schemas(mapping: MappingConfig) -> RegisteredValueSchemas:
-    """Every version of the value subject of an Avro mapping; the registry's errors (down, 404) as they are."""
+    """Every version of the value subject of an Avro/Protobuf mapping; the registry's errors (down, 404) as they
+    are."""
     registry = mapping.schema_registry
     if registry is None:  # parse_config requires it for value_format avro
         raise ConfigError("record validation", [f"mappings[].schema_registry: is required for topic {mapping.topic} "
@@ -91,15 +94,17 @@ def registered_value_schemas(mapping: MappingConfig) -> RegisteredValueSchemas:
         ca_file=registry.ca_file, cert_file=registry.cert_file, key_file=registry.key_file,
         timeout_seconds=registry.timeout_seconds))
     subject = subject_name(mapping.topic, registry.subject_name_strategy, registry.record_name)
-    return RegisteredValueSchemas(subject, tuple(client.subject_versions(subject)), latest=registry.latest)
+    protobuf = mapping.value_format == "protobuf"
+    versions = client.subject_versions(subject, "serialized" if protobuf else None)
+    value_format: FramedValueFormat = "protobuf" if protobuf else "avro"
+    return RegisteredValueSchemas(subject, tuple(versions), latest=registry.latest, value_format=value_format,
+                                  message_name=registry.record_name if protobuf else None)
 
 
 def with_avro_value_schemas(validation: RecordValidation, table: Table, table_name: str) -> RecordValidation:
-    """For an Avro mapping: `table` evolved through the value subject's versions, and what the executors decode
-    with; other mappings unchanged."""
+    """For an Avro/Protobuf mapping: `table` evolved through the value subject's versions, and what the executors
+    decode with; other mappings unchanged."""
     registered = validation.registered_values
     if registered is None:
         return validation
-    avro = evolve_table_to_avro_versions(table, table_name, registered.subject, registered.versions,
-                                         latest=registered.latest)
-    return replace(validation, avro=avro)
+    return replace(validation, avro=evolve_table_to_registered_versions(table, table_name, registered))

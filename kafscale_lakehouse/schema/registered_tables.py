@@ -1,18 +1,18 @@
-"""A table landed from Avro values: created from the subject's first schema, evolved by name through its versions.
+"""A table landed from values in the Confluent wire format (Avro, Protobuf, JSON Schema): created from the value
+subject's first schema, evolved by name through its versions.
 
 Every version of the value subject known when the run starts is applied in version order with pyiceberg's
 `union_by_name`, which adds new fields (nested ones too) and widens types (int → long, float → double), keeping the
 field ids of the columns the table has. A version that cannot evolve the table (a type changed, a struct turned into
 a primitive, ...) is *refused*: the run still lands the records of the other versions, and a partition stops at the
 first record of a refused id, naming the field (pyiceberg's message), that id and the id the table was evolved to
-before it. A version that is not Avro is refused too. A field named like a base column is `SchemaMappingError`: the
-producer's schema and the table cannot agree whatever the run does.
+before it. A version of another schema type than the mapping's `value_format` is refused too. A field named like a
+base column is `SchemaMappingError`: the producer's schema and the table cannot agree whatever the run does.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -21,7 +21,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from kafscale_lakehouse.schema.avro import AvroValueSchemas, avro_value_fields, parse_avro_schema
+from kafscale_lakehouse.schema.avro import avro_value_fields, parse_avro_schema
 from kafscale_lakehouse.schema.columns import (
     BASE_COLUMN_NAMES,
     FIRST_MAPPED_FIELD_ID,
@@ -30,6 +30,8 @@ from kafscale_lakehouse.schema.columns import (
 )
 from kafscale_lakehouse.schema.confluent_registry import RegisteredSchema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
+from kafscale_lakehouse.schema.framed import REGISTRY_SCHEMA_TYPES, FramedValueFormat, FramedValueSchemas
+from kafscale_lakehouse.schema.protobuf import protobuf_value_fields
 
 log = logging.getLogger(__name__)
 
@@ -38,41 +40,41 @@ MAX_EVOLUTION_ATTEMPTS = 5
 
 @dataclass(frozen=True)
 class RegisteredValueSchemas:
-    """The versions of a mapping's value subject as the registry listed them when the run started (oldest first);
-    `latest`: the values carry no wire-format prefix and are all of the newest version."""
+    """The versions of a mapping's value subject as the registry listed them when the run started (oldest first; a
+    Protobuf schema as its base64 FileDescriptorProto); `latest`: the values carry no wire-format prefix and are all
+    of the newest version; `message_name`: Protobuf only, the message the columns come from (default: the first)."""
 
     subject: str
     versions: tuple[RegisteredSchema, ...]
     latest: bool = False
+    value_format: FramedValueFormat = "avro"
+    message_name: str | None = None
 
     def first_table_schema(self) -> Schema:
         """The schema a new table is created with: base columns, then the oldest version's value fields."""
         if not self.versions:
             raise SchemaMappingError(f"subject {self.subject} has no schema versions: no table can be created")
-        return avro_table_schema(self.versions[0], self.subject)
+        base = table_schema(())
+        fields = _value_fields(self.versions[0], self, FIRST_MAPPED_FIELD_ID)
+        return Schema(*base.fields, *fields)
 
 
-def avro_table_schema(version: RegisteredSchema, subject: str) -> Schema:
-    """The schema of a new table: the base columns (ids 1-8), then the value fields of `version` (ids from 9)."""
-    base = table_schema(())
-    return Schema(*base.fields, *_value_fields(version, subject, FIRST_MAPPED_FIELD_ID))
-
-
-def evolve_table_to_avro_versions(table: Table, table_name: str, subject: str,
-                                  versions: Sequence[RegisteredSchema], *, latest: bool = False) -> AvroValueSchemas:
-    """Evolve `table` through `versions` (oldest first) and return what the executors decode with; `latest`: the
-    values carry no prefix and are all of the newest version."""
+def evolve_table_to_registered_versions(table: Table, table_name: str,
+                                        registered: RegisteredValueSchemas) -> FramedValueSchemas:
+    """Evolve `table` through the subject's versions (oldest first) and return what the executors decode with."""
+    subject, versions = registered.subject, registered.versions
+    schema_type = REGISTRY_SCHEMA_TYPES[registered.value_format]
     if not versions:
         raise SchemaMappingError(f"subject {subject} has no schema versions: nothing to decode the values of "
                                  f"table {table_name} with")
     refused: dict[int, str] = {}
     evolved_to: int | None = None
     for version in versions:
-        if version.schema_type != "AVRO":
+        if version.schema_type != schema_type:
             refused[version.schema_id] = (f"schema id {version.schema_id} (subject {subject} version "
-                                          f"{version.version}) is {version.schema_type}, not AVRO")
+                                          f"{version.version}) is {version.schema_type}, not {schema_type}")
             continue
-        fields = _value_fields(version, subject, 1)
+        fields = _value_fields(version, registered, 1)
         problem = _union_by_name(table, Schema(*fields))
         if problem is not None:
             refused[version.schema_id] = (f"schema id {version.schema_id} (subject {subject} version "
@@ -84,14 +86,18 @@ def evolve_table_to_avro_versions(table: Table, table_name: str, subject: str,
     arrow = schema_to_pyarrow(table.schema())
     # kafka_timestamp (kafka_timestamp_column) is the record's, not the value's
     value_schema = pa.schema([f for f in arrow if f.name not in (*BASE_COLUMN_NAMES, KAFKA_TIMESTAMP_COLUMN)])
-    schemas = {v.schema_id: v.text for v in versions if v.schema_type == "AVRO"}
-    return AvroValueSchemas(subject=subject, schemas=schemas, value_schema=value_schema, refused=refused,
-                            latest_id=versions[-1].schema_id if latest else None)
+    schemas = {v.schema_id: v.text for v in versions if v.schema_type == schema_type}
+    return FramedValueSchemas(subject=subject, schemas=schemas, value_schema=value_schema, refused=refused,
+                              latest_id=versions[-1].schema_id if registered.latest else None,
+                              value_format=registered.value_format, message_name=registered.message_name)
 
 
-def _value_fields(version: RegisteredSchema, subject: str, first_id: int) -> list:
-    what = f"schema id {version.schema_id} (subject {subject} version {version.version})"
-    fields = avro_value_fields(parse_avro_schema(version.text, what=what), what=what, first_id=first_id)
+def _value_fields(version: RegisteredSchema, registered: RegisteredValueSchemas, first_id: int) -> list:
+    what = f"schema id {version.schema_id} (subject {registered.subject} version {version.version})"
+    if registered.value_format == "protobuf":
+        fields = protobuf_value_fields(version.text, registered.message_name, what=what, first_id=first_id)
+    else:
+        fields = avro_value_fields(parse_avro_schema(version.text, what=what), what=what, first_id=first_id)
     clashes = [f.name for f in fields if f.name in BASE_COLUMN_NAMES]
     if clashes:
         raise SchemaMappingError(f"{what}: fields {clashes} have the names of base columns KafScale always writes "

@@ -1,0 +1,137 @@
+"""Values in the Confluent wire format, whatever their schema type: what the executors decode them with, and the
+parts every format's decoder shares.
+
+Wire format (Confluent): magic byte 0, the schema id as 4 bytes big-endian, then the value's encoding (Avro binary;
+Protobuf's message indexes then the message; JSON text). With `latest` (producers that do not write the prefix)
+every value is the bare encoding of one schema id.
+
+`FramedValueSchemas` is built on the driver (schema/registered_tables.py) and pickled into the task spec; each
+format's decoder (`value_decoder`) turns a batch of values into the table's value columns (`DecodedValues`): a null
+value (tombstone) is a row of nulls, a value that does not decode is an invalid record with the reason, a schema id
+the run does not know, or one whose schema could not evolve the table, stops the partition at that record.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+WIRE_MAGIC = 0
+WIRE_HEADER_SIZE = 5  # magic byte + 4-byte schema id
+
+FramedValueFormat = Literal["avro", "protobuf", "json_schema"]
+# The registry's schemaType of each format
+REGISTRY_SCHEMA_TYPES: Mapping[str, str] = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}
+
+
+@dataclass(frozen=True)
+class FramedValueSchemas:
+    """What the executors need to decode a mapping's values; built on the driver, pickled into the task spec.
+
+    `schemas`: schema id → schema text (Avro JSON; Protobuf: the base64 `FileDescriptorProto` the registry serves
+    with `format=serialized`; a JSON Schema document), every version of `subject` known when the run started;
+    `refused`: schema id → why its records cannot land (its schema could not evolve the table); `value_schema`: the
+    table's columns after the base columns, as Arrow (the types the decoded columns are built as); `latest_id`:
+    values carry no wire-format prefix and are all of this schema id; `message_name`: Protobuf only, the full name of
+    the message the table's columns come from."""
+
+    subject: str
+    schemas: Mapping[int, str]
+    value_schema: pa.Schema
+    refused: Mapping[int, str] = field(default_factory=dict)
+    latest_id: int | None = None
+    value_format: FramedValueFormat = "avro"
+    message_name: str | None = None
+
+    def unknown_schema(self, schema_id: int) -> str:
+        """Why a record of `schema_id`, which is not in `schemas`, stops its partition."""
+        known = ", ".join(str(i) for i in sorted(self.schemas)) or "none"
+        return (f"schema id {schema_id} is not a version of subject {self.subject} known to this run "
+                f"(ids {known}); registered since the run started, or under another subject")
+
+
+@dataclass(frozen=True)
+class DecodeStop:
+    """The partition stops at `row`: records from it on are not delivered."""
+
+    row: int
+    schema_id: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class DecodedValues:
+    """Value columns (in `value_schema` order) and the invalid reason per row (null for valid rows and tombstones),
+    for the rows before `stop` (all rows when `stop` is None)."""
+
+    columns: list[pa.Array]
+    invalid_reasons: pa.StringArray
+    stop: DecodeStop | None = None
+
+
+class ValueDecoder(Protocol):
+    settings: FramedValueSchemas
+
+    def decode(self, values: pa.Array) -> DecodedValues: ...
+
+
+def wire_header(value: bytes) -> tuple[int | None, str | None]:
+    """(schema id, None) of a framed value, or (None, why it is not one)."""
+    if len(value) < WIRE_HEADER_SIZE or value[0] != WIRE_MAGIC:
+        what = f"magic byte {value[0]}" if value else "an empty value"
+        return None, (f"value is not in the Confluent wire format ({what}, {len(value)} bytes; expected magic byte 0 "
+                      "and a 4-byte schema id)")
+    return int.from_bytes(value[1:WIRE_HEADER_SIZE], "big"), None
+
+
+def arrow_column(target: pa.Field, records: Sequence[Mapping[str, Any] | None], reasons: list[str | None]) -> pa.Array:
+    """Column `target` of the decoded `records` (dicts by field name; None for tombstones and invalid records), in
+    one pyarrow call; a record whose value does not fit the column's type is made invalid (`reasons`) and null."""
+    name = target.name
+    items = [None if r is None else r.get(name) for r in records]
+    try:
+        if target.type == pa.uuid():
+            return uuid_array(pa.array(items, pa.string()))
+        return pa.array(items, type=target.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    # Some value does not fit the table's type: find those records, make them invalid, keep the rest.
+    converted = []
+    for row, item in enumerate(items):
+        try:
+            if target.type == pa.uuid() and isinstance(item, str):
+                item = uuid.UUID(item)
+            converted.append(pa.array([item], type=target.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            reasons[row] = reasons[row] or f"{name}: {item!r} does not fit the column type {target.type} ({exc})"
+            converted.append(pa.nulls(1, target.type))
+    return pa.concat_arrays(converted) if converted else pa.array([], type=target.type)
+
+
+_HEX_VALUES = np.full(256, 255, dtype=np.uint8)
+_HEX_VALUES[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+_HEX_VALUES[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+
+
+def uuid_array(strings: pa.StringArray) -> pa.Array:
+    """Canonical UUID strings (`8-4-4-4-12` hex digits) as an Arrow uuid array, vectorized; `ArrowInvalid` when
+    one is not such a string."""
+    count = len(strings)
+    hex_digits = pc.replace_substring(strings.fill_null("0" * 32), "-", "")
+    if count and not pc.all(pc.equal(pc.binary_length(hex_digits), 32)).as_py():
+        raise pa.ArrowInvalid("a value is not a UUID string")
+    start = int(np.frombuffer(hex_digits.buffers()[1], np.int32, count=1, offset=hex_digits.offset * 4)[0])
+    digits = np.frombuffer(hex_digits.buffers()[2], np.uint8, count=count * 32, offset=start)
+    nibbles = _HEX_VALUES[digits]
+    if (nibbles == 255).any():
+        raise pa.ArrowInvalid("a value is not a UUID string")
+    packed = (nibbles[0::2] << 4) | nibbles[1::2]
+    validity = None if strings.null_count == 0 else pc.is_valid(strings).buffers()[1]
+    storage = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), count, [validity, pa.py_buffer(packed.tobytes())])
+    return pa.ExtensionArray.from_storage(pa.uuid(), storage)
