@@ -162,7 +162,7 @@ def landed_table_events(context: dg.AssetExecutionContext, result: IngestResult,
     own (`context.add_asset_metadata`) on it. After a partial commit: a materialization of each partition the commit
     covered, then `dg.Failure` with the engine's message (the other partitions show as failed)."""
     if failure is not None:
-        yield from _partial_commit_materializations(context, result, catalog)
+        yield from partial_commit_materializations(context.asset_key, result, catalog, context.log)
         raise dg.Failure(description=str(failure), metadata=run_metadata(result)) from failure
     table = catalog.load_table(result.table)
     for partition_key in context.partition_keys:
@@ -174,8 +174,23 @@ def landed_table_events(context: dg.AssetExecutionContext, result: IngestResult,
     yield dg.MaterializeResult(metadata={**run_metadata(result), **table_metadata(table, result.table)})
 
 
-def _partial_commit_materializations(context: dg.AssetExecutionContext, result: IngestResult,
-                                     catalog: IcebergCatalogResource) -> Iterator[dg.AssetMaterialization]:
+def landed_materializations(asset_key: dg.AssetKey, partition_keys: Sequence[str], result: IngestResult,
+                            catalog: IcebergCatalogResource) -> list[dg.AssetMaterialization]:
+    """What `landed_table_events` records for a committed run, as one materialization per partition key: for a run
+    that lands several tables (`land_tables.py`), where no asset body returns a `MaterializeResult`."""
+    table = catalog.load_table(result.table)
+    shared = {**run_metadata(result), **table_metadata(table, result.table)}
+    materializations = []
+    for partition_key in partition_keys:
+        outcome = result.partitions.get(kafka_partition_id(partition_key))
+        own = landed_partition_metadata(table, outcome) if outcome is not None else {}
+        materializations.append(dg.AssetMaterialization(asset_key=asset_key, partition=partition_key,
+                                                        metadata={**shared, **own}))
+    return materializations
+
+
+def partial_commit_materializations(asset_key: dg.AssetKey, result: IngestResult, catalog: IcebergCatalogResource,
+                                    log: dg.DagsterLogManager) -> Iterator[dg.AssetMaterialization]:
     """A materialization of each Kafka partition the run's commit covered (none when nothing was committed)."""
     landed = [result.partitions[p] for p in sorted(result.committed_ranges())]
     if not landed:
@@ -184,10 +199,10 @@ def _partial_commit_materializations(context: dg.AssetExecutionContext, result: 
     try:
         table = catalog.load_table(result.table)
     except Exception as exc:  # noqa: BLE001 - the run's failure is what the step reports; this must not replace it
-        context.log.warning("table %s: could not load it for the metadata of the partitions committed in "
-                            "snapshot %s: %s", result.table, result.snapshot_id, exc)
+        log.warning("table %s: could not load it for the metadata of the partitions committed in snapshot %s: %s",
+                    result.table, result.snapshot_id, exc)
     shared = {**run_metadata(result), **(table_metadata(table, result.table) if table is not None else {})}
     for outcome in landed:
         own = landed_partition_metadata(table, outcome) if table is not None else partition_metadata(outcome)
-        yield dg.AssetMaterialization(asset_key=context.asset_key, partition=kafka_partition_key(outcome.partition),
+        yield dg.AssetMaterialization(asset_key=asset_key, partition=kafka_partition_key(outcome.partition),
                                       metadata={**shared, **own})

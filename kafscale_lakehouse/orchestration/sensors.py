@@ -109,8 +109,11 @@ class SensorCursor:
     request: SensorRequest | None = None
 
     def to_json(self) -> str:
+        return json.dumps({"version": CURSOR_VERSION, **self.to_document()}, separators=(",", ":"))
+
+    def to_document(self) -> dict[str, object]:
+        """The cursor as JSON-ready data (without the version; the namespace sensor keeps one per table)."""
         document: dict[str, object] = {
-            "version": CURSOR_VERSION,
             "partitions": {str(p): [c.last_kfs_key, c.segments_end, c.next_offset]
                            for p, c in sorted(self.partitions.items())},
             "observed": {str(p): list(state) for p, state in sorted(self.observed.items())},
@@ -118,7 +121,7 @@ class SensorCursor:
         }
         if self.request is not None:
             document["request"] = [self.request.request_id, self.request.attempt, self.request.requested_at]
-        return json.dumps(document, separators=(",", ":"))
+        return document
 
     @classmethod
     def from_json(cls, text: str | None, sensor: str) -> SensorCursor:
@@ -129,18 +132,23 @@ class SensorCursor:
             document = json.loads(text)
             if document.get("version") != CURSOR_VERSION:
                 raise ValueError(f"version {document.get('version')!r}, expected {CURSOR_VERSION}")
-            request = document.get("request")
-            return cls(
-                # [key, end] in cursors written before the committed next offset was recorded
-                partitions={int(p): PartitionCursor(*state) for p, state in document["partitions"].items()},
-                observed={int(p): tuple(state) for p, state in document["observed"].items()},
-                requested={int(p): (committed, end) for p, (committed, end) in document["requested"].items()},
-                request=SensorRequest(str(request[0]), int(request[1]), float(request[2])) if request else None,
-            )
+            return cls.from_document(document)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SensorCursorError(
                 f"sensor {sensor}: cursor {text[:200]!r} is not readable ({exc}); reset the cursor in the Dagster UI "
                 f"(the next tick lists from the committed offsets)") from None
+
+    @classmethod
+    def from_document(cls, document: dict) -> SensorCursor:
+        """The cursor of `to_document`'s data; ValueError, KeyError, TypeError or AttributeError when unreadable."""
+        request = document.get("request")
+        return cls(
+            # [key, end] in cursors written before the committed next offset was recorded
+            partitions={int(p): PartitionCursor(*state) for p, state in document["partitions"].items()},
+            observed={int(p): tuple(state) for p, state in document["observed"].items()},
+            requested={int(p): (committed, end) for p, (committed, end) in document["requested"].items()},
+            request=SensorRequest(str(request[0]), int(request[1]), float(request[2])) if request else None,
+        )
 
 
 # ---------------------------------------------------------------------------------------------- sensors
@@ -197,9 +205,9 @@ def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig, get_sources
         new_keys = [kafka_partition_key(p) for p in sorted(scan.partitions) if kafka_partition_key(p) not in known]
         partition_requests = [partitions_def.build_add_request(new_keys)] if new_keys else []
 
-        observation = _observation(topic, scan, cursor)
+        observation = topic_observation(topic, scan, cursor)
         if observation is not None:
-            new_cursor.observed = _observed_state(scan)
+            new_cursor.observed = observed_state(scan)
         asset_events = [observation] if observation is not None else []
 
         pending = {p: s for p, s in scan.partitions.items() if s.pending}
@@ -212,7 +220,7 @@ def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig, get_sources
             context.log.error(error)
         if errors and skip:
             skip = f"{skip}; " + "; ".join(errors)
-        disagree = _disagreement(scan)
+        disagree = offsets_disagreement(scan)
         if disagree:
             context.log.warning("topic %s: table %s and the offsets store disagree (next offsets %s); the table's "
                                 "are used, the next run repairs the store", topic, table, disagree)
@@ -244,7 +252,7 @@ def _run_request(context: dg.SensorEvaluationContext, job_name: str, ordered_key
         if cursor.request is None:  # a cursor from before requests were recorded: no run to look at
             return None, ("a run was already requested for exactly these pending segments; waiting for new "
                           "segments, progress or a manual materialization")
-        wait, attempt = _retry_wait(context, job_name, cursor.request, poll_interval_seconds, now)
+        wait, attempt = retry_wait(context, job_name, cursor.request, poll_interval_seconds, now)
         if wait is not None:
             return None, wait
     active = context.instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES), limit=1)
@@ -270,15 +278,17 @@ def retry_backoff_seconds(poll_interval_seconds: float, failures: int) -> float:
     return min(poll_interval_seconds * 2 ** max(0, failures - 1), RETRY_BACKOFF_CAP_SECONDS)
 
 
-def _retry_wait(context: dg.SensorEvaluationContext, job_name: str, request: SensorRequest,
-                poll_interval_seconds: float, now: float) -> tuple[str | None, int]:
-    """Why the state `request` covered is not requested again now (None: it is due), and the attempt it would be."""
+def retry_wait(context: dg.SensorEvaluationContext, job_name: str, request: SensorRequest,
+               poll_interval_seconds: float, now: float,
+               asset_key: dg.AssetKey | None = None) -> tuple[str | None, int]:
+    """Why the state `request` covered is not requested again now (None: it is due), and the attempt it would be.
+    `asset_key`: the table the state is of, when the run lands several (only its materializations say it landed)."""
     records = context.instance.get_run_records(
         dg.RunsFilter(job_name=job_name, tags={SENSOR_REQUEST_TAG: request.request_id}), limit=1)
     run = records[0].dagster_run if records else None
     waiting = "waiting for new segments, progress or a manual materialization"
     if run is not None and run.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.CANCELED):
-        if _run_committed(context.instance, run.run_id):
+        if run_committed(context.instance, run.run_id, asset_key):
             # It landed them, yet they are pending again: the table went back (an operator's rollback), a new episode.
             return None, 1
         if run.status == dg.DagsterRunStatus.SUCCESS:
@@ -301,26 +311,28 @@ def _retry_wait(context: dg.SensorEvaluationContext, job_name: str, request: Sen
     return None, request.attempt + 1
 
 
-def _run_committed(instance: dg.DagsterInstance, run_id: str) -> bool:
-    """Whether the run committed offsets: one of its materializations records committed offset ranges."""
+def run_committed(instance: dg.DagsterInstance, run_id: str, asset_key: dg.AssetKey | None = None) -> bool:
+    """Whether the run committed offsets (of `asset_key`'s table, when given): one of its materializations records
+    committed offset ranges."""
     records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
     return any(committed_ranges_from_metadata(materialization.metadata)
-               for record in records if (materialization := record.event_log_entry.asset_materialization) is not None)
+               for record in records if (materialization := record.event_log_entry.asset_materialization) is not None
+               and (asset_key is None or materialization.asset_key == asset_key))
 
 
-def _observed_state(scan: TopicScan) -> dict[int, tuple[int | None, ...]]:
+def observed_state(scan: TopicScan) -> dict[int, tuple[int | None, ...]]:
     return {p: (s.log_end, s.next_offset, s.segments_end, s.store_next_offset) for p, s in scan.partitions.items()}
 
 
-def _disagreement(scan: TopicScan) -> dict[int, dict[str, int | None]]:
+def offsets_disagreement(scan: TopicScan) -> dict[int, dict[str, int | None]]:
     """`{partition: {"store": next offset, "table": next offset}}` where the table and the offsets store disagree."""
     return {p: {"store": s.store_next_offset, "table": s.table_next_offset}
             for p, s in sorted(scan.partitions.items()) if s.offsets_disagree}
 
 
-def _observation(topic: str, scan: TopicScan, cursor: SensorCursor) -> dg.AssetObservation | None:
+def topic_observation(topic: str, scan: TopicScan, cursor: SensorCursor) -> dg.AssetObservation | None:
     """An observation of the topic asset when any partition's watermark, committed offset or segments end moved."""
-    if _observed_state(scan) == cursor.observed:
+    if observed_state(scan) == cursor.observed:
         return None
     return dg.AssetObservation(asset_key=topic_asset_key(topic), metadata=topic_observation_metadata(scan))
 
@@ -342,7 +354,7 @@ def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue
     errors = {str(s.partition): s.error for s in states if s.error is not None}
     if errors:
         metadata["partition_errors"] = dg.MetadataValue.json(errors)
-    disagree = _disagreement(scan)
+    disagree = offsets_disagreement(scan)
     if disagree:
         metadata["offsets_disagree"] = dg.MetadataValue.json({str(p): sides for p, sides in disagree.items()})
     if scan.table_error is not None:

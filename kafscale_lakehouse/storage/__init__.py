@@ -31,6 +31,7 @@ from kafscale_lakehouse.storage.keys import (
     topic_prefix,
 )
 from kafscale_lakehouse.storage.local_store import LocalSegmentStore
+from kafscale_lakehouse.storage.namespace_listing import NamespaceListing
 from kafscale_lakehouse.storage.offset_listing import segments_from
 from kafscale_lakehouse.storage.s3_store import SSE_TYPES, S3SegmentStore, SseType
 from kafscale_lakehouse.storage.stalls import StalledSegment, find_stalled_segment
@@ -54,6 +55,7 @@ __all__ = [
     "IncompleteSegment",
     "LocalSegmentStore",
     "MetadataSnapshotError",
+    "NamespaceListing",
     "ObjectInfo",
     "ObjectKind",
     "ObjectNotFoundError",

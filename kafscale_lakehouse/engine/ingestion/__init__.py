@@ -16,11 +16,13 @@ from kafscale_lakehouse.engine.ingestion.run import (
     prepare_ingest,
 )
 from kafscale_lakehouse.engine.ingestion.topic_scan import (
+    NamespaceScan,
     PartitionCursor,
     PartitionState,
     TableOffsetsReader,
     TopicScan,
     WatchSources,
+    scan_namespace,
     scan_topic,
 )
 from kafscale_lakehouse.engine.ingestion.validation import resolve_record_validation
@@ -31,6 +33,7 @@ __all__ = [
     "IngestContext",
     "IngestFailedError",
     "IngestResult",
+    "NamespaceScan",
     "PartitionCursor",
     "PartitionOutcome",
     "PartitionState",
@@ -54,6 +57,7 @@ __all__ = [
     "reset_from_store",
     "reset_from_table",
     "resolve_record_validation",
+    "scan_namespace",
     "scan_topic",
     "stalled_partitions",
 ]

@@ -1,0 +1,259 @@
+"""The namespace watch (`processor.watch: namespace`): ONE sensor for every mapping, for deployments with tens to
+hundreds of topics, where a sensor per mapping would list S3 once per partition per mapping every tick and request a
+run (a process, a pod) per table.
+
+A tick:
+1. scans every mapped topic from ONE listing of the namespace (`engine.ingestion.scan_namespace`: the listing's
+   pages are the tick's only list requests; the topics' offsets, the stores' and the tables' (one catalog load each),
+   are read on a few threads); each topic resumes from its own partition cursors, kept per table in the one cursor;
+2. per topic, as the per-table sensor does (sensors.py): registers new Kafka partitions as the topic's dynamic
+   partitions and reports an observation of the topic asset when its watermarks, offsets or segments moved;
+3. keeps out of this tick's batches each table with a run in flight (its own ingest job's, or a `land_tables` run
+   listing it, `BATCH_TABLES_TAG`): so a table's runs never overlap, as its concurrency pool does for its own job;
+   and each table whose unchanged pending state was requested already and is not due again (`sensors.retry_wait`:
+   the same backoff, per table, after the batch that carried it failed to land it);
+4. packs the other tables with pending segments, the longest waiting first, into `land_tables` runs of at most
+   `processor.max_bytes_per_batch_run` pending segment bytes each (a table larger than that is a run of its own), and
+   requests them. Each run lands its tables one after another, each its own commit (land_tables.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
+from kafscale_lakehouse.engine.ingestion import NamespaceScan, TopicScan, WatchSources, scan_namespace
+from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges
+from kafscale_lakehouse.orchestration.land_tables import (
+    BATCH_TABLES_TAG,
+    LAND_TABLES_JOB,
+    TableToLand,
+    land_tables_run_config,
+)
+from kafscale_lakehouse.orchestration.naming import (
+    ingest_job_name,
+    kafka_partition_key,
+    partitions_def_name,
+    table_asset_key,
+    topic_partitions_def,
+)
+from kafscale_lakehouse.orchestration.sensors import (
+    ACTIVE_RUN_STATUSES,
+    CURSOR_VERSION,
+    SENSOR_REQUEST_TAG,
+    SensorCursor,
+    SensorCursorError,
+    SensorRequest,
+    observed_state,
+    offsets_disagreement,
+    retry_wait,
+    topic_observation,
+)
+
+NAMESPACE_SENSOR_NAME = "kafscale_namespace_sensor"
+
+
+@dataclass
+class NamespaceCursor:
+    """The namespace sensor's state: per table, the per-table sensor's cursor (listing cursors, last observation,
+    last request), and since when each table has had pending segments (epoch seconds; the oldest go first)."""
+
+    tables: dict[str, SensorCursor] = field(default_factory=dict)
+    pending_since: dict[str, float] = field(default_factory=dict)
+
+    def table(self, table: str) -> SensorCursor:
+        return self.tables.setdefault(table, SensorCursor())
+
+    def to_json(self) -> str:
+        return json.dumps({"version": CURSOR_VERSION, "watch": "namespace",
+                           "tables": {t: c.to_document() for t, c in sorted(self.tables.items())},
+                           "pending_since": dict(sorted(self.pending_since.items()))}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None, sensor: str) -> NamespaceCursor:
+        if not text:
+            return cls()
+        try:
+            document = json.loads(text)
+            if document.get("version") != CURSOR_VERSION or document.get("watch") != "namespace":
+                raise ValueError(f"version {document.get('version')!r} of watch {document.get('watch')!r}, expected "
+                                 f"{CURSOR_VERSION} of watch 'namespace'")
+            return cls(tables={t: SensorCursor.from_document(c) for t, c in document["tables"].items()},
+                       pending_since={t: float(s) for t, s in document["pending_since"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SensorCursorError(
+                f"sensor {sensor}: cursor {text[:200]!r} is not readable ({exc}); reset the cursor in the Dagster UI "
+                f"(the next tick lists from the committed offsets)") from None
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A table with pending segments that may go into a batch now."""
+
+    mapping: MappingConfig
+    planned: dict[int, OffsetRange]  # per pending partition
+
+    @property
+    def state(self) -> dict[int, tuple[int, int]]:
+        return {p: (r.start, r.end) for p, r in self.planned.items()}
+    pending_bytes: int
+    attempt: int
+    since: float
+
+
+def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchSources] | None = None,
+                           clock: Callable[[], float] = time.time) -> dg.SensorDefinition:
+    """The one sensor of `processor.watch: namespace`, ticking every `processor.poll_interval_seconds`; `sources` and
+    `clock` as for `sensors.build_sensors`."""
+    built: list[WatchSources] = []
+
+    def get_sources() -> WatchSources:
+        if not built:
+            built.append(sources() if sources is not None else WatchSources.from_config(config))
+        return built[0]
+
+    tables = {mapping.topic: mapping.table for mapping in config.mappings}
+    poll = config.processor.poll_interval_seconds
+
+    @dg.sensor(
+        name=NAMESPACE_SENSOR_NAME,
+        job_name=LAND_TABLES_JOB,
+        minimum_interval_seconds=poll,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Lists the namespace once per tick for the {len(tables)} mapped topics and requests "
+                    f"{LAND_TABLES_JOB} runs over the tables with pending segments, at most "
+                    f"{config.processor.max_bytes_per_batch_run} bytes each; registers new partitions; observes lag.",
+    )
+    def watch_namespace(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        cursor = NamespaceCursor.from_json(context.cursor, NAMESPACE_SENSOR_NAME)
+        now = clock()
+        scan = scan_namespace(get_sources(), tables, {m.topic: cursor.table(m.table).partitions
+                                                      for m in config.mappings})
+        partition_requests: list[dg.AddDynamicPartitionsRequest] = []
+        asset_events: list[dg.AssetObservation] = []
+        busy = _tables_in_flight(context.instance, config.mappings)
+        candidates: list[_Candidate] = []
+        skipped: dict[str, str] = {}
+        for mapping in config.mappings:
+            topic_scan = scan.topics[mapping.topic]
+            table_cursor = cursor.table(mapping.table)
+            if set(topic_scan.partitions) - set(table_cursor.partitions):  # else registered on an earlier tick
+                partition_requests += _new_partitions(context.instance, mapping.topic, topic_scan)
+            table_cursor.partitions = topic_scan.cursors
+            observation = topic_observation(mapping.topic, topic_scan, table_cursor)
+            if observation is not None:
+                table_cursor.observed = observed_state(topic_scan)
+                asset_events.append(observation)
+            _log_problems(context, mapping, topic_scan)
+            candidate, reason = _candidate(context, mapping, topic_scan, scan, cursor, busy, poll, now)
+            if candidate is not None:
+                candidates.append(candidate)
+            elif reason is not None:
+                skipped[mapping.table] = reason
+        batches = pack_batches(candidates, config.processor.max_bytes_per_batch_run)
+        run_requests = [_batch_request(context, batch, cursor, now) for batch in batches]
+        context.log.info("namespace %s: %d objects listed, %d topics, %d tables pending, %d runs requested over "
+                         "%d tables", get_sources().store.namespace, scan.objects_listed, len(tables),
+                         len(candidates) + len(skipped), len(run_requests), len(candidates))
+        skip_reason = None
+        if not run_requests:
+            skip_reason = "; ".join(f"{t}: {r}" for t, r in skipped.items()) or \
+                          "no completed segments beyond the committed offsets"
+        return dg.SensorResult(run_requests=run_requests or None, skip_reason=skip_reason,
+                               cursor=cursor.to_json(), dynamic_partitions_requests=partition_requests,
+                               asset_events=asset_events)
+
+    return watch_namespace
+
+
+def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topic_scan: TopicScan,
+               scan: NamespaceScan, cursor: NamespaceCursor, busy: dict[str, str], poll_interval_seconds: float,
+               now: float) -> tuple[_Candidate | None, str | None]:
+    """The table as a candidate for a batch now, or why not (None, None: nothing pending)."""
+    table = mapping.table
+    planned = {p: r for p, s in topic_scan.partitions.items() if (r := s.pending_range) is not None}
+    if not planned:
+        cursor.pending_since.pop(table, None)
+        return None, None
+    since = cursor.pending_since.setdefault(table, now)
+    if table in busy:
+        return None, busy[table]
+    table_cursor = cursor.table(table)
+    attempt = 1
+    if {p: (r.start, r.end) for p, r in planned.items()} == table_cursor.requested and table_cursor.request is not None:
+        wait, attempt = retry_wait(context, LAND_TABLES_JOB, table_cursor.request, poll_interval_seconds, now,
+                                   table_asset_key(table))
+        if wait is not None:
+            return None, wait
+    return _Candidate(mapping, planned, scan.topic_pending_bytes(mapping.topic), attempt, since), None
+
+
+def pack_batches(candidates: Iterable[_Candidate], max_bytes: int) -> list[list[_Candidate]]:
+    """The candidates, longest waiting first, in runs of at most `max_bytes` pending bytes (at least one table)."""
+    batches: list[list[_Candidate]] = []
+    size = 0
+    for candidate in sorted(candidates, key=lambda c: (c.since, c.mapping.table)):
+        if not batches or size + candidate.pending_bytes > max_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(candidate)
+        size += candidate.pending_bytes
+    return batches
+
+
+def _batch_request(context: dg.SensorEvaluationContext, batch: list[_Candidate], cursor: NamespaceCursor,
+                   now: float) -> dg.RunRequest:
+    """The `land_tables` run of `batch`; records the request in each table's cursor."""
+    request_id = uuid.uuid4().hex
+    entries = []
+    for candidate in batch:
+        table_cursor = cursor.table(candidate.mapping.table)
+        table_cursor.requested = candidate.state
+        table_cursor.request = SensorRequest(request_id, candidate.attempt, now)
+        if candidate.attempt > 1:
+            context.log.warning("requesting table %s again (attempt %d) for pending %s: the previous run did not "
+                                "land them", candidate.mapping.table, candidate.attempt,
+                                format_ranges(candidate.planned))
+        entries.append(TableToLand(table=candidate.mapping.table, partitions=sorted(candidate.planned),
+                                   planned_ranges=format_ranges(candidate.planned)))
+    tables = [candidate.mapping.table for candidate in batch]
+    return dg.RunRequest(job_name=LAND_TABLES_JOB, run_config=land_tables_run_config(entries),
+                         tags={SENSOR_REQUEST_TAG: request_id, BATCH_TABLES_TAG: ",".join(tables)})
+
+
+def _tables_in_flight(instance: dg.DagsterInstance, mappings: Iterable[MappingConfig]) -> dict[str, str]:
+    """`{table: why}` for each table a queued or running run is landing: its own ingest job's, or a batch's."""
+    by_job = {ingest_job_name(m.table): m.table for m in mappings}
+    busy: dict[str, str] = {}
+    for run in instance.get_runs(dg.RunsFilter(statuses=ACTIVE_RUN_STATUSES)):
+        status = run.status.value.lower()
+        if run.job_name == LAND_TABLES_JOB:
+            for table in filter(None, run.tags.get(BATCH_TABLES_TAG, "").split(",")):
+                busy[table] = f"run {run.run_id} of {LAND_TABLES_JOB} landing it is {status}"
+        elif run.job_name in by_job:
+            busy[by_job[run.job_name]] = f"run {run.run_id} of {run.job_name} is {status}"
+    return busy
+
+
+def _new_partitions(instance: dg.DagsterInstance, topic: str,
+                    scan: TopicScan) -> list[dg.AddDynamicPartitionsRequest]:
+    """The request that registers the topic's Kafka partitions Dagster does not know yet (none when it knows all)."""
+    known = set(instance.get_dynamic_partitions(partitions_def_name(topic)))
+    new_keys = [kafka_partition_key(p) for p in sorted(scan.partitions) if kafka_partition_key(p) not in known]
+    return [topic_partitions_def(topic).build_add_request(new_keys)] if new_keys else []
+
+
+def _log_problems(context: dg.SensorEvaluationContext, mapping: MappingConfig, scan: TopicScan) -> None:
+    for error in [s.error for s in scan.partitions.values() if s.error is not None] + \
+            ([scan.table_error] if scan.table_error is not None else []):
+        context.log.error(error)
+    disagree = offsets_disagreement(scan)
+    if disagree:
+        context.log.warning("topic %s: table %s and the offsets store disagree (next offsets %s); the table's are "
+                            "used, the next run repairs the store", mapping.topic, mapping.table, disagree)

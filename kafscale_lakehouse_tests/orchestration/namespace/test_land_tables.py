@@ -1,0 +1,95 @@
+"""A `land_tables` run on the real servers and a real Dagster instance: it lands each table of its batch with its own
+commit, and Dagster files each table's materializations and check results under the table's own asset, partitions
+and checks; a table whose commit fails leaves the others landed and is requested again after the backoff (issue 22)."""
+
+from __future__ import annotations
+
+import dagster as dg
+from pyiceberg.exceptions import CommitFailedException
+
+from kafscale_lakehouse.engine.ingestion import run as ingest_run
+from kafscale_lakehouse.engine.tables import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
+from kafscale_lakehouse.orchestration.naming import table_asset_key
+from kafscale_lakehouse_tests.orchestration.namespace.conftest import POLL_INTERVAL_SECONDS
+from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables
+
+CHECKS = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS)
+
+
+def latest_check_runs(instance: dg.DagsterInstance, table: str) -> dict[str, tuple[str, bool]]:
+    """`{check: (run id, passed)}` of the latest evaluation of each check of the table's asset."""
+    latest = {}
+    for check in CHECKS:
+        [record] = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(table_asset_key(table), check), limit=1)
+        evaluation = record.event.dagster_event.event_specific_data
+        latest[check] = (record.run_id, evaluation.passed)
+    return latest
+
+
+def test_a_batch_lands_each_table_as_its_own_asset_and_a_failed_commit_is_retried_alone(namespace_world, spark,
+                                                                                      monkeypatch):
+    world = namespace_world
+    orders, payments, refunds = world.topics["orders"], world.topics["payments"], world.topics["refunds"]
+    orders.write_segments(0, 100, records_per_segment=50)
+    orders.write_segments(1, 50, records_per_segment=50)
+    payments.write_segments(0, 60, records_per_segment=30)
+    refunds.write_segments(0, 40, records_per_segment=40)
+    sources = world.sources()
+    first = world.tick(sources)
+    [request] = first.run_requests
+    assert set(batch_tables(request)) == {orders.table_name, payments.table_name, refunds.table_name}
+
+    # The catalog refuses the payments commit (a conflict it reports after its retries): only that table fails.
+    commit_append = ingest_run.commit_append
+
+    def refuse_payments(table, files, topic, *args, **kwargs):
+        if topic == payments.topic:
+            raise CommitFailedException(f"injected: table {payments.table_name} changed under the commit")
+        return commit_append(table, files, topic, *args, **kwargs)
+
+    monkeypatch.setattr(ingest_run, "commit_append", refuse_payments)
+    result = world.land(request)
+    monkeypatch.undo()
+
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    message = failure.step_failure_data.error.message
+    assert f"1 of 3 tables did not land: {payments.table_name}" in message and "injected" in message
+    run_id = result.run_id
+    for world_of, partitions, records in ((orders, {"0", "1"}, {0: 100, 1: 50}), (refunds, {"0"}, {0: 40})):
+        world_of.assert_exactly_once(runs=1)
+        assert world_of.store_next_offsets() == records
+        key = table_asset_key(world_of.table_name)
+        # Its own materializations: one per Kafka partition, under the table's asset and partitions (what its
+        # partition status and freshness read), with the run's metadata.
+        assert world.instance.get_materialized_partitions(key) == partitions
+        latest = world.instance.get_latest_materialization_event(key)
+        assert latest.run_id == run_id
+        metadata = latest.asset_materialization.metadata
+        assert metadata["dagster/table_name"].value == world_of.table_name
+        assert metadata["committed_offset_ranges"].value == {str(p): [0, n] for p, n in records.items()}
+        # Its own check results, recorded as the table's checks' evaluations of this run.
+        assert latest_check_runs(world.instance, world_of.table_name) == dict.fromkeys(CHECKS, (run_id, True))
+    assert world.instance.get_materialized_partitions(table_asset_key(payments.table_name)) == set()
+    assert payments.store_next_offsets() == {}
+    assert payments.our_snapshots() == []
+    assert payments.lease_keys() == []
+
+    # The next tick: orders and refunds landed (nothing pending); payments' unchanged state is due again after the
+    # backoff of its first failure, alone.
+    [record] = world.instance.get_run_records(dg.RunsFilter(run_ids=[run_id]))
+    waiting = world.tick(sources, first.cursor, at=record.end_time + 1)
+    assert waiting.run_requests == []
+    assert f"run {run_id} failed (attempt 1); requested again in" in waiting.skip_message
+    retry = world.tick(sources, waiting.cursor, at=record.end_time + POLL_INTERVAL_SECONDS)
+    [again] = retry.run_requests
+    assert list(batch_tables(again)) == [payments.table_name]
+    assert world.cursor_of(retry).tables[payments.table_name].request.attempt == 2
+
+    landed = world.land(again)
+    assert landed.success
+    payments.assert_exactly_once(runs=1)
+    assert world.instance.get_materialized_partitions(table_asset_key(payments.table_name)) == {"0"}
+    assert latest_check_runs(world.instance, payments.table_name) == dict.fromkeys(CHECKS, (landed.run_id, True))
+    orders.assert_exactly_once(runs=1)  # untouched by the retry

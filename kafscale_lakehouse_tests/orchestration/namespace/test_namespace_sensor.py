@@ -1,0 +1,90 @@
+"""The namespace watch's sensor on the real servers: one tick lists the namespace once for every mapped topic and
+requests `land_tables` runs over the tables with new segments, packed by the byte budget (issue 22)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from kafscale_lakehouse.offsets.ranges import format_ranges, parse_ranges
+from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_TABLES_OP
+from kafscale_lakehouse.orchestration.naming import partitions_def_name
+from kafscale_lakehouse.orchestration.sensors import build_sensors
+from kafscale_lakehouse.storage import namespace_prefix
+from kafscale_lakehouse_tests.orchestration.namespace.conftest import NamespaceWorld
+
+
+def batch_tables(request: dg.RunRequest) -> dict[str, dict]:
+    """`{table: entry}` of a `land_tables` run request's config."""
+    return {entry["table"]: entry for entry in request.run_config["ops"][LAND_TABLES_OP]["config"]["tables"]}
+
+
+def kfs_bytes(world: NamespaceWorld, word: str) -> int:
+    return sum(s.kfs_path.stat().st_size for segments in world.topics[word].segments.values()
+               for s in segments.values())
+
+
+def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_with_new_segments(namespace_world):
+    world = namespace_world
+    orders, payments = world.topics["orders"], world.topics["payments"]
+    orders.write_segments(0, 100, records_per_segment=50)
+    orders.write_segments(1, 50, records_per_segment=50)
+    payments.write_segments(0, 60, records_per_segment=30)
+    # refunds: no segment yet. An object of another, unmapped topic is listed with the rest and ignored.
+    orders.put_object(f"{namespace_prefix(orders.name)}unmapped/0/segment-{0:020d}.index", b"x")
+    sources = world.sources()
+
+    before = sources.store.request_counts
+    result = world.tick(sources)
+    requests = sources.store.request_counts - before
+
+    assert requests["list"] == 1, requests
+    assert requests["get"] == 5, "a footer read per new segment, nothing else"
+    [request] = result.run_requests
+    tables = batch_tables(request)
+    assert set(tables) == {orders.table_name, payments.table_name}
+    assert tables[orders.table_name]["partitions"] == [0, 1]
+    assert parse_ranges(tables[orders.table_name]["planned_ranges"], where="test") == parse_ranges(
+        '{"0":[0,100],"1":[0,50]}', where="test")
+    assert tables[payments.table_name]["planned_ranges"] == '{"0":[0,60]}'
+    assert request.tags[BATCH_TABLES_TAG] == f"{orders.table_name},{payments.table_name}"
+    assert sorted((r.partitions_def_name, list(r.partition_keys)) for r in result.dynamic_partitions_requests) == \
+        sorted([(partitions_def_name(orders.topic), ["0", "1"]), (partitions_def_name(payments.topic), ["0"])])
+
+    # The sensors of the per-table watch list each partition of each topic: one request each, here 3.
+    per_table = sources.store.request_counts
+    for sensor in build_sensors(world.config(watch="per_table"), sources=lambda: sources):
+        sensor.evaluate_tick(dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral()))
+    assert (sources.store.request_counts - per_table)["list"] >= 3
+
+    # Nothing new: the next tick lists once again, reads no footer, and requests nothing until the requested run
+    # is launched (here it never is: requested again after the backoff, as the per-table sensor does).
+    before = sources.store.request_counts
+    idle = world.tick(sources, result.cursor)
+    requests = sources.store.request_counts - before
+    assert (requests["list"], requests["get"]) == (1, 0)
+    assert idle.run_requests == []
+    assert "no run was launched for request" in idle.skip_message
+
+
+def test_the_byte_budget_splits_the_pending_tables_into_runs_the_longest_waiting_first(namespace_world):
+    world = namespace_world
+    orders, payments, refunds = world.topics["orders"], world.topics["payments"], world.topics["refunds"]
+    orders.write_segments(0, 100, records_per_segment=50)
+    sources = world.sources()
+    first = world.tick(sources)
+    [alone] = first.run_requests
+    assert set(batch_tables(alone)) == {orders.table_name}
+
+    payments.write_segments(0, 60, records_per_segment=30)
+    refunds.write_segments(0, 40, records_per_segment=40)
+    budget = kfs_bytes(world, "payments") + kfs_bytes(world, "refunds") - 1  # both do not fit in one run
+    config = world.config(max_bytes_per_batch_run=budget)
+    # The orders' run is still going: orders stays out of the batches, the other two split by the budget.
+    world.instance.add_run(dg.DagsterRun(job_name="land_tables", run_id="0" * 36, tags=dict(alone.tags),
+                                         status=dg.DagsterRunStatus.STARTED))
+    second = world.tick(sources, first.cursor, config=config)
+    assert [list(batch_tables(r)) for r in second.run_requests] == [[payments.table_name], [refunds.table_name]]
+    cursor = world.cursor_of(second)
+    assert cursor.tables[orders.table_name].requested == {0: (0, 100)}
+    assert format_ranges(parse_ranges(batch_tables(second.run_requests[1])[refunds.table_name]["planned_ranges"],
+                                      where="test")) == '{"0":[0,40]}'
