@@ -357,8 +357,9 @@ class LfsConfig(ConfigModel):
 
 
 class ConfluentRegistryConfig(ConfigModel):
-    """`mappings[].schema_registry` (extension): the Confluent-compatible registry that `value_format: avro` and
-    `protobuf` values name their schema ids in (schema/confluent_registry.py). Secrets through `${ENV}` references."""
+    """`mappings[].schema_registry` (extension): the Confluent-compatible registry that `value_format: avro`,
+    `protobuf` and `json_schema` values name their schema ids in (schema/confluent_registry.py). Secrets through
+    `${ENV}` references."""
 
     url: str
     username: str | None = None  # HTTP Basic, with `password`
@@ -416,10 +417,10 @@ class MappingConfig(ConfigModel):
     owners: list[str] = Field(default_factory=list)  # extension: Dagster asset owners (emails or team:name)
     tags: StringMap = Field(default_factory=dict)  # extension: Dagster asset tags
     lfs: LfsConfig = Field(default_factory=LfsConfig)
-    # extension: `json` (the Go processor's JSON values), or `avro` / `protobuf` in the Confluent wire format through
-    # `schema_registry` (Flink's `avro-confluent`, Kafka Connect's AvroConverter / ProtobufConverter)
-    value_format: Annotated[Literal["json", "avro", "protobuf"], BeforeValidator(_lowercase)] = "json"
-    schema_registry: ConfluentRegistryConfig | None = None  # extension, for value_format avro and protobuf
+    # extension: `json` (the Go processor's JSON values), or `avro` / `protobuf` / `json_schema` in the Confluent wire
+    # format through `schema_registry` (Kafka Connect's AvroConverter / ProtobufConverter / JsonSchemaConverter)
+    value_format: Annotated[Literal["json", "avro", "protobuf", "json_schema"], BeforeValidator(_lowercase)] = "json"
+    schema_registry: ConfluentRegistryConfig | None = None  # extension, for the registry formats
     # extension: a `kafka_timestamp` timestamptz column from the record timestamp, which partition_spec can take
     # hour/day of (`timestamp_ms` stays the Go processor's long)
     kafka_timestamp_column: bool = False

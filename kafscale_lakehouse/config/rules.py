@@ -304,12 +304,12 @@ def _check_id_columns(at: str, mapping: MappingConfig, problem) -> None:  # noqa
 
 
 def _check_value_format(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
-    """`value_format` and `schema_registry` agree; Avro and Protobuf values bring their own columns."""
+    """`value_format` and `schema_registry` agree; values of a registry format bring their own columns."""
     registry = mapping.schema_registry
     if mapping.value_format == "json":
         if registry is not None:
-            problem(f"{at}.schema_registry", "is only used with value_format avro or protobuf (this mapping has "
-                                             "json)")
+            problem(f"{at}.schema_registry", "is only used with value_format avro, protobuf or json_schema (this "
+                                             "mapping has json)")
         return
     if registry is None:
         problem(f"{at}.schema_registry", f"is required for value_format {mapping.value_format}")

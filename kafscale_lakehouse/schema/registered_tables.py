@@ -31,6 +31,7 @@ from kafscale_lakehouse.schema.columns import (
 from kafscale_lakehouse.schema.confluent_registry import RegisteredSchema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import REGISTRY_SCHEMA_TYPES, FramedValueFormat, FramedValueSchemas
+from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
 from kafscale_lakehouse.schema.protobuf import protobuf_value_fields
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ def _value_fields(version: RegisteredSchema, registered: RegisteredValueSchemas,
     what = f"schema id {version.schema_id} (subject {registered.subject} version {version.version})"
     if registered.value_format == "protobuf":
         fields = protobuf_value_fields(version.text, registered.message_name, what=what, first_id=first_id)
+    elif registered.value_format == "json_schema":
+        fields = json_schema_value_fields(version.text, what=what, first_id=first_id)
     else:
         fields = avro_value_fields(parse_avro_schema(version.text, what=what), what=what, first_id=first_id)
     clashes = [f.name for f in fields if f.name in BASE_COLUMN_NAMES]

@@ -50,7 +50,7 @@ mappings:
 @pytest.mark.parametrize(("mapping", "problem"), [
     ({"value_format": "avro"}, "mappings[0].schema_registry: is required for value_format avro"),
     ({"value_format": "thrift", "schema_registry": {"url": "http://r"}},
-     "mappings[0].value_format: 'thrift' is not one of json, avro, protobuf"),
+     "mappings[0].value_format: 'thrift' is not one of json, avro, protobuf, json_schema"),
     ({"value_format": "protobuf"}, "mappings[0].schema_registry: is required for value_format protobuf"),
     ({"schema_registry": {"url": "http://r"}}, "mappings[0].schema_registry: is only used with value_format avro"),
     ({"value_format": "avro", "schema_registry": {"url": "registry:8081"}},

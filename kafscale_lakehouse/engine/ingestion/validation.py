@@ -5,11 +5,11 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
   (`SchemaRegistryClient.columns`); `none` → base columns only.
 - JSON Schema (`schema.mode` lenient or strict): the topic's compiled schema, handed to the `kafscale` source so the
   executors validate every value while they decode (`jsonschema` is per-record Python work: it scales with tasks).
-- Values in the Confluent wire format (`mappings[].value_format: avro`, `protobuf`): every version of the value
-  subject, from the mapping's Confluent-compatible `schema_registry`, fetched here once per run (Protobuf ones as
-  their serialized FileDescriptorProto); once the table is open, `with_avro_value_schemas` evolves it through them
-  and gives what the executors decode with (schema/registered_tables.py). The columns are the value schema's fields;
-  no JSON Schema judges them.
+- Values in the Confluent wire format (`mappings[].value_format: avro`, `protobuf`, `json_schema`): every version
+  of the value subject, from the mapping's Confluent-compatible `schema_registry`, fetched here once per run
+  (Protobuf ones as their serialized FileDescriptorProto); once the table is open, `with_avro_value_schemas` evolves
+  it through them and gives what the executors decode with (schema/registered_tables.py). The columns are the value
+  schema's fields; `schema.mode` does not judge them (json_schema values are validated by their own schema).
 - A registry that is down, answers 404 or serves a document that is no JSON Schema raises here
   (`SchemaRegistryError`, `InvalidSchemaDocumentError`): the run fails before it reads anything, and no record is
   ever judged invalid because of the registry.
@@ -22,7 +22,7 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, cast
 
 from pyiceberg.table import Table
 
@@ -94,9 +94,9 @@ def registered_value_schemas(mapping: MappingConfig) -> RegisteredValueSchemas:
         ca_file=registry.ca_file, cert_file=registry.cert_file, key_file=registry.key_file,
         timeout_seconds=registry.timeout_seconds))
     subject = subject_name(mapping.topic, registry.subject_name_strategy, registry.record_name)
-    protobuf = mapping.value_format == "protobuf"
+    value_format = cast(FramedValueFormat, mapping.value_format)  # not json: resolve_record_validation
+    protobuf = value_format == "protobuf"
     versions = client.subject_versions(subject, "serialized" if protobuf else None)
-    value_format: FramedValueFormat = "protobuf" if protobuf else "avro"
     return RegisteredValueSchemas(subject, tuple(versions), latest=registry.latest, value_format=value_format,
                                   message_name=registry.record_name if protobuf else None)
 
