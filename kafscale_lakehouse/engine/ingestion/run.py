@@ -21,9 +21,12 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+import pyarrow as pa
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.types import TimestamptzType
@@ -41,8 +44,9 @@ from kafscale_lakehouse.engine.ingestion.lag import lag
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, lfs_read_settings
 from kafscale_lakehouse.engine.ingestion.planning import PARTITION_PLANNING_ERRORS, plan_partition, recheck_planned
 from kafscale_lakehouse.engine.ingestion.positions import acquire_partition_leases, partition_starts, table_identity
-from kafscale_lakehouse.engine.ingestion.rows import InvalidRecord
+from kafscale_lakehouse.engine.ingestion.rows import DeadLetterFileWriter, InvalidRecord
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
+    INVALID_REASON_COLUMN,
     SegmentReadFailure,
     SegmentRunPartition,
     segment_run_partitions,
@@ -91,7 +95,15 @@ from kafscale_lakehouse.engine.tables.summary import (
     read_topic_offsets,
     skipped_summary_properties,
 )
-from kafscale_lakehouse.engine.tables.upserts import ChangeEvents, UpsertKey, commit_upsert
+from kafscale_lakehouse.engine.tables.upserts import (
+    NOT_EVENT_REASON_COLUMN,
+    ChangeEventRows,
+    ChangeEvents,
+    UpsertKey,
+    commit_upsert,
+    judge_change_events,
+    read_run_rows,
+)
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import Lease, LeaseLostError, OffsetStore, TableIdentity
 from kafscale_lakehouse.offsets.ranges import OffsetRange
@@ -448,6 +460,8 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     """The run's steps after planning: write (one Spark job), select what commits, commit once, update the store."""
     written = _write(prepared)
     selected = _select_commit(prepared, written)
+    if selected is not None and prepared.mapping.cdc is not None:
+        selected = _judge_change_events(prepared, selected)
     if selected is None:
         return
     snapshot_id = _commit(prepared, written, selected)
@@ -462,6 +476,10 @@ class _Written:
     started: float
 
 
+# The id of dead-letter files the driver writes (a cdc run's records that are no change event); the tasks' are below.
+_DRIVER_DEAD_LETTER_TASK_ID = 90_000
+
+
 @dataclass(frozen=True)
 class _CommitSelection:
     """The partitions that commit, where each ends, their data files and the run's dead-letter files to keep."""
@@ -470,6 +488,7 @@ class _CommitSelection:
     ends: dict[int, int]
     keep: dict[int, list[DataFile]]
     dead_letter_files: DeadLetterFiles
+    change_events: ChangeEventRows | None = None  # a cdc mapping's rows, read and judged (`_judge_change_events`)
 
 
 def _write(prepared: PreparedIngest) -> _Written:
@@ -608,7 +627,8 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
     if mapping.mode == "upsert":  # one row per key: the run's latest records replace the keys' rows
         key = UpsertKey(tuple(mapping.id_columns), tuple(prepared.validation.columns))
         commit = commit_upsert(
-            prepared.table, files, key, topic, starts, commit_ends, run_id,
+            prepared.table, files if selected.change_events is None else selected.change_events, key, topic, starts,
+            commit_ends, run_id,
             target_file_size_bytes=prepared.context.config.processor.target_file_size_bytes,
             events=_change_events(mapping), snapshot_properties=properties, before_attempt=before_attempt,
         )
@@ -623,6 +643,68 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
             dead_letters, staged, source_snapshot_id=commit.snapshot_id
         )
     return commit.snapshot_id
+
+
+def _judge_change_events(prepared: PreparedIngest, selected: _CommitSelection) -> _CommitSelection | None:
+    """Step 2b, cdc mappings: the run's rows are read and judged (`upserts.judge_change_events`). Records that are no
+    change event go to the dead-letter table when the run has one (lenient, or a configured one), as invalid values
+    do; without one, a partition holding one stops before the first, its error naming the offset and why, and
+    commits what lies before it. None when nothing commits."""
+    mapping, result, plans = prepared.mapping, prepared.result, prepared.plans
+    committing, ends = selected.committing, selected.ends
+    events = _change_events(mapping)
+    if events is None:
+        return selected
+    rows = read_run_rows(prepared.table, [f for p in committing for f in selected.keep.get(p, [])])
+    judged = judge_change_events(rows, UpsertKey(tuple(mapping.id_columns), tuple(prepared.validation.columns)),
+                                 events)
+    not_events = judged.not_events
+    if not_events.num_rows == 0:
+        return replace(selected, change_events=judged)
+    by_partition = not_events.select(["partition", "offset", "record_id", NOT_EVENT_REASON_COLUMN]).to_pylist()
+    counts = Counter(row["partition"] for row in by_partition)
+    firsts: dict[int, dict] = {}
+    for row in by_partition:  # judged in partition and offset order
+        firsts.setdefault(row["partition"], row)
+    dead_letters = prepared.dead_letters
+    if dead_letters is not None:
+        target = dead_letter_target(dead_letters, result.run_id,
+                                    target_file_size_bytes=prepared.context.config.processor.target_file_size_bytes)
+        writer = DeadLetterFileWriter(target, _DRIVER_DEAD_LETTER_TASK_ID)
+        try:
+            for batch in not_events.rename_columns({NOT_EVENT_REASON_COLUMN: INVALID_REASON_COLUMN}).to_batches():
+                writer.add(batch)
+            selected.dead_letter_files.keep.extend(writer.close())
+        except BaseException:
+            writer.discard()
+            raise
+        for p, count in counts.items():
+            selected.dead_letter_files.records[p] = selected.dead_letter_files.records.get(p, 0) + count
+        result.invalid_count += not_events.num_rows
+        room = max(0, 20 - len(result.invalid_samples))
+        result.invalid_samples.extend(InvalidRecord(r["record_id"], r[NOT_EVENT_REASON_COLUMN]) for r in
+                                      not_events.select(["record_id", NOT_EVENT_REASON_COLUMN]).slice(0, room)
+                                      .to_pylist())
+        log.warning("topic %s → %s run %s: %s; to the dead-letter table %s", mapping.topic, mapping.table,
+                    result.run_id, judged.describe_not_events(), result.dead_letter_table)
+        return replace(selected, change_events=judged)
+    partitions = judged.rows["partition"].to_numpy()
+    offsets = judged.rows["offset"].to_numpy()
+    keep = np.ones(judged.rows.num_rows, dtype=bool)
+    for p, first in firsts.items():
+        ends[p] = first["offset"]
+        plans[p].outcome.error = (
+            f"offset {first['offset']} ({first['record_id']}) is no change event: {first[NOT_EVENT_REASON_COLUMN]}; "
+            "the partition stops there until the record or the mapping is fixed (or a dead-letter table takes it)")
+        log.error("topic %s → %s partition %d: %s", mapping.topic, mapping.table, p, plans[p].outcome.error)
+        keep &= ~((partitions == p) & (offsets >= ends[p]))
+    for p in [p for p in committing if ends[p] <= plans[p].commit_start]:
+        del committing[p]
+    if not committing:
+        return None
+    mask = pa.array(keep)
+    return replace(selected, change_events=ChangeEventRows(judged.rows.filter(mask), judged.deletes.filter(mask),
+                                                           not_events.slice(0, 0)))
 
 
 def _change_events(mapping: MappingConfig) -> ChangeEvents | None:

@@ -8,7 +8,10 @@ uncommitted) and
    higher partition. A tombstone (null value) deletes its key; its id comes from the mapped id columns or, when those
    are null (a Debezium tombstone), from the record key read as a JSON object holding them. With change events
    (`ChangeEvents`, `mappings[].cdc`), the mapped columns are coerced here from each event's row image (Debezium's
-   `after`; `before`, else the record key, for a delete), and a record that is no change event fails the commit;
+   `after`; `before`, else the record key, for a delete). Records that are no change event (no or an unknown `op`,
+   no `after` object for c/u/r, a value that is no JSON object, a row image without a required column) are told
+   apart first (`judge_change_events`): the run dead-letters them or stops their partition before them
+   (engine/ingestion/run.py); given to `latest_changes` unjudged, they fail it (`UpsertError`);
 2. finds the data files that may hold those keys (`files_to_rewrite`): partition values where the spec buckets or
    copies an id column, then the id columns' lower/upper bounds in the manifests. Files that turn out to hold none
    are left alone; the others are rewritten without the keys' rows;
@@ -123,16 +126,23 @@ class Changes:
     keyless: int  # tombstones whose id could not be told (no mapped ids, no JSON record key holding them)
 
 
-def latest_changes(rows: pa.Table, key: UpsertKey, events: ChangeEvents | None = None) -> Changes:
+def latest_changes(rows: pa.Table | ChangeEventRows, key: UpsertKey, events: ChangeEvents | None = None) -> Changes:
     """Per key, the run's latest record (see the module docstring). Without `events`, pure Arrow (no per-row Python
     except a tombstone's JSON record key); with them, the mapped columns are coerced from each event's row image
-    (`change_images`)."""
+    (`judge_change_events`; `UpsertError` names the records that are no change event). `rows` already judged
+    (`ChangeEventRows`) are taken as they are, without their `not_events`."""
     ids = list(key.id_columns)
-    if events is None:
+    if isinstance(rows, ChangeEventRows):
+        rows, deletes = rows.rows, rows.deletes
+    elif events is None:
         deletes = pc.is_null(rows.column("value"))
         rows = _with_tombstone_ids(rows, key)
     else:
-        rows, deletes = _with_change_images(rows, key, events)
+        judged = judge_change_events(rows, key, events)
+        if judged.not_events.num_rows:
+            raise UpsertError(f"{judged.describe_not_events()}; nothing committed, the partitions stay where they "
+                              "are until the records or the mapping are fixed")
+        rows, deletes = judged.rows, judged.deletes
     rows = rows.append_column(_DELETE, deletes)
     has_id = _all_valid(rows, ids)
     keyless = rows.num_rows - pc.sum(has_id.cast(pa.int64())).as_py() if rows.num_rows else 0
@@ -197,16 +207,16 @@ class ChangeEvents:
     numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS
 
 
-def change_images(values: Sequence[bytes | None], keys: Sequence[bytes | None], record_ids: Sequence[str],
-                  events: ChangeEvents) -> tuple[list[bytes | None], list[bool], dict[str, str]]:
+def change_images(values: Sequence[bytes | None], keys: Sequence[bytes | None],
+                  events: ChangeEvents) -> tuple[list[bytes | None], list[bool], dict[int, str]]:
     """Per record: the JSON row image its mapped columns come from, whether it deletes its key, and the records that
-    are no change event (record id -> why). A delete's image is Debezium's `before`, else the record key (a JSON
+    are no change event (position -> why). A delete's image is Debezium's `before`, else the record key (a JSON
     object of the ids, `{schema, payload}` unwrapped); a tombstone (null value) is a delete."""
     images: list[bytes | None] = []
     deletes: list[bool] = []
-    problems: dict[str, str] = {}
+    problems: dict[int, str] = {}
     delete_ops = set(events.delete_ops)
-    for value, key, record_id in zip(values, keys, record_ids, strict=True):
+    for position, (value, key) in enumerate(zip(values, keys, strict=True)):
         if value is None:
             images.append(_key_image(key))
             deletes.append(True)
@@ -216,11 +226,16 @@ def change_images(values: Sequence[bytes | None], keys: Sequence[bytes | None], 
         except ValueError:
             event = None
         if not isinstance(event, dict):
-            problems[record_id] = "the value is not a JSON object"
+            problems[position] = "the value is not a JSON object"
             images.append(None)
             deletes.append(False)
             continue
         if events.format == "op_field":
+            if event.get(events.op_field) is None:
+                problems[position] = f"no {events.op_field!r} field (the operation)"
+                images.append(None)
+                deletes.append(False)
+                continue
             delete = str(event.get(events.op_field)) in delete_ops
             images.append(value)
             deletes.append(delete)
@@ -236,8 +251,9 @@ def change_images(values: Sequence[bytes | None], keys: Sequence[bytes | None], 
             images.append(json.dumps(before).encode() if isinstance(before, dict) else _key_image(key))
             deletes.append(True)
         else:
-            problems[record_id] = (f"Debezium op {op!r} without an `after` object" if op in DEBEZIUM_UPSERT_OPS
-                                   else f"Debezium op {op!r} is not one of c, u, r, d")
+            problems[position] = (
+                f"Debezium op {op!r} without an `after` object" if op in DEBEZIUM_UPSERT_OPS
+                else "no Debezium op" if op is None else f"Debezium op {op!r} is not one of c, u, r, d")
             images.append(None)
             deletes.append(False)
     return images, deletes, problems
@@ -256,32 +272,52 @@ def _key_image(key: bytes | None) -> bytes | None:
     return json.dumps(parsed).encode() if isinstance(parsed, dict) else None
 
 
-def _with_change_images(rows: pa.Table, key: UpsertKey, events: ChangeEvents) -> tuple[pa.Table, pa.BooleanArray]:
-    """`rows` with their mapped columns coerced from the events' row images, and which rows delete their key.
-    Records that are no change event, or whose image misses a required column, fail the commit naming them."""
+@dataclass(frozen=True)
+class ChangeEventRows:
+    """A cdc run's rows judged (`judge_change_events`): the change events with their mapped columns coerced from
+    their row images and which of them delete their key, and the records that are no change event (`not_events`:
+    their rows as read, with `NOT_EVENT_REASON_COLUMN` saying why)."""
+
+    rows: pa.Table
+    deletes: pa.BooleanArray
+    not_events: pa.Table
+
+    def describe_not_events(self, limit: int = 5) -> str:
+        """`N records are not change events of the mapping's columns (<record_id>: <why>; ...)`."""
+        samples = self.not_events.select(["record_id", NOT_EVENT_REASON_COLUMN]).slice(0, limit).to_pylist()
+        return (f"{self.not_events.num_rows} records are not change events of the mapping's columns ("
+                + "; ".join(f"{r['record_id']}: {r[NOT_EVENT_REASON_COLUMN]}" for r in samples) + ")")
+
+
+NOT_EVENT_REASON_COLUMN = "not_event_reason"
+
+
+def judge_change_events(rows: pa.Table, key: UpsertKey, events: ChangeEvents) -> ChangeEventRows:
+    """Split a cdc run's `rows` (read from its data files) into change events, their mapped columns coerced from
+    their row images, and records that are no change event: no JSON object, no or an unknown op, no `after` for
+    c/u/r, or an image without a required column (a delete needs its ids only: the rest of its image may be
+    missing, as Debezium's `before` under REPLICA IDENTITY DEFAULT holds the primary key alone). Sorted by record."""
+    rows = rows.sort_by([("partition", "ascending"), ("offset", "ascending")])
     images, deletes, problems = change_images(rows.column("value").to_pylist(), rows.column("key").to_pylist(),
-                                              rows.column("record_id").to_pylist(), events)
+                                              events)
     coerced = JsonColumnCoercer(key.columns, numeric_timestamp_unit=events.numeric_timestamp_unit).coerce(
         pa.array(images, pa.binary()))
-    delete_mask = pa.array(deletes, pa.bool_())
-    # A delete needs its ids only: the rest of its image may be missing (Debezium's `before` under REPLICA IDENTITY
-    # DEFAULT holds the primary key alone).
-    invalid = pc.and_(coerced.invalid_mask, pc.invert(delete_mask))
-    if pc.any(invalid).as_py():
-        reasons = pc.binary_join_element_wise(coerced.invalid_column, coerced.invalid_reason, ": ")
-        failed = rows.column("record_id").filter(invalid).to_pylist()
-        problems.update(zip(failed, reasons.filter(invalid).to_pylist(), strict=True))
-    if problems:
-        samples = "; ".join(f"{record_id}: {why}" for record_id, why in sorted(problems.items())[:5])
-        raise UpsertError(f"{len(problems)} records are not change events of the mapping's columns ({samples}); "
-                          "nothing committed, the partitions stay where they are until the records or the mapping "
-                          "are fixed")
+    reasons = pc.binary_join_element_wise(coerced.invalid_column, coerced.invalid_reason, ": ")
+    invalid = pc.and_(coerced.invalid_mask, pc.invert(pa.array(deletes, pa.bool_())))
+    for position in np.flatnonzero(invalid.to_numpy(zero_copy_only=False)):
+        problems.setdefault(int(position), reasons[position].as_py())
     for column in key.columns:
         if column.name in rows.column_names:
             index = rows.schema.get_field_index(column.name)
             field = rows.schema.field(index)
             rows = rows.set_column(index, field, coerced.columns[column.name].cast(field.type))
-    return rows, delete_mask
+    is_event = np.ones(rows.num_rows, dtype=bool)
+    is_event[list(problems)] = False
+    where = np.flatnonzero(~is_event)
+    not_events = rows.take(pa.array(where, pa.int64())).append_column(
+        NOT_EVENT_REASON_COLUMN, pa.array([problems[int(p)] for p in where], pa.string()))
+    keep = pa.array(is_event)
+    return ChangeEventRows(rows.filter(keep), pa.array(deletes, pa.bool_()).filter(keep), not_events)
 
 
 # ---- which files may hold the keys ---------------------------------------------------------------------------------
@@ -406,6 +442,15 @@ def _read_files(table: Table, files: Sequence[DataFile]) -> pa.Table:
     return scan.to_table([FileScanTask(f) for f in files])
 
 
+def read_run_rows(table: Table, data_files: Sequence[DataFile]) -> pa.Table:
+    """The rows of a run's uncommitted `data_files`, which are deleted once read: an upsert never commits them, it
+    writes the new state again, one row per key."""
+    try:
+        return _read_files(table, data_files)
+    finally:
+        delete_data_files(table.io, [f.file_path for f in data_files])
+
+
 def _plan_rewrite(table: Table, keys: pa.Table, new_rows: pa.Table, job: SinkJob) -> _Rewrite:
     """Read each file that may hold `keys` and write it again without their rows, with the `new_rows` that replace
     rows of it (so a file keeps the narrow key range it had, and the next upsert can skip it by its bounds); files
@@ -507,7 +552,7 @@ def _commit_replacing_keys(table: Table, keys: pa.Table, new_rows: pa.Table, job
 @timed("Iceberg upsert commit")
 def commit_upsert(
     table: Table,
-    data_files: Sequence[DataFile],
+    data_files: Sequence[DataFile] | ChangeEventRows,
     key: UpsertKey,
     topic: str,
     start_offsets: Mapping[int, int],
@@ -524,7 +569,8 @@ def commit_upsert(
     snapshot that moves `topic` from `start_offsets` to `end_offsets` (see the module docstring). `data_files` are
     deleted once read (they are never committed: the new state is written again, one row per key). Errors as
     `commit_append`'s: `OffsetConflictError`, `CommitRetriesExhaustedError` (files deleted),
-    `CommitOutcomeUnknownError` (files kept for the clean-up of ended runs)."""
+    `CommitOutcomeUnknownError` (files kept for the clean-up of ended runs). A cdc run passes its rows judged
+    (`read_run_rows`, then `judge_change_events`), its records that are no change event taken care of."""
     table_name = ".".join(table.name())
     reserved = [k for k in (snapshot_properties or {}) if is_reserved_property(k)]
     if reserved:
@@ -534,10 +580,8 @@ def commit_upsert(
                          f"but end offsets cover {sorted(end_offsets)}")
     _suggest_bucketing(table, key)
     job = SinkJob.for_table(table, run_id, target_file_size_bytes)
-    try:
-        changes = latest_changes(_read_files(table, data_files), key, events)
-    finally:
-        delete_data_files(table.io, [f.file_path for f in data_files])  # read: the new state is written again
+    rows = data_files if isinstance(data_files, ChangeEventRows) else read_run_rows(table, data_files)
+    changes = latest_changes(rows, key, events)
     if changes.keyless:
         log.warning("table %s: %d tombstones of run %s name no key (no id columns, no JSON record key holding "
                     "them); they delete nothing", table_name, changes.keyless, run_id)

@@ -16,9 +16,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from kafscale_lakehouse.engine.ingestion.run import ingest
+from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
-from kafscale_lakehouse.engine.tables.upserts import UpsertError
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
 from kafscale_lakehouse_tests.engine.upsert.test_upsert_ingest import STATUSES, STORE_COLUMNS
@@ -174,8 +173,12 @@ def test_op_field_events_and_a_record_that_is_no_event(embedded_world, spark):
     ingest(config, spark)
     rows = world.table().scan(selected_fields=("store_id", "status", "offset")).to_arrow().to_pylist()
     assert sorted((r["store_id"], r["status"], r["offset"]) for r in rows) == [(3, "busy", 1), (5, "closed", 3)]
-    # A value that is no JSON object stops the run before anything is committed, naming the record.
-    world.write_records(0, 4, [Record(key=key, value=b"[1, 2]")])
-    with pytest.raises(UpsertError, match=rf"{world.topic}:0:4: the value is not a JSON object"):
+    # Without a dead-letter table, a value that is no JSON object stops its partition there, naming the record;
+    # the events before it commit.
+    world.write_records(0, 4, [Record(key=key, value=json.dumps({"action": "upsert", "store_id": 7}).encode()),
+                               Record(key=key, value=b"[1, 2]")])
+    with pytest.raises(IngestFailedError, match=rf"offset 5 \({world.topic}:0:5\) is no change event: the value is "
+                                                "not a JSON object"):
         ingest(config, spark)
-    assert read_topic_offsets(world.table(), world.topic) == {0: 4}
+    assert read_topic_offsets(world.table(), world.topic) == {0: 5}
+    assert 7 in world.table().scan(selected_fields=("store_id",)).to_arrow()["store_id"].to_pylist()
