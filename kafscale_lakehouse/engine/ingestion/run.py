@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.types import TimestamptzType
 from pyspark.sql import SparkSession
 
@@ -64,6 +65,15 @@ from kafscale_lakehouse.engine.ingestion.validation import (
 )
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.audit import (
+    AUDIT_COMMANDS,
+    AuditError,
+    AuditReport,
+    audit_snapshot,
+    publish_audit,
+    settle_pending_audit,
+    start_audit_branch,
+)
 from kafscale_lakehouse.engine.tables.catalogs import (
     CatalogSettings,
     PartitionFieldSpec,
@@ -131,6 +141,7 @@ class IngestFailedError(RuntimeError):
         if result.invalid_count and result.dead_letter_table is None:
             problems = "; ".join(filter(None, [problems, _describe_invalid(result)]))
         problems = "; ".join(filter(None, [problems, *(f"dead letters lost: {m}" for m in result.dead_letters_lost)]))
+        problems = "; ".join(filter(None, [problems, result.audit_error]))
         super().__init__(f"topic {result.topic} → table {result.table} (run {result.run_id}): {problems}")
 
 
@@ -164,12 +175,19 @@ class IngestResult:
     # Staged by an earlier run, gone before published: each names that run, the record count and the offsets to
     # replay. Recorded on the dead-letter table before this run commits, so they fail this run only.
     dead_letters_lost: list[str] = field(default_factory=list)
+    # publish audited (engine/tables/audit.py): the checks on the run's snapshot, whether main was fast-forwarded
+    # to it (None: published directly), and why not
+    audit: AuditReport | None = None
+    published: bool | None = None
+    audit_error: str | None = None
 
     @property
     def failed(self) -> bool:
-        """A partition could not advance, invalid records had nowhere to go, or dead letters were found lost."""
+        """A partition could not advance, invalid records had nowhere to go, dead letters were found lost, or an
+        audited snapshot was not published."""
         invalid_failed = self.invalid_count > 0 and self.dead_letter_table is None
-        return invalid_failed or bool(self.dead_letters_lost) or any(p.error for p in self.partitions.values())
+        return (invalid_failed or bool(self.dead_letters_lost) or self.audit_error is not None
+                or any(p.error for p in self.partitions.values()))
 
     @property
     def records(self) -> int:
@@ -364,6 +382,10 @@ def prepare_ingest(
     table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
     validation = with_avro_value_schemas(validation, table, mapping.table)
     catalog = table.catalog  # the one open_mapping_table loaded: a REST catalog costs round trips to load
+    if mapping.publish == "audited":
+        # Before any offset is read: main is where runs start, so an audit left pending is published (its checks
+        # pass now) or the run refuses (AuditPendingError names the check and the operator commands).
+        settle_pending_audit(table, mapping.audit_branch, topic)
     # Of a run that stopped between its commit and publishing; what can no longer be published is reported.
     pending_dead_letters = publish_pending_dead_letters(table, catalog)
     result.dead_letters_lost = pending_dead_letters.lost
@@ -465,7 +487,8 @@ def _write_and_commit(prepared: PreparedIngest) -> None:
     if selected is None:
         return
     snapshot_id = _commit(prepared, written, selected)
-    _update_store(prepared, selected, snapshot_id)
+    if prepared.result.published is not False:  # the store mirrors main: not an audited snapshot main lacks
+        _update_store(prepared, selected, snapshot_id)
 
 
 @dataclass(frozen=True)
@@ -633,16 +656,45 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
             events=_change_events(mapping), snapshot_properties=properties, before_attempt=before_attempt,
         )
     else:
+        branch = MAIN_BRANCH
+        if mapping.publish == "audited":
+            start_audit_branch(prepared.table, mapping.audit_branch)
+            branch = mapping.audit_branch
         commit = commit_append(
             prepared.table, files, topic, starts, commit_ends, run_id,
-            snapshot_properties=properties, before_attempt=before_attempt,
+            snapshot_properties=properties, before_attempt=before_attempt, branch=branch,
         )
     result.snapshot_id = commit.snapshot_id
     if staged is not None and dead_letters is not None:
         result.dead_letter_snapshot_id = publish_dead_letters(
             dead_letters, staged, source_snapshot_id=commit.snapshot_id
         )
+    if mapping.publish == "audited":
+        _audit_and_publish(prepared, commit.snapshot_id)
     return commit.snapshot_id
+
+
+def _audit_and_publish(prepared: PreparedIngest, snapshot_id: int) -> None:
+    """The blocking checks on the run's snapshot on the audit branch; main fast-forwards to it when they pass.
+    Otherwise main stays, the branch keeps the snapshot and the run fails naming the table, the run and the check."""
+    table, mapping, result = prepared.table, prepared.mapping, prepared.result
+    report = audit_snapshot(table, mapping.audit_branch, mapping.topic)
+    result.audit = report
+    if not report.passed:
+        result.published = False
+        result.audit_error = (
+            f"audited snapshot {snapshot_id} of run {result.run_id} not published to main of table {mapping.table}: "
+            f"{report.describe_failures()}; it stays on branch {mapping.audit_branch} and runs of this table refuse "
+            f"until it is settled: {AUDIT_COMMANDS.format(table=mapping.table)}")
+        log.error("topic %s → %s: %s", mapping.topic, mapping.table, result.audit_error)
+        return
+    try:
+        publish_audit(table, mapping.audit_branch, snapshot_id)
+    except AuditError as exc:
+        result.published, result.audit_error = False, str(exc)
+        log.error("topic %s → %s: %s", mapping.topic, mapping.table, exc)
+        return
+    result.published = True
 
 
 def _judge_change_events(prepared: PreparedIngest, selected: _CommitSelection) -> _CommitSelection | None:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
 
 from kafscale_lakehouse.engine.phases import timed
+from kafscale_lakehouse.engine.tables.audit import ref_view
 from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors
 from kafscale_lakehouse.engine.tables.commits import (
     CommitOutcomeUnknownError,
@@ -91,6 +93,7 @@ def commit_append(
     retry_wait_seconds: float = DEFAULT_RETRY_WAIT_SECONDS,
     snapshot_properties: Mapping[str, str] | None = None,
     before_attempt: Callable[[Table], None] | None = None,
+    branch: str = MAIN_BRANCH,
 ) -> CommitResult:
     """Append `data_files` in one snapshot whose summary advances `topic` from `start_offsets` to `end_offsets`.
 
@@ -103,6 +106,8 @@ def commit_append(
     `before_attempt` runs on the refreshed table right before each commit is sent (the run records the snapshot the
     commit is built on, `run_files.record_commit_attempt`); when it raises, nothing more is sent and the files are
     kept for the clean-up of ended runs.
+    `branch` is where the snapshot goes: an audited publish commits to its audit branch (which must exist, at main's
+    head or ahead of it: `audit.start_audit_branch`), and the offsets are re-checked as of that branch.
     """
     table_name = ".".join(table.name())
     _check_offset_ranges(table_name, topic, start_offsets, end_offsets, run_id, snapshot_properties or {})
@@ -118,19 +123,20 @@ def commit_append(
         attempt += 1
         with catalog_errors(catalog_endpoint(table.catalog)):
             table.refresh()
+        view = ref_view(table, branch)  # the table as of the branch the commit goes to
         if attempt == 1:
-            before_first_attempt = table.metadata.current_snapshot_id
+            before_first_attempt = view.metadata.current_snapshot_id
         else:
             # A refused answer does not prove a refused commit: a proxy that retried our POST, or a timeout after
             # the catalog applied it. Our own commit would look like a conflict below and delete live files.
-            landed = find_commit(table, commit_id, since=before_first_attempt)
+            landed = find_commit(view, commit_id, since=before_first_attempt)
             if landed is not None:
                 log.warning("table %s: commit of run %s was answered with an error but landed as snapshot %d",
                             table_name, run_id, landed.snapshot_id)
                 committed, snapshot_id = landed.offsets, landed.snapshot_id
                 break
         refuse_changed_spec(table, data_files, paths, run_id)
-        committed = read_committed_offsets(table)
+        committed = read_committed_offsets(view)
         conflict = first_offset_conflict(committed.get(topic, {}), start_offsets)
         if conflict is not None:
             partition, committed_offset = conflict
@@ -140,11 +146,14 @@ def commit_append(
         if before_attempt is not None:
             before_attempt(table)
         try:
-            append_without_client_retries(table, data_files, properties)
-            snapshot_id = committed_snapshot_id(table)
+            if branch == MAIN_BRANCH:
+                append_without_client_retries(table, data_files, properties)
+            else:
+                append_without_client_retries(table, data_files, properties, branch=branch)
+            snapshot_id = committed_snapshot_id(table, branch)
         except CommitFailedException as exc:
             if attempt >= max_attempts:
-                if find_commit_after_refresh(table, commit_id, before_first_attempt) is not None:
+                if find_commit_after_refresh(table, commit_id, before_first_attempt, branch) is not None:
                     continue  # it landed after all: the next pass finds and reports it
                 delete_uncommitted(table, paths, table_name, run_id)
                 raise CommitRetriesExhaustedError(
@@ -158,7 +167,7 @@ def commit_append(
             time.sleep(retry_wait_seconds * attempt)
             continue
         except Exception as exc:
-            found = find_commit_after_refresh(table, commit_id, before_first_attempt)
+            found = find_commit_after_refresh(table, commit_id, before_first_attempt, branch)
             if found is None:
                 raise CommitOutcomeUnknownError(
                     f"table {table_name}: commit of run {run_id} failed with an unknown outcome "

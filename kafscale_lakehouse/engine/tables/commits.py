@@ -40,6 +40,7 @@ from pyiceberg.types import ListType
 from pyiceberg.utils.datetime import datetime_to_millis
 
 from kafscale_lakehouse.engine.errors import EngineError
+from kafscale_lakehouse.engine.tables.audit import ref_view
 from kafscale_lakehouse.engine.tables.summary import find_commit
 
 log = logging.getLogger(__name__)
@@ -50,18 +51,19 @@ class CommitOutcomeUnknownError(EngineError):
 
 
 def append_without_client_retries(table: Table, data_files: Sequence[DataFile], properties: dict[str, str], *,
-                                  replacing: BooleanExpression | None = None) -> None:
+                                  replacing: BooleanExpression | None = None, branch: str = MAIN_BRANCH) -> None:
     """One fast append without pyiceberg's client retries (`without_client_retries`: a retry would skip our offset
     re-check), committed with `commit_settled`; on success `table` holds the catalog's new metadata. With
     `replacing`, the rows matching it are deleted in the same commit, before the append (pyiceberg's copy-on-write
-    delete, whose snapshots carry `properties` too)."""
+    delete, whose snapshots carry `properties` too). `branch` is where the snapshot goes (the audit branch of an
+    audited publish, engine/tables/audit.py); the commit requires it still at the head it was built on."""
     view = without_client_retries(table)
     transaction = view.transaction()
     if replacing is not None:
         with warnings.catch_warnings():  # matching nothing is fine: no snapshot then
             warnings.filterwarnings("ignore", "Delete operation did not match any records")
-            transaction.delete(replacing, snapshot_properties=properties)
-    with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+            transaction.delete(replacing, snapshot_properties=properties, branch=branch)
+    with transaction.update_snapshot(snapshot_properties=properties, branch=branch).fast_append() as append:
         for data_file in data_files:
             append.append_data_file(data_file)
     commit_settled(transaction)
@@ -70,11 +72,14 @@ def append_without_client_retries(table: Table, data_files: Sequence[DataFile], 
     table.metadata_location = view.metadata_location
 
 
-def committed_snapshot_id(table: Table) -> int:
-    """The table's current snapshot id right after one of our commits landed (a commit always leaves one)."""
-    snapshot_id = table.metadata.current_snapshot_id
+def committed_snapshot_id(table: Table, branch: str = MAIN_BRANCH) -> int:
+    """The head of `branch` (main: the current snapshot) right after one of our commits to it landed (a commit
+    always leaves one)."""
+    ref = table.metadata.refs.get(branch)
+    snapshot_id = table.metadata.current_snapshot_id if branch == MAIN_BRANCH else ref.snapshot_id if ref else None
     if snapshot_id is None:
-        raise EngineError(f"table {'.'.join(table.name())}: no current snapshot after a commit that landed")
+        raise EngineError(f"table {'.'.join(table.name())}: no snapshot on branch {branch} after a commit that "
+                          "landed")
     return snapshot_id
 
 
@@ -170,15 +175,16 @@ def _keep_until_outcome_known() -> None:
     """Stands in for pyiceberg's clean-up of a refused commit until the table shows it did not land."""
 
 
-def find_commit_after_refresh(table: Table, commit_id: str, since: int | None) -> int | None:
-    """The snapshot id of our commit after a refresh (see `snapshot_summary.find_commit`), or None, also when the
-    catalog cannot be read."""
+def find_commit_after_refresh(table: Table, commit_id: str, since: int | None,
+                              branch: str = MAIN_BRANCH) -> int | None:
+    """The snapshot id of our commit on `branch` after a refresh (see `snapshot_summary.find_commit`), or None, also
+    when the catalog cannot be read."""
     try:
         table.refresh()
     except Exception:
         log.warning("table %s: cannot refresh to check the commit outcome", ".".join(table.name()), exc_info=True)
         return None
-    commit = find_commit(table, commit_id, since=since)
+    commit = find_commit(ref_view(table, branch), commit_id, since=since)
     return commit.snapshot_id if commit is not None else None
 
 

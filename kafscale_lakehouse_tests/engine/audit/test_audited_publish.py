@@ -1,0 +1,199 @@
+"""`publish: audited` on the real servers (SeaweedFS S3 + Iceberg REST catalog, etcd, local Spark): a run commits to
+the audit branch, the blocking checks run on that snapshot, and main fast-forwards only when they pass. An injected
+duplicate record_id never reaches main, read by pyiceberg and by DuckDB (the files main's metadata plans) after the
+branch commit, before and after the checks; the operator commands settle a failed audit."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+import kafscale_lakehouse.engine.ingestion.run as run_module
+from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
+from kafscale_lakehouse.engine.tables.audit import AuditPendingError, branch_head, pending_audit
+from kafscale_lakehouse.engine.tables.checks import RECORD_ID_UNIQUE
+from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
+from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
+
+BRANCH = "kafscale-audit"
+
+
+def audited_document(world: IngestWorld) -> dict[str, Any]:
+    document = world.config_document()
+    document["mappings"][0]["publish"] = "audited"
+    return document
+
+
+def main_record_ids(world: IngestWorld, copies: Path) -> tuple[list[str], list[str]]:
+    """record_ids of main as a fresh pyiceberg reader and as DuckDB over the files main's metadata plans."""
+    table = world.table()
+    by_pyiceberg = [r for r, _, _ in world.table_rows(table)]
+    copies.mkdir(parents=True, exist_ok=True)
+    for old in copies.glob("*.parquet"):
+        old.unlink()
+    for number, task in enumerate(table.scan().plan_files()):
+        with table.io.new_input(task.file.file_path).open() as source:
+            (copies / f"{number}.parquet").write_bytes(source.read())
+    by_duckdb = ([row[0] for row in duckdb.sql(f"select record_id from read_parquet('{copies}/*.parquet')").fetchall()]
+                 if any(copies.glob("*.parquet")) else [])
+    return by_pyiceberg, by_duckdb
+
+
+def repeated(record_ids: list[str]) -> list[str]:
+    return sorted(r for r, n in Counter(record_ids).items() if n > 1)
+
+
+def inject_duplicate_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's commit carries its first data file twice: every row of that file is then in the snapshot twice."""
+    real_commit_append = run_module.commit_append
+
+    def commit_twice(table, files, *args, **kwargs):
+        return real_commit_append(table, [*files, files[0]], *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "commit_append", commit_twice)
+
+
+def read_main_around_the_audit(monkeypatch: pytest.MonkeyPatch, world: IngestWorld, copies: Path) -> list[tuple]:
+    """main read after the branch commit, right before and right after the checks run."""
+    seen: list[tuple] = []
+    real_audit = run_module.audit_snapshot
+
+    def audit(*args, **kwargs):
+        seen.append(("before checks", *main_record_ids(world, copies)))
+        report = real_audit(*args, **kwargs)
+        seen.append(("after checks", *main_record_ids(world, copies)))
+        return report
+
+    monkeypatch.setattr(run_module, "audit_snapshot", audit)
+    return seen
+
+
+def test_a_clean_run_publishes_and_an_injected_duplicate_never_reaches_main(production_world, spark, monkeypatch,
+                                                                            tmp_path, cli_main):
+    world = production_world
+    world.write_segments(0, 60, records_per_segment=30)
+    world.write_segments(1, 40, records_per_segment=20)
+    config = world.config(audited_document(world))
+    config_path = world.write_config_file(audited_document(world))
+    copies = tmp_path / "main-files"
+
+    [clean] = ingest(config, spark)
+    assert clean.published is True and clean.audit is not None and clean.audit.passed
+    table = world.assert_exactly_once(runs=1)
+    assert table.current_snapshot().snapshot_id == clean.snapshot_id, "main fast-forwarded to the audited snapshot"
+    assert BRANCH not in table.metadata.refs, "the branch is removed once published"
+
+    world.write_segments(0, 30, base_offset=60, records_per_segment=30)
+    inject_duplicate_file(monkeypatch)
+    seen = read_main_around_the_audit(monkeypatch, world, copies)
+    with pytest.raises(IngestFailedError) as failed:
+        ingest(config, spark)
+
+    result = failed.value.result
+    message = str(failed.value)
+    assert result.published is False and not result.audit.passed
+    assert RECORD_ID_UNIQUE in message and result.run_id in message and world.table_name in message
+    assert "audit drop --table" in message
+    assert [label for label, _, _ in seen] == ["before checks", "after checks"]
+    for label, by_pyiceberg, by_duckdb in seen:
+        assert len(by_pyiceberg) == len(by_duckdb) == 100, label  # run 1's rows only, each once
+        assert repeated(by_pyiceberg) == repeated(by_duckdb) == [], label
+    by_pyiceberg, by_duckdb = main_record_ids(world, copies)
+    assert repeated(by_duckdb) == [] and len(by_duckdb) == 100
+    table = world.table()
+    assert table.current_snapshot().snapshot_id == clean.snapshot_id, "main stays where it was"
+    assert branch_head(table, BRANCH) == result.snapshot_id, "the branch keeps the audited snapshot"
+    assert read_topic_offsets(table, world.topic) == {0: 60, 1: 40}
+    assert world.store_next_offsets() == {0: 60, 1: 40}, "the store mirrors main"
+    monkeypatch.undo()
+
+    # The next run refuses, naming the check and the commands, while the failed audit is pending.
+    world.write_segments(1, 20, base_offset=40, records_per_segment=20)
+    with pytest.raises(AuditPendingError, match=f"{RECORD_ID_UNIQUE}.*audit publish --table {world.table_name}"):
+        ingest(config, spark)
+    assert world.lease_keys() == []
+
+    assert cli_main("audit", "drop", "--table", world.table_name, "--config", str(config_path)) == 0
+    assert BRANCH not in world.table().metadata.refs
+    [again] = ingest(config, spark)
+    assert again.published is True
+    # Three commits of ours exist (the dropped one stays in the metadata until expiry), each offset once in main.
+    world.assert_exactly_once(runs=3)
+    assert repeated(main_record_ids(world, copies)[1]) == []
+
+
+def test_audit_publish_fast_forwards_main_to_the_failed_snapshot_as_it_is(production_world, spark, monkeypatch,
+                                                                          cli_main):
+    world = production_world
+    world.write_segments(0, 40, records_per_segment=20)
+    document = audited_document(world)
+    config, config_path = world.config(document), world.write_config_file(document)
+    inject_duplicate_file(monkeypatch)
+    with pytest.raises(IngestFailedError):
+        ingest(config, spark)
+    monkeypatch.undo()
+    assert world.table_rows() == [], "main holds no row: the first run's commit is only on the branch"
+    assert world.store_next_offsets() == {}
+
+    assert cli_main("audit", "show", "--table", world.table_name, "--config", str(config_path)) == 0
+    assert cli_main("audit", "publish", "--table", world.table_name, "--config", str(config_path)) == 0
+
+    table = world.table()
+    assert pending_audit(table, BRANCH) is None and BRANCH not in table.metadata.refs
+    assert read_topic_offsets(table, world.topic) == {0: 40}
+    assert world.store_next_offsets() == {0: 40}, "the store follows main"
+    ids = [r for r, _, _ in world.table_rows(table)]
+    assert len(ids) > 40 and repeated(ids), "published as it is, duplicates included (the operator's choice)"
+
+
+def test_a_run_killed_after_the_branch_commit_is_published_by_the_next_run_exactly_once(production_world, spark):
+    world = production_world
+    world.write_segments(0, 60, records_per_segment=30)
+    world.write_segments(1, 30, records_per_segment=30)
+    document = audited_document(world)
+    config = world.config(document)
+    ingest(config, spark)
+    world.write_segments(0, 40, base_offset=60, records_per_segment=20)
+    config_path = world.write_config_file(document)
+
+    # The ingestion kill point after commit_append: in audited mode the snapshot is on the branch, unchecked.
+    world.run_killed(config_path, "after-iceberg-commit")
+
+    table = world.table()
+    pending = pending_audit(table, BRANCH)
+    assert pending is not None and pending.based_on_main
+    assert read_topic_offsets(table, world.topic) == {0: 60, 1: 30}, "main does not hold the killed run's commit"
+    assert len(world.table_rows(table)) == 90
+    assert world.store_next_offsets() == {0: 60, 1: 30}
+
+    world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 3)
+    [result] = ingest(config, spark)
+    assert result.records == 0, "the killed run's range was published, not read again"
+    table = world.assert_exactly_once(runs=2)
+    assert table.current_snapshot().snapshot_id == pending.snapshot_id
+    assert BRANCH not in table.metadata.refs
+    assert world.recorded_runs() == []
+
+
+def test_a_run_refuses_when_main_moved_off_the_pending_audit(production_world, spark, monkeypatch):
+    world = production_world
+    world.write_segments(0, 40, records_per_segment=20)
+    config = world.config(audited_document(world))
+    ingest(config, spark)
+    world.write_segments(0, 20, base_offset=40, records_per_segment=20)
+    inject_duplicate_file(monkeypatch)
+    with pytest.raises(IngestFailedError):
+        ingest(config, spark)
+    monkeypatch.undo()
+    table = world.table()
+    audited = branch_head(table, BRANCH)
+    table.append(table.scan(limit=1).to_arrow())  # another engine commits to main meanwhile
+
+    with pytest.raises(AuditPendingError, match="main moved"):
+        ingest(config, spark)
+    assert branch_head(world.table(), BRANCH) == audited, "the branch keeps the audited snapshot"
+
