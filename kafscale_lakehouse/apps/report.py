@@ -8,7 +8,7 @@ What it shows, and where it comes from:
   `kafscale.offsets.<topic>` summary of each snapshot, and `next_offset` from the offsets store (etcd or local);
 - invalid-record samples and the most frequent faults: the newest rows of the dead-letter table;
 - check history: asset check evaluations from the Dagster instance at `$DAGSTER_HOME` ("no Dagster instance"
-  without one).
+  without one), of the checks the table's asset has (`id_unique` in place of `record_id_unique` on an upsert table).
 A source that cannot be read (etcd down, no dead-letter table) is named on the page (`TableReport.notes`) instead of
 failing the report. Secrets never reach it: the page names the table, topic, dead-letter table and catalog type only,
 never an endpoint or a credential.
@@ -34,6 +34,8 @@ from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_co
 from kafscale_lakehouse.engine.ingestion import lag
 from kafscale_lakehouse.engine.tables import (
     CHECK_NAMES,
+    ID_UNIQUE,
+    RECORD_ID_UNIQUE,
     RUN_ID_PROPERTY,
     ancestry,
     default_dead_letter_table,
@@ -137,7 +139,7 @@ def build_table_report(config: LakehouseConfig, table: str, *, dagster_home: str
     _read_snapshots(report, iceberg_table)
     _read_lag(report, config)
     _read_dead_letters(report, catalog, mapping, config)
-    _read_check_history(report, dagster_home)
+    _read_check_history(report, dagster_home, _check_names(mapping))
     return report
 
 
@@ -252,7 +254,15 @@ def _preview(value: bytes | None) -> str:
     return text if len(text) <= _VALUE_PREVIEW_CHARS else text[:_VALUE_PREVIEW_CHARS - 1] + "…"
 
 
-def _read_check_history(report: TableReport, dagster_home: str | None) -> None:
+def _check_names(mapping: MappingConfig) -> tuple[str, ...]:
+    """The checks of the mapping's table asset (orchestration/checks.py): an upsert table's one row per key is
+    `id_unique`, not `record_id_unique`."""
+    if mapping.mode != "upsert":
+        return CHECK_NAMES
+    return tuple(ID_UNIQUE if name == RECORD_ID_UNIQUE else name for name in CHECK_NAMES)
+
+
+def _read_check_history(report: TableReport, dagster_home: str | None, check_names: tuple[str, ...]) -> None:
     if not dagster_home or not Path(dagster_home).is_dir():
         where = "DAGSTER_HOME is not set" if not dagster_home else f"{dagster_home} is not a directory"
         report.notes.append(f"No Dagster instance ({where}): no check history.")
@@ -263,7 +273,7 @@ def _read_check_history(report: TableReport, dagster_home: str | None) -> None:
     asset_key = dg.AssetKey(table_asset_path(report.table))
     evaluations: list[CheckEvaluation] = []
     with dg.DagsterInstance.from_config(dagster_home) as instance:
-        for name in CHECK_NAMES:
+        for name in check_names:
             records = instance.event_log_storage.get_asset_check_execution_history(
                 dg.AssetCheckKey(asset_key, name), limit=CHECK_HISTORY_LIMIT)
             evaluations.extend(_check_evaluation(name, record) for record in records)
