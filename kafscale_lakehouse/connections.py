@@ -165,4 +165,4 @@ def table_maintenance(config: LakehouseConfig, mapping: MappingConfig) -> TableM
         manifest_target_size_bytes=block.manifest_target_size_bytes)
     dead_letter_table = mapping_dead_letter_table(config.schema_config.mode, mapping.table, mapping.dead_letter_table)
     return TableMaintenance(catalog=catalog_settings(config), table=mapping.table,
-                            dead_letter_table=dead_letter_table, settings=settings)
+                            dead_letter_table=dead_letter_table, settings=settings, audit_branch=mapping.audit_branch)

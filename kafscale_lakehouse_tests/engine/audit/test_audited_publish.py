@@ -14,7 +14,8 @@ import pytest
 
 import kafscale_lakehouse.engine.ingestion.run as run_module
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
-from kafscale_lakehouse.engine.tables.audit import AuditPendingError, branch_head, pending_audit
+from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, maintain_table
+from kafscale_lakehouse.engine.tables.audit import AuditPendingError, branch_head, drop_audit, pending_audit
 from kafscale_lakehouse.engine.tables.checks import RECORD_ID_UNIQUE
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
@@ -197,3 +198,30 @@ def test_a_run_refuses_when_main_moved_off_the_pending_audit(production_world, s
         ingest(config, spark)
     assert branch_head(world.table(), BRANCH) == audited, "the branch keeps the audited snapshot"
 
+
+
+def test_maintenance_skips_rewrites_while_an_audit_is_pending(production_world, spark, monkeypatch):
+    world = production_world
+    world.write_segments(0, 20, records_per_segment=20)
+    config = world.config(audited_document(world))
+    ingest(config, spark)
+    world.write_segments(0, 20, base_offset=20, records_per_segment=20)
+    ingest(config, spark)  # main now holds two small data files: compaction would rewrite them
+    world.write_segments(0, 20, base_offset=40, records_per_segment=20)
+    inject_duplicate_file(monkeypatch)
+    with pytest.raises(IngestFailedError):
+        ingest(config, spark)
+    monkeypatch.undo()
+    table = world.table()
+    main_before = table.current_snapshot().snapshot_id
+    settings = MaintenanceSettings(min_input_files=2, manifest_min_count=1)
+
+    summary = maintain_table(spark, table, settings, expiry=False, orphans=False)
+
+    assert summary.rewrites_skipped is not None and "audit publish --table" in summary.rewrites_skipped
+    assert summary.files_compacted == 0 and summary.compaction_snapshot_id is None
+    table = world.table()
+    assert table.current_snapshot().snapshot_id == main_before, "main is untouched: the audit can still publish"
+    drop_audit(table, BRANCH)
+    summary = maintain_table(spark, world.table(), settings, expiry=False, orphans=False)
+    assert summary.rewrites_skipped is None and summary.files_compacted == 2
