@@ -46,6 +46,7 @@ from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
+from kafscale_lakehouse.engine.tables.audit import AUDIT_COMMANDS, DEFAULT_AUDIT_BRANCH, pending_audit
 from kafscale_lakehouse.engine.tables.catalogs import (
     BOUNDED_METADATA_PROPERTIES,
     CatalogSettings,
@@ -64,7 +65,6 @@ from kafscale_lakehouse.engine.tables.dead_letters import (
     open_dead_letter_table,
     settled_staged_ids,
 )
-from kafscale_lakehouse.engine.tables.audit import AUDIT_COMMANDS, DEFAULT_AUDIT_BRANCH, pending_audit
 from kafscale_lakehouse.engine.tables.rewrites import ManifestMerge, commit_rewrite
 from kafscale_lakehouse.engine.tables.summary import (
     SOURCE_TABLE_PROPERTY,
