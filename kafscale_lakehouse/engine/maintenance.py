@@ -46,7 +46,6 @@ from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
-from kafscale_lakehouse.engine.tables.audit import AUDIT_COMMANDS, DEFAULT_AUDIT_BRANCH, pending_audit
 from kafscale_lakehouse.engine.tables.catalogs import (
     BOUNDED_METADATA_PROPERTIES,
     CatalogSettings,
@@ -128,7 +127,6 @@ class MaintenanceSummary:
     manifests_after: int | None = None
     orphan_files_removed: int = 0
     duration_seconds: float = 0.0
-    rewrites_skipped: str | None = None  # why compaction and the manifest rewrite did not run (an audit pending)
 
     def as_dict(self) -> dict:
         return {
@@ -146,7 +144,6 @@ class MaintenanceSummary:
             "manifests_before": self.manifests_before,
             "manifests_after": self.manifests_after,
             "orphan_files_removed": self.orphan_files_removed,
-            "rewrites_skipped": self.rewrites_skipped,
             "duration_seconds": round(self.duration_seconds, 3),
         }
 
@@ -154,25 +151,14 @@ class MaintenanceSummary:
 def maintain_table(spark: SparkSession | None, table: Table, settings: MaintenanceSettings, *,
                    dead_letters: Table | None = None, compaction: bool = True, manifests: bool = True,
                    expiry: bool = True, orphans: bool = True, properties: bool = True,
-                   now: datetime | None = None, audit_branch: str = DEFAULT_AUDIT_BRANCH) -> MaintenanceSummary:
+                   now: datetime | None = None) -> MaintenanceSummary:
     """Properties, compaction, manifest rewrite, snapshot expiry and orphan-file removal, in that order (manifests
     after compaction, which rewrites some; expiry after both so the old snapshots can go; orphan removal last so
-    their files can go once old enough). While `audit_branch` holds a snapshot main does not (an audited publish
-    pending, engine/tables/audit.py), compaction and the manifest rewrite are skipped, saying so: a snapshot of
-    theirs on main would make the audited snapshot's fast-forward impossible. Expiry keeps the branch's head and
-    orphan removal the files of every snapshot, the audited one included."""
+    their files can go once old enough)."""
     started = time.monotonic()
     now = now or datetime.now(UTC)
     summary = MaintenanceSummary(".".join(table.name()))
     summary.before = table_files(table)
-    pending = pending_audit(table, audit_branch) if compaction or manifests else None
-    if pending is not None:
-        summary.rewrites_skipped = (
-            f"audit branch {audit_branch} holds snapshot {pending.snapshot_id} of run {pending.run_id} that main "
-            "does not: a rewrite on main would make its fast-forward impossible; settle it: "
-            f"{AUDIT_COMMANDS.format(table=summary.table)}")
-        log.warning("table %s: compaction and manifest rewrite skipped: %s", summary.table, summary.rewrites_skipped)
-        compaction = manifests = False
     if properties:
         summary.properties_set = apply_bounded_metadata_properties(table)
     if compaction:
@@ -493,17 +479,17 @@ class TableMaintenance:
     table: str
     dead_letter_table: str | None  # the one ingestion writes to (dead_letters.mapping_dead_letter_table); None: none
     settings: MaintenanceSettings
-    audit_branch: str = DEFAULT_AUDIT_BRANCH  # the mapping's (publish audited): rewrites wait while it is ahead
 
 
 def maintain_mapping(spark: SparkSession | None, target: TableMaintenance, *,
-                     steps: Sequence[str] = MAINTENANCE_STEPS) -> MaintenanceSummary:
-    """Maintain the table of `target` (an existing table; nothing is created) with its settings."""
+                     steps: Sequence[str] = MAINTENANCE_STEPS, table: Table | None = None) -> MaintenanceSummary:
+    """Maintain the table of `target` (an existing table; nothing is created) with its settings; `table`: the
+    caller's loaded copy of it (`maintenance_need` read it), else it is loaded here."""
     unknown = sorted(set(steps) - set(MAINTENANCE_STEPS))
     if unknown:
         raise ValueError(f"unknown maintenance steps {unknown}; expected some of {list(MAINTENANCE_STEPS)}")
-    catalog = load_catalog(target.catalog)
-    table = open_table(catalog, target.table)
+    catalog = table.catalog if table is not None else load_catalog(target.catalog)
+    table = table if table is not None else open_table(catalog, target.table)
     dead_letters = open_dead_letter_table(catalog, target.dead_letter_table) if target.dead_letter_table else None
     settings = target.settings
     started = time.monotonic()
@@ -513,7 +499,71 @@ def maintain_mapping(spark: SparkSession | None, target: TableMaintenance, *,
         summary.properties_set = apply_bounded_metadata_properties(table)
     sub = maintain_table(spark, table, settings, dead_letters=dead_letters, compaction="compact" in steps,
                          manifests="manifests" in steps, expiry="expire" in steps, orphans="orphans" in steps,
-                         properties=False, audit_branch=target.audit_branch)
+                         properties=False)
     sub.before, sub.properties_set = summary.before, summary.properties_set
     sub.duration_seconds = time.monotonic() - started
     return sub
+
+
+# ---- which tables need it (one schedule for many tables) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MaintenanceNeed:
+    """What a table's metadata says about its need for maintenance, read from one load of the table: the data files
+    added since our last compaction (snapshot summaries), the snapshots expiry would remove by age or count, and the
+    data manifests of the current snapshot (its manifest list: one read). `reasons` is empty when none is over its
+    threshold (`MaintenanceSettings`); `urgency` orders tables, the most over a threshold first. Files spread over
+    more partitions than `min_input_files` each keep a table due without compaction finding a group: a run that
+    maintains it finds nothing to compact and the runs stay bounded (`max_tables`)."""
+
+    table: str
+    files_since_compaction: int
+    average_file_bytes: int
+    snapshots: int
+    expirable_snapshots: int
+    data_manifests: int
+    reasons: tuple[str, ...]
+    urgency: float
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.reasons)
+
+
+def maintenance_need(table: Table, settings: MaintenanceSettings, *, now: datetime | None = None) -> MaintenanceNeed:
+    """Whether `table` is over a threshold of `settings` (see `MaintenanceNeed`); reads no data file or manifest."""
+    now = now or datetime.now(UTC)
+    files = table_files(table)
+    added = 0
+    for snapshot in ancestry(table):
+        summary = snapshot.summary
+        if summary is not None and summary.get(COMPACTION_PROPERTY):
+            break
+        added += int((summary.get("added-data-files") if summary is not None else 0) or 0)
+    snapshots = table.metadata.snapshots
+    current = table.current_snapshot()
+    cutoff_ms = int((now - settings.snapshot_max_age).timestamp() * 1000)
+    expirable = 0
+    if len(snapshots) > settings.retain_last:
+        by_age = sum(1 for s in snapshots
+                     if s.timestamp_ms < cutoff_ms and (current is None or s.snapshot_id != current.snapshot_id))
+        by_count = len(snapshots) - settings.max_snapshots if settings.max_snapshots is not None else 0
+        expirable = max(by_age, by_count, 0)
+    manifests = data_manifest_count(table)
+    reasons: list[str] = []
+    ratios: list[float] = []
+    small = files.average_file_bytes < settings.target_file_size_bytes * 3 // 4
+    if small and added >= settings.min_input_files:
+        reasons.append(f"{added} data files added since the last compaction, averaging {files.average_file_bytes} "
+                       f"bytes (compacted from {settings.min_input_files} small files)")
+        ratios.append(added / settings.min_input_files)
+    if expirable:
+        reasons.append(f"{expirable} of {len(snapshots)} snapshots to expire (older than "
+                       f"{settings.snapshot_max_age}, or beyond {settings.max_snapshots})")
+        ratios.append(1 + expirable / max(settings.max_snapshots or len(snapshots), 1))
+    if manifests >= settings.manifest_min_count:
+        reasons.append(f"{manifests} data manifests (merged from {settings.manifest_min_count})")
+        ratios.append(manifests / settings.manifest_min_count)
+    return MaintenanceNeed(".".join(table.name()), added, files.average_file_bytes, len(snapshots), expirable,
+                           manifests, tuple(reasons), max(ratios, default=0.0))
