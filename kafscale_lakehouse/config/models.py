@@ -375,6 +375,9 @@ class ConfluentRegistryConfig(ConfigModel):
     # the value record's full name, for the record strategies; Protobuf: the message the columns come from (default:
     # the schema's first message), with any strategy
     record_name: str | None = None
+    # key_format avro/protobuf/json_schema: the key record's full name, for the record strategies (Protobuf: the
+    # key message, default the key schema's first message)
+    key_record_name: str | None = None
     # Redpanda's value_schema_latest: values carry no wire-format prefix; decode them with the subject's latest version
     latest: bool = False
 
@@ -421,6 +424,11 @@ class MappingConfig(ConfigModel):
     # format through `schema_registry` (Kafka Connect's AvroConverter / ProtobufConverter / JsonSchemaConverter)
     value_format: Annotated[Literal["json", "avro", "protobuf", "json_schema"], BeforeValidator(_lowercase)] = "json"
     schema_registry: ConfluentRegistryConfig | None = None  # extension, for the registry formats
+    # extension: `raw` (default: only the base column `key`, the bytes), or the record key decoded into columns
+    # `key_<field>` beside it (schema/keys.py): `json` with `key_columns`, or a registry format (subject <topic>-key)
+    key_format: Annotated[Literal["raw", "json", "avro", "protobuf", "json_schema"],
+                          BeforeValidator(_lowercase)] = "raw"
+    key_columns: list[MappedColumn] = Field(default_factory=list)  # extension: key_format json's key fields
     # extension: a `kafka_timestamp` timestamptz column from the record timestamp, which partition_spec can take
     # hour/day of (`timestamp_ms` stays the Go processor's long)
     kafka_timestamp_column: bool = False

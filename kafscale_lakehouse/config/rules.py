@@ -177,6 +177,7 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
                 )
 
     _check_value_format(at, mapping, problem)
+    _check_key_format(at, mapping, problem)
     _check_publish(at, mapping, problem)
     schema = mapping.schema_config
     if schema.source == "mapping" and not schema.columns:
@@ -303,26 +304,47 @@ def _check_id_columns(at: str, mapping: MappingConfig, problem) -> None:  # noqa
             problem(column_at, f"{name!r} is neither a mapped column ({', '.join(mapped) or 'none'}) nor key")
 
 
+def _check_key_format(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
+    """`key_format` json declares `key_columns`; a registry key format needs `schema_registry`."""
+    if mapping.key_format == "json" and not mapping.key_columns:
+        problem(f"{at}.key_columns", "must declare the key's fields for key_format json")
+    if mapping.key_format != "json" and mapping.key_columns:
+        problem(f"{at}.key_columns", f"is only used with key_format json (this mapping has {mapping.key_format})")
+    if mapping.key_format in ("raw", "json"):
+        return
+    registry = mapping.schema_registry
+    if registry is None:
+        if mapping.value_format == "json":  # else _check_value_format says it
+            problem(f"{at}.schema_registry", f"is required for key_format {mapping.key_format}")
+    elif registry.subject_name_strategy != "topic" and not registry.key_record_name:
+        problem(f"{at}.schema_registry.key_record_name",
+                f"is required for key_format {mapping.key_format} with subject_name_strategy "
+                f"{registry.subject_name_strategy}")
+
+
 def _check_value_format(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
     """`value_format` and `schema_registry` agree; values of a registry format bring their own columns."""
     registry = mapping.schema_registry
-    if mapping.value_format == "json":
-        if registry is not None:
-            problem(f"{at}.schema_registry", "is only used with value_format avro, protobuf or json_schema (this "
-                                             "mapping has json)")
+    registry_keys = mapping.key_format in ("avro", "protobuf", "json_schema")
+    if mapping.value_format == "json" and registry is not None and not registry_keys:
+        problem(f"{at}.schema_registry", "is only used with value_format (or key_format) avro, protobuf or "
+                                         "json_schema (this mapping has json)")
         return
     if registry is None:
-        problem(f"{at}.schema_registry", f"is required for value_format {mapping.value_format}")
+        if mapping.value_format != "json":
+            problem(f"{at}.schema_registry", f"is required for value_format {mapping.value_format}")
     else:
         if not re.match(r"^https?://[^/?#]+", registry.url):
             problem(f"{at}.schema_registry.url", f"{registry.url!r} is not an http(s) URL")
-        if registry.subject_name_strategy != "topic" and not registry.record_name:
+        if registry.subject_name_strategy != "topic" and not registry.record_name and mapping.value_format != "json":
             problem(f"{at}.schema_registry.record_name",
                     f"is required for subject_name_strategy {registry.subject_name_strategy}")
         if registry.bearer_token is not None and registry.username is not None:
             problem(f"{at}.schema_registry.bearer_token", "set either bearer_token or username/password, not both")
         if registry.key_file is not None and registry.cert_file is None:
             problem(f"{at}.schema_registry.key_file", "needs cert_file")
+    if mapping.value_format == "json":
+        return
     if mapping.schema_config.source != "none":
         problem(f"{at}.schema.source", f"must be none (or unset) for value_format {mapping.value_format}: the "
                                        "columns come from the value's registered schema")

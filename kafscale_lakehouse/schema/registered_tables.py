@@ -13,6 +13,7 @@ base column is `SchemaMappingError`: the producer's schema and the table cannot 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -20,18 +21,21 @@ from pyiceberg.exceptions import CommitFailedException, ValidationError
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.types import NestedField
 
 from kafscale_lakehouse.schema.avro import avro_value_fields, parse_avro_schema
 from kafscale_lakehouse.schema.columns import (
     BASE_COLUMN_NAMES,
     FIRST_MAPPED_FIELD_ID,
-    KAFKA_TIMESTAMP_COLUMN,
+    ICEBERG_TYPES,
+    Column,
     table_schema,
 )
 from kafscale_lakehouse.schema.confluent_registry import RegisteredSchema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import REGISTRY_SCHEMA_TYPES, FramedValueFormat, FramedValueSchemas
 from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
+from kafscale_lakehouse.schema.keys import KeyDecoding, key_column_name
 from kafscale_lakehouse.schema.protobuf import protobuf_value_fields
 
 log = logging.getLogger(__name__)
@@ -60,9 +64,11 @@ class RegisteredValueSchemas:
         return Schema(*base.fields, *fields)
 
 
-def evolve_table_to_registered_versions(table: Table, table_name: str,
-                                        registered: RegisteredValueSchemas) -> FramedValueSchemas:
-    """Evolve `table` through the subject's versions (oldest first) and return what the executors decode with."""
+def evolve_table_to_registered_versions(table: Table, table_name: str, registered: RegisteredValueSchemas, *,
+                                        prefix: str = "") -> FramedValueSchemas:
+    """Evolve `table` through the subject's versions (oldest first) and return what the executors decode with.
+    `prefix`: the subject's fields are the table's columns of that name prefix (record keys: schema/keys.py); the
+    decoded fields (`value_schema`) are unprefixed."""
     subject, versions = registered.subject, registered.versions
     schema_type = REGISTRY_SCHEMA_TYPES[registered.value_format]
     if not versions:
@@ -70,12 +76,14 @@ def evolve_table_to_registered_versions(table: Table, table_name: str,
                                  f"table {table_name} with")
     refused: dict[int, str] = {}
     evolved_to: int | None = None
+    columns: set[str] = set()  # the table's columns the accepted versions' fields are
     for version in versions:
         if version.schema_type != schema_type:
             refused[version.schema_id] = (f"schema id {version.schema_id} (subject {subject} version "
                                           f"{version.version}) is {version.schema_type}, not {schema_type}")
             continue
-        fields = _value_fields(version, registered, 1)
+        fields = [NestedField(f.field_id, prefix + f.name, f.field_type, required=f.required, doc=f.doc)
+                  for f in _value_fields(version, registered, 1)]
         problem = _union_by_name(table, Schema(*fields))
         if problem is not None:
             refused[version.schema_id] = (f"schema id {version.schema_id} (subject {subject} version "
@@ -84,13 +92,24 @@ def evolve_table_to_registered_versions(table: Table, table_name: str,
             log.error("%s", refused[version.schema_id])
             continue
         evolved_to = version.schema_id
+        columns.update(f.name for f in fields)
     arrow = schema_to_pyarrow(table.schema())
-    # kafka_timestamp (kafka_timestamp_column) is the record's, not the value's
-    value_schema = pa.schema([f for f in arrow if f.name not in (*BASE_COLUMN_NAMES, KAFKA_TIMESTAMP_COLUMN)])
+    # not the base columns, kafka_timestamp (the record's), nor the other of value and key columns
+    value_schema = pa.schema([f.with_name(f.name[len(prefix):]) for f in arrow if f.name in columns])
     schemas = {v.schema_id: v.text for v in versions if v.schema_type == schema_type}
     return FramedValueSchemas(subject=subject, schemas=schemas, value_schema=value_schema, refused=refused,
                               latest_id=versions[-1].schema_id if registered.latest else None,
                               value_format=registered.value_format, message_name=registered.message_name)
+
+
+def evolve_table_to_key_columns(table: Table, table_name: str, columns: Sequence[Column]) -> KeyDecoding:
+    """Add the JSON key's declared `columns` to `table` as `key_<name>` (optional), and return how they decode."""
+    fields = [NestedField(number, key_column_name(c.name), ICEBERG_TYPES[c.type], required=False)
+              for number, c in enumerate(columns, start=1)]
+    problem = _union_by_name(table, Schema(*fields))
+    if problem is not None:
+        raise SchemaMappingError(f"table {table_name}: key_columns cannot evolve the table: {problem}")
+    return KeyDecoding(json_columns=tuple(columns))
 
 
 def _value_fields(version: RegisteredSchema, registered: RegisteredValueSchemas, first_id: int) -> list:

@@ -173,7 +173,7 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
         columns=validation.columns, json_schema=validation.json_schema, target_file_size_bytes=target,
         lfs=lfs_read_settings(mapping.lfs, validation.mode),
         numeric_timestamp_unit=mapping.schema_config.timestamp_unit, avro=validation.avro,
-        kafka_timestamp=mapping.kafka_timestamp_column)
+        kafka_timestamp=mapping.kafka_timestamp_column, keys=validation.keys)
     read_again = [f for output in outputs for f in output.data_files]
     rewritten: list[DataFile] = []
     try:

@@ -41,7 +41,8 @@ from kafscale_lakehouse.engine.tables.dead_letters import DEAD_LETTER_ARROW_SCHE
 from kafscale_lakehouse.engine.tables.summary import LfsStats
 from kafscale_lakehouse.format import BASE_SCHEMA
 from kafscale_lakehouse.schema.columns import KAFKA_TIMESTAMP_ARROW_TYPE, KAFKA_TIMESTAMP_COLUMN
-from kafscale_lakehouse.schema.framed import DecodeStop, FramedValueSchemas, ValueDecoder
+from kafscale_lakehouse.schema.framed import DecodedValues, DecodeStop, FramedValueSchemas, ValueDecoder
+from kafscale_lakehouse.schema.keys import KeyDecoder, KeyDecoding
 
 log = logging.getLogger(__name__)
 
@@ -193,28 +194,68 @@ def with_framed_value_columns(batches: Iterable[pa.RecordBatch], decoder: ValueD
     schema = framed_source_schema(decoder.settings)
     for batch in batches:
         decoded = decoder.decode(batch.column("value"))
-        stop, reasons = decoded.stop, decoded.invalid_reasons
-        error_type = AVRO_SCHEMA_ERROR_TYPE
-        if invalid_stops and reasons.null_count < len(reasons):
-            first_invalid = pc.index(pc.is_valid(reasons), True).as_py()
-            if stop is None or first_invalid < stop.row:
-                stop = DecodeStop(first_invalid, None, reasons[first_invalid].as_py())
-                error_type = AVRO_DECODE_ERROR_TYPE
+        stop, error_type = _decode_stop(decoded, invalid_stops)
         rows = batch.num_rows if stop is None else stop.row
         if rows:
             base = [batch.column(f.name).slice(0, rows) for f in BASE_SCHEMA]
             yield pa.RecordBatch.from_arrays([*base, *(c.slice(0, rows) for c in decoded.columns),
-                                              reasons.slice(0, rows)], schema=schema)
+                                              decoded.invalid_reasons.slice(0, rows)], schema=schema)
         if stop is not None:
-            offset = batch.column("offset")[stop.row].as_py()
-            record_id = batch.column("record_id")[stop.row].as_py()
-            segment = next(s for s in partition.segments if s.base_offset <= offset <= s.last_offset)
-            log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition, offset,
-                      stop.reason)
-            raise SegmentReadError(SegmentReadFailure(
-                topic=partition.topic, partition=partition.partition, kfs_key=segment.kfs_key, key=record_id,
-                position=None, error_type=error_type, message=f"record {record_id}: {stop.reason}",
-                base_offset=segment.base_offset, next_offset=offset))
+            raise _partition_stop(batch, stop, error_type, partition)
+
+
+def schema_with_key_columns(schema: pa.Schema, keys: KeyDecoding) -> pa.Schema:
+    """`schema` of source batches with the decoded key columns before the status columns."""
+    at = _before_status_columns(schema)
+    return pa.schema([*list(schema)[:at], *keys.arrow_fields(), *list(schema)[at:]])
+
+
+def with_key_columns(batches: Iterable[pa.RecordBatch], decoder: KeyDecoder, partition: SegmentRunPartition, *,
+                     invalid_stops: bool) -> Iterator[pa.RecordBatch]:
+    """`batches` (source batches with their invalid-reason column) with the record keys decoded into the key
+    columns (`schema_with_key_columns`, schema/keys.py): a key that does not decode makes its record invalid (a
+    value's reason comes first) or (`invalid_stops`) stops the partition there, as a key schema id the run does not
+    know always does, once the rows before it are yielded."""
+    fields = decoder.decoding.arrow_fields()
+    for batch in batches:
+        decoded = decoder.decode(batch.column("key"))
+        stop, error_type = _decode_stop(decoded, invalid_stops)
+        rows = batch.num_rows if stop is None else stop.row
+        if rows:
+            rows_batch = batch.slice(0, rows)
+            reasons = pc.coalesce(rows_batch.column(INVALID_REASON_COLUMN), decoded.invalid_reasons.slice(0, rows))
+            at = _before_status_columns(rows_batch.schema)
+            arrays = [*rows_batch.columns[:at], *(c.slice(0, rows) for c in decoded.columns),
+                      *rows_batch.columns[at:]]
+            arrays[at + len(fields) + rows_batch.schema.names[at:].index(INVALID_REASON_COLUMN)] = reasons
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema_with_key_columns(rows_batch.schema,
+                                                                                     decoder.decoding))
+        if stop is not None:
+            raise _partition_stop(batch, stop, error_type, partition)
+
+
+def _decode_stop(decoded: DecodedValues, invalid_stops: bool) -> tuple[DecodeStop | None, str]:
+    """Where the partition stops in a decoded batch, and the error type: the decoder's stop (a schema id), or
+    (`invalid_stops`) the first record that does not decode when that comes first."""
+    stop, reasons = decoded.stop, decoded.invalid_reasons
+    if invalid_stops and reasons.null_count < len(reasons):
+        first_invalid = pc.index(pc.is_valid(reasons), True).as_py()
+        if stop is None or first_invalid < stop.row:
+            return DecodeStop(first_invalid, None, reasons[first_invalid].as_py()), AVRO_DECODE_ERROR_TYPE
+    return stop, AVRO_SCHEMA_ERROR_TYPE
+
+
+def _partition_stop(batch: pa.RecordBatch, stop: DecodeStop, error_type: str,
+                    partition: SegmentRunPartition) -> SegmentReadError:
+    offset = batch.column("offset")[stop.row].as_py()
+    record_id = batch.column("record_id")[stop.row].as_py()
+    segment = next(s for s in partition.segments if s.base_offset <= offset <= s.last_offset)
+    log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition, offset,
+              stop.reason)
+    return SegmentReadError(SegmentReadFailure(
+        topic=partition.topic, partition=partition.partition, kfs_key=segment.kfs_key, key=record_id,
+        position=None, error_type=error_type, message=f"record {record_id}: {stop.reason}",
+        base_offset=segment.base_offset, next_offset=offset))
 
 
 _KAFKA_TIMESTAMP_FIELD = pa.field(KAFKA_TIMESTAMP_COLUMN, KAFKA_TIMESTAMP_ARROW_TYPE, nullable=True)

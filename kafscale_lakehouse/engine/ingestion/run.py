@@ -550,6 +550,7 @@ def _write(prepared: PreparedIngest) -> _Written:
         numeric_timestamp_unit=mapping.schema_config.timestamp_unit,
         avro=prepared.validation.avro,
         kafka_timestamp=mapping.kafka_timestamp_column,
+        keys=prepared.validation.keys,
     )
     return _Written(messages, started)
 

@@ -35,8 +35,10 @@ from kafscale_lakehouse.engine.ingestion.rows import (
     SourceTaskStats,
     framed_source_schema,
     schema_with_kafka_timestamp,
+    schema_with_key_columns,
     with_framed_value_columns,
     with_kafka_timestamp,
+    with_key_columns,
 )
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     SOURCE_STATUS_COLUMNS,
@@ -60,6 +62,7 @@ from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.decoders import value_decoder
 from kafscale_lakehouse.schema.framed import FramedValueSchemas
 from kafscale_lakehouse.schema.json_values import NumericTimestampUnit
+from kafscale_lakehouse.schema.keys import KeyDecoder, KeyDecoding
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import SegmentStore
 
@@ -94,6 +97,7 @@ class IngestionTaskSpec:
     # value_format avro/protobuf: decode the values into the table's value columns
     avro: FramedValueSchemas | None = None
     kafka_timestamp: bool = False  # mappings[].kafka_timestamp_column: add the record timestamp as a timestamptz
+    keys: KeyDecoding | None = None  # mappings[].key_format other than raw: decode the keys into key columns
 
     def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in task_ids:
@@ -111,6 +115,9 @@ class IngestionTaskSpec:
         if self.avro is not None:  # the columns come from the values' registered schemas, not from JSON
             batches = with_framed_value_columns(batches, value_decoder(self.avro), partition,
                                               invalid_stops=self.dead_letters is None)
+        if self.keys is not None:
+            batches = with_key_columns(batches, KeyDecoder(self.keys), partition,
+                                       invalid_stops=self.dead_letters is None)
         if self.kafka_timestamp:
             batches = with_kafka_timestamp(batches)
         records = _until_failure(batches, failures)
@@ -138,7 +145,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
                             lfs: LfsReadSettings | None = None,
                             numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
                             avro: FramedValueSchemas | None = None, kafka_timestamp: bool = False,
-                            ) -> list[IngestionTaskOutput]:
+                            keys: KeyDecoding | None = None) -> list[IngestionTaskOutput]:
     """Read `input_partitions` and write them as data files of `table` (and invalid records as data files of the
     dead-letter table), one Spark task per input partition; returns each task's output, nothing committed.
 
@@ -147,6 +154,8 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     sink = SinkJob.for_table(table, run_id, target_file_size_bytes)
     written = (source_arrow_schema(columns, validated=json_schema is not None) if avro is None
                else framed_source_schema(avro))
+    if keys is not None:
+        written = schema_with_key_columns(written, keys)
     if kafka_timestamp:
         written = schema_with_kafka_timestamp(written)
     check_arrow_schema(pa.schema([f for f in written if f.name not in SOURCE_STATUS_COLUMNS]), table,
@@ -155,7 +164,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
         return []
     tasks = IngestionTaskSpec(store, tuple(input_partitions), tuple(columns), json_schema, sink,
                               dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit, avro,
-                              kafka_timestamp)
+                              kafka_timestamp, keys)
     count = len(input_partitions)
     log.info("table %s run %s: one Spark job of %d tasks over %d segments (%d bytes)", sink.table_name, run_id, count,
              sum(len(p.segments) for p in input_partitions),

@@ -10,6 +10,8 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
   (Protobuf ones as their serialized FileDescriptorProto); once the table is open, `with_avro_value_schemas` evolves
   it through them and gives what the executors decode with (schema/registered_tables.py). The columns are the value
   schema's fields; `schema.mode` does not judge them (json_schema values are validated by their own schema).
+- Decoded keys (`mappings[].key_format`, schema/keys.py): the key subject's versions (registry formats) are fetched
+  here too, and the `key_<field>` columns added once the table is open, by the same `with_avro_value_schemas`.
 - A registry that is down, answers 404 or serves a document that is no JSON Schema raises here
   (`SchemaRegistryError`, `InvalidSchemaDocumentError`): the run fails before it reads anything, and no record is
   ever judged invalid because of the registry.
@@ -34,8 +36,14 @@ from kafscale_lakehouse.schema.confluent_registry import (
     ConfluentRegistrySettings,
     subject_name,
 )
+from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import FramedValueFormat, FramedValueSchemas
-from kafscale_lakehouse.schema.registered_tables import RegisteredValueSchemas, evolve_table_to_registered_versions
+from kafscale_lakehouse.schema.keys import KEY_COLUMN_PREFIX, KeyDecoding, key_columns_clash
+from kafscale_lakehouse.schema.registered_tables import (
+    RegisteredValueSchemas,
+    evolve_table_to_key_columns,
+    evolve_table_to_registered_versions,
+)
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 
@@ -51,6 +59,9 @@ class RecordValidation:
     registered_values: RegisteredValueSchemas | None = None  # value_format avro/protobuf: the subject's versions
     # value_format avro/protobuf, once the table is open: what the executors decode the values with
     avro: FramedValueSchemas | None = None
+    registered_keys: RegisteredValueSchemas | None = None  # key_format avro/protobuf/json_schema: the key subject's
+    key_columns: tuple[Column, ...] = ()  # key_format json: the key's declared fields
+    keys: KeyDecoding | None = None  # key_format other than raw, once the table is open: how the keys decode
 
 
 def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
@@ -76,35 +87,54 @@ def resolve_record_validation(config: LakehouseConfig, mapping: MappingConfig,
         raise ConfigError("record validation", [
             f"mappings[].dead_letter_table of topic {mapping.topic}: the default {dead_letter_table!r} is the table "
             f"of the mapping of topic {clash.topic}; set dead_letter_table explicitly"])
+    registry_keys = mapping.key_format not in ("raw", "json")
     return RecordValidation(mode=mode, columns=columns, json_schema=json_schema, dead_letter_table=dead_letter_table,
-                            registered_values=None if json_values else registered_value_schemas(mapping))
+                            registered_values=None if json_values else registered_value_schemas(mapping),
+                            registered_keys=registered_value_schemas(mapping, key=True) if registry_keys else None,
+                            key_columns=tuple(mapping.key_columns) if mapping.key_format == "json" else ())
 
 
-def registered_value_schemas(mapping: MappingConfig) -> RegisteredValueSchemas:
-    """Every version of the value subject of an Avro/Protobuf mapping; the registry's errors (down, 404) as they
-    are."""
+def registered_value_schemas(mapping: MappingConfig, *, key: bool = False) -> RegisteredValueSchemas:
+    """Every version of the value (or `key`) subject of a mapping of a registry format; the registry's errors
+    (down, 404) as they are."""
     registry = mapping.schema_registry
-    if registry is None:  # parse_config requires it for value_format avro
+    data_format = mapping.key_format if key else mapping.value_format
+    if registry is None:  # parse_config requires it for the registry formats
         raise ConfigError("record validation", [f"mappings[].schema_registry: is required for topic {mapping.topic} "
-                                                f"(value_format {mapping.value_format})"])
+                                                f"({'key' if key else 'value'}_format {data_format})"])
     client = ConfluentRegistryClient(ConfluentRegistrySettings(
         url=registry.url, username=registry.username,
         password=registry.password.get_secret_value() if registry.password is not None else None,
         bearer_token=registry.bearer_token.get_secret_value() if registry.bearer_token is not None else None,
         ca_file=registry.ca_file, cert_file=registry.cert_file, key_file=registry.key_file,
         timeout_seconds=registry.timeout_seconds))
-    subject = subject_name(mapping.topic, registry.subject_name_strategy, registry.record_name)
-    value_format = cast(FramedValueFormat, mapping.value_format)  # not json: resolve_record_validation
+    record_name = registry.key_record_name if key else registry.record_name
+    subject = subject_name(mapping.topic, registry.subject_name_strategy, record_name, key=key)
+    value_format = cast(FramedValueFormat, data_format)  # not json nor raw: resolve_record_validation
     protobuf = value_format == "protobuf"
     versions = client.subject_versions(subject, "serialized" if protobuf else None)
-    return RegisteredValueSchemas(subject, tuple(versions), latest=registry.latest, value_format=value_format,
-                                  message_name=registry.record_name if protobuf else None)
+    return RegisteredValueSchemas(subject, tuple(versions), latest=registry.latest and not key,
+                                  value_format=value_format, message_name=record_name if protobuf else None)
 
 
 def with_avro_value_schemas(validation: RecordValidation, table: Table, table_name: str) -> RecordValidation:
-    """For an Avro/Protobuf mapping: `table` evolved through the value subject's versions, and what the executors
-    decode with; other mappings unchanged."""
+    """For a mapping of a registry value format: `table` evolved through the value subject's versions, and what the
+    executors decode with; with decoded keys (the key subject's versions, or the declared `key_columns` of JSON
+    keys), the key columns added the same way. Other mappings unchanged."""
     registered = validation.registered_values
-    if registered is None:
+    if registered is not None:
+        validation = replace(validation, avro=evolve_table_to_registered_versions(table, table_name, registered))
+    keys: KeyDecoding | None = None
+    if validation.registered_keys is not None:
+        keys = KeyDecoding(framed=evolve_table_to_registered_versions(
+            table, table_name, validation.registered_keys, prefix=KEY_COLUMN_PREFIX))
+    elif validation.key_columns:
+        keys = evolve_table_to_key_columns(table, table_name, validation.key_columns)
+    if keys is None:
         return validation
-    return replace(validation, avro=evolve_table_to_registered_versions(table, table_name, registered))
+    value_names = validation.avro.value_schema.names if validation.avro is not None else [
+        c.name for c in validation.columns]
+    clashes = key_columns_clash([f.name[len(KEY_COLUMN_PREFIX):] for f in keys.arrow_fields()], value_names)
+    if clashes:
+        raise SchemaMappingError(f"table {table_name}: the decoded key columns {clashes} are also value columns")
+    return replace(validation, keys=keys)
