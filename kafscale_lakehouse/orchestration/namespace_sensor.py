@@ -47,6 +47,7 @@ from kafscale_lakehouse.orchestration.sensors import (
     ACTIVE_RUN_STATUSES,
     CURSOR_VERSION,
     SENSOR_REQUEST_TAG,
+    RequestedRuns,
     SensorCursor,
     SensorCursorError,
     SensorRequest,
@@ -138,6 +139,7 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
         partition_requests: list[dg.AddDynamicPartitionsRequest] = []
         asset_events: list[dg.AssetObservation] = []
         busy = _tables_in_flight(context.instance, config.mappings)
+        runs = RequestedRuns(context.instance, LAND_TABLES_JOB)
         candidates: list[_Candidate] = []
         skipped: dict[str, str] = {}
         for mapping in config.mappings:
@@ -151,7 +153,7 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
                 table_cursor.observed = observed_state(topic_scan)
                 asset_events.append(observation)
             _log_problems(context, mapping, topic_scan)
-            candidate, reason = _candidate(context, mapping, topic_scan, scan, cursor, busy, poll, now)
+            candidate, reason = _candidate(context, mapping, topic_scan, scan, cursor, busy, runs, poll, now)
             if candidate is not None:
                 candidates.append(candidate)
             elif reason is not None:
@@ -173,8 +175,8 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
 
 
 def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topic_scan: TopicScan,
-               scan: NamespaceScan, cursor: NamespaceCursor, busy: dict[str, str], poll_interval_seconds: float,
-               now: float) -> tuple[_Candidate | None, str | None]:
+               scan: NamespaceScan, cursor: NamespaceCursor, busy: dict[str, str], runs: RequestedRuns,
+               poll_interval_seconds: float, now: float) -> tuple[_Candidate | None, str | None]:
     """The table as a candidate for a batch now, or why not (None, None: nothing pending)."""
     table = mapping.table
     planned = {p: r for p, s in topic_scan.partitions.items() if (r := s.pending_range) is not None}
@@ -188,7 +190,7 @@ def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topi
     attempt = 1
     if {p: (r.start, r.end) for p, r in planned.items()} == table_cursor.requested and table_cursor.request is not None:
         wait, attempt = retry_wait(context, LAND_TABLES_JOB, table_cursor.request, poll_interval_seconds, now,
-                                   table_asset_key(table))
+                                   table_asset_key(table), runs)
         if wait is not None:
             return None, wait
     return _Candidate(mapping, planned, scan.topic_pending_bytes(mapping.topic), attempt, since), None
@@ -216,13 +218,14 @@ def _batch_request(context: dg.SensorEvaluationContext, batch: list[_Candidate],
         table_cursor = cursor.table(candidate.mapping.table)
         table_cursor.requested = candidate.state
         table_cursor.request = SensorRequest(request_id, candidate.attempt, now)
-        if candidate.attempt > 1:
-            context.log.warning("requesting table %s again (attempt %d) for pending %s: the previous run did not "
-                                "land them", candidate.mapping.table, candidate.attempt,
-                                format_ranges(candidate.planned))
         entries.append(TableToLand(table=candidate.mapping.table, partitions=sorted(candidate.planned),
                                    planned_ranges=format_ranges(candidate.planned)))
     tables = [candidate.mapping.table for candidate in batch]
+    again = {c.mapping.table: f"attempt {c.attempt}, pending {format_ranges(c.planned)}" for c in batch
+             if c.attempt > 1}
+    if again:
+        context.log.warning("requesting %d tables again, the run before did not land them: %s", len(again),
+                            "; ".join(f"{table} ({what})" for table, what in again.items()))
     return dg.RunRequest(job_name=LAND_TABLES_JOB, run_config=land_tables_run_config(entries),
                          tags={SENSOR_REQUEST_TAG: request_id, BATCH_TABLES_TAG: ",".join(tables)})
 

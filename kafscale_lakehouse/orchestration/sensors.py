@@ -278,17 +278,50 @@ def retry_backoff_seconds(poll_interval_seconds: float, failures: int) -> float:
     return min(poll_interval_seconds * 2 ** max(0, failures - 1), RETRY_BACKOFF_CAP_SECONDS)
 
 
+class RequestedRuns:
+    """The runs of a job that sensor requests launched, looked up once per request id and the assets each run
+    committed once per run: a namespace tick asks about many tables whose requests share one run."""
+
+    def __init__(self, instance: dg.DagsterInstance, job_name: str) -> None:
+        self.instance = instance
+        self.job_name = job_name
+        self._records: dict[str, dg.RunRecord | None] = {}
+        self._committed: dict[str, set[dg.AssetKey]] = {}
+
+    def record(self, request_id: str) -> dg.RunRecord | None:
+        """The run launched for the request, if any."""
+        if request_id not in self._records:
+            records = self.instance.get_run_records(
+                dg.RunsFilter(job_name=self.job_name, tags={SENSOR_REQUEST_TAG: request_id}), limit=1)
+            self._records[request_id] = records[0] if records else None
+        return self._records[request_id]
+
+    def committed(self, run_id: str, asset_key: dg.AssetKey | None) -> bool:
+        """Whether the run committed offsets (of `asset_key`'s table, when given): one of its materializations
+        records committed offset ranges."""
+        if run_id not in self._committed:
+            records = self.instance.get_records_for_run(
+                run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
+            self._committed[run_id] = {
+                materialization.asset_key for record in records
+                if (materialization := record.event_log_entry.asset_materialization) is not None
+                and committed_ranges_from_metadata(materialization.metadata)}
+        committed = self._committed[run_id]
+        return bool(committed) if asset_key is None else asset_key in committed
+
+
 def retry_wait(context: dg.SensorEvaluationContext, job_name: str, request: SensorRequest,
-               poll_interval_seconds: float, now: float,
-               asset_key: dg.AssetKey | None = None) -> tuple[str | None, int]:
+               poll_interval_seconds: float, now: float, asset_key: dg.AssetKey | None = None,
+               runs: RequestedRuns | None = None) -> tuple[str | None, int]:
     """Why the state `request` covered is not requested again now (None: it is due), and the attempt it would be.
-    `asset_key`: the table the state is of, when the run lands several (only its materializations say it landed)."""
-    records = context.instance.get_run_records(
-        dg.RunsFilter(job_name=job_name, tags={SENSOR_REQUEST_TAG: request.request_id}), limit=1)
-    run = records[0].dagster_run if records else None
+    `asset_key`: the table the state is of, when the run lands several (only its materializations say it landed);
+    `runs`: the tick's lookups of `job_name`'s runs, shared across tables."""
+    runs = runs or RequestedRuns(context.instance, job_name)
+    record = runs.record(request.request_id)
+    run = record.dagster_run if record is not None else None
     waiting = "waiting for new segments, progress or a manual materialization"
     if run is not None and run.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.CANCELED):
-        if run_committed(context.instance, run.run_id, asset_key):
+        if runs.committed(run.run_id, asset_key):
             # It landed them, yet they are pending again: the table went back (an operator's rollback), a new episode.
             return None, 1
         if run.status == dg.DagsterRunStatus.SUCCESS:
@@ -300,24 +333,15 @@ def retry_wait(context: dg.SensorEvaluationContext, job_name: str, request: Sens
         return (f"run {run.run_id} requested for exactly these pending segments is {run.status.value.lower()}",
                 request.attempt)
     backoff = retry_backoff_seconds(poll_interval_seconds, request.attempt)
-    if run is None:
+    if record is None:
         what, since = f"no run was launched for request {request.request_id}", request.requested_at
     else:
-        what, since = f"run {run.run_id} failed", records[0].end_time or request.requested_at
+        what, since = f"run {record.dagster_run.run_id} failed", record.end_time or request.requested_at
     remaining = since + backoff - now
     if remaining > 0:
         return (f"a run was already requested for exactly these pending segments and {what} (attempt "
                 f"{request.attempt}); requested again in {remaining:.0f} s (backoff {backoff:.0f} s)"), request.attempt
     return None, request.attempt + 1
-
-
-def run_committed(instance: dg.DagsterInstance, run_id: str, asset_key: dg.AssetKey | None = None) -> bool:
-    """Whether the run committed offsets (of `asset_key`'s table, when given): one of its materializations records
-    committed offset ranges."""
-    records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
-    return any(committed_ranges_from_metadata(materialization.metadata)
-               for record in records if (materialization := record.event_log_entry.asset_materialization) is not None
-               and (asset_key is None or materialization.asset_key == asset_key))
 
 
 def observed_state(scan: TopicScan) -> dict[int, tuple[int | None, ...]]:
