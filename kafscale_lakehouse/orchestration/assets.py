@@ -32,6 +32,7 @@ from kafscale_lakehouse.engine.ingestion import (
     prepare_ingest,
     scan_topic,
 )
+from kafscale_lakehouse.engine.tables import OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE
 from kafscale_lakehouse.offsets.ranges import OffsetRange, parse_ranges
 from kafscale_lakehouse.orchestration.metadata import (
     TABLE_NAME_KEY,
@@ -125,6 +126,8 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
         freshness_policy=table_freshness_policy(mapping),
         description=f"Iceberg table {table}, landed from KafScale topic {topic!r}; partitions are Kafka partition ids.",
         metadata={TABLE_NAME_KEY: table, TOPIC_KEY: topic},
+        # publish audited: the body runs these blocking checks on the audited snapshot before main moves to it
+        check_specs=audited_check_specs(mapping),
     )
     # A generator (a partial commit yields the partitions that landed, then fails), left unannotated: Dagster reads a
     # return annotation as the output type.
@@ -137,9 +140,60 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
         planned = parse_ranges(planned_tag, where=f"run tag {PLANNED_RANGES_TAG}") if planned_tag else None
         engine = ingest_context(config, spark, segment_store, offset_store, iceberg_catalog)
         result, failure = ingest_partitions(engine, mapping, partitions, run_id=context.run.run_id, planned=planned)
-        yield from landed_table_events(context, result, failure, iceberg_catalog)
+        yield from landed_table_events(context, result, failure, iceberg_catalog, mapping)
 
     return ingest_table
+
+
+AUDITED_CHECKS = (RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS)
+
+
+def audited_check_specs(mapping: MappingConfig) -> list[dg.AssetCheckSpec]:
+    """A `publish: audited` table's blocking checks, evaluated in the asset's body on the audit branch's snapshot
+    (engine/tables/audit.py) instead of after the commit, so main never holds rows that fail them."""
+    if mapping.publish != "audited":
+        return []
+    return [dg.AssetCheckSpec(name, asset=table_asset_key(mapping.table), blocking=True,
+                              description=f"{name} on the audited snapshot, before main is fast-forwarded to it")
+            for name in AUDITED_CHECKS]
+
+
+def audit_metadata(result: IngestResult) -> "dict[str, dg.RawMetadataValue]":
+    """Whether the run's audited snapshot was published to main, and its id (none for a direct publish)."""
+    if result.published is None:
+        return {}
+    return {"published": result.published,
+            "audit_snapshot_id": result.snapshot_id if result.snapshot_id is not None else dg.MetadataValue.null()}
+
+
+def audited_check_results(mapping: MappingConfig, result: IngestResult) -> list[dg.AssetCheckResult]:
+    """The audited checks' results of the run: the engine's audit of its snapshot, or, when it committed nothing,
+    a pass that says main did not change."""
+    if mapping.publish != "audited":
+        return []
+    asset_key, report = table_asset_key(mapping.table), result.audit
+    if report is None:
+        return [dg.AssetCheckResult(asset_key=asset_key, check_name=name, passed=True,
+                                    description="nothing landed in this run: main is unchanged")
+                for name in AUDITED_CHECKS]
+    failures = {f.check: f.message for f in report.failures}
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "audit_snapshot_id": report.snapshot_id, "audit_branch": report.branch,
+        "published": bool(result.published),
+        "offset_ranges_scanned": dg.MetadataValue.json({str(p): [r.start, r.end] for p, r in report.ranges.items()}),
+        "rows_scanned": report.rows_scanned,
+        "duplicate_samples": dg.MetadataValue.json(report.duplicates),
+    }
+    outcome = "main fast-forwarded to it" if result.published else f"not published: {result.audit_error}"
+
+    def describe(name: str) -> str:
+        if name in failures:
+            return f"audited snapshot {report.snapshot_id}: {failures[name]}; main was not moved to it"
+        return f"audited snapshot {report.snapshot_id} passed; {outcome}"
+
+    return [dg.AssetCheckResult(asset_key=asset_key, check_name=name, passed=name not in failures, metadata=metadata,
+                                severity=dg.AssetCheckSeverity.ERROR, description=describe(name))
+            for name in AUDITED_CHECKS]
 
 
 def ingest_partitions(engine: IngestContext, mapping: MappingConfig, partitions: Sequence[int], *, run_id: str,
@@ -157,13 +211,19 @@ def ingest_partitions(engine: IngestContext, mapping: MappingConfig, partitions:
 
 
 def landed_table_events(context: dg.AssetExecutionContext, result: IngestResult, failure: IngestFailedError | None,
-                        catalog: IcebergCatalogResource) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
+                        catalog: IcebergCatalogResource, mapping: MappingConfig | None = None,
+                        ) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult | dg.AssetCheckResult]:
     """A run's materializations: the run's metadata and the table's on every partition of the run, each partition's
     own (`context.add_asset_metadata`) on it. After a partial commit: a materialization of each partition the commit
-    covered, then `dg.Failure` with the engine's message (the other partitions show as failed)."""
+    covered, then `dg.Failure` with the engine's message (the other partitions show as failed). A `publish: audited`
+    mapping's run also reports its audited checks; an audited snapshot that was not published materializes nothing."""
+    check_results = audited_check_results(mapping, result) if mapping is not None else []
     if failure is not None:
-        yield from partial_commit_materializations(context.asset_key, result, catalog, context.log)
-        raise dg.Failure(description=str(failure), metadata=run_metadata(result)) from failure
+        if result.published is not False:
+            yield from partial_commit_materializations(context.asset_key, result, catalog, context.log)
+        yield from check_results
+        raise dg.Failure(description=str(failure), metadata={**run_metadata(result), **audit_metadata(result)}
+                         ) from failure
     table = catalog.load_table(result.table)
     for partition_key in context.partition_keys:
         outcome = result.partitions.get(kafka_partition_id(partition_key))
@@ -171,7 +231,8 @@ def landed_table_events(context: dg.AssetExecutionContext, result: IngestResult,
             context.add_asset_metadata(landed_partition_metadata(table, outcome), partition_key=partition_key)
     context.log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table,
                      result.run_id, result.records, result.topic, result.snapshot_id)
-    yield dg.MaterializeResult(metadata={**run_metadata(result), **table_metadata(table, result.table)})
+    yield dg.MaterializeResult(metadata={**run_metadata(result), **table_metadata(table, result.table),
+                                         **audit_metadata(result)}, check_results=check_results)
 
 
 def landed_materializations(asset_key: dg.AssetKey, partition_keys: Sequence[str], result: IngestResult,
