@@ -53,7 +53,7 @@ from kafscale_lakehouse.orchestration.resources import (
 )
 
 LAND_TABLES_JOB = "land_tables"
-LAND_TABLES_OP = "land_tables"
+LAND_TABLES_OP = "land_listed_tables"  # the op; a job and an op cannot share a name
 # The tables a `land_tables` run lands, comma-separated: the watch keeps them out of other batches while it is active.
 BATCH_TABLES_TAG = "kafscale/batch_tables"
 
