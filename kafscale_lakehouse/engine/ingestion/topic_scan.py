@@ -9,8 +9,8 @@ offsets as pending. Reading the table costs one catalog load per scan (a REST `l
 
 `scan_namespace` scans many topics at once for the namespace watch: ONE listing of the namespace
 (`storage.NamespaceListing`) serves every topic's `scan_topic`, partitions are discovered once, and the topics' offsets
-reads (the store's, the table's: one catalog load each, 9-41 ms on a REST catalog) run on a few threads, so a tick
-over 200 topics costs a few listing pages and the slowest few loads, not 200 sequential ones.
+reads (the store's, the table's: one catalog load each, 9-41 ms on a REST catalog) run on `NAMESPACE_SCAN_THREADS`
+threads, so a tick over 200 topics costs a few listing pages and the slowest few loads, not 200 sequential ones.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from kafscale_lakehouse.storage import (
 # Bounds the footer reads of one partition in one scan over a large backlog; the cursor catches up over later scans.
 SEGMENTS_PER_PARTITION_PER_SCAN = 1000
 # Topics whose offsets (etcd ranges, catalog loads) one namespace scan reads at the same time: latency-bound requests.
-NAMESPACE_SCAN_THREADS = 16
+NAMESPACE_SCAN_THREADS = 32
 
 
 @dataclass(frozen=True)
