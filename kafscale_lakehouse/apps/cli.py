@@ -36,13 +36,15 @@ class CommandError(Exception):
 def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool) -> int:
     """`--once`: one pass over every mapping; otherwise poll every `processor.poll_interval_seconds` until stopped."""
     from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.ingestion import IngestContext
-    from kafscale_lakehouse.engine.spark import get_spark_session
+    from kafscale_lakehouse.engine.ingestion import IngestContext, spark_job
+    from kafscale_lakehouse.engine.spark import get_spark_session, local_engine_request
 
     config = load_config(config_path)
     # SIGTERM (Kubernetes, `kill`) unwinds like Ctrl-C, so leases are released and no run is left half-done.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    spark = get_spark_session(config.spark.master, dict(config.spark.conf), remote=config.spark.remote)
+    # Without an engine configured, the local one (started by the first run, reused by the next): no JVM start here.
+    spark = get_spark_session(config.spark.master, dict(config.spark.conf), remote=config.spark.remote,
+                              local_engine=local_engine_request([spark_job.__name__]))
     with IngestContext.from_config(config, spark) as context:
         return _ingest_loop(config, spark, context, topics=topics, once=once)
 

@@ -30,8 +30,8 @@ from kafscale_lakehouse.connections import (
     schema_registry_client,
     segment_store_from_config,
 )
-from kafscale_lakehouse.engine.ingestion import IngestContext
-from kafscale_lakehouse.engine.spark import get_spark_session
+from kafscale_lakehouse.engine.ingestion import IngestContext, spark_job
+from kafscale_lakehouse.engine.spark import get_spark_session, local_engine_request
 from kafscale_lakehouse.engine.tables import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets import OffsetStore
@@ -105,6 +105,9 @@ class SparkResource(PySparkResource):
     master: str = "local[*]"
     spark_config: dict[str, Any] = {}  # noqa: RUF012 - a config field; pydantic copies the default
     remote: str | None = None
+    # Without `remote`, runs share the local Spark engine (engine/spark/local_engine.py) unless
+    # KAFSCALE_SPARK_AUTO_ENGINE=0: each run worker would otherwise start a JVM and its Python workers.
+    local_engine: bool = False
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         # Deliberately lazy: see `spark_session`.
@@ -113,8 +116,9 @@ class SparkResource(PySparkResource):
     @property
     def spark_session(self) -> SparkSession:
         if self._spark_session is None:
+            local_engine = local_engine_request([spark_job.__name__]) if self.local_engine else None
             self._spark_session = get_spark_session(self.master, {k: str(v) for k, v in self.spark_config.items()},
-                                                    remote=self.remote)
+                                                    remote=self.remote, local_engine=local_engine)
         return self._spark_session
 
 
@@ -264,7 +268,8 @@ def lakehouse_resources(config: LakehouseConfig) -> dict[str, dg.ConfigurableRes
     """The resources of a config under their keys (`SPARK_RESOURCE_KEY`, ...), secrets as `EnvVar` references."""
     return {
         SPARK_RESOURCE_KEY: SparkResource(
-            master=config.spark.master, spark_config=dict(config.spark.conf), remote=config.spark.remote
+            master=config.spark.master, spark_config=dict(config.spark.conf), remote=config.spark.remote,
+            local_engine=True,
         ),
         SEGMENT_STORE_RESOURCE_KEY: SegmentStoreResource.of(config),
         CATALOG_RESOURCE_KEY: IcebergCatalogResource.of(config),

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Never, cast
@@ -151,6 +151,7 @@ def stop_connect_server(process: subprocess.Popen, grace_seconds: float = STOP_G
     for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(process.pid, sig)
+            os.killpg(process.pid, signal.SIGCONT)  # a stopped (hung) server acts on SIGTERM only once continued
         except ProcessLookupError:
             break
         try:
@@ -187,9 +188,11 @@ def _import_modules(modules: tuple[str, ...], batches: Iterator[pa.RecordBatch])
         yield pa.RecordBatch.from_pydict({"ready": [True] * batch.num_rows})
 
 
-def serve(address: ConnectAddress, master: str, conf: Mapping[str, str], *, warm_modules: Sequence[str]) -> int:
+def serve(address: ConnectAddress, master: str, conf: Mapping[str, str], *, warm_modules: Sequence[str],
+          keep_serving: Callable[[], bool] | None = None, watch_parent: bool = True) -> int:
     """Run the engine at `address` until SIGTERM or Ctrl-C, or until the parent process is gone (`make demo` killed
-    hard); runs connect to it with `SPARK_REMOTE`. Returns the exit code: 1 when the server died by itself.
+    hard; unless not `watch_parent`), or `keep_serving()` says no (checked every second: the local engine's idle
+    timeout); runs connect to it with `SPARK_REMOTE`. Returns the exit code: 1 when the server died by itself.
     `SparkEngineError` when it cannot start or its workers cannot import `warm_modules`."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parent = os.getppid()
@@ -217,7 +220,9 @@ def serve(address: ConnectAddress, master: str, conf: Mapping[str, str], *, warm
             seconds,
             client_url,
         )
-        while server.poll() is None and os.getppid() == parent:
+        while server.poll() is None and (not watch_parent or os.getppid() == parent):
+            if keep_serving is not None and not keep_serving():
+                break
             time.sleep(1)
         if server.returncode is not None:
             log.error("the Spark engine exited with %s", server.returncode)

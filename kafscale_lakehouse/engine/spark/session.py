@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Mapping
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.config.spark_remote import parse_remote_url
@@ -19,6 +20,7 @@ from kafscale_lakehouse.engine.spark.engine import (
     port_open,
     shared_session_url,
 )
+from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE, LocalEngine, local_engine_url
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +56,15 @@ def get_spark_session(
     remote: str | None = None,
     app_name: str = "kafscale-lakehouse",
     ui_enabled: bool = True,
+    local_engine: LocalEngine | None = None,
 ) -> SparkSession:
     """Return the active SparkSession or build one.
 
     With `$SPARK_REMOTE` or `remote` (`spark.remote` in the config; the variable wins) set, the session is a Spark
     Connect client of that engine: no JVM starts here, `conf` is applied as the session's (runtime) settings and
-    `master` is the engine's business. Otherwise, the embedded session:
+    `master` is the engine's business. Else, with `local_engine` (`local_engine_request`), a `local` master and no
+    embedded session active in this process, a client of the local engine of these settings, started now if there
+    is none (`engine/spark/local_engine.py`). Otherwise, the embedded session:
     Python workers run `sys.executable` (unless `PYSPARK_PYTHON` is already set), or executors would start the
     system Python without this venv's packages. A `local` master binds driver and block manager to loopback so
     nothing listens on an external interface. `conf` entries win over these defaults, and the deployment's
@@ -74,6 +79,11 @@ def get_spark_session(
     # Set but empty means "no engine"; pyspark's builder would still refuse a master next to it.
     os.environ.pop(SPARK_REMOTE_VARIABLE, None)
     master = env_master or master
+    if local_engine is not None and master.startswith("local") and SparkContext._active_spark_context is None:
+        # The engine was started with `conf`: its sessions have those settings (the static ones included, which a
+        # client session could not set).
+        return _connect_session(local_engine_url(master, conf, local_engine),
+                                f"{AUTO_ENGINE_VARIABLE} (the local Spark engine)", {}, app_name)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings: dict[str, str] = {"spark.ui.enabled": "true" if ui_enabled else "false"}
     if master.startswith("local"):
