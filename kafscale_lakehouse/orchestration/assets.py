@@ -59,18 +59,20 @@ from kafscale_lakehouse.orchestration.resources import (
     ingest_context,
 )
 from kafscale_lakehouse.orchestration.sensors import PLANNED_RANGES_TAG, topic_observation_metadata
-from kafscale_lakehouse.storage import DiscoveryMode
+from kafscale_lakehouse.storage import DiscoveryMode, SegmentStore
 
 ICEBERG_IO_MANAGER_KEY = "iceberg_io_manager"
 ASSET_GROUP = "kafscale"
 
 
 def scan_topic_now(config: LakehouseConfig, mapping: MappingConfig, segment_store: SegmentStoreResource,
-                   offset_store: OffsetStoreResource, iceberg_catalog: IcebergCatalogResource) -> TopicScan:
+                   offset_store: OffsetStoreResource, iceberg_catalog: IcebergCatalogResource,
+                   store: SegmentStore | None = None) -> TopicScan:
     """The mapping's topic partitions now: committed offsets (the table's where it holds them, else the store's),
     broker offsets, completed segments. Without cursors each partition is listed from its committed next offset on,
-    so the cost is that of the pending segments."""
-    sources = WatchSources(store=segment_store.open_store(), offsets=offset_store.offset_store(),
+    so the cost is that of the pending segments. `store`: where to list instead of `segment_store` (a namespace
+    listing shared by the tables of a `land_tables` run)."""
+    sources = WatchSources(store=store or segment_store.open_store(), offsets=offset_store.offset_store(),
                            discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=offset_store.etcd_client(),
                            tables=TableOffsetsReader(iceberg_catalog.settings()),
                            orphan_grace_seconds=config.processor.orphan_segment_grace_seconds)
@@ -236,10 +238,10 @@ def landed_table_events(context: dg.AssetExecutionContext, result: IngestResult,
 
 
 def landed_materializations(asset_key: dg.AssetKey, partition_keys: Sequence[str], result: IngestResult,
-                            catalog: IcebergCatalogResource) -> list[dg.AssetMaterialization]:
-    """What `landed_table_events` records for a committed run, as one materialization per partition key: for a run
-    that lands several tables (`land_tables.py`), where no asset body returns a `MaterializeResult`."""
-    table = catalog.load_table(result.table)
+                            table: Table) -> list[dg.AssetMaterialization]:
+    """What `landed_table_events` records for a committed run (`table` loaded after its commit), as one
+    materialization per partition key: for a run that lands several tables (`land_tables.py`), where no asset body
+    returns a `MaterializeResult`."""
     shared = {**run_metadata(result), **table_metadata(table, result.table)}
     materializations = []
     for partition_key in partition_keys:

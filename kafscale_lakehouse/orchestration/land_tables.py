@@ -27,7 +27,7 @@ import dagster as dg
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.ingestion import IngestContext, IngestResult
+from kafscale_lakehouse.engine.ingestion import IngestContext, TopicScan
 from kafscale_lakehouse.engine.tables import FRESHNESS, ID_UNIQUE, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
 from kafscale_lakehouse.offsets.ranges import parse_ranges
 from kafscale_lakehouse.orchestration.assets import (
@@ -51,6 +51,7 @@ from kafscale_lakehouse.orchestration.resources import (
     SparkResource,
     ingest_context,
 )
+from kafscale_lakehouse.storage import NamespaceListing
 
 LAND_TABLES_JOB = "land_tables"
 LAND_TABLES_OP = "land_listed_tables"  # the op; a job and an op cannot share a name
@@ -88,6 +89,7 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
                     segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
                     iceberg_catalog: IcebergCatalogResource):
         engine = ingest_context(lakehouse_config, spark, segment_store, offset_store, iceberg_catalog)
+        checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog)
         failed: dict[str, str] = {}
         for entry in config.tables:
             mapping = mappings.get(entry.table)
@@ -95,7 +97,7 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
                 failed[entry.table] = "no mapping of the lakehouse config lands this table"
                 continue
             try:
-                yield from _land_table(context, mapping, entry, engine, segment_store, offset_store, iceberg_catalog)
+                yield from _land_table(context, mapping, entry, engine, checks)
             except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others; reported below
                 context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic, exc)
                 failed[mapping.table] = str(exc)
@@ -114,8 +116,7 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
 
 
 def _land_table(context: dg.OpExecutionContext, mapping: MappingConfig, entry: TableToLand, engine: IngestContext,
-                segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
-                iceberg_catalog: IcebergCatalogResource) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+                checks: "_BatchChecks") -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
     """One table of the batch: its commit, its materializations, its check results; raises when it did not land
     (after the materializations of the partitions a partial commit landed)."""
     asset_key = table_asset_key(mapping.table)
@@ -125,25 +126,44 @@ def _land_table(context: dg.OpExecutionContext, mapping: MappingConfig, entry: T
     context.log.info("topic %s → %s: ingesting Kafka partitions %s", mapping.topic, mapping.table, partitions)
     result, failure = ingest_partitions(engine, mapping, partitions, run_id=context.run.run_id, planned=planned)
     if failure is not None:
-        yield from partial_commit_materializations(asset_key, result, iceberg_catalog, context.log)
+        yield from partial_commit_materializations(asset_key, result, checks.catalog, context.log)
         raise failure
-    materializations = landed_materializations(asset_key, [kafka_partition_key(p) for p in partitions], result,
-                                               iceberg_catalog)
+    table = checks.catalog.load_table(result.table)
+    materializations = landed_materializations(asset_key, [kafka_partition_key(p) for p in partitions], result, table)
     yield from materializations
     context.log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table,
                      result.run_id, result.records, result.topic, result.snapshot_id)
     metadata = materializations[0].metadata if materializations else None
-    yield from table_check_evaluations(engine.config, mapping, result, metadata, segment_store, offset_store,
-                                       iceberg_catalog)
+    yield from checks.evaluations(mapping, table, metadata)
 
 
-def table_check_evaluations(lakehouse: LakehouseConfig, mapping: MappingConfig, result: IngestResult,
-                            metadata: Mapping[str, dg.MetadataValue] | None, segment_store: SegmentStoreResource,
-                            offset_store: OffsetStoreResource,
-                            iceberg_catalog: IcebergCatalogResource) -> Iterator[dg.AssetCheckEvaluation]:
-    """The table's four checks (build_table_checks) on what the run landed, as evaluations of the table's checks."""
+class _BatchChecks:
+    """The checks of the tables a batch landed: the resources they read, and one listing of the namespace shared by
+    the freshness checks of the batch (taken at the first one), instead of a listing per partition per table."""
+
+    def __init__(self, lakehouse: LakehouseConfig, segment_store: SegmentStoreResource,
+                 offset_store: OffsetStoreResource, catalog: IcebergCatalogResource) -> None:
+        self.lakehouse, self.segment_store, self.offset_store, self.catalog = (lakehouse, segment_store,
+                                                                               offset_store, catalog)
+        self._listing: NamespaceListing | None = None
+
+    def evaluations(self, mapping: MappingConfig, table: Table,
+                    metadata: Mapping[str, dg.MetadataValue] | None) -> Iterator[dg.AssetCheckEvaluation]:
+        """The table's four checks (build_table_checks) on what the run landed (`table` after its commit, `metadata`
+        its materialization's), as evaluations of the table's checks."""
+        if self._listing is None:
+            self._listing = NamespaceListing.from_store(self.segment_store.open_store())
+        scan = scan_topic_now(self.lakehouse, mapping, self.segment_store, self.offset_store, self.catalog,
+                              store=self._listing)
+        yield from table_check_evaluations(self.lakehouse, mapping, table, metadata, scan)
+
+
+def table_check_evaluations(lakehouse: LakehouseConfig, mapping: MappingConfig, table: Table,
+                            metadata: Mapping[str, dg.MetadataValue] | None,
+                            scan: TopicScan) -> Iterator[dg.AssetCheckEvaluation]:
+    """The four checks of `build_table_checks` as evaluations of the table's checks: on `table`, the run's
+    materialization `metadata` and `scan`, its topic now."""
     asset_key = table_asset_key(mapping.table)
-    table: Table = iceberg_catalog.load_table(result.table)
     upsert = mapping.mode == "upsert"
     results = {SCHEMA_VALID: (evaluate_schema_valid(metadata, lakehouse.schema_config.mode), True)}
     if upsert:
@@ -151,7 +171,6 @@ def table_check_evaluations(lakehouse: LakehouseConfig, mapping: MappingConfig, 
     else:
         results[RECORD_ID_UNIQUE] = (evaluate_record_id_unique(table, mapping.topic, metadata), True)
     results[OFFSETS_CONTIGUOUS] = (evaluate_offsets_contiguous(table, mapping.topic), True)
-    scan = scan_topic_now(lakehouse, mapping, segment_store, offset_store, iceberg_catalog)
     results[FRESHNESS] = (evaluate_freshness(scan.partitions, mapping.freshness_max_lag_records, scan.table_error),
                           False)
     for name, (check, blocking) in results.items():
