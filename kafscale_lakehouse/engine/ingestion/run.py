@@ -72,7 +72,6 @@ from kafscale_lakehouse.engine.tables.audit import (
     audit_snapshot,
     publish_audit,
     settle_pending_audit,
-    start_audit_branch,
 )
 from kafscale_lakehouse.engine.tables.catalogs import (
     CatalogSettings,
@@ -657,10 +656,7 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
             events=_change_events(mapping), snapshot_properties=properties, before_attempt=before_attempt,
         )
     else:
-        branch = MAIN_BRANCH
-        if mapping.publish == "audited":
-            start_audit_branch(prepared.table, mapping.audit_branch)
-            branch = mapping.audit_branch
+        branch = mapping.audit_branch if mapping.publish == "audited" else MAIN_BRANCH
         commit = commit_append(
             prepared.table, files, topic, starts, commit_ends, run_id,
             snapshot_properties=properties, before_attempt=before_attempt, branch=branch,

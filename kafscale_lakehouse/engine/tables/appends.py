@@ -19,7 +19,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 
 from kafscale_lakehouse.engine.phases import timed
-from kafscale_lakehouse.engine.tables.audit import ref_view
+from kafscale_lakehouse.engine.tables.audit import ref_view, start_audit_branch
 from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors
 from kafscale_lakehouse.engine.tables.commits import (
     CommitOutcomeUnknownError,
@@ -106,8 +106,9 @@ def commit_append(
     `before_attempt` runs on the refreshed table right before each commit is sent (the run records the snapshot the
     commit is built on, `run_files.record_commit_attempt`); when it raises, nothing more is sent and the files are
     kept for the clean-up of ended runs.
-    `branch` is where the snapshot goes: an audited publish commits to its audit branch (which must exist, at main's
-    head or ahead of it: `audit.start_audit_branch`), and the offsets are re-checked as of that branch.
+    `branch` is where the snapshot goes: an audited publish commits to its audit branch, set to main's head before
+    each attempt (`audit.start_audit_branch`: `AuditPendingError` when it holds a snapshot main does not), and the
+    offsets are re-checked as of that branch.
     """
     table_name = ".".join(table.name())
     _check_offset_ranges(table_name, topic, start_offsets, end_offsets, run_id, snapshot_properties or {})
@@ -135,6 +136,13 @@ def commit_append(
                             table_name, run_id, landed.snapshot_id)
                 committed, snapshot_id = landed.offsets, landed.snapshot_id
                 break
+        if branch != MAIN_BRANCH:
+            # Each attempt builds on main's head as it is now (a compaction may have moved it): the fast-forward
+            # to the audited snapshot requires main to be its parent (audit.publish_audit).
+            start_audit_branch(table, branch)
+            view = ref_view(table, branch)
+            if attempt == 1:
+                before_first_attempt = view.metadata.current_snapshot_id
         refuse_changed_spec(table, data_files, paths, run_id)
         committed = read_committed_offsets(view)
         conflict = first_offset_conflict(committed.get(topic, {}), start_offsets)

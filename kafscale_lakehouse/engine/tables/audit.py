@@ -94,7 +94,7 @@ class PendingAudit:
     branch: str
     snapshot_id: int
     main_snapshot_id: int | None
-    based_on_main: bool  # main's head is an ancestor of the snapshot: a fast-forward is possible
+    based_on_main: bool  # main's head is the snapshot's parent: the fast-forward moves main by this snapshot alone
     run_id: str | None
 
 
@@ -135,8 +135,10 @@ def pending_audit(table: Table, branch: str) -> PendingAudit | None:
     if head is None or _in_main(table, head):
         return None
     main = table.metadata.current_snapshot_id
-    based = main is None or any(s.snapshot_id == main for s in _ancestors(table, head))
     snapshot = table.metadata.snapshot_by_id(head)
+    # Only main at the audited snapshot's parent: a main rolled back to an older ancestor would otherwise be
+    # fast-forwarded over the rolled-back commit, undoing the rollback.
+    based = snapshot is not None and snapshot.parent_snapshot_id == main
     run_id = summary_properties(snapshot).get(RUN_ID_PROPERTY) if snapshot is not None else None
     return PendingAudit(".".join(table.name()), branch, head, main, based, run_id)
 

@@ -225,3 +225,30 @@ def test_maintenance_skips_rewrites_while_an_audit_is_pending(production_world, 
     drop_audit(table, BRANCH)
     summary = maintain_table(spark, world.table(), settings, expiry=False, orphans=False)
     assert summary.rewrites_skipped is None and summary.files_compacted == 2
+
+
+def test_a_rollback_of_main_under_a_pending_audit_is_not_undone_by_its_publication(production_world, spark):
+    world = production_world
+    world.write_segments(0, 40, records_per_segment=20)
+    document = audited_document(world)
+    config = world.config(document)
+    ingest(config, spark)
+    world.write_segments(0, 20, base_offset=40, records_per_segment=20)
+    ingest(config, spark)
+    world.write_segments(0, 20, base_offset=60, records_per_segment=20)
+    world.run_killed(world.write_config_file(document), "after-iceberg-commit")
+    table = world.table()
+    rolled_back_to = table.current_snapshot().parent_snapshot_id
+    table.manage_snapshots().rollback_to_snapshot(rolled_back_to).commit()  # an operator undoes the second run
+    world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 3)
+
+    # main (now the first run's snapshot) is an ancestor of the audited snapshot, but not its parent: publishing it
+    # would bring the rolled-back commit back.
+    with pytest.raises(AuditPendingError, match="main moved"):
+        ingest(config, spark)
+    assert world.table().current_snapshot().snapshot_id == rolled_back_to
+
+    drop_audit(world.table(), BRANCH)
+    [result] = ingest(config, spark)
+    assert result.published is True and result.records == 40, "the rolled-back and the dropped offsets land again"
+    world.assert_exactly_once(runs=4)  # our four commits stay in the metadata; main holds each offset once
