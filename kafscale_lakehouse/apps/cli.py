@@ -209,8 +209,9 @@ def run_skip(config_path: str | None, *, topic: str, partition: int, segment: st
     from kafscale_lakehouse.engine.tables import read_topic_offsets
 
     def skip(context, mapping) -> int:  # noqa: ANN001
-        table = open_mapping_table(context, mapping,
-                                   resolve_record_validation(context.config, mapping, context.registry).columns)
+        # A registry format's table opens (or is created) with its registered schemas, as a run opens it
+        validation = resolve_record_validation(context.config, mapping, context.registry)
+        table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
         next_offset = read_topic_offsets(table, topic).get(partition)
         plan = plan_skip(context.store, topic, partition, next_offset, segment_key=segment, to=to)
         if not yes:
@@ -263,8 +264,8 @@ def run_replay(config_path: str | None, *, topic: str, partition: int, start: in
     from kafscale_lakehouse.offsets.ranges import OffsetRange
 
     def replay(context, mapping) -> int:  # noqa: ANN001
-        table = open_mapping_table(context, mapping,
-                                   resolve_record_validation(context.config, mapping, context.registry).columns)
+        validation = resolve_record_validation(context.config, mapping, context.registry)
+        table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
         last = end if end is not None else read_topic_offsets(table, topic).get(partition, start)
         try:
             offsets = OffsetRange(partition, start, last)

@@ -16,4 +16,4 @@ def confluent_registry() -> ConfluentCompatibleRegistry:
 
 
 # The ingest worlds of the engine tests (SeaweedFS, etcd), for the Avro topics landed end to end.
-from kafscale_lakehouse_tests.engine.conftest import production_world  # noqa: E402, F401
+from kafscale_lakehouse_tests.engine.conftest import cli_main, production_world  # noqa: E402, F401
