@@ -19,6 +19,13 @@ process tree (Spark JVM and Python workers, sampled from /proc), CPU seconds of 
 what each run committed (runs, byte limit per run, snapshots, data files, average data-file size), the speed ratios
 ours/reference and ours/floor, and where our run spent its wall time (driver phases). Both tables must hold every
 record exactly once and the floor's files every record, or the benchmark fails.
+
+`--values avro` (issue 20): the same orders (`--workload`: realistic by default, so unique trace headers and mixed
+value sizes) with Avro values, `PIZZA_AVRO_SCHEMA` in the Confluent wire format (a nested list of toppings), the
+schema in the test registry this process serves. Our pipeline maps the topic with `value_format: avro`; the reference
+decodes each value with confluent-kafka's `AvroDeserializer` (per record) and builds the same nested columns with
+`pa.Table.from_pylist`; the floor decodes them with our `AvroValueDecoder`. Our JSON path on the same logical data is
+the default run (`--values json`) of the same orders. Needs the test extra (confluent-kafka[avro,schemaregistry]).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,9 +55,11 @@ from pyiceberg.table import Table
 
 from kafscale_lakehouse.apps.workload import (
     ALL_CODECS,
+    PIZZA_AVRO_SCHEMA,
     PIZZA_COLUMNS,
     PIZZA_TOPIC,
     WORKLOADS,
+    pizza_order_as_avro,
     write_partition_segments,
 )
 from kafscale_lakehouse.config import LakehouseConfig, ProcessorConfig, parse_config
@@ -58,8 +68,12 @@ from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest_mappin
 from kafscale_lakehouse.engine.phases import phase_listener
 from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
-from kafscale_lakehouse.format import decode_segment
+from kafscale_lakehouse.format import Record, decode_segment
 from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema
+from kafscale_lakehouse.schema.avro import AvroValueDecoder
+from kafscale_lakehouse.schema.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
+from kafscale_lakehouse.schema.framed import FramedValueSchemas
+from kafscale_lakehouse.schema.registered_tables import RegisteredValueSchemas
 from kafscale_lakehouse.testing.kafka_python_reference import (
     cramjam_codec_patches,
     read_segment_records,
@@ -85,6 +99,47 @@ DEFAULT_RECORDS = 1_000_000
 # so that the floor writes the same Parquet as the table writers.
 FLOOR_PARQUET_COMPRESSION = "zstd"
 FLOOR_ROW_GROUP_ROWS = 1_048_576
+
+# Avro orders: what every order has (notes is optional)
+AVRO_VALUE_COLUMNS = ("order_id", "store_id", "date_ordered", "sauce", "cheese", "toppings")
+
+
+@dataclass(frozen=True)
+class AvroValues:
+    """`--values avro`: the orders' schema as registered, and the table it lands in."""
+
+    registry_url: str
+    schema_id: int
+    schema_text: str
+    parsed_schema: Any  # fastavro's, to encode the orders
+
+    @classmethod
+    def register(cls, registry_url: str, topics: tuple[str, ...]) -> AvroValues:
+        import fastavro
+
+        client = ConfluentRegistryClient(ConfluentRegistrySettings(registry_url))
+        text = json.dumps(PIZZA_AVRO_SCHEMA)
+        [schema_id] = {client.register(f"{topic}-value", text) for topic in topics}
+        return cls(registry_url, schema_id, text, fastavro.parse_schema(PIZZA_AVRO_SCHEMA))
+
+    def transform(self, record: Record) -> Record:
+        return pizza_order_as_avro(record, self.schema_id, self.parsed_schema)
+
+    def registered(self, topic: str) -> RegisteredValueSchemas:
+        client = ConfluentRegistryClient(ConfluentRegistrySettings(self.registry_url))
+        return RegisteredValueSchemas(f"{topic}-value", tuple(client.subject_versions(f"{topic}-value")))
+
+    def arrow_schema(self, topic: str) -> pa.Schema:
+        """The table's Arrow schema: base columns, then the value fields."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        return schema_to_pyarrow(self.registered(topic).first_table_schema())
+
+    def decoder(self, topic: str) -> AvroValueDecoder:
+        value_schema = pa.schema(list(self.arrow_schema(topic))[len(record_arrow_schema(())):])
+        return AvroValueDecoder(FramedValueSchemas(f"{topic}-value", {self.schema_id: self.schema_text},
+                                                   value_schema))
+
 
 # ------------------------------------------------------------------------------------------------ measuring
 
@@ -144,7 +199,7 @@ class UploadedSegments:
 
 def write_and_upload(s3, root: Path, *, namespace: str, topic: str, records: int, partitions: int,
                      records_per_segment: int, records_per_batch: int, codecs: tuple[str, ...],
-                     workload: str) -> UploadedSegments:
+                     workload: str, avro: AvroValues | None = None) -> UploadedSegments:
     """Write `records` pizza orders of `workload` spread over `partitions` as segments and upload them, `.kfs`
     before `.index`."""
     records_by_partition = {p: records // partitions + (1 if p < records % partitions else 0)
@@ -156,7 +211,8 @@ def write_and_upload(s3, root: Path, *, namespace: str, topic: str, records: int
         for segment in write_partition_segments(root, record_count=count, namespace=namespace, topic=topic,
                                                 partition=partition, records_per_segment=records_per_segment,
                                                 records_per_batch=records_per_batch, codecs=codecs,
-                                                workload=workload):
+                                                workload=workload,
+                                                transform=avro.transform if avro is not None else None):
             for path in (segment.kfs_path, segment.index_path):
                 s3.upload_file(str(path), S3_BUCKET, path.relative_to(root).as_posix())
             kfs_keys.append(segment.kfs_path.relative_to(root).as_posix())
@@ -168,8 +224,9 @@ def write_and_upload(s3, root: Path, *, namespace: str, topic: str, records: int
 # ------------------------------------------------------------------------------------------------ reference
 
 
-def reference_ingest(s3, segments: UploadedSegments, table: Table) -> None:
-    """kafka-python decode + pyarrow JSON parsing + one pyiceberg append, all in this process."""
+def reference_ingest(s3, segments: UploadedSegments, table: Table, avro: AvroValues | None = None) -> None:
+    """kafka-python decode + pyarrow JSON parsing (Avro: confluent-kafka's AvroDeserializer per record) + one
+    pyiceberg append, all in this process."""
     columns: dict[str, list] = {name: [] for name in ("record_id", "partition", "offset", "timestamp_ms", "key",
                                                         "value", "headers")}
     for kfs_key in _completed_segment_keys(s3, f"{segments.namespace}/{segments.topic}/"):
@@ -186,7 +243,14 @@ def reference_ingest(s3, segments: UploadedSegments, table: Table) -> None:
             columns["headers"].append(json.dumps([{"key": k, "value": (v or b"").decode()} for k, v in headers],
                                                  separators=(",", ":")) if headers else "")
     values = pa.array(columns["value"], pa.binary())
-    mapped = parse_pizza_values(values)
+    if avro is not None:
+        arrow_schema = avro.arrow_schema(segments.topic)
+        value_fields = list(arrow_schema)[len(record_arrow_schema(())):]
+        value_columns = deserialize_avro_values(columns["value"], avro, segments.topic, pa.schema(value_fields))
+    else:
+        arrow_schema = record_arrow_schema(PIZZA_COLUMNS)
+        mapped = parse_pizza_values(values)
+        value_columns = [mapped.column(column.name).combine_chunks() for column in PIZZA_COLUMNS]
     row_count = len(values)
     arrays = [
         pa.array(columns["record_id"], pa.string()),
@@ -197,9 +261,23 @@ def reference_ingest(s3, segments: UploadedSegments, table: Table) -> None:
         pa.array(columns["key"], pa.binary()),
         values,
         pa.array(columns["headers"], pa.string()),
-        *(mapped.column(column.name).combine_chunks() for column in PIZZA_COLUMNS),
+        *value_columns,
     ]
-    table.append(pa.Table.from_arrays(arrays, schema=record_arrow_schema(PIZZA_COLUMNS)))
+    table.append(pa.Table.from_arrays(arrays, schema=arrow_schema))
+
+
+def deserialize_avro_values(values: list[bytes], avro: AvroValues, topic: str,
+                            value_schema: pa.Schema) -> list[pa.Array]:
+    """The reference's Avro decoding: confluent-kafka's AvroDeserializer per record (its schema fetched once from
+    the registry and cached), then pyarrow from the decoded dicts."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    deserializer = AvroDeserializer(SchemaRegistryClient({"url": avro.registry_url}))
+    context = SerializationContext(topic, MessageField.VALUE)
+    decoded = pa.Table.from_pylist([deserializer(value, context) for value in values], schema=value_schema)
+    return [column.combine_chunks() for column in decoded.columns]
 
 
 def parse_pizza_values(values: pa.Array) -> pa.Table:
@@ -219,15 +297,15 @@ def _completed_segment_keys(s3, prefix: str) -> list[str]:
 
 
 def run_reference(s3, segments: UploadedSegments, config: LakehouseConfig, table_name: str,
-                  excluded_pids: set[int]) -> PipelineFigures:
+                  excluded_pids: set[int], avro: AvroValues | None = None) -> PipelineFigures:
+    schema = table_schema(PIZZA_COLUMNS) if avro is None else avro.registered(segments.topic).first_table_schema()
     gc.collect()
     started = time.perf_counter()
     with ProcessTreeSampler(excluded_pids) as sampler:
-        table = open_table(load_catalog(catalog_settings(config)), table_name, schema=table_schema(PIZZA_COLUMNS),
-                           create_if_missing=True)
-        reference_ingest(s3, segments, table)
+        table = open_table(load_catalog(catalog_settings(config)), table_name, schema=schema, create_if_missing=True)
+        reference_ingest(s3, segments, table, avro)
     seconds = time.perf_counter() - started
-    return PipelineFigures("reference", seconds, sampler.usage, verify_table(table, segments))
+    return PipelineFigures("reference", seconds, sampler.usage, verify_table(table, segments, avro is not None))
 
 
 # ------------------------------------------------------------------------------------------------ floor
@@ -242,21 +320,27 @@ def download_segments(s3, segments: UploadedSegments) -> dict[int, list[tuple[st
     return dict(by_partition)
 
 
-def floor_ingest(segments_in_memory: Mapping[int, list[tuple[str, bytes]]], topic: str, output: Path) -> list[Path]:
+def floor_ingest(segments_in_memory: Mapping[int, list[tuple[str, bytes]]], topic: str, output: Path,
+                 avro: AvroValues | None = None) -> list[Path]:
     """Decode, parse and write Parquet in this process: one zstd Parquet file per Kafka partition under `output`.
 
     The framing, CRCs, decompression (cramjam) and record fields are our decoder's (`decode_segment`), the fastest
-    we have; the values are parsed by pyarrow's JSON reader into the mapped columns as the reference does.
+    we have; the values are parsed by pyarrow's JSON reader into the mapped columns as the reference does (Avro:
+    decoded by our `AvroValueDecoder`, the fastest Avro decoder we have).
     """
-    schema = record_arrow_schema(PIZZA_COLUMNS)
+    schema = record_arrow_schema(PIZZA_COLUMNS) if avro is None else avro.arrow_schema(topic)
+    decoder = avro.decoder(topic) if avro is not None else None
     paths = []
     for partition, kfs_segments in sorted(segments_in_memory.items()):
         tables = []
         for key, kfs in kfs_segments:
             records = decode_segment(kfs, key=key, topic=topic, partition=partition, verify_crc=True).records
-            mapped = parse_pizza_values(records.column("value").combine_chunks())
-            tables.append(pa.Table.from_arrays(
-                [*records.columns, *(mapped.column(column.name) for column in PIZZA_COLUMNS)], schema=schema))
+            if decoder is not None:
+                value_columns = decoder.decode(records.column("value").combine_chunks()).columns
+            else:
+                mapped = parse_pizza_values(records.column("value").combine_chunks())
+                value_columns = [mapped.column(column.name) for column in PIZZA_COLUMNS]
+            tables.append(pa.Table.from_arrays([*records.columns, *value_columns], schema=schema))
         path = output / f"partition-{partition}.parquet"
         with pq.ParquetWriter(path, schema, compression=FLOOR_PARQUET_COMPRESSION) as writer:
             writer.write_table(pa.concat_tables(tables), row_group_size=FLOOR_ROW_GROUP_ROWS)
@@ -264,13 +348,14 @@ def floor_ingest(segments_in_memory: Mapping[int, list[tuple[str, bytes]]], topi
     return paths
 
 
-def run_floor(s3, segments: UploadedSegments, output: Path, excluded_pids: set[int]) -> PipelineFigures:
+def run_floor(s3, segments: UploadedSegments, output: Path, excluded_pids: set[int],
+              avro: AvroValues | None = None) -> PipelineFigures:
     segments_in_memory = download_segments(s3, segments)
     output.mkdir(parents=True, exist_ok=True)
     gc.collect()
     started = time.perf_counter()
     with ProcessTreeSampler(excluded_pids) as sampler:
-        paths = floor_ingest(segments_in_memory, segments.topic, output)
+        paths = floor_ingest(segments_in_memory, segments.topic, output, avro)
     seconds = time.perf_counter() - started
     return PipelineFigures("floor", seconds, sampler.usage, verify_parquet_files(paths, segments))
 
@@ -279,20 +364,25 @@ def run_floor(s3, segments: UploadedSegments, output: Path, excluded_pids: set[i
 
 
 def lakehouse_config(seaweedfs: SeaweedFS, etcd: Etcd | None, workdir: Path, *, s3_namespace: str,
-                     table_namespace: str, max_bytes_per_run: int, target_file_size_bytes: int) -> LakehouseConfig:
+                     table_namespace: str, max_bytes_per_run: int, target_file_size_bytes: int,
+                     avro: AvroValues | None = None) -> LakehouseConfig:
     return parse_config(lakehouse_config_document(
         seaweedfs, etcd, workdir, s3_namespace=s3_namespace, table_namespace=table_namespace,
         max_bytes_per_run=max_bytes_per_run, target_file_size_bytes=target_file_size_bytes,
-        tables={PIZZA_TOPIC: "pizzas_lakehouse", WARMUP_TOPIC: "warmup"}), source="benchmarks/ingest.py")
+        tables={PIZZA_TOPIC: "pizzas_lakehouse", WARMUP_TOPIC: "warmup"}, avro=avro), source="benchmarks/ingest.py")
 
 
 def lakehouse_config_document(seaweedfs: SeaweedFS, etcd: Etcd | None, workdir: Path, *, s3_namespace: str,
                               table_namespace: str, max_bytes_per_run: int, target_file_size_bytes: int,
-                              tables: Mapping[str, str], offsets_name: str = "offsets") -> dict:
-    """The config document of our pipeline, mapping topic → table name of `tables`."""
+                              tables: Mapping[str, str], offsets_name: str = "offsets",
+                              avro: AvroValues | None = None) -> dict:
+    """The config document of our pipeline, mapping topic → table name of `tables` (Avro values: value_format
+    avro through the registry of `avro`)."""
     def mapping(topic: str, table: str) -> dict:
-        return {"topic": topic, "table": f"{table_namespace}.{table}", "create_table_if_missing": True,
-                "schema": {"columns": [asdict(column) for column in PIZZA_COLUMNS]}}
+        values: dict[str, Any] = {"schema": {"columns": [asdict(column) for column in PIZZA_COLUMNS]}}
+        if avro is not None:
+            values = {"value_format": "avro", "schema_registry": {"url": avro.registry_url}}
+        return {"topic": topic, "table": f"{table_namespace}.{table}", "create_table_if_missing": True, **values}
 
     offsets = {"backend": "etcd"} if etcd else {"backend": "local", "local_path": str(workdir / f"{offsets_name}.db")}
     return {
@@ -333,12 +423,13 @@ def run_ours(context: IngestContext, segments: UploadedSegments, excluded_pids: 
     log.info("kafscale_lakehouse ingested topic %s in %d run(s)", segments.topic, runs)
     [mapping] = [m for m in context.config.mappings if m.topic == segments.topic]
     table = load_catalog(context.catalog_settings).load_table(mapping.table)
-    return PipelineFigures("kafscale_lakehouse", seconds, sampler.usage, verify_table(table, segments), runs=runs,
+    written = verify_table(table, segments, avro=mapping.value_format == "avro")
+    return PipelineFigures("kafscale_lakehouse", seconds, sampler.usage, written, runs=runs,
                            max_bytes_per_run=context.config.processor.max_bytes_per_run, phases=dict(timer.seconds))
 
 
 def run_whole_process(document: dict, workdir: Path, table_name: str, segments: UploadedSegments,
-                      excluded_pids: set[int]) -> PipelineFigures:
+                      excluded_pids: set[int], avro: AvroValues | None = None) -> PipelineFigures:
     """A fresh `kafscale-lakehouse ingest --once` process over the topic, timed from spawn to exit."""
     config_path = workdir / "ingest-once.yaml"
     config_path.write_text(json.dumps(document))  # JSON is YAML
@@ -353,7 +444,7 @@ def run_whole_process(document: dict, workdir: Path, table_name: str, segments: 
         raise SystemExit(f"ingest --once exited with {completed.returncode}; its output is in {log_path}:\n"
                          + log_path.read_text()[-4000:])
     table = load_catalog(catalog_settings(parse_config(document))).load_table(table_name)
-    return PipelineFigures("ingest --once", seconds, sampler.usage, verify_table(table, segments),
+    return PipelineFigures("ingest --once", seconds, sampler.usage, verify_table(table, segments, avro is not None),
                            max_bytes_per_run=document["processor"]["max_bytes_per_run"])
 
 
@@ -369,23 +460,25 @@ def reference_import_seconds() -> float:
 # ------------------------------------------------------------------------------------------------ checks, output
 
 
-def verify_table(table: Table, segments: UploadedSegments) -> WrittenFiles:
+def verify_table(table: Table, segments: UploadedSegments, avro: bool = False) -> WrittenFiles:
     """Snapshots and data files of a fresh table, after checking it holds every record exactly once, with every
-    mapped column filled (each pizza order has every field)."""
+    mapped column filled (each pizza order has every field; `avro`: the Avro orders' fields, notes optional)."""
     table.refresh()
     name = ".".join(table.name())
     expected = sum(segments.records_by_partition.values())
-    rows = table.scan(selected_fields=("record_id", "partition", *(c.name for c in PIZZA_COLUMNS))).to_arrow()
+    value_columns = AVRO_VALUE_COLUMNS if avro else tuple(c.name for c in PIZZA_COLUMNS)
+    rows = table.scan(selected_fields=("record_id", "partition", *value_columns)).to_arrow()
     distinct = pc.count_distinct(rows.column("record_id")).as_py()
     per_partition = {row["values"]: row["counts"] for row in pc.value_counts(rows.column("partition")).to_pylist()}
     if rows.num_rows != expected or distinct != expected or per_partition != segments.records_by_partition:
         raise SystemExit(f"table {name} holds {rows.num_rows} rows ({distinct} distinct record ids, per partition "
                          f"{per_partition}); expected {expected} ({segments.records_by_partition})")
-    nulls = {c.name: rows.column(c.name).null_count for c in PIZZA_COLUMNS if rows.column(c.name).null_count}
+    nulls = {c: rows.column(c).null_count for c in value_columns if rows.column(c).null_count}
     if nulls:
         raise SystemExit(f"table {name} has nulls in mapped columns {nulls}; every pizza order has every field")
-    files = table.inspect.files()
-    return WrittenFiles(len(table.snapshots()), files.num_rows, pc.sum(files.column("file_size_in_bytes")).as_py() or 0)
+    # The scan's data files, not table.inspect.files(): pyiceberg's metrics table cannot hold a uuid column's bounds
+    files = [task.file for task in table.scan().plan_files()]
+    return WrittenFiles(len(table.snapshots()), len(files), sum(f.file_size_in_bytes for f in files))
 
 
 def verify_parquet_files(paths: list[Path], segments: UploadedSegments) -> WrittenFiles:
@@ -453,6 +546,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workload", choices=WORKLOADS, default="realistic",
                         help="realistic: unique trace headers and keys, values of 100 B to 100 KB; friendly: the "
                              "same header on every record, ~175-byte values (kafscale_lakehouse.apps.workload)")
+    parser.add_argument("--values", choices=("json", "avro"), default="json",
+                        help="avro: the orders as Avro values through the Confluent-compatible test registry")
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--records-per-segment", type=int, default=10_000)
@@ -505,29 +600,46 @@ def main() -> None:
 def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd | None, workdir: Path, s3_namespace: str,
               table_namespace: str, excluded_pids: set[int]) -> None:
     s3 = seaweedfs.s3_client()
+    registry = None
+    if args.values == "avro":
+        from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+
+        registry = ConfluentCompatibleRegistry().start()
+    try:
+        benchmark_values(args, seaweedfs, etcd, workdir, s3_namespace, table_namespace, excluded_pids, s3,
+                         AvroValues.register(registry.url, (PIZZA_TOPIC, WARMUP_TOPIC)) if registry else None)
+    finally:
+        if registry is not None:
+            registry.stop()
+
+
+def benchmark_values(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd | None, workdir: Path,
+                     s3_namespace: str, table_namespace: str, excluded_pids: set[int], s3: Any,
+                     avro: AvroValues | None) -> None:
     started = time.perf_counter()
     segments = write_and_upload(s3, workdir / "segments", namespace=s3_namespace, topic=PIZZA_TOPIC,
                                 records=args.records, partitions=args.partitions,
                                 records_per_segment=args.records_per_segment,
                                 records_per_batch=args.records_per_batch, codecs=tuple(args.codecs),
-                                workload=args.workload)
+                                workload=args.workload, avro=avro)
     # As many warm-up partitions as Spark task slots, so that every Python worker a task uses is started.
     warmup = write_and_upload(s3, workdir / "segments", namespace=s3_namespace, topic=WARMUP_TOPIC,
                               records=WARMUP_RECORDS, partitions=SPARK_TASK_SLOTS, records_per_segment=WARMUP_RECORDS,
                               records_per_batch=args.records_per_batch, codecs=tuple(args.codecs[:1]),
-                              workload=args.workload)
+                              workload=args.workload, avro=avro)
     megabytes = segments.kfs_bytes / 1e6
-    print(f"{args.records} pizza records ({args.workload} workload) in {len(segments.kfs_keys)} segments of "
-          f"{args.partitions} partitions "
+    print(f"{args.records} pizza records ({args.workload} workload, {args.values} values) in "
+          f"{len(segments.kfs_keys)} segments of {args.partitions} partitions "
           f"({megabytes:.1f} MB, codecs {', '.join(args.codecs)}, {args.records_per_batch} records per batch), "
-          f"written and uploaded to SeaweedFS in {time.perf_counter() - started:.1f} s; {os.cpu_count()} cores")
+          f"written and uploaded to SeaweedFS in {time.perf_counter() - started:.1f} s; {os.cpu_count()} cores; "
+          f"load {os.getloadavg()[0]:.1f}")
     config = lakehouse_config(seaweedfs, etcd, workdir, s3_namespace=s3_namespace, table_namespace=table_namespace,
                               max_bytes_per_run=args.max_bytes_per_run,
-                              target_file_size_bytes=args.target_file_size_bytes)
+                              target_file_size_bytes=args.target_file_size_bytes, avro=avro)
 
     # The reference and the floor first, before Spark exists, so that their process tree is this process alone.
-    reference = run_reference(s3, segments, config, f"{table_namespace}.pizzas_reference", excluded_pids)
-    floor = run_floor(s3, segments, workdir / "floor", excluded_pids)
+    reference = run_reference(s3, segments, config, f"{table_namespace}.pizzas_reference", excluded_pids, avro)
+    floor = run_floor(s3, segments, workdir / "floor", excluded_pids, avro)
 
     started = time.perf_counter()
     spark = get_spark_session(config.spark.master, dict(config.spark.conf), ui_enabled=False)
@@ -547,8 +659,9 @@ def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd | None,
         document = lakehouse_config_document(
             seaweedfs, etcd, workdir, s3_namespace=s3_namespace, table_namespace=table_namespace,
             max_bytes_per_run=args.max_bytes_per_run, target_file_size_bytes=args.target_file_size_bytes,
-            tables={PIZZA_TOPIC: "pizzas_once"}, offsets_name="offsets-once")
-        whole = run_whole_process(document, workdir, f"{table_namespace}.pizzas_once", segments, excluded_pids)
+            tables={PIZZA_TOPIC: "pizzas_once"}, offsets_name="offsets-once", avro=avro)
+        whole = run_whole_process(document, workdir, f"{table_namespace}.pizzas_once", segments, excluded_pids,
+                                  avro)
 
     cores = os.cpu_count() or 1
     pipelines = [reference, floor, ours, *([whole] if whole else [])]

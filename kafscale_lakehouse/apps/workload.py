@@ -21,7 +21,7 @@ import math
 import os
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -170,9 +170,10 @@ def write_partition_segments(root: Path, *, record_count: int, namespace: str = 
                              topic: str = PIZZA_TOPIC, partition: int = 0, base_offset: int = 0, seed: int = 0,
                              records_per_segment: int = 1_000, records_per_batch: int = 100,
                              codecs: Sequence[str] = ALL_CODECS, created_ms: int = DEFAULT_START_MS,
-                             index_interval: int = DEFAULT_INDEX_INTERVAL, workload: str = "friendly"
-                             ) -> list[WrittenSegment]:
-    """Write `record_count` pizza orders (of `workload`) from `base_offset` as contiguous segments of one partition.
+                             index_interval: int = DEFAULT_INDEX_INTERVAL, workload: str = "friendly",
+                             transform: Callable[[Record], Record] | None = None) -> list[WrittenSegment]:
+    """Write `record_count` pizza orders (of `workload`) from `base_offset` as contiguous segments of one partition;
+    `transform` rewrites each order first (e.g. `pizza_order_as_avro`: the benchmarks' Avro workload).
 
     Segment `i` uses `codecs[i % len(codecs)]`. Files are `segment-%020d.kfs` and `.index` under
     `partition_dir(...)`; each is written to a `.tmp` name and renamed, `.kfs` before `.index` as the broker
@@ -190,7 +191,8 @@ def write_partition_segments(root: Path, *, record_count: int, namespace: str = 
     for segment_number, first in enumerate(range(base_offset, base_offset + record_count, records_per_segment)):
         count = min(records_per_segment, base_offset + record_count - first)
         codec = codecs[segment_number % len(codecs)]
-        segment = encode_segment(pizza_orders(first, count, seed=seed, partition=partition, workload=workload),
+        orders = pizza_orders(first, count, seed=seed, partition=partition, workload=workload)
+        segment = encode_segment(orders if transform is None else [transform(order) for order in orders],
                                  base_offset=first,
                                  codec=codec, records_per_batch=records_per_batch, created_ms=created_ms,
                                  index_interval=index_interval)
