@@ -49,7 +49,12 @@ the series of the failing source are left out of that scrape and `errors_total` 
 uploads `.kfs` and `.index` in parallel, and a failed upload leaves one without the other) for longer than the grace
 period: the runs of that partition fail naming the object until `kafscale-lakehouse offsets skip` records its offsets
 as skipped. It comes from a listing of each partition from its committed next offset in the segment store (a third
-source, with a shorter deadline); when the store does not answer, the series is left out and a warning logged.
+source, with a shorter deadline); when the store does not answer, the series is left out and a warning logged. That
+listing is kept between scrapes (listed again in the background after `STALLED_REFRESH_SECONDS`, its ages advanced
+meanwhile): only the first scrape of the process waits for it.
+
+With many mapped topics, each source reads its topics `READ_THREADS` at a time, and the catalog is read while etcd
+is: at 200 tables a scrape took 4.6-5.2 s reading them one after the other (benchmarks/metrics_scrape.py).
 
 Readiness (`/readyz`) is asked of the collector too: `readiness_problems` probes etcd (or the offsets store) and the
 catalog with the same per-source deadline as a scrape.
@@ -61,7 +66,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import TypeVar, cast
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -117,6 +123,15 @@ SEGMENTS_TIMEOUT_SECONDS = 2.0
 # so an etcd that is down is reported as unreachable (naming its endpoints), not as a timeout.
 ETCD_RETRY_SECONDS = 1.0
 ETCD_RPC_TIMEOUT_SECONDS = 1.5
+# Per source, topics are read this many at a time: at 200 tables, serial `loadTable`s (10-40 ms each) alone took
+# seconds. Below the 10 connections the REST catalog's and boto3's HTTP pools keep.
+READ_THREADS = 8
+# The stalled-segment listing (a few S3 requests per partition: 3 s for 400 partitions) is kept between scrapes: it
+# is listed again in the background once older than STALLED_REFRESH_SECONDS, and served with its ages advanced while
+# younger than STALLED_MAX_AGE_SECONDS (a segment is only reported stalled after processor.orphan_segment_grace_seconds,
+# 300 s by default, so a listing this old says the same). Only the first scrape of the process waits for it.
+STALLED_REFRESH_SECONDS = 20.0
+STALLED_MAX_AGE_SECONDS = 120.0
 
 
 class SourceTimeoutError(RuntimeError):
@@ -286,6 +301,8 @@ class LakehouseStateCollector:
         if self._etcd is not None and self._discovery_mode is not DiscoveryMode.S3:
             self._errors[STAGE_DISCOVER] = 0
         self._errors_lock = threading.Lock()
+        self._stalled: tuple[float, dict[str, dict[int, StalledSegment]]] | None = None  # (listed at, result)
+        self._stalled_refreshing = threading.Event()
 
     # ---- reading ----------------------------------------------------------------------------------------
 
@@ -299,12 +316,9 @@ class LakehouseStateCollector:
 
     def _read_offsets(self) -> dict[str, TopicOffsets]:
         """Per topic; a topic whose keys cannot be read is left out (and counted); an unreachable store ends it."""
-        found: dict[str, TopicOffsets] = {}
-        for topic, _table in self._topics:
+        def read(topic: str) -> TopicOffsets | None:
             try:
-                found[topic] = TopicOffsets(
-                    self._offsets.committed_offsets(topic), self._offsets.broker_watermarks(topic)
-                )
+                return TopicOffsets(self._offsets.committed_offsets(topic), self._offsets.broker_watermarks(topic))
             except (EtcdUnavailableError, OffsetStoreUnavailableError):
                 raise  # the other topics would only wait for the same unreachable store
             except (EtcdError, OffsetStoreError) as exc:
@@ -315,6 +329,9 @@ class LakehouseStateCollector:
                     self._offsets.location,
                     describe_failure(exc),
                 )
+                return None
+
+        found = {topic: offsets for topic, offsets in self._each_topic(read) if offsets is not None}
         if self._etcd is not None and STAGE_DISCOVER in self._errors:
             self._check_metadata_snapshot(self._etcd)
         return found
@@ -345,15 +362,18 @@ class LakehouseStateCollector:
         """Per topic; a table that cannot be read is left out (and counted); an unreachable catalog ends it."""
         catalog = self._connected_catalog()
         endpoint = catalog_endpoint(catalog)
-        found: dict[str, TopicTotals] = {}
-        for topic, table_name in self._topics:
-            totals = self._totals.setdefault(topic, TopicTotals())
+        tables = dict(self._topics)
+        for topic in tables:
+            self._totals.setdefault(topic, TopicTotals())
+
+        def read(topic: str) -> TopicTotals | None:
+            table_name, totals = tables[topic], self._totals[topic]
             try:
                 with catalog_errors(endpoint):
                     table = catalog.load_table(table_name)
                 totals.add_new_snapshots(table, topic)
             except (NoSuchTableError, NoSuchNamespaceError):
-                log.debug("table %s of topic %s does not exist yet", table_name, topic)
+                log.debug("table %s of topic %s does not exist yet", table_name, topic)  # its counters are 0
             except CatalogError:
                 self._catalog = None  # connect afresh next time (new session, new token)
                 raise
@@ -367,21 +387,73 @@ class LakehouseStateCollector:
                     describe_failure(exc),
                 )
                 log.debug("reading table %s failed", table_name, exc_info=True)
-                continue
-            found[topic] = totals.copy()
-        return found
+                return None
+            return totals.copy()
+
+        return {topic: totals for topic, totals in self._each_topic(read) if totals is not None}
+
+    def _each_topic(self, read: Callable[[str], T]) -> list[tuple[str, T]]:
+        """`read` of every mapped topic, `READ_THREADS` at a time, in mapping order; the first exception `read`
+        lets through is raised (after the reads under way finish)."""
+        topics = [topic for topic, _table in self._topics]
+        if len(topics) <= 1:
+            return [(topic, read(topic)) for topic in topics]
+        with ThreadPoolExecutor(min(READ_THREADS, len(topics)), thread_name_prefix="serve-metrics read") as pool:
+            return list(zip(topics, pool.map(read, topics), strict=True))
 
     def _read_stalled(self, offsets: dict[str, TopicOffsets]) -> dict[str, dict[int, StalledSegment]]:
         """Per topic (of those whose offsets were read), the partitions waiting behind an incomplete segment past the
         grace period: listed from the committed next offset, or from the start for partitions nothing is committed
         of."""
         grace = self._config.processor.orphan_segment_grace_seconds
-        found: dict[str, dict[int, StalledSegment]] = {}
-        for topic, topic_offsets in offsets.items():
+
+        def read(topic: str) -> dict[int, StalledSegment] | None:
+            if topic not in offsets:
+                return None
             next_offsets: dict[int, int | None] = dict.fromkeys(self._segments.list_partitions(topic))
-            next_offsets.update({p: c.next_offset for p, c in topic_offsets.committed.items()})
-            found[topic] = stalled_partitions(self._segments, topic, next_offsets, grace_seconds=grace)
-        return found
+            next_offsets.update({p: c.next_offset for p, c in offsets[topic].committed.items()})
+            return stalled_partitions(self._segments, topic, next_offsets, grace_seconds=grace)
+
+        return {topic: stalled for topic, stalled in self._each_topic(read) if stalled is not None}
+
+    def _list_stalled(self, offsets: dict[str, TopicOffsets]) -> dict[str, dict[int, StalledSegment]]:
+        """`_read_stalled`, kept for the next scrapes (even when the scrape that started it stopped waiting)."""
+        listed_at = time.monotonic()
+        try:
+            stalled = self._read_stalled(offsets)
+            self._stalled = (listed_at, stalled)
+            return stalled
+        finally:
+            self._stalled_refreshing.clear()
+
+    def _current_stalled(self, offsets: dict[str, TopicOffsets]) -> dict[str, dict[int, StalledSegment]]:
+        """The stalled partitions: listed now on the first scrape (within the segment store's deadline), afterwards
+        the last listing with its ages advanced, listed again in the background when older than
+        `STALLED_REFRESH_SECONDS`; none when the last listing is older than `STALLED_MAX_AGE_SECONDS`."""
+        where = f"segments from {self._segments.location}"
+        if self._stalled is None:
+            if self._stalled_refreshing.is_set():
+                return {}  # the first listing has not finished yet: no waiting for it again
+            self._stalled_refreshing.set()
+            return self._read_source(self._segments_caller, lambda: self._list_stalled(offsets), None, where)
+        listed_at, stalled = self._stalled
+        age = time.monotonic() - listed_at
+        if age > STALLED_REFRESH_SECONDS and not self._stalled_refreshing.is_set():
+            self._stalled_refreshing.set()
+
+            def refresh() -> None:
+                try:
+                    self._list_stalled(offsets)
+                except Exception as exc:  # noqa: BLE001 - a background listing: logged, retried on a later scrape
+                    log.warning("cannot read %s: %s", where, describe_failure(exc))
+
+            threading.Thread(target=refresh, name="serve-metrics segments", daemon=True).start()
+        if age > STALLED_MAX_AGE_SECONDS:
+            log.warning("cannot read %s: the last listing is %.0f s old (more than %.0f s); stalled partitions are "
+                        "left out", where, age, STALLED_MAX_AGE_SECONDS)
+            return {}
+        return {topic: {p: replace(segment, age_seconds=segment.age_seconds + age) for p, segment in found.items()}
+                for topic, found in stalled.items()}
 
     def _read_source(self, caller: _BoundedCaller, read: Callable[[], dict], stage: str | None, where: str) -> dict:
         try:
@@ -396,17 +468,22 @@ class LakehouseStateCollector:
     # ---- prometheus_client Collector ---------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
-        offsets = self._read_source(
-            self._offsets_caller, self._read_offsets, STAGE_CHECKPOINT, f"offsets from {self._offsets.location}"
-        )
-        totals = self._read_source(
+        # The catalog is read while etcd and then the segment store are (the stalled listing starts from the
+        # committed offsets): a scrape takes the longer of the two, not their sum.
+        tables: list[dict] = []
+        catalog_reader = threading.Thread(target=lambda: tables.append(self._read_source(
             self._catalog_caller,
             self._read_tables,
             STAGE_SINK,
             f"tables from the {self._catalog_settings.type} catalog",
+        )), name="serve-metrics catalog", daemon=True)
+        catalog_reader.start()
+        offsets = self._read_source(
+            self._offsets_caller, self._read_offsets, STAGE_CHECKPOINT, f"offsets from {self._offsets.location}"
         )
-        stalled = self._read_source(self._segments_caller, lambda: self._read_stalled(offsets), None,
-                                    f"segments from {self._segments.location}")
+        stalled = self._current_stalled(offsets)
+        catalog_reader.join()
+        totals = tables[0]
         yield from _table_families(totals)
         yield from _offset_families(offsets, totals)
         yield _stalled_family(stalled)
