@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/upsert.py [--table-rows 1000000,10000000,50000000] [--changes 1000000]
         [--distributions uniform,skewed,recent] [--runs 2] [--buckets 16] [--file-rows 250000] [--pyiceberg-max-rows N]
+    .venv/bin/python benchmarks/upsert.py --compaction [--compaction-rows 2000000] [--compaction-appends 40]
+        [--compaction-target-bytes 1048576] [--compaction-changes 2000] [--buckets 4]
 
 For each table size a table of `id long, status string, seats int, updated long` is created in a local sqlite
 catalog, bucketed `bucket(--buckets, id)` (the spec the README suggests for upsert tables) and loaded in id order
@@ -14,6 +16,15 @@ rows, find the files that may hold the keys by partition and bounds, rewrite tho
 the files rewritten and the table's files, and the same run through pyiceberg's `Table.upsert` on a copy of the
 table (skipped above `--pyiceberg-max-rows`: it reads every matching row and builds one `In` of all keys). Numbers
 depend on the machine's load: run it on an idle machine.
+
+`--compaction`: what compaction's sort (engine/maintenance.py sorts an upsert table's rows by its id columns, the
+table's sort order) saves the next upsert. Two copies of a `bucket(--buckets, id)` table of `--compaction-rows` ids
+are loaded by `--compaction-appends` appends of random ids (as ingestion runs of new keys leave a table: every
+file spans the whole id range of its bucket), one with the sort order `id` and one without; each is compacted
+(`compact`, local Spark, target `--compaction-target-bytes`), then one upsert run of `--compaction-changes` keys of
+the newest 1% of the ids (recent rows change most) is applied. Printed per copy: files before and after compaction,
+the compaction's seconds, and the upsert's files rewritten (of the files its bounds and buckets may hold) and
+seconds.
 """
 
 from __future__ import annotations
@@ -32,9 +43,11 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.transforms import BucketTransform
+from pyiceberg.transforms import BucketTransform, IdentityTransform
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
+from kafscale_lakehouse.engine.maintenance import compact
+from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.engine.tables.data_files import SinkJob, write_batches_as_data_files
 from kafscale_lakehouse.engine.tables.upserts import REWRITTEN_FILES_PROPERTY, UpsertOptions, upsert_rows
 
@@ -88,6 +101,52 @@ def data_file_count(table: Table) -> int:
     return int(snapshot.summary["total-data-files"]) if snapshot and snapshot.summary else 0
 
 
+def append_random_ids(catalog: SqlCatalog, name: str, table_rows: int, buckets: int, appends: int,
+                      sort_by_id: bool) -> Table:
+    """The table loaded by `appends` appends of random ids (a permutation of 0..table_rows-1 cut in `appends`)."""
+    spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=BucketTransform(buckets),
+                                        name="id_bucket"))
+    table = catalog.create_table(name, SCHEMA, partition_spec=spec)
+    if sort_by_id:  # what an upsert table's first upsert sets (engine/tables/upserts.py)
+        with table.update_sort_order() as update:
+            update.asc("id", IdentityTransform())
+    rng = np.random.default_rng(2)
+    for number, ids in enumerate(np.array_split(rng.permutation(table_rows).astype(np.int64), appends)):
+        job = SinkJob.for_table(table, f"load-{uuid.uuid4().hex[:8]}", 1 << 40)
+        files = write_batches_as_data_files(job, rows(np.sort(ids), 0, rng).to_batches(), number)
+        with table.transaction() as transaction, transaction.update_snapshot().fast_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+    return table
+
+
+def compaction_figures(args: argparse.Namespace, catalog: SqlCatalog) -> None:
+    spark = get_spark_session("local[2]", ui_enabled=False)
+    spark.range(0, 2, 1, 2).mapInArrow(lambda batches: batches, "id long").collect()  # Python workers started
+    table_rows = args.compaction_rows
+    keys = np.unique(table_rows - 1 - np.random.default_rng(3).integers(0, max(1, table_rows // 100),
+                                                                         args.compaction_changes))
+    print(f"{'sorted':>6} {'files':>6} {'compacted':>9} {'compact s':>9} {'upsert keys':>11} {'rewritten':>9} "
+          f"{'upsert s':>8}")
+    for sort_by_id in (False, True):
+        table = append_random_ids(catalog, f"bench.compaction_{'sorted' if sort_by_id else 'unsorted'}", table_rows,
+                                  args.buckets, args.compaction_appends, sort_by_id)
+        files_before = data_file_count(table)
+        started = time.monotonic()
+        compact(spark, table, target_file_size_bytes=args.compaction_target_bytes, min_input_files=2)
+        compaction_seconds = time.monotonic() - started
+        files_after = data_file_count(table)
+        run_id = f"bench-{uuid.uuid4().hex[:12]}"
+        staged = write_batches_as_data_files(SinkJob.for_table(table, run_id, 128 << 20),
+                                             rows(keys, 1, np.random.default_rng(4)).to_batches(), 0)
+        started = time.monotonic()
+        upsert_rows(table, staged, UpsertOptions(("id",)), run_id, target_file_size_bytes=128 << 20)
+        upsert_seconds = time.monotonic() - started
+        rewritten = table.current_snapshot().summary[REWRITTEN_FILES_PROPERTY]
+        print(f"{'yes' if sort_by_id else 'no':>6} {files_before:>6} {files_after:>9} {compaction_seconds:>9.1f} "
+              f"{len(keys):>11} {rewritten:>9} {upsert_seconds:>8.2f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table-rows", default="1000000,10000000,50000000")
@@ -97,11 +156,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--file-rows", type=int, default=250_000)
     parser.add_argument("--pyiceberg-max-rows", type=int, default=10_000_000)
+    parser.add_argument("--compaction", action="store_true", help="files an upsert rewrites after compaction, "
+                        "with and without the sort by id (instead of the runs above)")
+    parser.add_argument("--compaction-rows", type=int, default=2_000_000)
+    parser.add_argument("--compaction-appends", type=int, default=40)
+    parser.add_argument("--compaction-target-bytes", type=int, default=1 << 20)
+    parser.add_argument("--compaction-changes", type=int, default=2_000)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="upsert-bench-") as root:
         catalog = SqlCatalog("bench", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
         catalog.create_namespace("bench")
+        if args.compaction:
+            compaction_figures(args, catalog)
+            return 0
         print(f"{'table rows':>11} {'distribution':>12} {'run':>3} {'keys':>9} {'ours s':>8} {'rewritten':>9} "
               f"{'files':>6} {'pyiceberg s':>11}")
         for table_rows in map(int, args.table_rows.split(",")):

@@ -16,7 +16,8 @@
   Spark job, then committed as one overwrite snapshot that removes the inputs, adds the outputs and carries the
   table's offsets forward (engine/tables/rewrites.py: retried on a concurrent commit, abandoned with its files
   deleted when an input is gone, so nothing is lost or doubled). Ingestion is never blocked: it commits whenever it
-  wants; compaction is the one that retries.
+  wants; compaction is the one that retries. A table with a sort order (an upsert table: its id columns) has each
+  group's rows sorted by it, so an upsert's keys fall in few of the compacted files' bounds.
 - `remove_orphan_files`: files under the table's own location, older than `min_age` (3 days, as Iceberg's), that no
   snapshot, manifest list, manifest, metadata file or statistics file of the table references. Refuses to run when
   another table's metadata lies in the same location (a table renamed and recreated there by older versions).
@@ -42,6 +43,8 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadataUtil
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.sorting import SortDirection
+from pyiceberg.transforms import IdentityTransform
 from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.engine.errors import EngineError
@@ -367,11 +370,18 @@ class CompactionResult:
     attempts: int
 
 
+# A sorted compaction group (a table with a sort order) holds up to this many target file sizes: its task sorts the
+# group's rows in memory, and a bigger group writes more files of disjoint sort ranges.
+SORTED_GROUP_TARGETS = 4
+
+
 def compaction_groups(tasks: Sequence[FileScanTask], *, target_file_size_bytes: int,
-                      min_input_files: int) -> list[list[DataFile]]:
+                      min_input_files: int, max_group_bytes: int | None = None) -> list[list[DataFile]]:
     """Small data files (under 3/4 of the target, without delete files) grouped by spec and partition, in groups
-    of about the target size; partitions with fewer than `min_input_files` small files are left alone."""
+    of about the target size (or `max_group_bytes`); partitions with fewer than `min_input_files` small files are
+    left alone."""
     small_limit = target_file_size_bytes * 3 // 4
+    group_limit = max_group_bytes or target_file_size_bytes
     by_partition: dict[tuple, list[DataFile]] = {}
     for task in tasks:
         data_file = task.file
@@ -387,7 +397,7 @@ def compaction_groups(tasks: Sequence[FileScanTask], *, target_file_size_bytes: 
         group: list[DataFile] = []
         size = 0
         for data_file in files:
-            if group and size + data_file.file_size_in_bytes > target_file_size_bytes:
+            if group and size + data_file.file_size_in_bytes > group_limit:
                 groups.append(group)
                 group, size = [], 0
             group.append(data_file)
@@ -397,23 +407,41 @@ def compaction_groups(tasks: Sequence[FileScanTask], *, target_file_size_bytes: 
     return groups
 
 
+def compaction_sort_columns(table: Table) -> list[tuple[str, str]]:
+    """(column, "ascending" | "descending") of the table's sort order, up to its first field that is not a plain
+    column (a transform): what compaction sorts each group by. Upsert tables are sorted by their id columns
+    (engine/tables/upserts.py), so compacted files hold narrow id ranges that an upsert skips by their bounds."""
+    schema, columns = table.schema(), []
+    for sort_field in table.sort_order().fields:
+        if not isinstance(sort_field.transform, IdentityTransform):
+            break
+        columns.append((schema.find_column_name(sort_field.source_id) or "",
+                        "ascending" if sort_field.direction == SortDirection.ASC else "descending"))
+    return [c for c in columns if c[0]]
+
+
 def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, min_input_files: int = 5,
             max_attempts: int = DEFAULT_COMMIT_ATTEMPTS, retry_wait_seconds: float = 0.2) -> CompactionResult:
-    """Rewrite small data files into files of about `target_file_size_bytes` (see the module docstring)."""
+    """Rewrite small data files into files of about `target_file_size_bytes` (see the module docstring). A table
+    with a sort order (`compaction_sort_columns`) has each group's rows sorted by it, in groups of up to
+    `SORTED_GROUP_TARGETS` target sizes, so its output files hold disjoint ranges of the sort columns."""
     table_name = ".".join(table.name())
     with catalog_errors(catalog_endpoint(table.catalog)):
         table.refresh()
     if table.current_snapshot() is None:
         return CompactionResult(None, 0, 0, 0, 0, 0)
+    sort_by = compaction_sort_columns(table)
     groups = compaction_groups(list(table.scan().plan_files()), target_file_size_bytes=target_file_size_bytes,
-                               min_input_files=min_input_files)
+                               min_input_files=min_input_files,
+                               max_group_bytes=SORTED_GROUP_TARGETS * target_file_size_bytes if sort_by else None)
     if not groups:
         log.info("table %s: nothing to compact", table_name)
         return CompactionResult(None, 0, 0, 0, 0, 0)
     compaction_id = f"compact-{uuid.uuid4().hex}"
-    log.info("table %s: compacting %d files in %d groups (%s)", table_name, sum(len(g) for g in groups),
-             len(groups), compaction_id)
-    written = run_rewrite_job(spark, table, compaction_id, groups, target_file_size_bytes=target_file_size_bytes)
+    log.info("table %s: compacting %d files in %d groups (%s)%s", table_name, sum(len(g) for g in groups),
+             len(groups), compaction_id, f", sorted by {sort_by}" if sort_by else "")
+    written = run_rewrite_job(spark, table, compaction_id, groups, target_file_size_bytes=target_file_size_bytes,
+                              sort_by=sort_by)
     inputs = [f for g in groups for f in g]
     try:
         snapshot_id, attempts = commit_rewrite(table, inputs, written, marker=(COMPACTION_PROPERTY, compaction_id),

@@ -1,7 +1,8 @@
 """The Spark job of a rewrite (compaction, replay): groups of a table's data files read again and written as new files.
 
 One task per group reads its files with pyiceberg's `ArrowScan` (delete files applied) and writes their rows again
-with the executor-side writer (`engine/tables/data_files.py`), optionally leaving out the records of a `RecordRange`.
+with the executor-side writer (`engine/tables/data_files.py`), optionally leaving out the records of a `RecordRange`,
+and optionally sorted (`sort_by`: compaction of a table with a sort order; the group's rows are sorted in memory).
 The files are returned uncommitted; `engine/tables/rewrites.commit_rewrite` commits them.
 """
 
@@ -29,11 +30,12 @@ _OUTPUT_SCHEMA = "task_output binary"
 @dataclass(frozen=True)
 class RewriteTasks:
     """Pickled into the job's closure: each task reads its group's files and writes their rows again (those of
-    `without` left out)."""
+    `without` left out), sorted by `sort_by` ((column, "ascending" | "descending"), nulls last) when given."""
 
     sink: SinkJob
     groups: tuple[tuple[DataFile, ...], ...]
     without: RecordRange | None = None
+    sort_by: tuple[tuple[str, str], ...] = ()
 
     def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in task_ids:
@@ -47,8 +49,7 @@ class RewriteTasks:
         scan = ArrowScan(metadata, self.sink.file_io(), metadata.schema(), row_filter)
         writer = RollingDataFiles(self.sink, task_id)
         try:
-            for data_file in self.groups[task_id]:
-                rows = scan.to_table([FileScanTask(data_file)])
+            for rows in self._rows(scan, self.groups[task_id]):
                 for chunk in writer.checked(rows.to_batches()):
                     writer.write(pa.Table.from_batches([chunk]))
             return writer.close()
@@ -56,15 +57,24 @@ class RewriteTasks:
             writer.discard()
             raise
 
+    def _rows(self, scan: ArrowScan, files: Sequence[DataFile]) -> Iterator[pa.Table]:
+        """The group's rows: file by file, or all of them sorted by `sort_by`."""
+        if not self.sort_by:
+            for data_file in files:
+                yield scan.to_table([FileScanTask(data_file)])
+            return
+        yield pa.concat_tables([scan.to_table([FileScanTask(f)]) for f in files]).sort_by(list(self.sort_by))
+
 
 def run_rewrite_job(spark: SparkSession, table: Table, rewrite_id: str, groups: Sequence[Sequence[DataFile]], *,
-                    target_file_size_bytes: int, without: RecordRange | None = None) -> list[DataFile]:
+                    target_file_size_bytes: int, without: RecordRange | None = None,
+                    sort_by: Sequence[tuple[str, str]] = ()) -> list[DataFile]:
     """The files of each group rewritten by one Spark task into files of about `target_file_size_bytes`, in the
     rewrite's own directory (`run_files.run_table`), uncommitted. If the job fails, what it wrote is deleted."""
     if not groups:
         return []
     sink = SinkJob.for_table(table, rewrite_id, target_file_size_bytes)
-    tasks = RewriteTasks(sink, tuple(tuple(g) for g in groups), without)
+    tasks = RewriteTasks(sink, tuple(tuple(g) for g in groups), without, tuple(sort_by))
     job = spark.range(0, len(groups), 1, numPartitions=len(groups)).mapInArrow(tasks, _OUTPUT_SCHEMA)
     try:
         return [f for row in job.collect() for f in pickle.loads(row.task_output)]  # noqa: S301 - our own tasks' output

@@ -579,6 +579,7 @@ def commit_upsert(
         raise ValueError(f"table {table_name} topic {topic}: start offsets cover partitions {sorted(start_offsets)} "
                          f"but end offsets cover {sorted(end_offsets)}")
     _suggest_bucketing(table, key)
+    _sort_by_id(table, key)
     job = SinkJob.for_table(table, run_id, target_file_size_bytes)
     rows = data_files if isinstance(data_files, ChangeEventRows) else read_run_rows(table, data_files)
     changes = latest_changes(rows, key, events)
@@ -613,6 +614,24 @@ def commit_upsert(
              len(rewrite.removed), topic, topic_offsets)
     return CommitResult(snapshot_id=committed.snapshot_id, topic_offsets=topic_offsets, attempts=committed.attempts,
                         data_file_count=len(rewrite.added), record_count=sum(f.record_count for f in rewrite.added))
+
+
+def _sort_by_id(table: Table, key: UpsertKey) -> None:
+    """An upsert table's sort order is its id columns, so compaction (engine/maintenance.py) sorts the rows it
+    rewrites by them: compacted files hold narrow id ranges, which an upsert skips by their bounds. Set once, on a
+    table without a sort order (an operator's own order is kept); if that commit loses a race, the next run sets it."""
+    if not table.sort_order().is_unsorted:
+        return
+    try:
+        with table.update_sort_order() as update:
+            for name in key.id_columns:
+                update.asc(name, IdentityTransform())
+    except CommitFailedException as exc:
+        log.warning("table %s: could not set the sort order %s (the next run tries again): %s",
+                    ".".join(table.name()), list(key.id_columns), exc)
+        return
+    log.info("table %s: sort order set to its id columns %s (compaction sorts by them)", ".".join(table.name()),
+             list(key.id_columns))
 
 
 _SUGGESTED: set[str] = set()  # tables told about bucketing, once per process
