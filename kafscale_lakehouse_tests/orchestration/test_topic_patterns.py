@@ -11,6 +11,7 @@ import dagster as dg
 import pytest
 
 from kafscale_lakehouse.config import parse_config, resolve_topic_patterns
+from kafscale_lakehouse.engine.ingestion import ingest
 from kafscale_lakehouse.orchestration.component import build_definitions
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, partitions_def_name, table_asset_key
 from kafscale_lakehouse.orchestration.topic_patterns import (
@@ -113,3 +114,30 @@ def test_a_topic_created_after_loading_is_onboarded_by_a_reload_and_lands_exactl
     clicks.assert_exactly_once(runs=1)
     orders.assert_exactly_once(runs=1)
 
+
+
+def test_ingest_lands_every_topic_a_pattern_matches_and_an_explicit_mapping_wins(
+        tmp_path, unique_prefix, seaweedfs, etcd_server, spark):
+    """`ingest` (what `kafscale-lakehouse ingest --once` and its polling loop run) resolves the patterns itself."""
+    orders = topic_world(tmp_path, unique_prefix, seaweedfs, etcd_server, "orders")
+    clicks = topic_world(tmp_path, unique_prefix, seaweedfs, etcd_server, "clicks")
+    orders.write_segments(0, 40, records_per_segment=20)
+    clicks.write_segments(0, 30, records_per_segment=30)
+    namespace = unique_prefix.replace("-", "_")
+    clicks.pattern_table = f"{namespace}.explicit_clicks"
+    document = orders.config_document()
+    document["mappings"] = [
+        {"topic_pattern": rf"(orders|clicks)\.{re.escape(unique_prefix)}", "table": f"{namespace}.{{topic}}",
+         "create_table_if_missing": True, "schema": {"columns": [dict(c) for c in PIZZA_COLUMNS]}},
+        {"topic": clicks.topic, "table": clicks.pattern_table, "create_table_if_missing": True},
+    ]
+    config = parse_config(document, source="<pattern ingest test>", base_dir=tmp_path)
+
+    results = ingest(config, spark)
+
+    assert sorted((r.topic, r.table, r.records) for r in results) == sorted(
+        [(orders.topic, orders.table_name, 40), (clicks.topic, clicks.pattern_table, 30)])
+    orders.assert_exactly_once(runs=1)
+    clicks.assert_exactly_once(runs=1)
+    assert ingest(config, spark, topics=[orders.topic])[0].records == 0  # nothing new: nothing lands twice
+    orders.assert_exactly_once(runs=1)

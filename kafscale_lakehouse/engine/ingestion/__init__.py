@@ -15,6 +15,7 @@ from kafscale_lakehouse.engine.ingestion.run import (
     open_mapping_table,
     prepare_ingest,
 )
+from kafscale_lakehouse.engine.ingestion.topic_patterns import discover_topics, with_pattern_topics
 from kafscale_lakehouse.engine.ingestion.topic_scan import (
     NamespaceScan,
     PartitionCursor,
@@ -44,6 +45,7 @@ __all__ = [
     "TopicScan",
     "WatchSources",
     "commit_ingest",
+    "discover_topics",
     "ingest",
     "lag",
     "lag_and_reference",
@@ -60,4 +62,5 @@ __all__ = [
     "scan_namespace",
     "scan_topic",
     "stalled_partitions",
+    "with_pattern_topics",
 ]

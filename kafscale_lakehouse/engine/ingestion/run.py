@@ -58,6 +58,7 @@ from kafscale_lakehouse.engine.ingestion.spark_job import (
     run_ingestion_spark_job,
     split_dead_letter_files,
 )
+from kafscale_lakehouse.engine.ingestion.topic_patterns import with_pattern_topics
 from kafscale_lakehouse.engine.ingestion.validation import (
     RecordValidation,
     resolve_record_validation,
@@ -274,7 +275,9 @@ def ingest(
         with IngestContext.from_config(config, spark) as own_context:
             return ingest(config, spark, topics=topics, context=own_context)
     wanted = None if topics is None else set(topics)
-    mappings = [m for m in config.mappings if wanted is None or m.topic in wanted]
+    # `topic_pattern` mappings: a mapping per matching topic that exists now (a polling caller picks up new ones).
+    resolved = with_pattern_topics(config, context.store, context.etcd).config
+    mappings = [m for m in resolved.mappings if wanted is None or m.topic in wanted]
     if wanted is not None and not mappings:
         raise ValueError(f"no mapping in the config for topic(s) {sorted(wanted)}")
     results, failures = [], []
