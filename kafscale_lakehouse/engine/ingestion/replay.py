@@ -42,6 +42,7 @@ from kafscale_lakehouse.engine.ingestion.validation import (
 )
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
 from kafscale_lakehouse.engine.tables.appends import commit_append
+from kafscale_lakehouse.engine.tables.audit import AUDIT_COMMANDS, pending_audit
 from kafscale_lakehouse.engine.tables.commits import CommitOutcomeUnknownError, delete_data_files, rows_must_match
 from kafscale_lakehouse.engine.tables.rewrites import RecordRange, commit_rewrite
 from kafscale_lakehouse.engine.tables.run_files import (
@@ -303,6 +304,11 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
 def _open_table(context: IngestContext, mapping: MappingConfig) -> tuple[RecordValidation, Table]:
     validation = resolve_record_validation(context.config, mapping, context.registry)
     table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
+    pending = pending_audit(table, mapping.audit_branch) if mapping.publish == "audited" else None
+    if pending is not None:  # a commit to main now would make the audited snapshot's fast-forward impossible
+        raise ReplayError(f"table {mapping.table}: audit branch {pending.branch} holds snapshot {pending.snapshot_id} "
+                          f"of run {pending.run_id} that main does not; settle it first: "
+                          f"{AUDIT_COMMANDS.format(table=mapping.table)}")
     return with_avro_value_schemas(validation, table, mapping.table), table
 
 

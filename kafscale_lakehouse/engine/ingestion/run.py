@@ -69,6 +69,7 @@ from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.audit import (
     AUDIT_COMMANDS,
     AuditError,
+    AuditPendingError,
     AuditReport,
     audit_snapshot,
     publish_audit,
@@ -386,8 +387,13 @@ def prepare_ingest(
     catalog = table.catalog  # the one open_mapping_table loaded: a REST catalog costs round trips to load
     if mapping.publish == "audited":
         # Before any offset is read: main is where runs start, so an audit left pending is published (its checks
-        # pass now) or the run refuses (AuditPendingError names the check and the operator commands).
-        settle_pending_audit(table, mapping.audit_branch, topic)
+        # pass now) or the run refuses, naming the check and the operator commands (an IngestFailedError, so the
+        # other mappings of an `ingest` pass go on).
+        try:
+            settle_pending_audit(table, mapping.audit_branch, topic)
+        except AuditPendingError as exc:
+            result.audit_error = str(exc)
+            raise IngestFailedError(result) from exc
     # Of a run that stopped between its commit and publishing; what can no longer be published is reported.
     pending_dead_letters = publish_pending_dead_letters(table, catalog)
     result.dead_letters_lost = pending_dead_letters.lost

@@ -15,7 +15,7 @@ import pytest
 import kafscale_lakehouse.engine.ingestion.run as run_module
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, maintain_table
-from kafscale_lakehouse.engine.tables.audit import AuditPendingError, branch_head, drop_audit, pending_audit
+from kafscale_lakehouse.engine.tables.audit import branch_head, drop_audit, pending_audit
 from kafscale_lakehouse.engine.tables.checks import RECORD_ID_UNIQUE
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
@@ -114,7 +114,7 @@ def test_a_clean_run_publishes_and_an_injected_duplicate_never_reaches_main(prod
 
     # The next run refuses, naming the check and the commands, while the failed audit is pending.
     world.write_segments(1, 20, base_offset=40, records_per_segment=20)
-    with pytest.raises(AuditPendingError, match=f"{RECORD_ID_UNIQUE}.*audit publish --table {world.table_name}"):
+    with pytest.raises(IngestFailedError, match=f"{RECORD_ID_UNIQUE}.*audit publish --table {world.table_name}"):
         ingest(config, spark)
     assert world.lease_keys() == []
 
@@ -194,16 +194,18 @@ def test_a_run_refuses_when_main_moved_off_the_pending_audit(production_world, s
     audited = branch_head(table, BRANCH)
     table.append(table.scan(limit=1).to_arrow())  # another engine commits to main meanwhile
 
-    with pytest.raises(AuditPendingError, match="main moved"):
+    with pytest.raises(IngestFailedError, match="main moved"):
         ingest(config, spark)
     assert branch_head(world.table(), BRANCH) == audited, "the branch keeps the audited snapshot"
 
 
 
-def test_maintenance_skips_rewrites_while_an_audit_is_pending(production_world, spark, monkeypatch):
+def test_maintenance_and_replay_wait_while_an_audit_is_pending(production_world, spark, monkeypatch, cli_main,
+                                                                capsys):
     world = production_world
     world.write_segments(0, 20, records_per_segment=20)
     config = world.config(audited_document(world))
+    config_path = world.write_config_file(audited_document(world))
     ingest(config, spark)
     world.write_segments(0, 20, base_offset=20, records_per_segment=20)
     ingest(config, spark)  # main now holds two small data files: compaction would rewrite them
@@ -222,6 +224,11 @@ def test_maintenance_skips_rewrites_while_an_audit_is_pending(production_world, 
     assert summary.files_compacted == 0 and summary.compaction_snapshot_id is None
     table = world.table()
     assert table.current_snapshot().snapshot_id == main_before, "main is untouched: the audit can still publish"
+    replay = ("offsets", "replay", "--topic", world.topic, "--partition", "0", "--from", "0", "--to", "10", "--yes",
+              "--config", str(config_path))
+    assert cli_main(*replay) == 2
+    assert "audit drop --table" in capsys.readouterr().err
+    assert world.table().current_snapshot().snapshot_id == main_before, "a replay would move main off the audit"
     drop_audit(table, BRANCH)
     summary = maintain_table(spark, world.table(), settings, expiry=False, orphans=False)
     assert summary.rewrites_skipped is None and summary.files_compacted == 2
@@ -244,7 +251,7 @@ def test_a_rollback_of_main_under_a_pending_audit_is_not_undone_by_its_publicati
 
     # main (now the first run's snapshot) is an ancestor of the audited snapshot, but not its parent: publishing it
     # would bring the rolled-back commit back.
-    with pytest.raises(AuditPendingError, match="main moved"):
+    with pytest.raises(IngestFailedError, match="main moved"):
         ingest(config, spark)
     assert world.table().current_snapshot().snapshot_id == rolled_back_to
 

@@ -57,6 +57,16 @@ POINTS: dict[str, dict[str, tuple[Any, str, str]]] = {
         "after-commit": (run, "commit_append", "after"),
         "before-forget": (run.PreparedIngest, "forget_run", "before"),
     },
+    # `publish: audited` (engine/tables/audit.py): the commit goes to the audit branch, then the checks run on it and
+    # `publish_audit` fast-forwards main (`inside-publish`: the catalog applied the fast-forward, the answer not back)
+    "ingest-audited": {
+        "before-commit": (run, "commit_append", "before"),
+        "inside-commit": (run, "commit_append", "inside"),
+        "after-commit": (run, "commit_append", "after"),
+        "before-publish": (run, "publish_audit", "before"),
+        "inside-publish": (run, "publish_audit", "inside"),
+        "after-publish": (run, "publish_audit", "after"),
+    },
     "replay": {
         "before-lease": (replay, "_lease", "before"),
         "after-write": (replay, "run_ingestion_spark_job", "after"),

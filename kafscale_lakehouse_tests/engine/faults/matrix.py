@@ -3,7 +3,9 @@ the real servers (SeaweedFS S3 + Iceberg REST catalog, etcd, a Spark engine); th
 with.
 
 A case is `primary@point/action+secondary`:
-- the primary (`ingest`, `replay`, `move-back`, and maintenance: `compact`, `manifests`, `expire`, `orphans`) is a
+- the primary (`ingest`, `ingest-audited`: the mapping with `publish: audited`, killed or held around its commit to
+  the audit branch and main's fast-forward, `replay`, `move-back`, and maintenance: `compact`, `manifests`,
+  `expire`, `orphans`) is a
   real `kafscale-lakehouse` process (actor.py) that reaches `point` and is killed, paused (leases kept) or frozen
   (leases expire while it lives), or whose commit is applied but answered with an error (`unknown`), or answered
   with an error and applied by the catalog only later (`late`: after the run ended and released its leases);
@@ -11,7 +13,9 @@ A case is `primary@point/action+secondary`:
   killed at a point of its own, or one held at its own point while the primary goes on), our maintenance, a
   position move or replay, another engine's append, delete (copy-on-write, or merge-on-read position deletes),
   rollback or expiry, or the broker re-cutting or re-uploading a segment;
-- then the primary goes on (pause, freeze) and ends; leases expire; settling runs ingest until nothing moves.
+- then the primary goes on (pause, freeze) and ends; leases expire; settling runs ingest until nothing moves (with
+  `publish: audited`, a run refused because of a pending audit it may not publish is followed by the operator's
+  `audit drop`, and settling goes on).
 
 The invariants (`check_invariants`), after the two actors and again after settling: the table scans; every file
 that any snapshot references exists; every row of the topic is there once, the table's offsets hold exactly the
@@ -50,6 +54,7 @@ from pyiceberg.table import Table
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.ingestion import IngestFailedError, ingest
 from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE, ConnectAddress
+from kafscale_lakehouse.engine.tables.audit import AuditPendingError
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.etcd import EtcdClient
@@ -83,6 +88,7 @@ FOREIGN_DELETED = {1: set(range(10))}  # what another engine's delete removes: p
 PENDING_BASE = 100  # partition 0's first segment no run has read when the case starts (20 records)
 RECUT_RECORDS = 12  # the re-cut segment holds PENDING_BASE .. PENDING_BASE + 11; 112..119 are gone from the log
 PROCESS_TIMEOUT_SECONDS = 240
+AUDIT_REFUSED = "refused, an audit pending: "  # an Outcome's detail when a run refused because of a pending audit
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,8 @@ def all_cases() -> list[Case]:
                 if action in ("unknown", "late") and point != "inside-commit":
                     continue
                 for secondary in SECONDARIES:
-                    if secondary == "recut" and primary == "ingest" and point not in POINTS_BEFORE_READ:
+                    if (secondary == "recut" and primary.startswith("ingest")
+                            and point not in POINTS_BEFORE_READ):
                         continue
                     if secondary.startswith("ingest-paused:") and action in ("kill", "unknown"):
                         continue  # the primary has ended: nothing to interleave with
@@ -184,6 +191,7 @@ class FaultWorld:
     engine: ConnectAddress
     cli_main: Callable[..., int]
     secondary_pid: int | None = None  # the secondary's process, when it is one
+    audited: bool = False  # the mapping publishes audited (the `ingest-audited` primary)
     invalid: dict[int, set[int]] = field(default_factory=dict)  # partition 0: segment base → its invalid offsets
     deleted: dict[int, set[int]] = field(default_factory=dict)  # offsets another engine deleted, per partition
     outcomes: list[Outcome] = field(default_factory=list)
@@ -202,6 +210,8 @@ class FaultWorld:
         document["mappings"][0]["maintenance"] = {"max_snapshots": 1, "min_input_files": 2, "manifest_min_count": 2}
         # Records the mapping cannot land (order_id missing, not JSON) go to a dead-letter table.
         document["mappings"][0]["dead_letter_table"] = self.dead_letter_table_name
+        if self.audited:
+            document["mappings"][0]["publish"] = "audited"
         return document
 
     def write(self, base: int, count: int) -> None:
@@ -232,6 +242,7 @@ class FaultWorld:
         config = ["--config", str(config_path)]
         return {
             "ingest": ["ingest", *config, "--once"],
+            "ingest-audited": ["ingest", *config, "--once"],
             # Partition 1: a replay refuses a range holding invalid records (it writes no dead letters); from 20:
             # another engine's delete of offsets 0..9 stays deleted.
             "replay": ["offsets", "replay", "--topic", self.topic, "--partition", "1", "--from", "20", "--yes",
@@ -278,7 +289,8 @@ class FaultWorld:
         try:
             result = action()
         except IngestFailedError as exc:
-            return Outcome(what, False, str(exc))
+            refused = isinstance(exc.__cause__, AuditPendingError)  # a pending audit it may not publish
+            return Outcome(what, False, f"{AUDIT_REFUSED if refused else ''}{exc}")
         if isinstance(result, int) and result != 0:
             return Outcome(what, False, f"exit {result}")
         return Outcome(what, True)
@@ -354,6 +366,7 @@ class FaultWorld:
     # ---- the case ---------------------------------------------------------------------------------------------
 
     def run(self, case: Case, scratch: Path) -> None:
+        self.audited = case.primary == "ingest-audited"
         config_path = self.prepare()
         signal_dir = scratch / "signals"
         self.check_invariants(case, "before the case", settled=True)
@@ -417,9 +430,14 @@ class FaultWorld:
         """Ingest until the table's offsets stop moving (at most 3 runs)."""
         config = self.world.config(self.config_document())
         previous = None
+        drop = ["audit", "drop", "--table", self.world.table_name, "--config", str(self.world.root / "lakehouse.yaml")]
         for attempt in range(3):
             outcome = self.run_in_process(f"settling run {attempt + 1}", lambda: ingest(config, self.spark))
             self.outcomes.append(outcome)
+            if outcome.detail.startswith(AUDIT_REFUSED):
+                # A pending audit the runs may not publish (main moved off it): the operator drops it.
+                self.outcomes.append(self.run_in_process("operator: audit drop", lambda: self.cli_main(*drop)))
+                continue
             offsets = read_topic_offsets(self.world.table(), self.topic)
             if offsets == previous and outcome.ok:
                 return
