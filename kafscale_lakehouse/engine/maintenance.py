@@ -49,6 +49,7 @@ from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
+from kafscale_lakehouse.engine.tables.audit import AUDIT_COMMANDS, DEFAULT_AUDIT_BRANCH, pending_audit
 from kafscale_lakehouse.engine.tables.catalogs import (
     BOUNDED_METADATA_PROPERTIES,
     CatalogSettings,
@@ -130,6 +131,7 @@ class MaintenanceSummary:
     manifests_after: int | None = None
     orphan_files_removed: int = 0
     duration_seconds: float = 0.0
+    rewrites_skipped: str | None = None  # why compaction and the manifest rewrite did not run (an audit pending)
 
     def as_dict(self) -> dict:
         return {
@@ -147,6 +149,7 @@ class MaintenanceSummary:
             "manifests_before": self.manifests_before,
             "manifests_after": self.manifests_after,
             "orphan_files_removed": self.orphan_files_removed,
+            "rewrites_skipped": self.rewrites_skipped,
             "duration_seconds": round(self.duration_seconds, 3),
         }
 
@@ -154,14 +157,25 @@ class MaintenanceSummary:
 def maintain_table(spark: SparkSession | None, table: Table, settings: MaintenanceSettings, *,
                    dead_letters: Table | None = None, compaction: bool = True, manifests: bool = True,
                    expiry: bool = True, orphans: bool = True, properties: bool = True,
-                   now: datetime | None = None) -> MaintenanceSummary:
+                   now: datetime | None = None, audit_branch: str = DEFAULT_AUDIT_BRANCH) -> MaintenanceSummary:
     """Properties, compaction, manifest rewrite, snapshot expiry and orphan-file removal, in that order (manifests
     after compaction, which rewrites some; expiry after both so the old snapshots can go; orphan removal last so
-    their files can go once old enough)."""
+    their files can go once old enough). While `audit_branch` holds a snapshot main does not (an audited publish
+    pending, engine/tables/audit.py), compaction and the manifest rewrite are skipped, saying so: a snapshot of
+    theirs on main would make the audited snapshot's fast-forward impossible. Expiry keeps the branch's head and
+    orphan removal the files of every snapshot, the audited one included."""
     started = time.monotonic()
     now = now or datetime.now(UTC)
     summary = MaintenanceSummary(".".join(table.name()))
     summary.before = table_files(table)
+    pending = pending_audit(table, audit_branch) if compaction or manifests else None
+    if pending is not None:
+        summary.rewrites_skipped = (
+            f"audit branch {audit_branch} holds snapshot {pending.snapshot_id} of run {pending.run_id} that main "
+            "does not: a rewrite on main would make its fast-forward impossible; settle it: "
+            f"{AUDIT_COMMANDS.format(table=summary.table)}")
+        log.warning("table %s: compaction and manifest rewrite skipped: %s", summary.table, summary.rewrites_skipped)
+        compaction = manifests = False
     if properties:
         summary.properties_set = apply_bounded_metadata_properties(table)
     if compaction:
@@ -507,6 +521,7 @@ class TableMaintenance:
     table: str
     dead_letter_table: str | None  # the one ingestion writes to (dead_letters.mapping_dead_letter_table); None: none
     settings: MaintenanceSettings
+    audit_branch: str = DEFAULT_AUDIT_BRANCH  # the mapping's (publish audited): rewrites wait while it is ahead
 
 
 def maintain_mapping(spark: SparkSession | None, target: TableMaintenance, *,
@@ -527,7 +542,7 @@ def maintain_mapping(spark: SparkSession | None, target: TableMaintenance, *,
         summary.properties_set = apply_bounded_metadata_properties(table)
     sub = maintain_table(spark, table, settings, dead_letters=dead_letters, compaction="compact" in steps,
                          manifests="manifests" in steps, expiry="expire" in steps, orphans="orphans" in steps,
-                         properties=False)
+                         properties=False, audit_branch=target.audit_branch)
     sub.before, sub.properties_set = summary.before, summary.properties_set
     sub.duration_seconds = time.monotonic() - started
     return sub
