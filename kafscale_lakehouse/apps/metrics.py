@@ -53,6 +53,9 @@ source, with a shorter deadline); when the store does not answer, the series is 
 listing is kept between scrapes (listed again in the background after `STALLED_REFRESH_SECONDS`, its ages advanced
 meanwhile): only the first scrape of the process waits for it.
 
+With `topic_pattern` mappings, the topics scraped are those the patterns match, listed again every
+`TOPICS_REFRESH_SECONDS` (one discovery request), so a topic that appears gets its series without a restart.
+
 With many mapped topics, each source reads its topics `READ_THREADS` at a time, and the catalog is read while etcd
 is: at 200 tables a scrape took 4.6-5.2 s reading them one after the other (benchmarks/metrics_scrape.py).
 
@@ -82,7 +85,7 @@ from kafscale_lakehouse.connections import (
     offset_store_from_config,
     segment_store_from_config,
 )
-from kafscale_lakehouse.engine.ingestion import ERROR_DECODE, ERROR_RESOLVE, stalled_partitions
+from kafscale_lakehouse.engine.ingestion import ERROR_DECODE, ERROR_RESOLVE, stalled_partitions, with_pattern_topics
 from kafscale_lakehouse.engine.ingestion.lag import lag as partition_lag
 from kafscale_lakehouse.engine.tables import (
     LFS_DURATION_BUCKETS_SECONDS,
@@ -131,6 +134,8 @@ READ_THREADS = 8
 # younger than STALLED_MAX_AGE_SECONDS (a segment is only reported stalled after processor.orphan_segment_grace_seconds,
 # 300 s by default, so a listing this old says the same). Only the first scrape of the process waits for it.
 STALLED_REFRESH_SECONDS = 20.0
+# `topic_pattern` mappings: the topics are listed again (one discovery request) at most this often.
+TOPICS_REFRESH_SECONDS = 30.0
 STALLED_MAX_AGE_SECONDS = 120.0
 
 
@@ -302,6 +307,9 @@ class LakehouseStateCollector:
             self._errors[STAGE_DISCOVER] = 0
         self._errors_lock = threading.Lock()
         self._stalled: tuple[float, dict[str, dict[int, StalledSegment]]] | None = None  # (listed at, result)
+        self._topics_listed_at: float | None = None
+        self._discovery_caller = _BoundedCaller(f"topic discovery of {self._segments.location}",
+                                                min(source_timeout_seconds, SEGMENTS_TIMEOUT_SECONDS))
         self._stalled_refreshing = threading.Event()
 
     # ---- reading ----------------------------------------------------------------------------------------
@@ -467,7 +475,24 @@ class LakehouseStateCollector:
 
     # ---- prometheus_client Collector ---------------------------------------------------------------------
 
+    def _refresh_pattern_topics(self) -> None:
+        """With `topic_pattern` mappings, the mapped topics are those that match now: listed again every
+        `TOPICS_REFRESH_SECONDS`; when the listing fails, the topics known so far are kept."""
+        now = time.monotonic()
+        if not self._config.pattern_mappings or (
+                self._topics_listed_at is not None and now - self._topics_listed_at < TOPICS_REFRESH_SECONDS):
+            return
+        try:
+            resolution = self._discovery_caller.call(
+                lambda: with_pattern_topics(self._config, self._segments, self._etcd))
+        except Exception as exc:  # noqa: BLE001 - the known topics are scraped; the next scrape lists again
+            log.warning("cannot list the topics of the topic patterns: %s", describe_failure(exc))
+            return
+        self._topics = [(m.topic, m.table) for m in resolution.config.mappings]
+        self._topics_listed_at = now
+
     def collect(self) -> Iterator[Metric]:
+        self._refresh_pattern_topics()
         # The catalog is read while etcd and then the segment store are (the stalled listing starts from the
         # committed offsets): a scrape takes the longer of the two, not their sum.
         tables: list[dict] = []

@@ -31,7 +31,7 @@ from pyiceberg.table.snapshots import ADDED_RECORDS
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
-from kafscale_lakehouse.engine.ingestion import lag
+from kafscale_lakehouse.engine.ingestion import lag, with_pattern_topics
 from kafscale_lakehouse.engine.tables import (
     CHECK_NAMES,
     ID_UNIQUE,
@@ -147,10 +147,13 @@ def build_table_report(config: LakehouseConfig, table: str, *, dagster_home: str
 
 
 def _mapping_of(config: LakehouseConfig, table: str) -> MappingConfig:
-    for mapping in config.mappings:
+    mappings = config.mappings
+    if config.pattern_mappings and all(m.table != table for m in mappings):
+        mappings = with_pattern_topics(config).config.mappings  # a table of a topic a topic_pattern matches
+    for mapping in mappings:
         if mapping.table == table:
             return mapping
-    mapped = ", ".join(m.table for m in config.mappings) or "none"
+    mapped = ", ".join(m.table for m in mappings) or "none"
     raise ReportError(f"no mapping writes table {table!r} (mapped tables: {mapped})")
 
 
