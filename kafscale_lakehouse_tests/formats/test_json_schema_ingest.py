@@ -132,3 +132,24 @@ def test_json_schema_topic_lands_typed_and_nested_exactly_once(production_world,
         assert duck["placed_at"] == "TIMESTAMP WITH TIME ZONE" and duck["delivery_date"] == "DATE"
         assert connection.execute("SELECT count(*), count(lines) FROM read_parquet(?)", [files]).fetchone() == (
             END - 2, END - 3)
+
+
+def test_plain_json_values_take_nested_columns_from_the_subjects_latest_json_schema(production_world,
+                                                                                   confluent_registry, spark):
+    """`latest: true`: values without the wire-format prefix (the Go processor's plain JSON) are typed by the
+    subject's newest JSON Schema, nested columns included."""
+    world = production_world
+    confluent_registry.register(f"{world.topic}-value", json.dumps(ORDER_V1), "JSON")
+    confluent_registry.register(f"{world.topic}-value", json.dumps(ORDER_V2), "JSON")
+    world.write_records(0, 0, [Record(key=None, value=json.dumps(order(n, version=2)).encode()) for n in range(10)])
+    document = world.config_document()
+    document["mappings"] = [{"topic": world.topic, "table": world.table_name, "create_table_if_missing": True,
+                             "value_format": "json_schema",
+                             "schema_registry": {"url": confluent_registry.url, "latest": True}}]
+
+    ingest(world.config(document), spark)
+
+    rows = _rows(world.assert_exactly_once(runs=1, expected={0: range(10)}))
+    assert rows[4]["coupon"] == "C4" and rows[5]["lines"][0]["discount"] == 0.5
+    assert rows[5]["customer"] == {"name": "customer 5", "tags": ["vip"]}
+    assert rows[2]["placed_at"] == PLACED_AT + datetime.timedelta(seconds=2)
