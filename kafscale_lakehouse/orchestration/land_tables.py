@@ -1,23 +1,26 @@
 """`land_tables`: one run that lands many tables, requested by the namespace watch (namespace_sensor.py).
 
 Dagster cannot put assets with different partitions definitions in one run, and each table's asset is partitioned by
-its own topic's Kafka partitions. So the batched run is an op job, not an asset job: its op lands the tables its run
-config lists, one after another in one process (one launch, one Spark session and one set of clients for the batch),
-each with the same engine calls as the table's own asset (`ingest_partitions`: its leases, one Iceberg commit, its
-offsets), and logs for each table what the asset's run records: an `AssetMaterialization` per Kafka partition with
-the same metadata (assets.py), then the table's check results as `AssetCheckEvaluation`s (checks.py's evaluations).
+its own topic's Kafka partitions. So the batched run is an op job, not an asset job. Its op, in one process (one
+launch, one Spark session and one set of clients for the batch):
+1. prepares every table its run config lists as the table's own asset does (`prepare_ingest`: its leases, its
+   offsets, its planned segments);
+2. writes every table's segments in ONE Spark job, then commits each table on its own (`commit_ingests`: one Iceberg
+   commit per table, each re-checking its own offsets, so a table's failed commit undoes nothing of another's);
+3. logs for each table what the asset's run records: an `AssetMaterialization` per Kafka partition with the same
+   metadata (assets.py), then the table's check results as `AssetCheckEvaluation`s (checks.py's evaluations).
 Dagster files them under the table's asset, its partitions and its checks, so the table's partition status,
 freshness, metadata plots and check history read the same whichever run landed it; the asset's lineage is its
 definition's and stays the same.
 
-A table that fails (its commit, its leases, a segment) is logged and the next table goes on: its commit is its own,
-so the tables that landed stay landed. The run then fails naming the tables that did not land; the namespace watch
-requests those again after its backoff (sensors.py `retry_wait`).
+A table that fails (its leases, its commit, a segment) is logged and the others go on: the tables that landed stay
+landed. The run then fails naming the tables that did not land; the namespace watch requests those again after its
+backoff (sensors.py `retry_wait`). When the shared Spark job itself fails, no table of the batch commits (each is
+requested again, as after a failed job of its own run).
 
-What it does not do (yet): one Spark job over every table's segments; each table is one Spark job of its own, in
-turn. And a table's concurrency pool is not held by this op (Dagster pools are per op, this op serves many tables):
-the watch never puts a table in a batch while another run of it (its own job or a batch) is queued or running, and
-the per-partition leases keep a manual run of the same table from committing beside it.
+A table's concurrency pool is not held by this op (Dagster pools are per op, this op serves many tables): the watch
+never puts a table in a batch while another run of it (its own job or a batch) is queued or running, and the
+per-partition leases keep a manual run of the same table from committing beside it.
 """
 
 # No `from __future__ import annotations`: Dagster reads the context and config parameter annotations at runtime.
@@ -27,11 +30,18 @@ import dagster as dg
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.ingestion import IngestContext, TopicScan
+from kafscale_lakehouse.engine.ingestion import (
+    IngestContext,
+    IngestFailedError,
+    IngestResult,
+    PreparedIngest,
+    TopicScan,
+    commit_ingests,
+    prepare_ingest,
+)
 from kafscale_lakehouse.engine.tables import FRESHNESS, ID_UNIQUE, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
 from kafscale_lakehouse.offsets.ranges import parse_ranges
 from kafscale_lakehouse.orchestration.assets import (
-    ingest_partitions,
     landed_materializations,
     partial_commit_materializations,
     scan_topic_now,
@@ -91,13 +101,26 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
         engine = ingest_context(lakehouse_config, spark, segment_store, offset_store, iceberg_catalog)
         checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog)
         failed: dict[str, str] = {}
-        for entry in config.tables:
-            mapping = mappings.get(entry.table)
-            if mapping is None:
-                failed[entry.table] = "no mapping of the lakehouse config lands this table"
-                continue
+        prepared: list[tuple[MappingConfig, TableToLand, PreparedIngest]] = []
+        try:
+            for entry in config.tables:
+                mapping = mappings.get(entry.table)
+                if mapping is None:
+                    failed[entry.table] = "no mapping of the lakehouse config lands this table"
+                    continue
+                try:
+                    prepared.append((mapping, entry, _prepare(context, mapping, entry, engine)))
+                except Exception as exc:  # noqa: BLE001 - this table's (its leases, its table); the others go on
+                    context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic, exc)
+                    failed[mapping.table] = str(exc)
+            # One Spark job for every table's segments, then one commit per table.
+            outcomes = commit_ingests([run for _, _, run in prepared])
+        finally:
+            for _, _, run in prepared:
+                run.release_leases()  # commit_ingests releases them on every path; releasing is idempotent
+        for (mapping, entry, run), outcome in zip(prepared, outcomes, strict=True):
             try:
-                yield from _land_table(context, mapping, entry, engine, checks)
+                yield from _table_events(context, mapping, entry, run.result, outcome, checks)
             except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others; reported below
                 context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic, exc)
                 failed[mapping.table] = str(exc)
@@ -115,21 +138,29 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
     return land_tables_job
 
 
-def _land_table(context: dg.OpExecutionContext, mapping: MappingConfig, entry: TableToLand, engine: IngestContext,
-                checks: "_BatchChecks") -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
-    """One table of the batch: its commit, its materializations, its check results; raises when it did not land
-    (after the materializations of the partitions a partial commit landed)."""
-    asset_key = table_asset_key(mapping.table)
+def _prepare(context: dg.OpExecutionContext, mapping: MappingConfig, entry: TableToLand,
+             engine: IngestContext) -> PreparedIngest:
+    """The table's leases, offsets and planned segments (`prepare_ingest`, as its own asset's run does)."""
     partitions = sorted(entry.partitions)
     where = f"the {LAND_TABLES_OP} config of table {mapping.table}"
     planned = parse_ranges(entry.planned_ranges, where=where) if entry.planned_ranges else None
     context.log.info("topic %s → %s: ingesting Kafka partitions %s", mapping.topic, mapping.table, partitions)
-    result, failure = ingest_partitions(engine, mapping, partitions, run_id=context.run.run_id, planned=planned)
-    if failure is not None:
-        yield from partial_commit_materializations(asset_key, result, checks.catalog, context.log)
-        raise failure
+    return prepare_ingest(engine, mapping, partitions=partitions, run_id=context.run.run_id, planned=planned)
+
+
+def _table_events(context: dg.OpExecutionContext, mapping: MappingConfig, entry: TableToLand, result: IngestResult,
+                  outcome: IngestResult | Exception,
+                  checks: "_BatchChecks") -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+    """One table of the batch after its commit: its materializations and its check results; raises when it did not
+    land (after the materializations of the partitions a partial commit landed)."""
+    asset_key = table_asset_key(mapping.table)
+    if isinstance(outcome, IngestFailedError):
+        yield from partial_commit_materializations(asset_key, outcome.result, checks.catalog, context.log)
+    if isinstance(outcome, Exception):
+        raise outcome
     table = checks.catalog.load_table(result.table)
-    materializations = landed_materializations(asset_key, [kafka_partition_key(p) for p in partitions], result, table)
+    partition_keys = [kafka_partition_key(p) for p in sorted(entry.partitions)]
+    materializations = landed_materializations(asset_key, partition_keys, result, table)
     yield from materializations
     context.log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table,
                      result.run_id, result.records, result.topic, result.snapshot_id)

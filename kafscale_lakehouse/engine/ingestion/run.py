@@ -24,6 +24,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -53,8 +54,11 @@ from kafscale_lakehouse.engine.ingestion.segment_reader import (
     segment_run_partitions,
 )
 from kafscale_lakehouse.engine.ingestion.spark_job import (
+    BatchTableJob,
     DeadLetterFiles,
     IngestionTaskOutput,
+    ingestion_task_spec,
+    run_batch_spark_job,
     run_ingestion_spark_job,
     split_dead_letter_files,
 )
@@ -435,13 +439,14 @@ def prepare_ingest(
     return prepared
 
 
-def commit_ingest(prepared: PreparedIngest) -> IngestResult:
+def commit_ingest(prepared: PreparedIngest, written: _Written | None = None) -> IngestResult:
     """Phase two: write the planned records, commit once, update etcd, release the leases; `IngestFailedError`
-    when a partition could not advance (after committing what was complete)."""
+    when a partition could not advance (after committing what was complete). `written`: what a batch's Spark job
+    wrote for it (`commit_ingests`); else its own Spark job writes."""
     result = prepared.result
     try:
         if prepared.plans:
-            _write_and_commit(prepared)
+            _write_and_commit(prepared, written)
         # Every file of the run is now committed or deleted; on an exception the record stays for the next run.
         prepared.forget_run()
         _record_lag(prepared)
@@ -486,9 +491,42 @@ def _record_lag(prepared: PreparedIngest) -> None:
             outcome.lag = lag(watermarks.get(outcome.partition), outcome.end_offset)
 
 
-def _write_and_commit(prepared: PreparedIngest) -> None:
-    """The run's steps after planning: write (one Spark job), select what commits, commit once, update the store."""
-    written = _write(prepared)
+def commit_ingests(prepared: Sequence[PreparedIngest]) -> list[IngestResult | Exception]:
+    """Phase two of several tables (a run that lands many): ONE Spark job writes every table's planned records, then
+    each table commits on its own (`commit_ingest`), so one table's failed commit undoes nothing of another's and
+    each keeps its own exactly-once. Returns per table its result or its exception (`IngestFailedError` for a
+    partial commit); leases are released on every path. When the shared job fails, every table that wrote gets its
+    error (the job deleted what it wrote; each table's run record stays for the next run, as after its own job)."""
+    writing = [p for p in prepared if p.plans]
+    started = time.monotonic()
+    written: dict[int, _Written] = {}
+    failure: Exception | None = None
+    if writing:
+        for p in writing:
+            _log_reading(p)
+        try:
+            jobs = [BatchTableJob(p.table, ingestion_task_spec(**_job_arguments(p)), p.dead_letters) for p in writing]
+            outputs = run_batch_spark_job(writing[0].context.spark, writing[0].result.run_id, jobs)
+            written = {id(p): _Written(o, started) for p, o in zip(writing, outputs, strict=True)}
+        except Exception as exc:  # noqa: BLE001 - reported per table below
+            failure = exc
+    outcomes: list[IngestResult | Exception] = []
+    for p in prepared:
+        if failure is not None and p.plans:
+            p.release_leases()
+            outcomes.append(failure)
+            continue
+        try:
+            outcomes.append(commit_ingest(p, written.get(id(p))))
+        except Exception as exc:  # noqa: BLE001 - this table's; the others go on
+            outcomes.append(exc)
+    return outcomes
+
+
+def _write_and_commit(prepared: PreparedIngest, written: _Written | None = None) -> None:
+    """The run's steps after planning: write (one Spark job, unless a batch's wrote it), select what commits, commit
+    once, update the store."""
+    written = written or _write(prepared)
     selected = _select_commit(prepared, written)
     if selected is not None and prepared.mapping.cdc is not None:
         selected = _judge_change_events(prepared, selected)
@@ -524,16 +562,22 @@ class _CommitSelection:
 
 def _write(prepared: PreparedIngest) -> _Written:
     """Step 1: one Spark job reads the planned segments and writes data files (and dead-letter files), uncommitted."""
+    _log_reading(prepared)
+    started = time.monotonic()
+    messages = run_ingestion_spark_job(prepared.context.spark, **_job_arguments(prepared))
+    return _Written(messages, started)
+
+
+def _log_reading(prepared: PreparedIngest) -> None:
+    log.info("topic %s → %s run %s: reading %s", prepared.mapping.topic, prepared.mapping.table,
+             prepared.result.run_id,
+             {p: f"{plan.read} ({len(plan.segments)} segments)" for p, plan in prepared.plans.items()})
+
+
+def _job_arguments(prepared: PreparedIngest) -> dict[str, Any]:
+    """What the Spark job's tasks need to write the table's planned records (`ingestion_task_spec`'s arguments)."""
     context, mapping, result = prepared.context, prepared.mapping, prepared.result
     topic, run_id, config = mapping.topic, result.run_id, context.config
-    log.info(
-        "topic %s → %s run %s: reading %s",
-        topic,
-        mapping.table,
-        run_id,
-        {p: f"{plan.read} ({len(plan.segments)} segments)" for p, plan in prepared.plans.items()},
-    )
-    started = time.monotonic()
     dead_letters = prepared.dead_letters
     target = (
         None
@@ -543,24 +587,22 @@ def _write(prepared: PreparedIngest) -> _Written:
             dead_letter_target(dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes),
         )
     )
-    messages = run_ingestion_spark_job(
-        context.spark,
-        prepared.table,
-        run_id,
-        context.store,
-        topic,
-        prepared.input_partitions(),
-        columns=_written_columns(mapping, prepared.validation.columns),
-        json_schema=prepared.validation.json_schema,
-        target_file_size_bytes=config.processor.target_file_size_bytes,
-        dead_letters=target,
-        lfs=lfs_read_settings(mapping.lfs, prepared.validation.mode),
-        numeric_timestamp_unit=mapping.schema_config.timestamp_unit,
-        avro=prepared.validation.avro,
-        kafka_timestamp=mapping.kafka_timestamp_column,
-        keys=prepared.validation.keys,
-    )
-    return _Written(messages, started)
+    return {
+        "table": prepared.table,
+        "run_id": run_id,
+        "store": context.store,
+        "topic": topic,
+        "input_partitions": prepared.input_partitions(),
+        "columns": _written_columns(mapping, prepared.validation.columns),
+        "json_schema": prepared.validation.json_schema,
+        "target_file_size_bytes": config.processor.target_file_size_bytes,
+        "dead_letters": target,
+        "lfs": lfs_read_settings(mapping.lfs, prepared.validation.mode),
+        "numeric_timestamp_unit": mapping.schema_config.timestamp_unit,
+        "avro": prepared.validation.avro,
+        "kafka_timestamp": mapping.kafka_timestamp_column,
+        "keys": prepared.validation.keys,
+    }
 
 
 def _written_columns(mapping: MappingConfig, columns: Sequence[Column]) -> Sequence[Column]:

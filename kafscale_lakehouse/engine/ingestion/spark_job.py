@@ -137,6 +137,30 @@ def _until_failure(batches: Iterator[pa.RecordBatch], failures: list[SegmentRead
         failures.append(exc.failure)
 
 
+def ingestion_task_spec(table: Table, run_id: str, store: SegmentStore, topic: str,
+                        input_partitions: Sequence[SegmentRunPartition], *, columns: Sequence[Column],
+                        json_schema: CompiledJsonSchema | None, target_file_size_bytes: int,
+                        dead_letters: tuple[Table, DeadLetterTarget] | None = None,
+                        lfs: LfsReadSettings | None = None,
+                        numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
+                        avro: FramedValueSchemas | None = None, kafka_timestamp: bool = False,
+                        keys: KeyDecoding | None = None) -> IngestionTaskSpec:
+    """The tasks of one table's share of an ingestion Spark job (one per input partition), after checking that what
+    they write fits the table (`run_ingestion_spark_job`'s arguments)."""
+    sink = SinkJob.for_table(table, run_id, target_file_size_bytes)
+    written = (source_arrow_schema(columns, validated=json_schema is not None) if avro is None
+               else framed_source_schema(avro))
+    if keys is not None:
+        written = schema_with_key_columns(written, keys)
+    if kafka_timestamp:
+        written = schema_with_kafka_timestamp(written)
+    check_arrow_schema(pa.schema([f for f in written if f.name not in SOURCE_STATUS_COLUMNS]), table,
+                       what=f"records of topic {topic}")
+    return IngestionTaskSpec(store, tuple(input_partitions), tuple(columns), json_schema, sink,
+                             dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit, avro,
+                             kafka_timestamp, keys)
+
+
 @timed("Spark job (read, decode, write Parquet)")
 def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, store: SegmentStore, topic: str,
                             input_partitions: Sequence[SegmentRunPartition], *, columns: Sequence[Column],
@@ -151,20 +175,13 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
 
     Raises `IcebergSinkError` naming the table when the job fails, after deleting what its tasks wrote.
     """
-    sink = SinkJob.for_table(table, run_id, target_file_size_bytes)
-    written = (source_arrow_schema(columns, validated=json_schema is not None) if avro is None
-               else framed_source_schema(avro))
-    if keys is not None:
-        written = schema_with_key_columns(written, keys)
-    if kafka_timestamp:
-        written = schema_with_kafka_timestamp(written)
-    check_arrow_schema(pa.schema([f for f in written if f.name not in SOURCE_STATUS_COLUMNS]), table,
-                       what=f"records of topic {topic}")
+    tasks = ingestion_task_spec(table, run_id, store, topic, input_partitions, columns=columns,
+                                json_schema=json_schema, target_file_size_bytes=target_file_size_bytes,
+                                dead_letters=dead_letters, lfs=lfs, numeric_timestamp_unit=numeric_timestamp_unit,
+                                avro=avro, kafka_timestamp=kafka_timestamp, keys=keys)
     if not input_partitions:
         return []
-    tasks = IngestionTaskSpec(store, tuple(input_partitions), tuple(columns), json_schema, sink,
-                              dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit, avro,
-                              kafka_timestamp, keys)
+    sink = tasks.sink
     count = len(input_partitions)
     log.info("table %s run %s: one Spark job of %d tasks over %d segments (%d bytes)", sink.table_name, run_id, count,
              sum(len(p.segments) for p in input_partitions),
@@ -185,6 +202,64 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     log.info("table %s run %s: %d data files written (%d rows, %d bytes), not yet committed", sink.table_name, run_id,
              len(data_files), sum(f.record_count for f in data_files), sum(f.file_size_in_bytes for f in data_files))
     return outputs
+
+
+@dataclass(frozen=True)
+class BatchTableJob:
+    """One table's share of a batch's Spark job: its tasks (`ingestion_task_spec`), and the tables they write into
+    (cleaned up after a failed job)."""
+
+    table: Table
+    tasks: IngestionTaskSpec
+    dead_letters: Table | None = None
+
+
+@dataclass(frozen=True)
+class _BatchTasks:
+    """The tasks of several tables in one Spark job: task `i` is task `index[i][1]` of share `index[i][0]`."""
+
+    shares: tuple[IngestionTaskSpec, ...]
+    index: tuple[tuple[int, int], ...]
+
+    def __call__(self, task_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in task_ids:
+            for task in batch.column(0).to_pylist():
+                share, task_id = self.index[task]
+                output = self.shares[share].run_task(task_id)
+                yield pa.RecordBatch.from_pydict({"share": [share],
+                                                  "task_output": [pickle.dumps(output, pickle.HIGHEST_PROTOCOL)]})
+
+
+_BATCH_OUTPUT_SCHEMA = "share long, task_output binary"  # pyarrow makes a Python int an int64
+
+
+@timed("Spark job of a batch of tables (read, decode, write Parquet)")
+def run_batch_spark_job(spark: SparkSession, run_id: str,
+                        jobs: Sequence[BatchTableJob]) -> list[list[IngestionTaskOutput]]:
+    """ONE Spark job over the tasks of every table of `jobs` (a run that lands many tables); returns each table's
+    task outputs, as `run_ingestion_spark_job` does for one, nothing committed. Raises `IcebergSinkError` naming the
+    tables when the job fails, after deleting what its tasks wrote (each table's run directory)."""
+    index = tuple((share, task) for share, job in enumerate(jobs) for task in range(len(job.tasks.input_partitions)))
+    outputs: list[list[IngestionTaskOutput]] = [[] for _ in jobs]
+    if not index:
+        return outputs
+    names = ", ".join(job.tasks.sink.table_name for job in jobs)
+    log.info("tables %s run %s: one Spark job of %d tasks over %d segments", names, run_id, len(index),
+             sum(len(p.segments) for job in jobs for p in job.tasks.input_partitions))
+    tasks = _BatchTasks(tuple(job.tasks for job in jobs), index)
+    frame = spark.range(0, len(index), 1, numPartitions=len(index)).mapInArrow(tasks, _BATCH_OUTPUT_SCHEMA)
+    try:
+        rows = frame.collect()
+    except Exception as exc:
+        for job in jobs:
+            remove_run_files(job.table, run_table(job.table, run_id).data_dir)
+            if job.dead_letters is not None:
+                remove_run_files(job.dead_letters, run_table(job.dead_letters, run_id).data_dir)
+        raise IcebergSinkError(f"writing data files for tables {names} (run {run_id}) failed: "
+                               f"{root_cause(exc)}") from exc
+    for row in rows:
+        outputs[row.share].append(pickle.loads(row.task_output))  # noqa: S301 - our own task results
+    return [sorted(share, key=lambda o: o.task_id) for share in outputs]
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,24 @@ def test_a_batch_lands_each_table_as_its_own_asset_and_a_failed_commit_is_retrie
             raise CommitFailedException(f"injected: table {payments.table_name} changed under the commit")
         return commit_append(table, files, topic, *args, **kwargs)
 
+    # One Spark job writes the three tables' segments (the run's own per-table job is never used).
+    jobs: list[list[str]] = []
+    batch_job, table_job = ingest_run.run_batch_spark_job, ingest_run.run_ingestion_spark_job
+
+    def counted_batch_job(spark, run_id, table_jobs):
+        jobs.append(sorted(job.tasks.sink.table_name for job in table_jobs))
+        return batch_job(spark, run_id, table_jobs)
+
+    def no_table_job(*args, **kwargs):
+        jobs.append(["a Spark job of one table"])
+        return table_job(*args, **kwargs)
+
     monkeypatch.setattr(ingest_run, "commit_append", refuse_payments)
+    monkeypatch.setattr(ingest_run, "run_batch_spark_job", counted_batch_job)
+    monkeypatch.setattr(ingest_run, "run_ingestion_spark_job", no_table_job)
     result = world.land(request)
     monkeypatch.undo()
+    assert jobs == [sorted([orders.table_name, payments.table_name, refunds.table_name])]
 
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
