@@ -14,7 +14,7 @@ A tick:
    the same backoff, per table, after the batch that carried it failed to land it);
 4. packs the other tables with pending segments, the longest waiting first, into `land_tables` runs of at most
    `processor.max_bytes_per_batch_run` pending segment bytes each (a table larger than that is a run of its own), and
-   requests them. Each run lands its tables one after another, each its own commit (land_tables.py).
+   requests them. Each run writes its tables in one Spark job and commits each on its own (land_tables.py).
 """
 
 from __future__ import annotations
