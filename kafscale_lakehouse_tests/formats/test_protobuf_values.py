@@ -1,0 +1,95 @@
+"""Protobuf value schemas → Iceberg columns, message indexes, and Confluent-framed values → Arrow columns
+(schema/protobuf.py); JSON Schema value schemas → columns (schema/json_schema_values.py). Pure logic: the schemas
+are compiled by the test registry's protoc, as the registry serves them with format=serialized."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from google.protobuf import message_factory
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+
+from kafscale_lakehouse.schema.errors import SchemaMappingError
+from kafscale_lakehouse.schema.framed import FramedValueSchemas
+from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
+from kafscale_lakehouse.schema.protobuf import (
+    ProtobufValueDecoder,
+    encode_framed_protobuf,
+    encode_message_indexes,
+    message_descriptor,
+    protobuf_value_fields,
+    read_message_indexes,
+)
+from kafscale_lakehouse.testing.schema_registry import RegistryState
+from kafscale_lakehouse_tests.formats.protobuf_orders import ORDER_V1, order, order_message
+
+TREE = """syntax = "proto3";
+package shop;
+message Node { string name = 1; repeated Node children = 2; }
+"""
+
+
+def _serialized(text: str) -> str:
+    state = RegistryState()
+    serialized = state.schema(state.register("s-value", text, "PROTOBUF")).serialized
+    assert serialized is not None
+    return serialized
+
+
+@pytest.mark.parametrize(("indexes", "encoded"), [((0,), b"\x00"), ((1,), b"\x02\x02"), ((2, 3), b"\x04\x04\x06")])
+def test_message_indexes_round_trip_as_confluent_writes_them(indexes, encoded):
+    assert encode_message_indexes(indexes) == encoded
+    assert read_message_indexes(b"\x00\x00\x00\x00\x07" + encoded + b"rest", 5) == (indexes, 5 + len(encoded))
+    with pytest.raises(ValueError, match="cut short"):
+        read_message_indexes(b"\x00\x00\x00\x00\x07" + encoded[:-1] + b"\x80", 5)
+
+
+def test_a_recursive_message_has_no_iceberg_type_and_the_error_names_the_field():
+    with pytest.raises(SchemaMappingError, match=r"field children\.element is the recursive message shop\.Node"):
+        protobuf_value_fields(_serialized(TREE), None, what="schema id 1")
+    with pytest.raises(SchemaMappingError, match=r"has no message shop\.Missing"):
+        protobuf_value_fields(_serialized(TREE), "shop.Missing", what="schema id 1")
+
+
+def test_the_decoder_stops_at_an_unknown_or_refused_schema_id_and_reads_bare_values_with_latest():
+    serialized = _serialized(ORDER_V1)
+    value_schema = schema_to_pyarrow(Schema(*protobuf_value_fields(serialized, None, what="v1")))
+    message = order_message(message_factory.GetMessageClass(message_descriptor(serialized, None, what="v1")), order(4))
+    settings = FramedValueSchemas("orders-value", {4: serialized}, value_schema, refused={5: "schema id 5 refused"},
+                                  value_format="protobuf")
+    values = pa.array([encode_framed_protobuf(4, message), None, b"\x01junk", encode_framed_protobuf(9, message),
+                       encode_framed_protobuf(4, message)], pa.binary())
+
+    decoded = ProtobufValueDecoder(settings).decode(values)
+
+    assert decoded.stop is not None and decoded.stop.row == 3 and decoded.stop.schema_id == 9
+    assert "schema id 9 is not a version of subject orders-value known to this run (ids 4)" in decoded.stop.reason
+    assert [len(c) for c in decoded.columns] == [3] * len(value_schema)
+    rows = pa.Table.from_arrays(decoded.columns, schema=value_schema).to_pylist()
+    assert rows[0]["order_id"] == "order-4" and rows[0]["card"] == "card-4" and rows[1]["order_id"] is None
+    assert "not in the Confluent wire format (magic byte 1" in decoded.invalid_reasons[2].as_py()
+    refused = ProtobufValueDecoder(settings).decode(pa.array([encode_framed_protobuf(5, message)], pa.binary()))
+    assert refused.stop is not None and refused.stop.reason == "schema id 5 refused"
+
+    latest = FramedValueSchemas("orders-value", {4: serialized}, value_schema, latest_id=4, value_format="protobuf")
+    bare = ProtobufValueDecoder(latest).decode(pa.array([message.SerializeToString()], pa.binary()))
+    assert bare.invalid_reasons.null_count == 1 and bare.columns[0].to_pylist() == ["order-4"]
+
+
+def test_json_schema_columns_follow_refs_and_nullable_types_and_refuse_recursion():
+    document = {"type": "object", "$defs": {"when": {"type": ["string", "null"], "format": "date-time"}},
+                "properties": {"at": {"$ref": "#/$defs/when"},
+                               "tags": {"type": "array", "items": {"type": "string"}},
+                               "total": {"anyOf": [{"type": "null"}, {"type": "number"}]},
+                               "free": {"type": ["string", "number"]}}}
+    fields = json_schema_value_fields(json.dumps(document), what="schema id 3")
+    assert [(f.name, str(f.field_type), f.required) for f in fields] == [
+        ("at", "timestamptz", False), ("tags", "list<string>", False), ("total", "double", False),
+        ("free", "string", False)]
+    recursive = {"type": "object", "$defs": {"node": {"type": "object", "properties": {
+        "next": {"$ref": "#/$defs/node"}}}}, "properties": {"head": {"$ref": "#/$defs/node"}}}
+    with pytest.raises(SchemaMappingError, match=r"field head\.next is the recursive #/\$defs/node"):
+        json_schema_value_fields(json.dumps(recursive), what="schema id 4")
