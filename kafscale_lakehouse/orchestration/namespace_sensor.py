@@ -134,6 +134,9 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
     def watch_namespace(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         cursor = NamespaceCursor.from_json(context.cursor, NAMESPACE_SENSOR_NAME)
         now = clock()
+        mapped = set(tables.values())  # a mapping taken out of the config leaves nothing behind in the cursor
+        cursor.tables = {t: c for t, c in cursor.tables.items() if t in mapped}
+        cursor.pending_since = {t: s for t, s in cursor.pending_since.items() if t in mapped}
         scan = scan_namespace(get_sources(), tables, {m.topic: cursor.table(m.table).partitions
                                                       for m in config.mappings})
         partition_requests: list[dg.AddDynamicPartitionsRequest] = []

@@ -88,3 +88,19 @@ def test_the_byte_budget_splits_the_pending_tables_into_runs_the_longest_waiting
     assert cursor.tables[orders.table_name].requested == {0: (0, 100)}
     assert format_ranges(parse_ranges(batch_tables(second.run_requests[1])[refunds.table_name]["planned_ranges"],
                                       where="test")) == '{"0":[0,40]}'
+
+
+def test_a_mapping_taken_out_of_the_config_leaves_nothing_in_the_cursor(namespace_world):
+    world = namespace_world
+    orders, refunds = world.topics["orders"], world.topics["refunds"]
+    orders.write_segments(0, 50, records_per_segment=50)
+    refunds.write_segments(0, 40, records_per_segment=40)
+    sources = world.sources()
+    first = world.tick(sources)
+    assert set(world.cursor_of(first).pending_since) == {orders.table_name, refunds.table_name}
+
+    del world.topics["refunds"]
+    second = world.tick(sources, first.cursor)
+    cursor = world.cursor_of(second)
+    assert refunds.table_name not in cursor.tables and refunds.table_name not in cursor.pending_since
+    assert set(cursor.tables) == {orders.table_name, world.topics["payments"].table_name}
