@@ -36,6 +36,7 @@ from pyiceberg.exceptions import CommitStateUnknownException
 import kafscale_lakehouse.engine.ingestion.replay as replay
 import kafscale_lakehouse.engine.ingestion.run as run
 import kafscale_lakehouse.engine.maintenance as maintenance
+import kafscale_lakehouse.engine.tables.upserts as upserts
 from kafscale_lakehouse.apps import cli
 
 log = logging.getLogger("kafscale_lakehouse_tests.engine.faults.actor")
@@ -98,6 +99,23 @@ POINTS: dict[str, dict[str, tuple[Any, str, str]]] = {
     },
     "orphans": {
         "after-listing": (maintenance, "_list_files", "after"),
+    },
+}
+
+# Actors that are no primary of the fault matrix (its invariants are an append table's). `upsert`: `ingest` of an upsert
+# mapping (mode upsert, engine/upsert/ kills it): its commit reads the run's files (and deletes them), writes the
+# rewritten files and the new rows (`after-rewrite`), then commits one overwrite snapshot.
+OTHER_POINTS: dict[str, dict[str, tuple[Any, str, str]]] = {
+    "upsert": {
+        "before-lease": (run, "acquire_partition_leases", "before"),
+        "during-cleanup": (run, "clean_ended_runs", "before"),
+        "after-plan": (run, "_plan", "after"),
+        "after-write": (run, "_write", "after"),
+        "before-commit": (run, "commit_upsert", "before"),
+        "after-rewrite": (upserts, "commit_rewrite", "before"),
+        "inside-commit": (upserts, "commit_rewrite", "inside"),
+        "after-commit": (run, "commit_upsert", "after"),
+        "before-forget": (run.PreparedIngest, "forget_run", "before"),
     },
 }
 
@@ -183,14 +201,21 @@ def _install_inside_commit(point: str, action: str, signal_dir: Path) -> None:
         catalog_class.commit_table = commit_table  # type: ignore[method-assign]
 
 
+def command(actor: str, point: str, action: str, signal_dir: Path, cli_args: list[str]) -> list[str]:
+    """The command line of `actor` held or killed at `point` (see the module docstring)."""
+    return [sys.executable, "-m", "kafscale_lakehouse_tests.engine.faults.actor", actor, point, action, str(signal_dir),
+            "--", *cli_args]
+
+
 def install(actor: str, point: str, action: str, signal_dir: Path) -> None:
     if action not in ACTIONS or (action in COMMIT_ONLY_ACTIONS and point != "inside-commit"):
         raise SystemExit(f"action {action!r} is not one of {ACTIONS} at {point!r} ({COMMIT_ONLY_ACTIONS}: "
                          "inside-commit only)")
     try:
-        owner, attribute, when = POINTS[actor][point]
+        owner, attribute, when = {**POINTS, **OTHER_POINTS}[actor][point]
     except KeyError:
-        raise SystemExit(f"actor {actor!r} has no point {point!r}; points: {sorted(POINTS.get(actor, {}))}") from None
+        points = sorted({**POINTS, **OTHER_POINTS}.get(actor, {}))
+        raise SystemExit(f"actor {actor!r} has no point {point!r}; points: {points}") from None
     setattr(owner, attribute, _wrap(getattr(owner, attribute), when, point, action, signal_dir))
     if when == "inside":
         _install_inside_commit(point, action, signal_dir)

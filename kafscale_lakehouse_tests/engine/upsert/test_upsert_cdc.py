@@ -1,30 +1,28 @@
 """`cdc` change events landing in an upsert table on the real servers: a Debezium-shaped topic with creates, updates,
 snapshot reads, deletes (whose `before` holds the key alone) and tombstones, some in the JSON converter's
-`{schema, payload}` wrapper, over several runs and a run SIGKILLed before its commit, ends with exactly the state a
-reference computes from the log; pyiceberg and DuckDB read it."""
+`{schema, payload}` wrapper (changes.StoreChanges), over several runs, SIGKILLed at random points of the commit
+protocol (the fault matrix's `upsert` actor; seeded, the seed printed and in every assertion message, and
+`KAFSCALE_UPSERT_KILL_SEED` replays one), ends with exactly the state a reference computes from the log; pyiceberg
+and DuckDB read it."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
-import sys
-from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.format import Record
+from kafscale_lakehouse_tests.engine.faults.actor import OTHER_POINTS
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
-from kafscale_lakehouse_tests.engine.upsert.test_upsert_ingest import STATUSES, STORE_COLUMNS
+from kafscale_lakehouse_tests.engine.upsert.changes import STORE_COLUMNS, StoreChanges, assert_state, run_killed
 
-KEYS = 30
-EPOCH = datetime(1970, 1, 1)
-MAPPED = ("store_id", "status", "seats", "opened")
+KILLS = 4  # killed runs per test, each at a point drawn from the upsert actor's
+KILL_SEED_VARIABLE = "KAFSCALE_UPSERT_KILL_SEED"
 
 
 def cdc_document(world: IngestWorld, cdc: dict[str, Any]) -> dict[str, Any]:
@@ -34,129 +32,32 @@ def cdc_document(world: IngestWorld, cdc: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
-class DebeziumLog:
-    """Debezium change events of stores (a store's events in partition store % 2) and the state they lead to."""
-
-    def __init__(self, world: IngestWorld, seed: int) -> None:
-        self.world, self.random = world, random.Random(seed)
-        self.rows: dict[int, dict[str, Any]] = {}  # the source database
-        self.next_offset = {0: 0, 1: 0}
-        self.log: dict[int, list[tuple[int, Record]]] = {0: [], 1: []}
-
-    def _wrap(self, document: dict[str, Any]) -> bytes:
-        if self.random.random() < 0.3:  # the JSON converter with schemas.enable
-            document = {"schema": {"type": "struct", "optional": False}, "payload": document}
-        return json.dumps(document).encode()
-
-    def _row(self, store: int) -> dict[str, Any]:
-        row = {"store_id": store, "status": self.random.choice(STATUSES), "seats": self.random.randrange(300),
-               "opened": 1_700_000_000_000_000 + self.random.randrange(10**9)}
-        if self.random.random() < 0.2:
-            del row["seats"]
-        return row
-
-    def write(self, changes: int) -> None:
-        by_partition: dict[int, list[Record]] = {0: [], 1: []}
-        for _ in range(changes):
-            store = self.random.randrange(KEYS)
-            key = self._wrap({"store_id": store})
-            partition = store % 2
-            source = {"connector": "postgresql", "db": "shop", "table": "stores", "lsn": self.random.randrange(10**9)}
-            if store in self.rows and self.random.random() < 0.25:
-                before = {"store_id": store}  # REPLICA IDENTITY DEFAULT: the primary key alone
-                del self.rows[store]
-                event = {"before": before, "after": None, "op": "d", "source": source, "ts_ms": 1}
-                by_partition[partition].append(Record(key=key, value=self._wrap(event)))
-                if self.random.random() < 0.7:  # tombstones.on.delete
-                    by_partition[partition].append(Record(key=key, value=None))
-                continue
-            op = "u" if store in self.rows else self.random.choice(["c", "r"])
-            after = self._row(store)
-            event = {"before": self.rows.get(store), "after": after, "op": op, "source": source, "ts_ms": 1}
-            self.rows[store] = after
-            by_partition[partition].append(Record(key=key, value=self._wrap(event)))
-        for partition, records in by_partition.items():
-            if records:
-                base = self.next_offset[partition]
-                self.world.write_records(partition, base, records)
-                self.log[partition].extend(enumerate(records, start=base))
-                self.next_offset[partition] += len(records)
-
-    def expected_state(self) -> dict[int, dict[str, Any]]:
-        """Computed from the log alone (not from `rows`)."""
-        entries = [(p, offset, r.key, r.value) for p, records in self.log.items() for offset, r in records]
-        return debezium_reference_state(entries, self.world.topic, MAPPED)
-
-
-def debezium_reference_state(entries: Iterable[tuple[int, int, bytes | None, bytes | None]], topic: str,
-                             columns: Sequence[str], id_column: str = "store_id") -> dict[Any, dict[str, Any]]:
-    """The rows a Debezium log leads to, by `id_column` (read from the record key, `{schema, payload}` unwrapped):
-    per key its last event's `after` image (`columns` of it, None where missing) and its record's base columns; a
-    delete (`op` d) or a tombstone removes the key. `entries`: (partition, offset, key, value) in log order per
-    partition (a key lives in one partition)."""
-    state: dict[Any, dict[str, Any]] = {}
-    for partition, offset, key, value in entries:
-        parsed_key = json.loads(key)
-        identity = parsed_key.get("payload", parsed_key)[id_column]
-        if value is None:
-            state.pop(identity, None)
-            continue
-        event = json.loads(value)
-        event = event.get("payload", event)
-        if event["op"] == "d":
-            state.pop(identity, None)
-            continue
-        after = event["after"]
-        state[identity] = {**{name: after.get(name) for name in columns}, "partition": partition, "offset": offset,
-                           "record_id": f"{topic}:{partition}:{offset}", "value": value, "key": key}
-    return state
-
-
-def assert_cdc_state(world: IngestWorld, log: DebeziumLog, tmp_path: Path) -> None:
-    table = world.table()
-    found: dict[int, dict[str, Any]] = {}
-    for row in table.scan().to_arrow().to_pylist():
-        assert row["store_id"] not in found, f"store {row['store_id']} has two rows"
-        row["opened"] = (row["opened"] - EPOCH) // timedelta(microseconds=1)
-        found[row["store_id"]] = {name: row[name] for name in (*MAPPED, "partition", "offset", "record_id", "value",
-                                                                 "key")}
-    expected = log.expected_state()
-    assert set(expected) == set(log.rows), "the reference disagrees with the source database"
-    assert sorted(found) == sorted(expected)
-    for store, row in expected.items():
-        assert found[store] == row, f"store {store}"
-    assert read_topic_offsets(table, world.topic) == {p: n for p, n in log.next_offset.items() if n}
-    # DuckDB reads the current snapshot's Parquet files as they are: the same stores and statuses.
-    copies = tmp_path / f"snapshot-{table.metadata.current_snapshot_id}"
-    copies.mkdir()
-    for number, task in enumerate(table.scan().plan_files()):
-        with table.io.new_input(task.file.file_path).open() as source:
-            (copies / f"{number}.parquet").write_bytes(source.read())
-    read = duckdb.sql(f"select store_id, status from read_parquet('{copies}/*.parquet')").fetchall()
-    assert sorted(read) == sorted((s, r["status"]) for s, r in expected.items())
-
-
-def test_debezium_topic_over_runs_and_a_killed_run_ends_in_the_logs_state(production_world, spark, tmp_path):
+def test_debezium_topic_with_random_sigkills_ends_in_the_logs_state(production_world, spark, tmp_path):
+    seed = int(os.environ.get(KILL_SEED_VARIABLE) or random.randrange(1_000_000))
+    print(f"random SIGKILLs: seed {seed} (replay with {KILL_SEED_VARIABLE}={seed})")
+    rng = random.Random(seed)
     world = production_world
-    log = DebeziumLog(world, seed=1321)
+    changes = StoreChanges(world, seed=seed, debezium=True, keys=30)
     document = cdc_document(world, {"format": "debezium"})
-    config = world.config(document)
-    log.write(90)
+    config, config_path = world.config(document), world.write_config_file(document)
+    changes.write(90)
     ingest(config, spark)
-    assert_cdc_state(world, log, tmp_path)
-    log.write(90)
-    config_path = world.write_config_file(document)
-    done = world.run_process(sys.executable, "-m", "kafscale_lakehouse_tests.engine.upsert.crash_upsert",
-                             "before-upsert-commit", "--config", str(config_path))
-    assert done.returncode == -9 and "KILL POINT before-upsert-commit" in done.stderr, done.stderr[-4000:]
-    world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 3)
-    log.write(90)
-    ingest(config, spark)
-    assert_cdc_state(world, log, tmp_path)
-    log.write(90)
-    ingest(config, spark)
-    assert_cdc_state(world, log, tmp_path)
-    assert world.recorded_runs() == []
+    assert_state(world, changes, tmp_path / "first")
+    points = sorted(OTHER_POINTS["upsert"])
+    for kill in range(KILLS):
+        changes.write(rng.randrange(30, 120))
+        point = rng.choice(points)
+        print(f"seed {seed}: kill {kill} at {point}")
+        try:
+            run_killed(world, point, config_path, tmp_path / f"signals-{kill}")
+            world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 3)
+            if rng.random() < 0.5:  # more changes land before the next run finds what the killed one left
+                changes.write(rng.randrange(10, 60))
+            ingest(config, spark)
+            assert_state(world, changes, tmp_path / f"after-{kill}")
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}, kill {kill} at {point}: {exc}") from exc
+    assert world.recorded_runs() == [], f"seed {seed}"
 
 
 def test_op_field_events_and_a_record_that_is_no_event(embedded_world, spark):

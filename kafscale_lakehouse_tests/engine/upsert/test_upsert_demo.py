@@ -21,7 +21,7 @@ from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.engine.tables.checks import ID_UNIQUE, RECORD_ID_UNIQUE
 from kafscale_lakehouse.format import decode_segment
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
-from kafscale_lakehouse_tests.engine.upsert.test_upsert_cdc import debezium_reference_state
+from kafscale_lakehouse_tests.engine.upsert.changes import debezium_reference_state
 
 CDC_TOPIC = "store-status"
 CDC_TABLE = "rpc.store_status"
