@@ -7,7 +7,7 @@ the repository's `dagster.yaml`; one producer round first (the definitions check
 the Spark engine (`kafscale-lakehouse spark-engine`, a Spark Connect server on a free loopback port) and `dagster dev`
 with `SPARK_REMOTE` pointing at it (webserver + daemon: the mapping's sensor, the run queue, a run worker process per
 run, which connects to the engine instead of starting a JVM); `--engine embedded` measures the fallback, where each
-run worker starts its own `local[*]` Spark. Once the
+run worker starts its own `local[*]` Spark (`KAFSCALE_SPARK_AUTO_ENGINE=0`: not the local engine). Once the
 webserver answers, the demo producer's code (`DemoProducer`, demo defaults: a segment of 40 orders per partition,
 3 partitions, every 3 s) writes segments for `--duration` seconds, recording the wall time each segment's `.index`
 (the object that completes it) landed; the table's committed offsets (`kafscale.offsets.<topic>` in the current
@@ -57,6 +57,7 @@ from kafscale_lakehouse.apps.demo_producer import (
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, load_config
 from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config
 from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready
+from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
@@ -393,6 +394,8 @@ def benchmark(args: argparse.Namespace, workdir: Path) -> None:
 
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), CONFIG_PATH_ENV_VAR: str(workdir / "lakehouse.yaml")}
     env.pop(SPARK_REMOTE_VARIABLE, None)
+    if args.engine == "embedded":  # each run worker its own Spark, not the local engine the first run would start
+        env[AUTO_ENGINE_VARIABLE] = "0"
     port, engine_port = free_ports(2)
     url = f"http://127.0.0.1:{port}"
     engine = None
