@@ -108,10 +108,11 @@ def run_maintain(config_path: str | None, *, tables: list[str] | None, steps: li
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.connections import table_maintenance
     from kafscale_lakehouse.engine import EngineError
+    from kafscale_lakehouse.engine.ingestion import with_pattern_topics
     from kafscale_lakehouse.engine.maintenance import MAINTENANCE_STEPS, maintain_mapping
     from kafscale_lakehouse.engine.spark import get_spark_session
 
-    config = load_config(config_path)
+    config = with_pattern_topics(load_config(config_path)).config  # topic_pattern: a mapping per matching topic
     mappings = [m for m in config.mappings if tables is None or m.table in tables]
     missing = sorted(set(tables or ()) - {m.table for m in mappings})
     if missing:
@@ -137,11 +138,17 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config, segment_store_from_config
     from kafscale_lakehouse.engine import EngineError
-    from kafscale_lakehouse.engine.ingestion import offsets_view, reset_from_store, reset_from_table, stalled_partitions
+    from kafscale_lakehouse.engine.ingestion import (
+        offsets_view,
+        reset_from_store,
+        reset_from_table,
+        stalled_partitions,
+        with_pattern_topics,
+    )
     from kafscale_lakehouse.engine.tables import load_catalog, open_table
     from kafscale_lakehouse.offsets import OffsetStoreError
 
-    config = load_config(config_path)
+    config = with_pattern_topics(load_config(config_path)).config  # topic_pattern: a mapping per matching topic
     mapping = next((m for m in config.mappings if m.topic == topic), None)
     if mapping is None:
         raise CommandError(f"no mapping lands topic {topic!r}; mapped topics: {[m.topic for m in config.mappings]}")
@@ -233,11 +240,11 @@ def _with_ingest_context(config_path: str | None, topic: str, action) -> int:  #
     offsets command become `CommandError`s."""
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.engine import EngineError
-    from kafscale_lakehouse.engine.ingestion import IngestContext
+    from kafscale_lakehouse.engine.ingestion import IngestContext, with_pattern_topics
     from kafscale_lakehouse.engine.spark import get_spark_session
     from kafscale_lakehouse.offsets import OffsetStoreError
 
-    config = load_config(config_path)
+    config = with_pattern_topics(load_config(config_path)).config  # topic_pattern: a mapping per matching topic
     mapping = next((m for m in config.mappings if m.topic == topic), None)
     if mapping is None:
         raise CommandError(f"no mapping lands topic {topic!r}; mapped topics: {[m.topic for m in config.mappings]}")

@@ -141,3 +141,26 @@ def test_ingest_lands_every_topic_a_pattern_matches_and_an_explicit_mapping_wins
     clicks.assert_exactly_once(runs=1)
     assert ingest(config, spark, topics=[orders.topic])[0].records == 0  # nothing new: nothing lands twice
     orders.assert_exactly_once(runs=1)
+
+
+def test_the_cli_finds_a_pattern_mapped_table(tmp_path, unique_prefix, capsys):
+    """`kafscale-lakehouse maintain --table` (and the `offsets` commands) resolve the patterns like `ingest`."""
+    from kafscale_lakehouse.apps.cli import CommandError, run_maintain
+    from kafscale_lakehouse.connections import catalog_settings
+    from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+    from kafscale_lakehouse.schema import table_schema
+
+    world = IngestWorld("embedded", tmp_path, unique_prefix, topic=f"orders-{unique_prefix}")
+    world.write_segments(0, 10, records_per_segment=10)
+    document = world.config_document()
+    table = f"{unique_prefix.replace('-', '_')}.{{topic}}"
+    document["mappings"] = [{"topic_pattern": "orders-.*", "table": table}]
+    config_path = world.write_config_file(document)
+    resolved = table.replace("{topic}", world.topic.replace("-", "_dash_"))
+    open_table(load_catalog(catalog_settings(world.config(document))), resolved, schema=table_schema([]),
+               create_if_missing=True)
+
+    assert run_maintain(str(config_path), tables=[resolved], steps=["properties"]) == 0
+    assert f'"table": "{resolved}"' in capsys.readouterr().out
+    with pytest.raises(CommandError, match="no mapping lands in table"):
+        run_maintain(str(config_path), tables=["other.table"], steps=["properties"])
