@@ -429,6 +429,9 @@ class MappingConfig(ConfigModel):
     key_format: Annotated[Literal["raw", "json", "avro", "protobuf", "json_schema"],
                           BeforeValidator(_lowercase)] = "raw"
     key_columns: list[MappedColumn] = Field(default_factory=list)  # extension: key_format json's key fields
+    # extension: value_format json_schema without a registry: this JSON Schema document (relative to the config)
+    # types the plain JSON values, nested columns included (schema/json_schema_values.py)
+    value_schema_file: LocalPath | None = None
     # extension: a `kafka_timestamp` timestamptz column from the record timestamp, which partition_spec can take
     # hour/day of (`timestamp_ms` stays the Go processor's long)
     kafka_timestamp_column: bool = False

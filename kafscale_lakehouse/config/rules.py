@@ -65,6 +65,8 @@ def resolve_paths_and_defaults(config: LakehouseConfig, base_dir: Path) -> list[
                 if getattr(mapping.schema_registry, key) is not None:
                     setattr(mapping.schema_registry, key, _resolve_path(getattr(mapping.schema_registry, key),
                                                                         base_dir))
+        if mapping.value_schema_file is not None:
+            mapping.value_schema_file = _resolve_path(mapping.value_schema_file, base_dir)
         if schema.source is None and mapping.value_format != "json":
             schema.source = "none"  # the columns come from the value's own schema
         if schema.source is None:
@@ -330,9 +332,19 @@ def _check_value_format(at: str, mapping: MappingConfig, problem) -> None:  # no
         problem(f"{at}.schema_registry", "is only used with value_format (or key_format) avro, protobuf or "
                                          "json_schema (this mapping has json)")
         return
+    if mapping.value_schema_file is not None:
+        if mapping.value_format != "json_schema":
+            problem(f"{at}.value_schema_file", f"is only used with value_format json_schema (this mapping has "
+                                               f"{mapping.value_format})")
+        elif registry is not None and not registry_keys:
+            problem(f"{at}.value_schema_file", "and schema_registry both give the value's schemas; set only one")
+        elif not mapping.value_schema_file.is_file():
+            problem(f"{at}.value_schema_file", f"{str(mapping.value_schema_file)!r} is not a file")
     if registry is None:
-        if mapping.value_format != "json":
-            problem(f"{at}.schema_registry", f"is required for value_format {mapping.value_format}")
+        if mapping.value_format != "json" and mapping.value_schema_file is None:
+            problem(f"{at}.schema_registry", f"is required for value_format {mapping.value_format}"
+                                             + (" (or value_schema_file)" if mapping.value_format == "json_schema"
+                                                else ""))
     else:
         if not re.match(r"^https?://[^/?#]+", registry.url):
             problem(f"{at}.schema_registry.url", f"{registry.url!r} is not an http(s) URL")

@@ -55,6 +55,11 @@ mappings:
     ({"schema_registry": {"url": "http://r"}},
      "mappings[0].schema_registry: is only used with value_format (or key_format) avro"),
     ({"key_format": "json"}, "mappings[0].key_columns: must declare the key's fields for key_format json"),
+    ({"value_schema_file": "order.json"}, "mappings[0].value_schema_file: is only used with value_format json_schema"),
+    ({"value_format": "json_schema", "value_schema_file": "missing.json"},
+     "mappings[0].value_schema_file: '/etc/lakehouse/missing.json' is not a file"),
+    ({"value_format": "json_schema"},
+     "mappings[0].schema_registry: is required for value_format json_schema (or value_schema_file)"),
     ({"key_columns": [{"name": "id", "type": "long"}]}, "mappings[0].key_columns: is only used with key_format json"),
     ({"key_format": "avro"}, "mappings[0].schema_registry: is required for key_format avro"),
     ({"key_format": "protobuf", "schema_registry": {"url": "http://r", "subject_name_strategy": "record"}},
@@ -87,3 +92,11 @@ def test_json_schema_validation_needs_its_registry_only_for_json_values() -> Non
         parse_config({**BASE, "schema": {"mode": "lenient"},
                       "mappings": [avro, {"topic": "pizzas", "table": "shop.pizzas"}]},
                      source="<test>", base_dir=Path("/etc/lakehouse"))
+
+
+def test_a_json_schema_mapping_may_take_its_schema_from_a_file_relative_to_the_config(tmp_path) -> None:
+    (tmp_path / "order.json").write_text('{"type": "object", "properties": {"id": {"type": "string"}}}')
+    document = {**BASE, "mappings": [{"topic": "orders", "table": "shop.orders", "value_format": "json_schema",
+                                      "value_schema_file": "order.json"}]}
+    mapping = parse_config(document, source="<test>", base_dir=tmp_path).mappings[0]
+    assert mapping.value_schema_file == tmp_path / "order.json" and mapping.schema_registry is None

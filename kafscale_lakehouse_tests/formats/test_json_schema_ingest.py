@@ -153,3 +153,27 @@ def test_plain_json_values_take_nested_columns_from_the_subjects_latest_json_sch
     assert rows[4]["coupon"] == "C4" and rows[5]["lines"][0]["discount"] == 0.5
     assert rows[5]["customer"] == {"name": "customer 5", "tags": ["vip"]}
     assert rows[2]["placed_at"] == PLACED_AT + datetime.timedelta(seconds=2)
+
+
+def test_plain_json_values_take_nested_columns_from_a_json_schema_file_without_a_registry(production_world, spark):
+    """`value_schema_file`: the mapping's own JSON Schema document types the plain JSON values, nested columns
+    included; no registry involved."""
+    world = production_world
+    schema_file = world.root / "order.schema.json"
+    schema_file.write_text(json.dumps(ORDER_V2))
+    records = [Record(key=None, value=json.dumps(order(n, version=2)).encode()) for n in range(10)]
+    records[6] = Record(key=None, value=json.dumps({**order(6), "lines": "none"}).encode())
+    world.write_records(0, 0, records)
+    document = world.config_document()
+    document["schema"] = {"mode": "lenient"}
+    document["mappings"] = [{"topic": world.topic, "table": world.table_name, "create_table_if_missing": True,
+                             "value_format": "json_schema", "value_schema_file": str(schema_file)}]
+
+    [result] = ingest(world.config(document), spark)
+
+    assert result.partitions[0].dead_lettered == 1
+    table = world.assert_exactly_once(runs=1, expected={0: [o for o in range(10) if o != 6]})
+    assert str(table.schema().find_field("customer").field_type.fields[1].field_type) == "list<string>"
+    rows = _rows(table)
+    assert rows[4]["coupon"] == "C4" and rows[5]["lines"][0]["discount"] == 0.5
+    assert rows[3]["attributes"] == [("channel", "web")] and rows[4]["delivery_date"] == datetime.date(2026, 12, 1)

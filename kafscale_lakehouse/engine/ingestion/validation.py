@@ -24,6 +24,7 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal, cast
 
 from pyiceberg.table import Table
@@ -34,6 +35,7 @@ from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
 from kafscale_lakehouse.schema.confluent_registry import (
     ConfluentRegistryClient,
     ConfluentRegistrySettings,
+    RegisteredSchema,
     subject_name,
 )
 from kafscale_lakehouse.schema.errors import SchemaMappingError
@@ -99,6 +101,8 @@ def registered_value_schemas(mapping: MappingConfig, *, key: bool = False) -> Re
     (down, 404) as they are."""
     registry = mapping.schema_registry
     data_format = mapping.key_format if key else mapping.value_format
+    if not key and mapping.value_schema_file is not None:
+        return _value_schema_file(mapping, mapping.value_schema_file)
     if registry is None:  # parse_config requires it for the registry formats
         raise ConfigError("record validation", [f"mappings[].schema_registry: is required for topic {mapping.topic} "
                                                 f"({'key' if key else 'value'}_format {data_format})"])
@@ -115,6 +119,17 @@ def registered_value_schemas(mapping: MappingConfig, *, key: bool = False) -> Re
     versions = client.subject_versions(subject, "serialized" if protobuf else None)
     return RegisteredValueSchemas(subject, tuple(versions), latest=registry.latest and not key,
                                   value_format=value_format, message_name=record_name if protobuf else None)
+
+
+def _value_schema_file(mapping: MappingConfig, path: Path) -> RegisteredValueSchemas:
+    """`value_schema_file`: one JSON Schema (schema id 0) typing every plain JSON value (no wire-format prefix)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("record validation", [f"mappings[].value_schema_file of topic {mapping.topic}: cannot read "
+                                                f"{path}: {exc}"]) from None
+    return RegisteredValueSchemas(f"file {path}", (RegisteredSchema(0, "JSON", text, 1),), latest=True,
+                                  value_format="json_schema")
 
 
 def with_avro_value_schemas(validation: RecordValidation, table: Table, table_name: str) -> RecordValidation:
