@@ -93,8 +93,8 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
     lakehouse_config = config  # the op's `config` parameter is its run config
 
     @dg.op(name=LAND_TABLES_OP, out={}, tags={"kind": "iceberg"},
-           description="Lands the listed tables one after another, each with its own commit, materializations and "
-                       "check results; fails at the end naming the tables that did not land.")
+           description="Lands the listed tables: one Spark job for all, then each its own commit, materializations "
+                       "and check results; fails at the end naming the tables that did not land.")
     def land_tables(context: dg.OpExecutionContext, config: LandTablesConfig, spark: SparkResource,  # noqa: ANN202
                     segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
                     iceberg_catalog: IcebergCatalogResource):

@@ -58,6 +58,7 @@ from kafscale_lakehouse.orchestration.sensors import (
 )
 
 NAMESPACE_SENSOR_NAME = "kafscale_namespace_sensor"
+SKIP_REASONS_SHOWN = 10  # tables whose reason to wait a skipped tick names
 
 
 @dataclass
@@ -168,8 +169,10 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
                          len(candidates) + len(skipped), len(run_requests), len(candidates))
         skip_reason = None
         if not run_requests:
-            skip_reason = "; ".join(f"{t}: {r}" for t, r in skipped.items()) or \
-                          "no completed segments beyond the committed offsets"
+            reasons = [f"{t}: {r}" for t, r in skipped.items()]
+            if len(reasons) > SKIP_REASONS_SHOWN:  # hundreds of tables: the first few, and how many more
+                reasons[SKIP_REASONS_SHOWN:] = [f"{len(reasons) - SKIP_REASONS_SHOWN} more tables waiting"]
+            skip_reason = "; ".join(reasons) or "no completed segments beyond the committed offsets"
         return dg.SensorResult(run_requests=run_requests or None, skip_reason=skip_reason,
                                cursor=cursor.to_json(), dynamic_partitions_requests=partition_requests,
                                asset_events=asset_events)

@@ -73,7 +73,6 @@ from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.audit import (
     AUDIT_COMMANDS,
     AuditError,
-    AuditPendingError,
     AuditReport,
     audit_snapshot,
     publish_audit,
@@ -395,7 +394,7 @@ def prepare_ingest(
         # other mappings of an `ingest` pass go on).
         try:
             settle_pending_audit(table, mapping.audit_branch, topic)
-        except AuditPendingError as exc:
+        except AuditError as exc:  # refused (AuditPendingError), or its publication's outcome unknown
             result.audit_error = str(exc)
             raise IngestFailedError(result) from exc
     # Of a run that stopped between its commit and publishing; what can no longer be published is reported.
@@ -497,24 +496,31 @@ def commit_ingests(prepared: Sequence[PreparedIngest]) -> list[IngestResult | Ex
     each keeps its own exactly-once. Returns per table its result or its exception (`IngestFailedError` for a
     partial commit); leases are released on every path. When the shared job fails, every table that wrote gets its
     error (the job deleted what it wrote; each table's run record stays for the next run, as after its own job)."""
-    writing = [p for p in prepared if p.plans]
     started = time.monotonic()
+    writing: list[PreparedIngest] = []
+    jobs: list[BatchTableJob] = []
+    failures: dict[int, Exception] = {}  # by id() of the prepared run
+    for p in prepared:
+        if not p.plans:
+            continue
+        _log_reading(p)
+        try:  # a table whose records do not fit it (its schema) fails alone, as in a run of its own
+            jobs.append(BatchTableJob(p.table, ingestion_task_spec(**_job_arguments(p)), p.dead_letters))
+            writing.append(p)
+        except Exception as exc:  # noqa: BLE001 - reported as this table's below
+            failures[id(p)] = exc
     written: dict[int, _Written] = {}
-    failure: Exception | None = None
     if writing:
-        for p in writing:
-            _log_reading(p)
         try:
-            jobs = [BatchTableJob(p.table, ingestion_task_spec(**_job_arguments(p)), p.dead_letters) for p in writing]
             outputs = run_batch_spark_job(writing[0].context.spark, writing[0].result.run_id, jobs)
             written = {id(p): _Written(o, started) for p, o in zip(writing, outputs, strict=True)}
-        except Exception as exc:  # noqa: BLE001 - reported per table below
-            failure = exc
+        except Exception as exc:  # noqa: BLE001 - the job's failure is each of its tables'
+            failures.update((id(p), exc) for p in writing)
     outcomes: list[IngestResult | Exception] = []
     for p in prepared:
-        if failure is not None and p.plans:
+        if id(p) in failures:
             p.release_leases()
-            outcomes.append(failure)
+            outcomes.append(failures[id(p)])
             continue
         try:
             outcomes.append(commit_ingest(p, written.get(id(p))))
