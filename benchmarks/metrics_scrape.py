@@ -19,6 +19,7 @@ import logging
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+import kafscale_lakehouse.apps.metrics as metrics
 from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
 from kafscale_lakehouse.apps.metrics_server import MetricsServer
 from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, pizza_order
@@ -55,7 +57,8 @@ RECORDS_PER_PARTITION = 10
 OWNER_ID = "metrics-scrape-benchmark"
 
 
-def benchmark_config(seaweedfs: SeaweedFS, etcd: Etcd, namespace: str, topics: list[str]) -> LakehouseConfig:
+def benchmark_config(seaweedfs: SeaweedFS, etcd: Etcd, namespace: str, topics: list[str],
+                     watch: str) -> LakehouseConfig:
     return parse_config({
         "s3": {"bucket": S3_BUCKET, "namespace": namespace, "endpoint": seaweedfs.s3_endpoint, "region": REGION,
                "path_style": True, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY},
@@ -64,6 +67,7 @@ def benchmark_config(seaweedfs: SeaweedFS, etcd: Etcd, namespace: str, topics: l
         "offsets": {"backend": "etcd", "key_prefix": namespace},
         "etcd": {"endpoints": [etcd.endpoint]},
         "discovery": {"mode": "s3"},
+        "processor": {"watch": watch},
         "mappings": [{"topic": topic, "table": f"{namespace}.{topic.replace('-', '_')}",
                       "schema": {"columns": [asdict(column) for column in PIZZA_COLUMNS]}} for topic in topics],
     }, source="benchmarks/metrics_scrape.py")
@@ -123,7 +127,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2, help="partitions per topic (default 2)")
     parser.add_argument("--snapshots", type=int, default=10, help="commits of ours per table (default 10)")
     parser.add_argument("--repeat", type=int, default=5, help="scrapes after the first (default 5)")
+    parser.add_argument("--watch", choices=["per_table", "namespace"], default="per_table",
+                        help="processor.watch (namespace: the stalled-segment listing lists the namespace once)")
     parser.add_argument("--breakdown", action="store_true", help="also time each source of a scrape on its own")
+    parser.add_argument("--threads", type=int, nargs="+", default=[metrics.READ_THREADS],
+                        help=f"apps/metrics.py READ_THREADS to measure with (default {metrics.READ_THREADS})")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     namespace = f"m{uuid.uuid4().hex[:8]}"
@@ -134,12 +142,15 @@ def main() -> None:
             etcd = Etcd(workdir / "etcd").start()
             try:
                 topics = [f"topic-{number:03d}" for number in range(args.tables)]
-                config = benchmark_config(seaweedfs, etcd, namespace, topics)
+                config = benchmark_config(seaweedfs, etcd, namespace, topics, args.watch)
                 started = time.perf_counter()
                 land_topics(config, seaweedfs, partitions=args.partitions, snapshots=args.snapshots)
                 print(f"setup: {args.tables} tables x {args.snapshots} snapshots, {args.partitions} partitions "
                       f"each, in {time.perf_counter() - started:.1f} s", flush=True)
-                run_scrapes(config, args)
+                for threads in args.threads:
+                    metrics.READ_THREADS = threads
+                    print(f"READ_THREADS {threads}:")
+                    run_scrapes(config, args)
             finally:
                 etcd.stop()
         finally:
@@ -149,8 +160,6 @@ def main() -> None:
 def run_scrapes(config: LakehouseConfig, args: argparse.Namespace) -> None:
     collector = LakehouseStateCollector(config)
     server = MetricsServer(collector, "127.0.0.1", 0)
-    import threading
-
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -104,6 +104,7 @@ from kafscale_lakehouse.storage import (
     METADATA_SNAPSHOT_KEY,
     DiscoveryMode,
     MetadataSnapshotError,
+    NamespaceListing,
     StalledSegment,
     parse_metadata_snapshot,
 )
@@ -414,13 +415,17 @@ class LakehouseStateCollector:
         grace period: listed from the committed next offset, or from the start for partitions nothing is committed
         of."""
         grace = self._config.processor.orphan_segment_grace_seconds
+        # With the namespace watch, the namespace is listed once (as its sensor does) and each partition is listed
+        # from memory: one request instead of a few per partition (its docstring: when that is the cheaper one).
+        store = (NamespaceListing.from_store(self._segments) if self._config.processor.watch == "namespace"
+                 else self._segments)
 
         def read(topic: str) -> dict[int, StalledSegment] | None:
             if topic not in offsets:
                 return None
-            next_offsets: dict[int, int | None] = dict.fromkeys(self._segments.list_partitions(topic))
+            next_offsets: dict[int, int | None] = dict.fromkeys(store.list_partitions(topic))
             next_offsets.update({p: c.next_offset for p, c in offsets[topic].committed.items()})
-            return stalled_partitions(self._segments, topic, next_offsets, grace_seconds=grace)
+            return stalled_partitions(store, topic, next_offsets, grace_seconds=grace)
 
         return {topic: stalled for topic, stalled in self._each_topic(read) if stalled is not None}
 

@@ -49,3 +49,21 @@ def test_stalled_listing_is_kept_between_scrapes_and_refreshed_in_the_background
         assert sum((store.request_counts - listed).values()) > 0
     finally:
         collector.close()
+
+
+def test_with_the_namespace_watch_the_stalled_listing_lists_the_namespace_once(
+        tmp_path, seaweedfs, etcd_server, unique_prefix):
+    world = IngestWorld("production", tmp_path, unique_prefix, f"orders-{unique_prefix}", seaweedfs=seaweedfs,
+                        etcd_endpoint=etcd_server.endpoint)
+    world.write_segments(0, 160, records_per_segment=40)
+    world.write_segments(1, 80, records_per_segment=40)
+    seaweedfs.s3_client().delete_object(Bucket=S3_BUCKET, Key=world.segment_object_key(0, 80, ObjectKind.INDEX))
+    collector = LakehouseStateCollector(world.config(orphan_segment_grace_seconds=0, watch="namespace"))
+    registry = CollectorRegistry()
+    registry.register(collector)
+    try:
+        assert registry.get_sample_value(SERIES, {"topic": world.topic, "partition": "0"}) is not None
+        assert registry.get_sample_value(SERIES, {"topic": world.topic, "partition": "1"}) is None
+        assert collector._segments.request_counts["list"] == 1, "one listing of the namespace, not one per partition"
+    finally:
+        collector.close()
