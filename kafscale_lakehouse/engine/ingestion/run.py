@@ -73,6 +73,7 @@ from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.audit import (
     AUDIT_COMMANDS,
     AuditError,
+    AuditPendingError,
     AuditReport,
     audit_snapshot,
     publish_audit,
@@ -394,7 +395,7 @@ def prepare_ingest(
         # other mappings of an `ingest` pass go on).
         try:
             settle_pending_audit(table, mapping.audit_branch, topic)
-        except AuditError as exc:  # refused (AuditPendingError), or its publication's outcome unknown
+        except AuditPendingError as exc:
             result.audit_error = str(exc)
             raise IngestFailedError(result) from exc
     # Of a run that stopped between its commit and publishing; what can no longer be published is reported.
