@@ -73,7 +73,6 @@ from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.audit import (
     AUDIT_COMMANDS,
     AuditError,
-    AuditPendingError,
     AuditReport,
     audit_snapshot,
     publish_audit,
@@ -395,7 +394,7 @@ def prepare_ingest(
         # other mappings of an `ingest` pass go on).
         try:
             settle_pending_audit(table, mapping.audit_branch, topic)
-        except AuditPendingError as exc:
+        except AuditError as exc:  # refused (AuditPendingError), or its publication's outcome unknown
             result.audit_error = str(exc)
             raise IngestFailedError(result) from exc
     # Of a run that stopped between its commit and publishing; what can no longer be published is reported.

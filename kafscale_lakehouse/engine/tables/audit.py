@@ -243,16 +243,34 @@ def publish_audit(table: Table, branch: str, snapshot_id: int) -> bool:
                 # Requires main and the branch where they were read (pyiceberg's AssertRefSnapshotId per ref).
                 manage.set_current_snapshot(snapshot_id=snapshot_id)
                 manage.remove_branch(branch)
-        except CommitFailedException:
+        except CommitFailedException as exc:
             if attempt == 2:
-                raise
+                raise AuditError(f"table {table_name}: publishing snapshot {snapshot_id} (branch {branch}) was "
+                                 "refused twice, a ref moving each time; nothing published") from exc
             log.warning("table %s: publishing snapshot %d was refused (a ref moved); reading the table again",
                         table_name, snapshot_id)
             continue
+        except Exception as exc:  # the answer is lost (a 5xx, a timeout): the table tells whether it landed
+            if _published_after_all(table, snapshot_id):
+                log.warning("table %s: publishing snapshot %d answered %r but main holds it", table_name,
+                            snapshot_id, exc)
+                return True
+            raise AuditError(f"table {table_name}: publishing snapshot {snapshot_id} (branch {branch}) failed with "
+                             f"an unknown outcome ({type(exc).__name__}); the next run of the table settles it") \
+                from exc
         log.info("table %s: main fast-forwarded to audited snapshot %d, branch %s removed", table_name, snapshot_id,
                  branch)
         return True
     raise AssertionError("unreachable")
+
+
+def _published_after_all(table: Table, snapshot_id: int) -> bool:
+    try:
+        table.refresh()
+    except Exception:  # unreadable now: not known to be published
+        log.warning("table %s: cannot refresh to check the publication", ".".join(table.name()), exc_info=True)
+        return False
+    return _in_main(table, snapshot_id)
 
 
 def _remove_branch_if_at(table: Table, branch: str, snapshot_id: int) -> None:

@@ -9,9 +9,9 @@ point it writes `<signal dir>/reached` and then, by `action`:
 - `pause`: waits for `<signal dir>/go` (its lease keeper keeps renewing), then goes on;
 - `freeze`: SIGSTOPs itself, lease keeper included, so its leases expire while it still "runs" (a worker declared
   dead but alive); the test SIGCONTs it;
-- `unknown` (only `inside-commit`): the catalog applied the commit, the answer is lost: raises pyiceberg's
+- `unknown` (only `inside-*`): the catalog applied the commit, the answer is lost: raises pyiceberg's
   `CommitStateUnknownException` (what a 5xx answer raises) and goes on;
-- `late` (only `inside-commit`): the answer is lost at once (`CommitStateUnknownException`) and the catalog applies the
+- `late` (only `inside-*`): the answer is lost at once (`CommitStateUnknownException`) and the catalog applies the
   commit only when `<signal dir>/go` appears (a request stuck in a proxy or a catalog's queue): the run ends, the
   process stays until then, and writes `<signal dir>/applied` or `<signal dir>/refused`.
 """
@@ -208,9 +208,9 @@ def command(actor: str, point: str, action: str, signal_dir: Path, cli_args: lis
 
 
 def install(actor: str, point: str, action: str, signal_dir: Path) -> None:
-    if action not in ACTIONS or (action in COMMIT_ONLY_ACTIONS and point != "inside-commit"):
+    if action not in ACTIONS or (action in COMMIT_ONLY_ACTIONS and not point.startswith("inside-")):
         raise SystemExit(f"action {action!r} is not one of {ACTIONS} at {point!r} ({COMMIT_ONLY_ACTIONS}: "
-                         "inside-commit only)")
+                         "inside-commit and inside-publish only)")
     try:
         owner, attribute, when = {**POINTS, **OTHER_POINTS}[actor][point]
     except KeyError:

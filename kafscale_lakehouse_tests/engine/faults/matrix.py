@@ -132,7 +132,7 @@ def all_cases() -> list[Case]:
     for primary, points in POINTS.items():
         for point in points:
             for action in ACTIONS:
-                if action in ("unknown", "late") and point != "inside-commit":
+                if action in ("unknown", "late") and not point.startswith("inside-"):
                     continue
                 for secondary in SECONDARIES:
                     if (secondary == "recut" and primary.startswith("ingest")
