@@ -65,11 +65,21 @@ class ConfluentRegistrySettings:
 
 
 @dataclass(frozen=True)
+class SchemaReference:
+    """A schema's import of another registered schema (Confluent's `references`: a Protobuf `import` by `name`)."""
+
+    name: str
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
 class RegisteredSchema:
     schema_id: int
     schema_type: str  # AVRO, PROTOBUF, JSON
     text: str
     version: int | None = None  # within the subject it was fetched from
+    references: tuple[SchemaReference, ...] = ()
 
 
 class ConfluentRegistryClient:
@@ -97,7 +107,8 @@ class ConfluentRegistryClient:
 
     def schema_by_id(self, schema_id: int) -> RegisteredSchema:
         body = self._get(f"/schemas/ids/{schema_id}", f"schema id {schema_id}")
-        return RegisteredSchema(schema_id, body.get("schemaType", "AVRO"), body["schema"])
+        return RegisteredSchema(schema_id, body.get("schemaType", "AVRO"), body["schema"],
+                                references=_references(body))
 
     def subject_versions(self, subject: str, schema_format: str | None = None) -> list[RegisteredSchema]:
         """Every version of `subject`, oldest first; `schema_format` as the registry's `format` parameter
@@ -121,7 +132,26 @@ class ConfluentRegistryClient:
     def _version(self, path: str, what: str, version: str, schema_format: str | None = None) -> RegisteredSchema:
         query = f"?format={urllib.parse.quote(schema_format)}" if schema_format else ""
         body = self._get(f"{path}/{version}{query}", f"{what} version {version}")
-        return RegisteredSchema(int(body["id"]), body.get("schemaType", "AVRO"), body["schema"], int(body["version"]))
+        return RegisteredSchema(int(body["id"]), body.get("schemaType", "AVRO"), body["schema"], int(body["version"]),
+                                _references(body))
+
+    def serialized_imports(self, schema: RegisteredSchema) -> tuple[tuple[str, str], ...]:
+        """(import name, base64 FileDescriptorProto) of every schema a Protobuf schema imports through its
+        references, transitively, imports before their importers; Google's well-known types are the protobuf
+        library's (as Confluent's clients skip them)."""
+        found: dict[str, str] = {}
+
+        def visit(references: tuple[SchemaReference, ...]) -> None:
+            for reference in references:
+                if reference.name in found or reference.name.startswith("google/protobuf/"):
+                    continue
+                path = f"/subjects/{urllib.parse.quote(reference.subject, safe='')}/versions"
+                imported = self._version(path, f"subject {reference.subject}", str(reference.version), "serialized")
+                visit(imported.references)
+                found[reference.name] = imported.text
+
+        visit(schema.references)
+        return tuple(found.items())
 
     def _get(self, path: str, what: str, post: bytes | None = None) -> Any:
         """GET `path` (POST `post` to it when given), retried on outages."""
@@ -160,6 +190,10 @@ class ConfluentRegistryClient:
         raise SchemaRegistryUnavailableError(
             f"schema registry did not give {what}: {shown} failed {self._max_attempts} times, last with {failure}",
             url=shown)
+
+
+def _references(body: dict[str, Any]) -> tuple[SchemaReference, ...]:
+    return tuple(SchemaReference(r["name"], r["subject"], int(r["version"])) for r in body.get("references") or ())
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:

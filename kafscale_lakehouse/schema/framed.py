@@ -39,7 +39,8 @@ class FramedValueSchemas:
     `refused`: schema id → why its records cannot land (its schema could not evolve the table); `value_schema`: the
     table's columns after the base columns, as Arrow (the types the decoded columns are built as); `latest_id`:
     values carry no wire-format prefix and are all of this schema id; `message_name`: Protobuf only, the full name of
-    the message the table's columns come from."""
+    the message the table's columns come from; `imports`: Protobuf only, schema id → (import name, serialized
+    FileDescriptorProto) of the schemas it imports through registry references, imports first."""
 
     subject: str
     schemas: Mapping[int, str]
@@ -48,6 +49,7 @@ class FramedValueSchemas:
     latest_id: int | None = None
     value_format: FramedValueFormat = "avro"
     message_name: str | None = None
+    imports: Mapping[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def unknown_schema(self, schema_id: int) -> str:
         """Why a record of `schema_id`, which is not in `schemas`, stops its partition."""

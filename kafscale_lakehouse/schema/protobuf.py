@@ -8,7 +8,8 @@ the bare message, of the table's message.
 Schemas: the registry serves a Protobuf schema as .proto text, and as the base64 of its `FileDescriptorProto` with
 `format=serialized` (what Confluent's own deserializers fetch); the run fetches that form, so no .proto parser is
 needed on the driver or the executors. Imports of Google's well-known types (`google/protobuf/*.proto`) resolve
-from the protobuf library, as Confluent's clients do; a schema with other references is refused (not supported yet).
+from the protobuf library, as Confluent's clients do; other imports are the schema's registry references, fetched
+the same way on the driver (`ConfluentRegistryClient.serialized_imports`) and shipped with it (`imports`).
 
 Columns: the fields of the mapping's message (`schema_registry.record_name`, a full name such as `shop.Order`;
 default: the file's first message) are columns after the base columns, matched by name; types map as
@@ -121,10 +122,11 @@ def file_message_names(file: descriptor_pb2.FileDescriptorProto) -> list[str]:
     return [prefix + m.name for m in file.message_type]
 
 
-def message_descriptor(serialized: str, message_name: str | None, *, what: str) -> Descriptor:
+def message_descriptor(serialized: str, message_name: str | None, *, what: str,
+                       imports: Sequence[tuple[str, str]] = ()) -> Descriptor:
     """The descriptor of `message_name` (default: the file's first message) in the serialized schema, in a pool of
-    its own holding the well-known types it may import."""
-    pool, file = _pool(serialized, what)
+    its own holding the well-known types and the serialized `imports` ((import name, base64), imports first)."""
+    pool, file = _pool(serialized, what, imports)
     names = file_message_names(file)
     name = message_name or (names[0] if names else None)
     if name is None:
@@ -136,26 +138,32 @@ def message_descriptor(serialized: str, message_name: str | None, *, what: str) 
                                  f"{', '.join(names)})") from None
 
 
-def _pool(serialized: str, what: str) -> tuple[descriptor_pool.DescriptorPool, descriptor_pb2.FileDescriptorProto]:
+def _pool(serialized: str, what: str, imports: Sequence[tuple[str, str]] = (),
+          ) -> tuple[descriptor_pool.DescriptorPool, descriptor_pb2.FileDescriptorProto]:
     file = protobuf_file(serialized, what=what)
     pool = descriptor_pool.DescriptorPool()
     for module in _WELL_KNOWN_FILES:
         pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
-    other = [d for d in file.dependency if not d.startswith("google/protobuf/")]
-    if other:
-        raise SchemaMappingError(f"{what} imports {', '.join(other)}: schema references other than Google's "
-                                 "well-known types are not supported")
+    imported = {name for name, _ in imports}
+    missing = [d for d in file.dependency if not d.startswith("google/protobuf/") and d not in imported]
+    if missing:
+        raise SchemaMappingError(f"{what} imports {', '.join(missing)}, which are not among its registry "
+                                 "references")
     try:
+        for name, imported_serialized in imports:
+            imported_file = protobuf_file(imported_serialized, what=f"{what}'s import {name}")
+            imported_file.name = name  # as Confluent's clients do: the import name, not the registered file's
+            pool.Add(imported_file)
         pool.Add(file)
     except (TypeError, KeyError, ValueError) as exc:
         raise SchemaMappingError(f"{what} is not a valid Protobuf schema: {exc}") from None
     return pool, file
 
 
-def protobuf_value_fields(serialized: str, message_name: str | None, *, what: str,
-                          first_id: int = 1) -> list[NestedField]:
+def protobuf_value_fields(serialized: str, message_name: str | None, *, what: str, first_id: int = 1,
+                          imports: Sequence[tuple[str, str]] = ()) -> list[NestedField]:
     """The table columns of a Protobuf value schema: the message's fields, all optional, ids from `first_id`."""
-    message = message_descriptor(serialized, message_name, what=what)
+    message = message_descriptor(serialized, message_name, what=what, imports=imports)
     return _struct_fields(message, itertools.count(first_id), what, path=(), seen=())
 
 
@@ -388,7 +396,8 @@ class ProtobufValueDecoder:
     def _resolve(self, schema_id: int, indexes: tuple[int, ...]) -> _MessageType:
         what = f"Protobuf schema id {schema_id}"
         wanted = self.settings.message_name
-        descriptor = message_descriptor(self.settings.schemas[schema_id], wanted, what=what)
+        descriptor = message_descriptor(self.settings.schemas[schema_id], wanted, what=what,
+                                        imports=self.settings.imports.get(schema_id, ()))
         if indexes:  # the value names its message; it must be the table's
             name = _message_at(protobuf_file(self.settings.schemas[schema_id], what=what), indexes)
             if name is None:

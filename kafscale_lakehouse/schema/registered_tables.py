@@ -13,8 +13,8 @@ base column is `SchemaMappingError`: the producer's schema and the table cannot 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException, ValidationError
@@ -54,6 +54,8 @@ class RegisteredValueSchemas:
     latest: bool = False
     value_format: FramedValueFormat = "avro"
     message_name: str | None = None
+    # Protobuf: schema id → the serialized schemas it imports (ConfluentRegistryClient.serialized_imports)
+    imports: Mapping[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def first_table_schema(self) -> Schema:
         """The schema a new table is created with: base columns, then the oldest version's value fields."""
@@ -99,7 +101,8 @@ def evolve_table_to_registered_versions(table: Table, table_name: str, registere
     schemas = {v.schema_id: v.text for v in versions if v.schema_type == schema_type}
     return FramedValueSchemas(subject=subject, schemas=schemas, value_schema=value_schema, refused=refused,
                               latest_id=versions[-1].schema_id if registered.latest else None,
-                              value_format=registered.value_format, message_name=registered.message_name)
+                              value_format=registered.value_format, message_name=registered.message_name,
+                              imports=registered.imports)
 
 
 def evolve_table_to_key_columns(table: Table, table_name: str, columns: Sequence[Column]) -> KeyDecoding:
@@ -115,7 +118,8 @@ def evolve_table_to_key_columns(table: Table, table_name: str, columns: Sequence
 def _value_fields(version: RegisteredSchema, registered: RegisteredValueSchemas, first_id: int) -> list:
     what = f"schema id {version.schema_id} (subject {registered.subject} version {version.version})"
     if registered.value_format == "protobuf":
-        fields = protobuf_value_fields(version.text, registered.message_name, what=what, first_id=first_id)
+        fields = protobuf_value_fields(version.text, registered.message_name, what=what, first_id=first_id,
+                                       imports=registered.imports.get(version.schema_id, ()))
     elif registered.value_format == "json_schema":
         fields = json_schema_value_fields(version.text, what=what, first_id=first_id)
     else:

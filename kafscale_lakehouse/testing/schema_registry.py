@@ -78,7 +78,7 @@ class RegistryState:
     def register(self, subject: str, text: str, schema_type: str = "AVRO",
                  references: list[dict[str, Any]] | None = None) -> int:
         candidate = _Schema(0, text, schema_type, references or [])
-        _check_parses(candidate)
+        _check_parses(candidate, self.referenced_texts(candidate.references))
         with self.lock:
             key = candidate.canonical()
             versions = self.subjects.get(subject, [])
@@ -114,6 +114,19 @@ class RegistryState:
         schema = self.schemas[versions[number - 1]]
         return {"subject": subject, "version": number, "id": schema.schema_id, **_schema_body(schema, schema_format)}
 
+    def referenced_texts(self, references: list[dict[str, Any]]) -> dict[str, str]:
+        """Import name → schema text of `references` and of theirs (a Protobuf schema's imports, compiled with it)."""
+        texts: dict[str, str] = {}
+        for reference in references:
+            try:
+                name, subject, version = reference["name"], reference["subject"], str(reference["version"])
+            except (KeyError, TypeError):
+                raise RegistryHttpError(422, 42201, f"Invalid schema reference {reference!r}") from None
+            schema = self.schema(self.version(subject, version)["id"])
+            texts.update(self.referenced_texts(schema.references))
+            texts[name] = schema.text
+        return texts
+
     def _versions(self, subject: str) -> list[int]:
         versions = self.subjects.get(subject)
         if not versions:
@@ -139,11 +152,11 @@ def _schema_body(schema: _Schema, schema_format: str | None = None) -> dict[str,
     return body
 
 
-def _check_parses(schema: _Schema) -> None:
+def _check_parses(schema: _Schema, referenced: Mapping[str, str] | None = None) -> None:
     if schema.schema_type not in ("AVRO", "PROTOBUF", "JSON"):
         raise RegistryHttpError(422, 42201, f"Invalid schema type {schema.schema_type}")
     if schema.schema_type == "PROTOBUF":
-        schema.serialized = _compile_proto(schema.text)
+        schema.serialized = _compile_proto(schema.text, referenced or {})
     if schema.schema_type != "AVRO":
         return
     try:
@@ -155,9 +168,10 @@ def _check_parses(schema: _Schema) -> None:
 _PROTOC_LOCK = threading.Lock()
 
 
-def _compile_proto(text: str) -> str:
+def _compile_proto(text: str, referenced: Mapping[str, str]) -> str:
     """The base64 FileDescriptorProto of .proto `text`, compiled by protoc (grpcio-tools: the registry needs a real
-    .proto parser, as Confluent's has; imports of Google's well-known types resolve from protoc's own includes)."""
+    .proto parser, as Confluent's has) with its references' texts under their import names (`referenced`); imports
+    of Google's well-known types resolve from protoc's own includes."""
     try:
         import grpc_tools
         from grpc_tools import protoc
@@ -168,6 +182,10 @@ def _compile_proto(text: str) -> str:
 
     includes = Path(grpc_tools.__file__).parent / "_proto"
     with _PROTOC_LOCK, tempfile.TemporaryDirectory(prefix="registry-proto-") as directory:
+        for name, imported in referenced.items():
+            path = Path(directory, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(imported)
         source = Path(directory) / "schema.proto"
         source.write_text(text)
         out = Path(directory) / "schema.pb"
@@ -326,9 +344,9 @@ class SchemaRegistryHttpServer(ThreadingHTTPServer):
                         return state.version(subject, str(number))
                 raise RegistryHttpError(404, 40403, "Schema not found")
             case "POST", ["compatibility", "subjects", subject, "versions", version]:
-                text, schema_type, _ = _schema_of(body)
-                candidate = _Schema(0, text, schema_type, [])
-                _check_parses(candidate)
+                text, schema_type, references = _schema_of(body)
+                candidate = _Schema(0, text, schema_type, references)
+                _check_parses(candidate, state.referenced_texts(references))
                 earlier = state.schema(state.version(subject, version)["id"])
                 level = state.subject_compatibility.get(subject, state.compatibility)
                 return {"is_compatible": _compatible(candidate, [earlier], level)}
@@ -392,10 +410,12 @@ class ConfluentCompatibleRegistry:
         self._server.shutdown()
         self._server.server_close()
 
-    def register(self, subject: str, schema: Any, schema_type: str = "AVRO") -> int:
-        """Register `schema` (a JSON-able Avro schema or the schema text) under `subject`; returns its id."""
+    def register(self, subject: str, schema: Any, schema_type: str = "AVRO",
+                 references: list[dict[str, Any]] | None = None) -> int:
+        """Register `schema` (a JSON-able Avro schema or the schema text) under `subject`, with Confluent's
+        `references` (`{name, subject, version}`: a Protobuf schema's imports); returns its id."""
         text = schema if isinstance(schema, str) else json.dumps(schema)
-        return self.state.register(subject, text, schema_type)
+        return self.state.register(subject, text, schema_type, references)
 
     def set_compatibility(self, level: str, subject: str | None = None) -> None:
         if subject is None:

@@ -5,6 +5,7 @@ are compiled by the test registry's protoc, as the registry serves them with for
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -12,6 +13,8 @@ from google.protobuf import message_factory
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
+from kafscale_lakehouse.config import parse_config
+from kafscale_lakehouse.engine.ingestion.validation import registered_value_schemas
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import FramedValueSchemas
 from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
@@ -25,6 +28,7 @@ from kafscale_lakehouse.schema.protobuf import (
 )
 from kafscale_lakehouse.testing.schema_registry import RegistryState
 from kafscale_lakehouse_tests.formats.protobuf_orders import ORDER_V1, order, order_message
+from kafscale_lakehouse_tests.formats.test_avro_config import BASE
 
 TREE = """syntax = "proto3";
 package shop;
@@ -93,3 +97,48 @@ def test_json_schema_columns_follow_refs_and_nullable_types_and_refuse_recursion
         "next": {"$ref": "#/$defs/node"}}}}, "properties": {"head": {"$ref": "#/$defs/node"}}}
     with pytest.raises(SchemaMappingError, match=r"field head\.next is the recursive #/\$defs/node"):
         json_schema_value_fields(json.dumps(recursive), what="schema id 4")
+
+
+MONEY = """syntax = "proto3";
+package shop.common;
+message Money { string currency = 1; int64 units = 2; }
+"""
+PAYMENT = """syntax = "proto3";
+package shop;
+import "shop/common/money.proto";
+import "google/protobuf/timestamp.proto";
+message Payment { string id = 1; shop.common.Money amount = 2; google.protobuf.Timestamp at = 3; }
+"""
+
+
+def test_a_protobuf_schema_importing_another_registered_schema_resolves_through_its_references(confluent_registry):
+    """Registry references (`import "shop/common/money.proto"` registered under its own subject): the run fetches
+    the imported schema with format=serialized too and decodes with both, as Confluent's deserializers do."""
+    confluent_registry.register("shop-money", MONEY, "PROTOBUF")
+    references = [{"name": "shop/common/money.proto", "subject": "shop-money", "version": 1}]
+    payment_id = confluent_registry.register("payments-value", PAYMENT, "PROTOBUF", references)
+    config = parse_config({**BASE, "mappings": [{"topic": "payments", "table": "shop.payments",
+                                                 "value_format": "protobuf",
+                                                 "schema_registry": {"url": confluent_registry.url}}]},
+                          source="<test>", base_dir=Path("/tmp"))
+
+    registered = registered_value_schemas(config.mappings[0])
+
+    [version] = registered.versions
+    assert [r.name for r in version.references] == ["shop/common/money.proto"]
+    imports = registered.imports[payment_id]
+    assert [name for name, _ in imports] == ["shop/common/money.proto"]
+    fields = protobuf_value_fields(version.text, None, what="payments", imports=imports)
+    assert [(f.name, str(f.field_type)) for f in fields][1:] == [
+        ("amount", "struct<3: currency: optional string, 4: units: optional long>"), ("at", "timestamptz")]
+    descriptor = message_descriptor(version.text, None, what="payments", imports=imports)
+    payment = message_factory.GetMessageClass(descriptor)(id="p1")
+    payment.amount.currency, payment.amount.units = "EUR", 12
+    value_schema = schema_to_pyarrow(Schema(*fields))
+    settings = FramedValueSchemas("payments-value", {payment_id: version.text}, value_schema,
+                                  value_format="protobuf", imports=registered.imports)
+    decoded = ProtobufValueDecoder(settings).decode(pa.array([encode_framed_protobuf(payment_id, payment)]))
+    assert pa.Table.from_arrays(decoded.columns, schema=value_schema).to_pylist() == [
+        {"id": "p1", "amount": {"currency": "EUR", "units": 12}, "at": None}]
+    with pytest.raises(SchemaMappingError, match=r"imports shop/common/money\.proto, which are not among its registry"):
+        protobuf_value_fields(version.text, None, what="payments")

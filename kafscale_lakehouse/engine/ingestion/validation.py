@@ -117,8 +117,10 @@ def registered_value_schemas(mapping: MappingConfig, *, key: bool = False) -> Re
     value_format = cast(FramedValueFormat, data_format)  # not json nor raw: resolve_record_validation
     protobuf = value_format == "protobuf"
     versions = client.subject_versions(subject, "serialized" if protobuf else None)
+    imports = {v.schema_id: client.serialized_imports(v) for v in versions if protobuf and v.references}
     return RegisteredValueSchemas(subject, tuple(versions), latest=registry.latest and not key,
-                                  value_format=value_format, message_name=record_name if protobuf else None)
+                                  value_format=value_format, message_name=record_name if protobuf else None,
+                                  imports=imports)
 
 
 def _value_schema_file(mapping: MappingConfig, path: Path) -> RegisteredValueSchemas:
