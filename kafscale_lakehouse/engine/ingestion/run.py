@@ -198,8 +198,9 @@ class IngestResult:
         return sum(p.records for p in self.partitions.values())
 
     def committed_ranges(self) -> dict[int, OffsetRange]:
-        """The offset ranges the run committed, per partition (none when nothing was committed)."""
-        if self.snapshot_id is None:
+        """The offset ranges the run committed, per partition (none when nothing was committed, or its audited
+        snapshot was not published: main, which readers see, holds none of them)."""
+        if self.snapshot_id is None or self.published is False:
             return {}
         return {p: o.committed for p, o in self.partitions.items() if o.committed is not None}
 
