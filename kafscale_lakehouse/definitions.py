@@ -4,9 +4,10 @@ The defs folder `kafscale_lakehouse/defs` holds one `KafscaleLakehouseComponent`
 here and in a user's dg project) on the lakehouse config (`$KAFSCALE_LAKEHOUSE_CONFIG`, default `lakehouse.yaml`):
 per mapping the topic's observable asset, the table asset with its checks, an ingest job and a sensor. A config that
 cannot be used (unknown key, wrong type, invalid table name) fails here, when the code location loads, with a
-`ConfigError` naming the key. Loading contacts no server (S3, etcd, the catalog, the registry): a topic that does not
-exist yet or a server that is down is reported by the topic's sensor and by the run, naming it, and never takes the
-other mappings' sensors down. With the demo's mapping (`rpc.pizzas`), the demo lakehouse's downstream assets
+`ConfigError` naming the key. Loading contacts no server (S3, etcd, the catalog, the registry), except to list the
+topics when the config has `topic_pattern` mappings (one discovery request; when it fails, the explicit mappings
+load): a topic that does not exist yet or a server that is down is reported by the topic's sensor and by the run,
+naming it, and never takes the other mappings' sensors down. With the demo's mapping (`rpc.pizzas`), the demo lakehouse's downstream assets
 (`demo_assets.py`) are added.
 """
 
