@@ -1,14 +1,13 @@
-"""Run `kafscale-lakehouse ingest --once` in this process and SIGKILL it at one step of the commit protocol.
+"""Run `kafscale-lakehouse ingest --once` in this process and SIGKILL it right after its lease keeper renewed a lease.
 
-    python -m kafscale_lakehouse_tests.engine.ingestion.crash_run <kill point> --config lakehouse.yaml
+    python -m kafscale_lakehouse_tests.engine.ingestion.crash_run renewing-lease --config lakehouse.yaml
 
 Test-only: production code has no kill hooks, so this wraps the functions the ingest run calls (by module
-attribute, as `mock.patch` would) and then hands over to the CLI's `main()`. Kill points:
-- `before-iceberg-commit`: data files are written, `commit_append` is about to run;
-- `after-iceberg-commit`: `commit_append` returned (snapshot committed), etcd offsets not yet written;
-- `renewing-lease`: the lease keeper has just renewed the lease; the main thread is parked inside the run.
-Right before the kill a `KILL POINT <name>` line is logged (stderr), so the test can tell the kill from a crash.
-A process that is not killed exits with the CLI's code.
+attribute, as `mock.patch` would) and then hands over to the CLI's `main()`. `renewing-lease`: the lease keeper has
+just renewed the lease while the main thread is parked inside the run (the Spark job never returns). Right before the
+kill a `KILL POINT renewing-lease` line is logged (stderr), so the test can tell the kill from a crash. The kill
+points of the commit protocol are the fault matrix actor's (engine/faults/actor.py; `IngestWorld.run_killed` runs
+either).
 """
 
 from __future__ import annotations
@@ -34,29 +33,17 @@ def _die(point: str) -> None:
 
 
 def _install(point: str) -> None:
-    if point in ("before-iceberg-commit", "after-iceberg-commit"):
-        real_commit_append = ingest.commit_append
+    if point != "renewing-lease":
+        raise SystemExit(f"unknown kill point {point!r} (the commit protocol's are engine/faults/actor.py's)")
+    real_renew = EtcdOffsetStore._renew_lease
 
-        def commit_append(*args, **kwargs):
-            if point == "before-iceberg-commit":
-                _die(point)
-            result = real_commit_append(*args, **kwargs)
-            _die(point)
-            return result
+    def renew_then_die(self, lease):
+        real_renew(self, lease)
+        _die(point)
 
-        ingest.commit_append = commit_append
-    elif point == "renewing-lease":
-        real_renew = EtcdOffsetStore._renew_lease
-
-        def renew_then_die(self, lease):
-            real_renew(self, lease)
-            _die(point)
-
-        EtcdOffsetStore._renew_lease = renew_then_die
-        # Park the run while it holds its leases, so the keeper's first renewal is what happens next.
-        ingest.run_ingestion_spark_job = lambda *args, **kwargs: threading.Event().wait()
-    else:
-        raise SystemExit(f"unknown kill point {point!r}")
+    EtcdOffsetStore._renew_lease = renew_then_die
+    # Park the run while it holds its leases, so the keeper's first renewal is what happens next.
+    ingest.run_ingestion_spark_job = lambda *args, **kwargs: threading.Event().wait()
 
 
 if __name__ == "__main__":

@@ -293,10 +293,24 @@ class IngestWorld:
         """`kafscale-lakehouse ingest --config F --once` in a process of its own."""
         return self.run_process(str(CLI), "ingest", "--config", str(config_path), "--once")
 
-    def run_killed(self, config_path: Path, kill_point: str) -> subprocess.CompletedProcess:
-        """The CLI run, SIGKILLed at `kill_point` (see crash_run); asserts it died there."""
-        done = self.run_process(sys.executable, "-m", "kafscale_lakehouse_tests.engine.ingestion.crash_run",
-                                kill_point, "--config", str(config_path))
-        assert done.returncode == -9 and f"KILL POINT {kill_point}" in done.stderr, (
-            f"exit {done.returncode}, stderr:\n{done.stderr[-4000:]}")
+    def run_killed(self, config_path: Path, kill_point: str, actor: str = "ingest") -> subprocess.CompletedProcess:
+        """`ingest --once` in a process of its own, SIGKILLed at `kill_point`: a point of the fault matrix's `actor`
+        (engine/faults/actor.py; `upsert` for an upsert mapping), `before-iceberg-commit` / `after-iceberg-commit`
+        (its `before-commit` / `after-commit`), or `renewing-lease` (crash_run); asserts it died there."""
+        if kill_point == "renewing-lease":
+            done = self.run_process(sys.executable, "-m", "kafscale_lakehouse_tests.engine.ingestion.crash_run",
+                                    kill_point, "--config", str(config_path))
+            reached = f"KILL POINT {kill_point}" in done.stderr
+        else:
+            from kafscale_lakehouse_tests.engine.faults.actor import command  # the actor imports the whole engine
+
+            point = {"before-iceberg-commit": "before-commit", "after-iceberg-commit": "after-commit"}.get(
+                kill_point, kill_point)
+            signal_dir = self.root / f"kill-{actor}-{point}-{time.monotonic_ns()}"
+            signal_dir.mkdir(parents=True)
+            done = self.run_process(*command(actor, point, "kill", signal_dir,
+                                             ["ingest", "--config", str(config_path), "--once"]))
+            reached = (signal_dir / "reached").exists()
+        assert done.returncode == -9 and reached, (
+            f"not killed at {kill_point}: exit {done.returncode}, stderr:\n{done.stderr[-4000:]}")
         return done

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -21,7 +20,6 @@ import duckdb
 
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.format import Record
-from kafscale_lakehouse_tests.engine.faults import actor
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 
 STORE_COLUMNS = [
@@ -175,13 +173,3 @@ def assert_state(world: IngestWorld, changes: StoreChanges, duckdb_copies: Path 
         read = duckdb.sql(f"select store_id, status from read_parquet('{copies}/*.parquet')").fetchall()
         assert sorted(read) == sorted((s, r["status"]) for s, r in expected.items())
 
-
-def run_killed(world: IngestWorld, point: str, config_path: Path, signal_dir: Path) -> subprocess.CompletedProcess:
-    """`kafscale-lakehouse ingest --once` of an upsert mapping in a process of its own, SIGKILLed at the fault
-    matrix's `upsert` actor's `point` (engine/faults/actor.py); asserts it died there."""
-    signal_dir.mkdir(parents=True)
-    done = world.run_process(*actor.command("upsert", point, "kill", signal_dir,
-                                            ["ingest", "--config", str(config_path), "--once"]))
-    assert done.returncode == -9 and (signal_dir / "reached").exists(), (
-        f"not killed at {point}: exit {done.returncode}, stderr:\n{done.stderr[-4000:]}")
-    return done

@@ -19,7 +19,7 @@ from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse_tests.engine.faults.actor import OTHER_POINTS
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
-from kafscale_lakehouse_tests.engine.upsert.changes import STORE_COLUMNS, StoreChanges, assert_state, run_killed
+from kafscale_lakehouse_tests.engine.upsert.changes import STORE_COLUMNS, StoreChanges, assert_state
 
 KILLS = 4  # killed runs per test, each at a point drawn from the upsert actor's
 KILL_SEED_VARIABLE = "KAFSCALE_UPSERT_KILL_SEED"
@@ -49,7 +49,7 @@ def test_debezium_topic_with_random_sigkills_ends_in_the_logs_state(production_w
         point = rng.choice(points)
         print(f"seed {seed}: kill {kill} at {point}")
         try:
-            run_killed(world, point, config_path, tmp_path / f"signals-{kill}")
+            world.run_killed(config_path, point, actor="upsert")
             world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 3)
             if rng.random() < 0.5:  # more changes land before the next run finds what the killed one left
                 changes.write(rng.randrange(10, 60))

@@ -15,7 +15,7 @@ from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY
 from kafscale_lakehouse.orchestration.checks import evaluate_id_unique
 from kafscale_lakehouse.orchestration.metadata import run_metadata
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
-from kafscale_lakehouse_tests.engine.upsert.changes import STORE_COLUMNS, StoreChanges, assert_state, run_killed
+from kafscale_lakehouse_tests.engine.upsert.changes import STORE_COLUMNS, StoreChanges, assert_state
 
 
 def upsert_document(world: IngestWorld, *, bucketed: bool = False) -> dict[str, Any]:
@@ -49,14 +49,14 @@ def test_updates_and_tombstones_over_runs_end_in_the_logs_state(production_world
 
 
 @pytest.mark.parametrize("kill_point", ["before-commit", "after-commit"])
-def test_killed_around_the_upsert_commit_then_rerun(production_world, spark, kill_point, tmp_path):
+def test_killed_around_the_upsert_commit_then_rerun(production_world, spark, kill_point):
     world = production_world
     log = StoreChanges(world, seed=7)
     document = upsert_document(world)
     log.write(100)
     ingest(world.config(document), spark)
     log.write(100)
-    run_killed(world, kill_point, world.write_config_file(document), tmp_path / "signals")
+    world.run_killed(world.write_config_file(document), kill_point, actor="upsert")
     world.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 3)
     [result] = ingest(world.config(document), spark)
     assert (result.snapshot_id is None) == (kill_point == "after-commit")
