@@ -38,7 +38,7 @@ from kafscale_lakehouse.engine.ingestion.spark_job import IngestionTaskOutput, r
 from kafscale_lakehouse.engine.ingestion.validation import (
     RecordValidation,
     resolve_record_validation,
-    with_avro_value_schemas,
+    with_registered_schemas,
 )
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
 from kafscale_lakehouse.engine.tables.appends import commit_append
@@ -173,7 +173,7 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
         context.spark, table, run_id, context.store, topic, segment_run_partitions(topic, offsets, segments, target),
         columns=validation.columns, json_schema=validation.json_schema, target_file_size_bytes=target,
         lfs=lfs_read_settings(mapping.lfs, validation.mode),
-        numeric_timestamp_unit=mapping.schema_config.timestamp_unit, avro=validation.avro,
+        numeric_timestamp_unit=mapping.schema_config.timestamp_unit, framed_values=validation.framed_values,
         kafka_timestamp=mapping.kafka_timestamp_column, keys=validation.keys)
     read_again = [f for output in outputs for f in output.data_files]
     rewritten: list[DataFile] = []
@@ -309,7 +309,7 @@ def _open_table(context: IngestContext, mapping: MappingConfig) -> tuple[RecordV
         raise ReplayError(f"table {mapping.table}: audit branch {pending.branch} holds snapshot {pending.snapshot_id} "
                           f"of run {pending.run_id} that main does not; settle it first: "
                           f"{AUDIT_COMMANDS.format(table=mapping.table)}")
-    return with_avro_value_schemas(validation, table, mapping.table), table
+    return with_registered_schemas(validation, table, mapping.table), table
 
 
 def _lease(context: IngestContext, table_name: str, topic: str, partition: int, run_id: str, what: str) -> Lease:

@@ -66,7 +66,7 @@ from kafscale_lakehouse.engine.ingestion.topic_patterns import with_pattern_topi
 from kafscale_lakehouse.engine.ingestion.validation import (
     RecordValidation,
     resolve_record_validation,
-    with_avro_value_schemas,
+    with_registered_schemas,
 )
 from kafscale_lakehouse.engine.phases import timed
 from kafscale_lakehouse.engine.tables.appends import commit_append
@@ -247,7 +247,7 @@ class IngestContext:
 def open_mapping_table(context: IngestContext, mapping: MappingConfig, columns: Sequence[Column],
                        registered_values: RegisteredValueSchemas | None = None) -> Table:
     """The mapping's table, created when allowed, with its schema evolved to the mapped columns; an Avro mapping's
-    (`registered_values`) is created from the oldest version of its value subject (`with_avro_value_schemas`
+    (`registered_values`) is created from the oldest version of its value subject (`with_registered_schemas`
     evolves it through the others). `kafka_timestamp_column` adds `kafka_timestamp`; a changed `partition_spec`
     evolves the table's spec."""
     schema = table_schema(columns) if registered_values is None else registered_values.first_table_schema()
@@ -387,7 +387,7 @@ def prepare_ingest(
     # Registry errors (down, 404) are raised here, before anything is read: never invalid records.
     validation = resolve_record_validation(context.config, mapping, context.registry)
     table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
-    validation = with_avro_value_schemas(validation, table, mapping.table)
+    validation = with_registered_schemas(validation, table, mapping.table)
     catalog = table.catalog  # the one open_mapping_table loaded: a REST catalog costs round trips to load
     if mapping.publish == "audited":
         # Before any offset is read: main is where runs start, so an audit left pending is published (its checks
@@ -606,7 +606,7 @@ def _job_arguments(prepared: PreparedIngest) -> dict[str, Any]:
         "dead_letters": target,
         "lfs": lfs_read_settings(mapping.lfs, prepared.validation.mode),
         "numeric_timestamp_unit": mapping.schema_config.timestamp_unit,
-        "avro": prepared.validation.avro,
+        "framed_values": prepared.validation.framed_values,
         "kafka_timestamp": mapping.kafka_timestamp_column,
         "keys": prepared.validation.keys,
     }

@@ -94,8 +94,8 @@ class IngestionTaskSpec:
     dead_letters: DeadLetterTarget | None
     lfs: LfsReadSettings | None = None  # what to do with LFS envelope records (mappings[].lfs)
     numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS  # mappings[].schema
-    # value_format avro/protobuf: decode the values into the table's value columns
-    avro: FramedValueSchemas | None = None
+    # a registry value format (avro, protobuf, json_schema): decode the values into the table's value columns
+    framed_values: FramedValueSchemas | None = None
     kafka_timestamp: bool = False  # mappings[].kafka_timestamp_column: add the record timestamp as a timestamptz
     keys: KeyDecoding | None = None  # mappings[].key_format other than raw: decode the keys into key columns
 
@@ -112,8 +112,8 @@ class IngestionTaskSpec:
         partition = self.input_partitions[task_id]
         batches = read_input_partition(self.store, partition, self.columns, self.json_schema, self.lfs,
                                        splitter.stats.lfs, numeric_timestamp_unit=self.numeric_timestamp_unit)
-        if self.avro is not None:  # the columns come from the values' registered schemas, not from JSON
-            batches = with_framed_value_columns(batches, value_decoder(self.avro), partition,
+        if self.framed_values is not None:  # the columns come from the values' registered schemas, not from JSON
+            batches = with_framed_value_columns(batches, value_decoder(self.framed_values), partition,
                                               invalid_stops=self.dead_letters is None)
         if self.keys is not None:
             batches = with_key_columns(batches, KeyDecoder(self.keys), partition,
@@ -143,13 +143,13 @@ def ingestion_task_spec(table: Table, run_id: str, store: SegmentStore, topic: s
                         dead_letters: tuple[Table, DeadLetterTarget] | None = None,
                         lfs: LfsReadSettings | None = None,
                         numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
-                        avro: FramedValueSchemas | None = None, kafka_timestamp: bool = False,
+                        framed_values: FramedValueSchemas | None = None, kafka_timestamp: bool = False,
                         keys: KeyDecoding | None = None) -> IngestionTaskSpec:
     """The tasks of one table's share of an ingestion Spark job (one per input partition), after checking that what
     they write fits the table (`run_ingestion_spark_job`'s arguments)."""
     sink = SinkJob.for_table(table, run_id, target_file_size_bytes)
-    written = (source_arrow_schema(columns, validated=json_schema is not None) if avro is None
-               else framed_source_schema(avro))
+    written = (source_arrow_schema(columns, validated=json_schema is not None) if framed_values is None
+               else framed_source_schema(framed_values))
     if keys is not None:
         written = schema_with_key_columns(written, keys)
     if kafka_timestamp:
@@ -157,7 +157,7 @@ def ingestion_task_spec(table: Table, run_id: str, store: SegmentStore, topic: s
     check_arrow_schema(pa.schema([f for f in written if f.name not in SOURCE_STATUS_COLUMNS]), table,
                        what=f"records of topic {topic}")
     return IngestionTaskSpec(store, tuple(input_partitions), tuple(columns), json_schema, sink,
-                             dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit, avro,
+                             dead_letters[1] if dead_letters else None, lfs, numeric_timestamp_unit, framed_values,
                              kafka_timestamp, keys)
 
 
@@ -168,7 +168,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
                             dead_letters: tuple[Table, DeadLetterTarget] | None = None,
                             lfs: LfsReadSettings | None = None,
                             numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
-                            avro: FramedValueSchemas | None = None, kafka_timestamp: bool = False,
+                            framed_values: FramedValueSchemas | None = None, kafka_timestamp: bool = False,
                             keys: KeyDecoding | None = None) -> list[IngestionTaskOutput]:
     """Read `input_partitions` and write them as data files of `table` (and invalid records as data files of the
     dead-letter table), one Spark task per input partition; returns each task's output, nothing committed.
@@ -178,7 +178,7 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     tasks = ingestion_task_spec(table, run_id, store, topic, input_partitions, columns=columns,
                                 json_schema=json_schema, target_file_size_bytes=target_file_size_bytes,
                                 dead_letters=dead_letters, lfs=lfs, numeric_timestamp_unit=numeric_timestamp_unit,
-                                avro=avro, kafka_timestamp=kafka_timestamp, keys=keys)
+                                framed_values=framed_values, kafka_timestamp=kafka_timestamp, keys=keys)
     if not input_partitions:
         return []
     sink = tasks.sink

@@ -7,11 +7,11 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
   executors validate every value while they decode (`jsonschema` is per-record Python work: it scales with tasks).
 - Values in the Confluent wire format (`mappings[].value_format: avro`, `protobuf`, `json_schema`): every version
   of the value subject, from the mapping's Confluent-compatible `schema_registry`, fetched here once per run
-  (Protobuf ones as their serialized FileDescriptorProto); once the table is open, `with_avro_value_schemas` evolves
+  (Protobuf ones as their serialized FileDescriptorProto); once the table is open, `with_registered_schemas` evolves
   it through them and gives what the executors decode with (schema/registered_tables.py). The columns are the value
   schema's fields; `schema.mode` does not judge them (json_schema values are validated by their own schema).
 - Decoded keys (`mappings[].key_format`, schema/keys.py): the key subject's versions (registry formats) are fetched
-  here too, and the `key_<field>` columns added once the table is open, by the same `with_avro_value_schemas`.
+  here too, and the `key_<field>` columns added once the table is open, by the same `with_registered_schemas`.
 - A registry that is down, answers 404 or serves a document that is no JSON Schema raises here
   (`SchemaRegistryError`, `InvalidSchemaDocumentError`): the run fails before it reads anything, and no record is
   ever judged invalid because of the registry.
@@ -58,9 +58,9 @@ class RecordValidation:
     columns: tuple[Column, ...]  # the mapped columns of the table and of the read
     json_schema: CompiledJsonSchema | None  # validate every value against it (lenient, strict)
     dead_letter_table: str | None  # where invalid records go; None: invalid records fail the run
-    registered_values: RegisteredValueSchemas | None = None  # value_format avro/protobuf: the subject's versions
-    # value_format avro/protobuf, once the table is open: what the executors decode the values with
-    avro: FramedValueSchemas | None = None
+    registered_values: RegisteredValueSchemas | None = None  # a registry value format: the subject's versions
+    # a registry value format, once the table is open: what the executors decode the values with
+    framed_values: FramedValueSchemas | None = None
     registered_keys: RegisteredValueSchemas | None = None  # key_format avro/protobuf/json_schema: the key subject's
     key_columns: tuple[Column, ...] = ()  # key_format json: the key's declared fields
     keys: KeyDecoding | None = None  # key_format other than raw, once the table is open: how the keys decode
@@ -134,13 +134,14 @@ def _value_schema_file(mapping: MappingConfig, path: Path) -> RegisteredValueSch
                                   value_format="json_schema")
 
 
-def with_avro_value_schemas(validation: RecordValidation, table: Table, table_name: str) -> RecordValidation:
+def with_registered_schemas(validation: RecordValidation, table: Table, table_name: str) -> RecordValidation:
     """For a mapping of a registry value format: `table` evolved through the value subject's versions, and what the
     executors decode with; with decoded keys (the key subject's versions, or the declared `key_columns` of JSON
     keys), the key columns added the same way. Other mappings unchanged."""
     registered = validation.registered_values
     if registered is not None:
-        validation = replace(validation, avro=evolve_table_to_registered_versions(table, table_name, registered))
+        framed_values = evolve_table_to_registered_versions(table, table_name, registered)
+        validation = replace(validation, framed_values=framed_values)
     keys: KeyDecoding | None = None
     if validation.registered_keys is not None:
         keys = KeyDecoding(framed=evolve_table_to_registered_versions(
@@ -149,7 +150,7 @@ def with_avro_value_schemas(validation: RecordValidation, table: Table, table_na
         keys = evolve_table_to_key_columns(table, table_name, validation.key_columns)
     if keys is None:
         return validation
-    value_names = validation.avro.value_schema.names if validation.avro is not None else [
+    value_names = validation.framed_values.value_schema.names if validation.framed_values is not None else [
         c.name for c in validation.columns]
     clashes = key_columns_clash([f.name[len(KEY_COLUMN_PREFIX):] for f in keys.arrow_fields()], value_names)
     if clashes:
