@@ -140,10 +140,12 @@ def engine_directory(environ: Mapping[str, str] = os.environ) -> Path:
         base = environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
         directory = Path(base) / f"kafscale-lakehouse-{os.getuid()}" / "spark-engines"
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    status = directory.stat()
-    if status.st_uid != os.getuid() or status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise SparkEngineError(f"{directory} (the local Spark engines' records, {ENGINE_DIR_VARIABLE}) is not this "
-                               "user's alone: owned by another user or writable by others")
+    # The default's parent is ours too (in /tmp, another user could have made it first and swap what is inside).
+    for checked in (directory,) if configured else (directory, directory.parent):
+        status = checked.stat()
+        if status.st_uid != os.getuid() or status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise SparkEngineError(f"{checked} (the local Spark engines' records, {ENGINE_DIR_VARIABLE}) is not this "
+                                   "user's alone: owned by another user or writable by others")
     return directory
 
 

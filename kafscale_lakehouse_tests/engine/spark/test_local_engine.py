@@ -25,6 +25,7 @@ from kafscale_lakehouse.engine.spark.local_engine import (
     IdleWatch,
     SparkEngineError,
     _start_ticks,
+    engine_directory,
     engine_key,
     local_engine_request,
     stop_engine,
@@ -175,3 +176,19 @@ def test_a_superseded_engine_stops_once_no_client_is_left(tmp_path):
             record.unlink()  # a newer engine of these settings took over
             assert watch.keep_serving(), "a client is still connected: its run finishes"
     assert not watch.keep_serving()
+
+
+def test_a_records_directory_others_may_write_to_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # another user could plant a record sending runs' data to an engine of theirs
+    with pytest.raises(SparkEngineError, match=f"{shared} .*{ENGINE_DIR_VARIABLE}.* writable by others"):
+        engine_directory({ENGINE_DIR_VARIABLE: str(shared)})
+    # The default directory's parent too: whoever made it first could swap the directory inside.
+    parent = tmp_path / "runtime" / f"kafscale-lakehouse-{os.getuid()}"
+    parent.mkdir(parents=True)
+    parent.chmod(0o777)
+    with pytest.raises(SparkEngineError, match=f"{parent} .*writable by others"):
+        engine_directory({"XDG_RUNTIME_DIR": str(tmp_path / "runtime")})
+    parent.chmod(0o755)
+    assert engine_directory({"XDG_RUNTIME_DIR": str(tmp_path / "runtime")}).stat().st_mode & 0o777 == 0o700
