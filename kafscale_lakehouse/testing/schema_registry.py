@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import binascii
 import json
 import logging
 import tempfile
@@ -92,7 +93,7 @@ class RegistryState:
             shared = next((s.schema_id for s in self.schemas.values() if s.canonical() == key), None)
             schema_id = shared if shared is not None else max(self.schemas, default=0) + 1
             if shared is None:
-                self.schemas[schema_id] = _Schema(schema_id, text, schema_type, candidate.references,
+                self.schemas[schema_id] = _Schema(schema_id, candidate.text, schema_type, candidate.references,
                                                   candidate.serialized)
             self.subjects.setdefault(subject, []).append(schema_id)
             log.info("registry: subject %s version %d is schema id %d", subject, len(self.subjects[subject]),
@@ -156,7 +157,11 @@ def _check_parses(schema: _Schema, referenced: Mapping[str, str] | None = None) 
     if schema.schema_type not in ("AVRO", "PROTOBUF", "JSON"):
         raise RegistryHttpError(422, 42201, f"Invalid schema type {schema.schema_type}")
     if schema.schema_type == "PROTOBUF":
-        schema.serialized = _compile_proto(schema.text, referenced or {})
+        described = _serialized_descriptor(schema.text)
+        if described is not None:  # what confluent-kafka's ProtobufSerializer registers
+            schema.text, schema.serialized = _proto_text(described), schema.text
+        else:
+            schema.serialized = _compile_proto(schema.text, referenced or {})
     if schema.schema_type != "AVRO":
         return
     try:
@@ -196,6 +201,76 @@ def _compile_proto(text: str, referenced: Mapping[str, str]) -> str:
                                                 "(its messages are on the registry's standard error)")
         [file] = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
     return base64.b64encode(file.SerializeToString()).decode("ascii")
+
+
+def _serialized_descriptor(text: str) -> Any | None:
+    """The FileDescriptorProto a schema given as base64 (Confluent accepts that form too) holds; None for .proto
+    text, which is never valid base64 (spaces, quotes, semicolons)."""
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError
+
+    try:
+        file = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text.strip(), validate=True))
+    except (binascii.Error, ValueError, DecodeError):
+        return None
+    return file if file.message_type or file.enum_type else None
+
+
+_SCALAR_NAMES = {1: "double", 2: "float", 3: "int64", 4: "uint64", 5: "int32", 6: "fixed64", 7: "fixed32", 8: "bool",
+                 9: "string", 12: "bytes", 13: "uint32", 15: "sfixed32", 16: "sfixed64", 17: "sint32", 18: "sint64"}
+
+
+def _proto_text(file: Any) -> str:
+    """.proto text of a FileDescriptorProto, as Confluent answers for a schema registered as a descriptor."""
+    lines = [f'syntax = "{file.syntax or "proto2"}";']
+    if file.package:
+        lines.append(f"package {file.package};")
+    lines += [f'import "{dependency}";' for dependency in file.dependency]
+    for enum in file.enum_type:
+        lines += _enum_lines(enum, "")
+    for message in file.message_type:
+        lines += _message_lines(message, "", file.syntax or "proto2")
+    return "\n".join(lines) + "\n"
+
+
+def _enum_lines(enum: Any, indent: str) -> list[str]:
+    return [f"{indent}enum {enum.name} {{", *(f"{indent}  {v.name} = {v.number};" for v in enum.value), f"{indent}}}"]
+
+
+def _message_lines(message: Any, indent: str, syntax: str) -> list[str]:
+    entries = {nested.name: nested for nested in message.nested_type if nested.options.map_entry}
+    lines = [f"{indent}message {message.name} {{"]
+    for enum in message.enum_type:
+        lines += _enum_lines(enum, indent + "  ")
+    for nested in message.nested_type:
+        if not nested.options.map_entry:
+            lines += _message_lines(nested, indent + "  ", syntax)
+    oneofs: dict[int, list[str]] = {}
+    for proto_field in message.field:
+        kind = _SCALAR_NAMES.get(proto_field.type, proto_field.type_name)
+        entry = entries.get(proto_field.type_name.rsplit(".", 1)[-1]) if proto_field.type == 11 else None
+        if entry is not None:
+            key, value = entry.field
+            line = (f"map<{_SCALAR_NAMES.get(key.type, key.type_name)}, "
+                    f"{_SCALAR_NAMES.get(value.type, value.type_name)}> {proto_field.name} = {proto_field.number};")
+        else:
+            label = {3: "repeated ", 2: "required "}.get(proto_field.label, "")
+            in_oneof = proto_field.HasField("oneof_index")
+            if proto_field.proto3_optional or (syntax == "proto2" and proto_field.label == 1 and not in_oneof):
+                label = "optional "
+            line = f"{label}{kind} {proto_field.name} = {proto_field.number};"
+        if proto_field.HasField("oneof_index") and not proto_field.proto3_optional:
+            oneofs.setdefault(proto_field.oneof_index, []).append(line)
+            if len(oneofs[proto_field.oneof_index]) == 1:
+                lines.append(f"{indent}  oneof {message.oneof_decl[proto_field.oneof_index].name} {{")
+                lines.append(f"__oneof_{proto_field.oneof_index}__")
+        else:
+            lines.append(f"{indent}  {line}")
+    for index, members in oneofs.items():
+        at = lines.index(f"__oneof_{index}__")
+        lines[at:at + 1] = [*(f"{indent}    {member}" for member in members), f"{indent}  }}"]
+    lines.append(f"{indent}}}")
+    return lines
 
 
 def _compatible(candidate: _Schema, earlier: list[_Schema], level: str) -> bool:

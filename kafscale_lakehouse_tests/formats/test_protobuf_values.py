@@ -142,3 +142,41 @@ def test_a_protobuf_schema_importing_another_registered_schema_resolves_through_
         {"id": "p1", "amount": {"currency": "EUR", "units": 12}, "at": None}]
     with pytest.raises(SchemaMappingError, match=r"imports shop/common/money\.proto, which are not among its registry"):
         protobuf_value_fields(version.text, None, what="payments")
+
+
+def test_values_of_confluent_kafkas_protobuf_serializer_decode_and_ours_deserialize_with_theirs(confluent_registry):
+    """Interop with Confluent's own client: its ProtobufSerializer registers the schema as a base64
+    FileDescriptorProto (the registry answers it as .proto text) and frames values with message indexes; our
+    decoder reads them, and its ProtobufDeserializer reads the values we frame."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from kafscale_lakehouse.schema.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
+
+    order_class = message_factory.GetMessageClass(message_descriptor(_serialized(ORDER_V1), None, what="v1"))
+    refund_class = message_factory.GetMessageClass(
+        message_descriptor(_serialized(ORDER_V1), "shop.Refund", what="v1"))
+    context = SerializationContext("interop", MessageField.VALUE)
+    client = SchemaRegistryClient({"url": confluent_registry.url})
+    serializer = ProtobufSerializer(order_class, client, {"use.deprecated.format": False})
+    refunds = ProtobufSerializer(refund_class, client, {"use.deprecated.format": False,
+                                                        "auto.register.schemas": False, "use.latest.version": True})
+    theirs = serializer(order_message(order_class, order(7)), context)
+    their_refund = refunds(refund_class(order_id="r"), context)
+
+    [version] = ConfluentRegistryClient(ConfluentRegistrySettings(confluent_registry.url)).subject_versions(
+        "interop-value", "serialized")
+    assert "message Order {" in confluent_registry.state.schema(version.schema_id).text  # answered as .proto text
+    value_schema = schema_to_pyarrow(Schema(*protobuf_value_fields(version.text, None, what="interop")))
+    decoder = ProtobufValueDecoder(FramedValueSchemas("interop-value", {version.schema_id: version.text},
+                                                      value_schema, value_format="protobuf"))
+    decoded = decoder.decode(pa.array([theirs, their_refund], pa.binary()))
+    [row, _] = pa.Table.from_arrays(decoded.columns, schema=value_schema).to_pylist()
+    assert (row["order_id"], row["cash_cents"], row["lines"][0]["sku"]) == ("order-7", 700, "sku-0")
+    assert theirs[5:6] == b"\x00" and their_refund[5:7] == b"\x02\x02"  # message indexes [0] and [1]
+    assert "is a shop.Refund" in decoded.invalid_reasons[1].as_py()
+
+    ours = encode_framed_protobuf(version.schema_id, order_message(order_class, order(8)))
+    deserialized = ProtobufDeserializer(order_class, {"use.deprecated.format": False})(ours, context)
+    assert deserialized.order_id == "order-8" and deserialized.store_id == 8
