@@ -54,3 +54,13 @@ def test_the_audited_asset_publishes_a_clean_run_and_reports_a_failed_check_with
     assert "audit drop --table" in failure.step_failure_data.user_failure_data.description
     assert world.table().current_snapshot().snapshot_id == main_before
     assert world.store_next_offsets() == {0: 40, 1: 20}
+    monkeypatch.undo()
+
+    # The next run refuses while the failed audit is pending, naming the check and the operator commands.
+    refused = run_ingest_job(config, instance, [0], raise_on_error=False)
+    assert not refused.success and materializations(refused) == {}
+    [failure] = [e for e in refused.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    data = failure.step_failure_data  # an IngestFailedError raised before the commit: an error, not a dg.Failure
+    description = data.user_failure_data.description if data.user_failure_data else data.error.to_string()
+    assert RECORD_ID_UNIQUE in description and f"audit publish --table {world.table_name}" in description
+    assert world.table().current_snapshot().snapshot_id == main_before
