@@ -19,7 +19,8 @@ set -m
 # `dagster dev` with SIGINT at its default even when this script was started with it ignored (nohup, a script's `&`,
 # some CI runners: an ignored signal cannot be trapped or reset by bash, and `dagster dev` maps SIGTERM to its SIGINT
 # handler, so it would ignore both and only the SIGKILL after DEV_STOP_TIMEOUT_SECONDS would stop it).
-SPARK_REMOTE="sc://127.0.0.1:$engine_port" "$bin/python" -c '
+# The webserver's address lets a topic_pattern mapping's sensor ask it to reload the code location for a new topic.
+KAFSCALE_LAKEHOUSE_WEBSERVER_URL="http://127.0.0.1:$dagster_port" SPARK_REMOTE="sc://127.0.0.1:$engine_port" "$bin/python" -c '
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 os.execv(sys.argv[1], sys.argv[1:])' "$bin/dagster" dev -h 127.0.0.1 -p "$dagster_port" & dev=$!
