@@ -182,6 +182,53 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     return 0
 
 
+def run_audit(config_path: str | None, *, command: str, table: str) -> int:
+    """`audit show | publish | drop --table T` of a `publish: audited` mapping (engine/tables/audit.py): what its
+    audit branch holds beyond main; main fast-forwarded to it as it is; or the branch dropped. After publish or drop
+    the offsets store is set from main (`offsets reset --from-table`): the table is the truth, the store its mirror."""
+    from kafscale_lakehouse.config import load_config
+    from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
+    from kafscale_lakehouse.engine import EngineError
+    from kafscale_lakehouse.engine.ingestion import reset_from_table, with_pattern_topics
+    from kafscale_lakehouse.engine.tables import load_catalog, open_table
+    from kafscale_lakehouse.engine.tables.audit import audit_snapshot, drop_audit, pending_audit, publish_audit
+    from kafscale_lakehouse.offsets import OffsetStoreError
+
+    config = with_pattern_topics(load_config(config_path)).config  # topic_pattern: a mapping per matching topic
+    mapping = next((m for m in config.mappings if m.table == table), None)
+    if mapping is None:
+        raise CommandError(f"no mapping lands in table {table!r}; mapped tables: {[m.table for m in config.mappings]}")
+    branch = mapping.audit_branch
+    try:
+        iceberg_table = open_table(load_catalog(catalog_settings(config)), table)
+        pending = pending_audit(iceberg_table, branch)
+        if pending is None:
+            print(f"table {table}: nothing pending on audit branch {branch}")
+            if command == "drop":
+                drop_audit(iceberg_table, branch)  # a branch main already holds, if any
+            return 0
+        described = (f"table {table}: audit branch {branch} holds snapshot {pending.snapshot_id} of run "
+                     f"{pending.run_id}; main is at {pending.main_snapshot_id}"
+                     f"{'' if pending.based_on_main else ' and moved off its base (another writer committed)'}")
+        if command == "show":
+            report = audit_snapshot(iceberg_table, branch, mapping.topic)
+            print("\n".join([described, *(f"check {name}: {'passed' if ok else 'FAILED'}"
+                                           for name, ok in report.checks.items()),
+                             *(f"  {f.message}" for f in report.failures)]))
+            return 0
+        if command == "publish":
+            publish_audit(iceberg_table, branch, pending.snapshot_id)
+            print(f"{described}; main fast-forwarded to it")
+        else:
+            drop_audit(iceberg_table, branch)
+            print(f"{described}; dropped (main unchanged: the next run lands its offsets again)")
+        with offset_store_from_config(config) as store:
+            print("\n".join(reset_from_table(iceberg_table, mapping.topic, store).lines()))
+    except (OffsetStoreError, EngineError) as err:
+        raise CommandError(str(err)) from err
+    return 0
+
+
 def run_move_position(config_path: str | None, *, topic: str, partition: int, next_offset: int, yes: bool) -> int:
     """`offsets reset --to-offset N --partition P`: the table's position of one partition set explicitly
     (engine/replay.move_position); without --yes, what would change."""
@@ -415,6 +462,18 @@ def _build_parser() -> argparse.ArgumentParser:
         help="only this step (repeatable; default: all, in that order)",
     )
 
+    audit = commands.add_parser("audit", help="a publish: audited table's pending audit (its audit branch)")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True)
+    for name, text in (("show", "what the audit branch holds beyond main, and its checks"),
+                       ("publish", "fast-forward main to the audited snapshot as it is; the store follows"),
+                       ("drop", "drop the audited snapshot (main unchanged, its offsets land again); the store "
+                        "follows main")):
+        command = audit_commands.add_parser(name, help=text)
+        command.add_argument("--table", required=True, help="Iceberg table of a mapping (namespace.table)")
+        command.add_argument(
+            "--config", default=None, help="config file (default: $KAFSCALE_LAKEHOUSE_CONFIG, then lakehouse.yaml)"
+        )
+
     offsets = commands.add_parser("offsets", help="a topic's offsets in its table and in the offsets store")
     offsets_commands = offsets.add_subparsers(dest="offsets_command", required=True)
     for name, text in (("show", "the table's, the store's and the broker's next offsets side by side"),
@@ -544,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "offsets":
             return run_offsets(args.config, command=args.offsets_command, topic=args.topic,
                                source=getattr(args, "source", None), yes=getattr(args, "yes", False))
+        if args.command == "audit":
+            return run_audit(args.config, command=args.audit_command, table=args.table)
         if args.command == "serve-metrics":
             return run_serve_metrics_command(args.config, address=args.address)
         if args.command == "spark-engine":
