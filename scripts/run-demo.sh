@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: the Spark engine, the demo producer and `dagster dev`, stopped in an order in which no run fails for it.
-# Ctrl-C or SIGTERM stops the producer, then `dagster dev` (webserver, daemon, code servers) while the runs in flight
-# finish; runs still going after a few seconds are canceled (Dagster records them canceled, not failed) and unwind;
-# only when the last process `dagster dev` started is gone does the engine, which those runs were using, stop.
+# Ctrl-C or SIGTERM stops `dagster dev` (webserver, daemon, code servers) while the runs in flight finish; runs still
+# going after a few seconds are canceled (Dagster records them canceled, not failed) and unwind; only when the last
+# process `dagster dev` started is gone do the producer (which serves the Avro registry those runs read) and the
+# engine, which those runs were using, stop.
 # usage: DAGSTER_HOME=… scripts/run-demo.sh VENV_BIN ENGINE_PORT DAGSTER_PORT
 set -uo pipefail
 bin=$1 engine_port=$2 dagster_port=$3
@@ -55,7 +56,6 @@ wait_while() {  # SECONDS COMMAND: until COMMAND fails or SECONDS passed; fails 
 
 stop() {
   trap '' INT TERM  # a second Ctrl-C does not cut the shutdown short
-  kill "$producer" 2>/dev/null
   if dev_running; then
     # `dagster dev` alone first: it stops the webserver and the daemon (no new runs) while the runs in flight finish.
     kill -INT "$dev" 2>/dev/null
@@ -75,8 +75,11 @@ stop() {
       kill -KILL -"$dev" 2>/dev/null
     fi
   fi
+  # The producer after the runs: it serves the Avro mapping's schema registry, which a run in flight still reads.
+  kill "$producer" 2>/dev/null
+  wait "$producer" 2>/dev/null
   kill "$engine" 2>/dev/null
-  wait "$producer" "$engine" 2>/dev/null
+  wait "$engine" 2>/dev/null
 }
 
 trap 'stop; exit 130' INT
