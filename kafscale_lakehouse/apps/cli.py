@@ -146,6 +146,7 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
         with_pattern_topics,
     )
     from kafscale_lakehouse.engine.tables import load_catalog, open_table
+    from kafscale_lakehouse.engine.tables.audit import AUDIT_COMMANDS, pending_audit
     from kafscale_lakehouse.offsets import OffsetStoreError
 
     config = with_pattern_topics(load_config(config_path)).config  # topic_pattern: a mapping per matching topic
@@ -157,6 +158,12 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
                            "table records the store's offsets)")
     try:
         table = open_table(load_catalog(catalog_settings(config)), mapping.table)
+        pending = pending_audit(table, mapping.audit_branch) if mapping.publish == "audited" else None
+        if command == "reset" and source == "store" and pending is not None:
+            # A snapshot on main now would make the pending audit's fast-forward impossible.
+            raise CommandError(f"table {mapping.table}: audit branch {pending.branch} holds snapshot "
+                               f"{pending.snapshot_id} of run {pending.run_id} that main does not; settle it first: "
+                               f"{AUDIT_COMMANDS.format(table=mapping.table)}")
         with offset_store_from_config(config) as store:
             view = offsets_view(table, topic, store)
             if command == "reset":

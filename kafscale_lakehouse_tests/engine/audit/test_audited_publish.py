@@ -200,8 +200,8 @@ def test_a_run_refuses_when_main_moved_off_the_pending_audit(production_world, s
 
 
 
-def test_maintenance_and_replay_wait_while_an_audit_is_pending(production_world, spark, monkeypatch, cli_main,
-                                                                capsys):
+def test_maintenance_replay_and_reset_from_store_wait_while_an_audit_is_pending(production_world, spark, monkeypatch,
+                                                                              cli_main, capsys):
     world = production_world
     world.write_segments(0, 20, records_per_segment=20)
     config = world.config(audited_document(world))
@@ -229,6 +229,9 @@ def test_maintenance_and_replay_wait_while_an_audit_is_pending(production_world,
     assert cli_main(*replay) == 2
     assert "audit drop --table" in capsys.readouterr().err
     assert world.table().current_snapshot().snapshot_id == main_before, "a replay would move main off the audit"
+    assert cli_main("offsets", "reset", "--topic", world.topic, "--from-store", "--yes",
+                    "--config", str(config_path)) == 2
+    assert "audit drop --table" in capsys.readouterr().err
     drop_audit(table, BRANCH)
     summary = maintain_table(spark, world.table(), settings, expiry=False, orphans=False)
     assert summary.rewrites_skipped is None and summary.files_compacted == 2
