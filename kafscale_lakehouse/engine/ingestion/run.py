@@ -75,6 +75,7 @@ from kafscale_lakehouse.engine.tables.audit import (
     AuditError,
     AuditReport,
     audit_snapshot,
+    audited_snapshot_state,
     publish_audit,
     settle_pending_audit,
 )
@@ -733,7 +734,22 @@ def _audit_and_publish(prepared: PreparedIngest, snapshot_id: int) -> None:
     """The blocking checks on the run's snapshot on the audit branch; main fast-forwards to it when they pass.
     Otherwise main stays, the branch keeps the snapshot and the run fails naming the table, the run and the check."""
     table, mapping, result = prepared.table, prepared.mapping, prepared.result
-    report = audit_snapshot(table, mapping.audit_branch, mapping.topic)
+    try:
+        state = audited_snapshot_state(table, mapping.audit_branch, snapshot_id)
+        if state == "published":  # another run settled it while this one was held (its leases had expired)
+            log.warning("topic %s → %s: audited snapshot %d of run %s was published by another run meanwhile",
+                        mapping.topic, mapping.table, snapshot_id, result.run_id)
+            result.published = True
+            return
+        if state == "gone":
+            raise AuditError(f"table {mapping.table}: audited snapshot {snapshot_id} of run {result.run_id} is "
+                             f"neither on branch {mapping.audit_branch} nor in main any more (dropped by an operator "
+                             "while this run was held?); its offsets land again with the next run")
+        report = audit_snapshot(table, mapping.audit_branch, mapping.topic)
+    except AuditError as exc:
+        result.published, result.audit_error = False, str(exc)
+        log.error("topic %s → %s: %s", mapping.topic, mapping.table, exc)
+        return
     result.audit = report
     if not report.passed:
         result.published = False

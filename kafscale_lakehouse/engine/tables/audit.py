@@ -264,6 +264,17 @@ def publish_audit(table: Table, branch: str, snapshot_id: int) -> bool:
     raise AssertionError("unreachable")
 
 
+def audited_snapshot_state(table: Table, branch: str, snapshot_id: int) -> str:
+    """Where a run's audited snapshot is now (the table refreshed): `published` (main holds it: another run settled
+    it while this one was held), `pending` (the branch's head, beyond main), or `gone` (dropped by an operator, or
+    the branch moved on)."""
+    with catalog_errors(catalog_endpoint(table.catalog)):
+        table.refresh()
+    if _in_main(table, snapshot_id):
+        return "published"
+    return "pending" if branch_head(table, branch) == snapshot_id else "gone"
+
+
 def _published_after_all(table: Table, snapshot_id: int) -> bool:
     try:
         table.refresh()

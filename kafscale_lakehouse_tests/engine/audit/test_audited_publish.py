@@ -15,7 +15,7 @@ import pytest
 import kafscale_lakehouse.engine.ingestion.run as run_module
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, maintain_table
-from kafscale_lakehouse.engine.tables.audit import branch_head, drop_audit, pending_audit
+from kafscale_lakehouse.engine.tables.audit import branch_head, drop_audit, pending_audit, publish_audit
 from kafscale_lakehouse.engine.tables.checks import RECORD_ID_UNIQUE
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
@@ -262,3 +262,36 @@ def test_a_rollback_of_main_under_a_pending_audit_is_not_undone_by_its_publicati
     [result] = ingest(config, spark)
     assert result.published is True and result.records == 40, "the rolled-back and the dropped offsets land again"
     world.assert_exactly_once(runs=4)  # our four commits stay in the metadata; main holds each offset once
+
+
+def test_a_run_whose_audit_another_process_settled_meanwhile_reports_it(production_world, spark, monkeypatch):
+    """A run held after its branch commit (its leases expired) while another run published its snapshot, or an
+    operator dropped it: the run says so instead of failing on a branch that is gone."""
+    world = production_world
+    world.write_segments(0, 20, records_per_segment=20)
+    config = world.config(audited_document(world))
+    real_commit_append = run_module.commit_append
+    settle = {"how": "publish"}
+
+    def commit_then_settled_elsewhere(table, *args, **kwargs):
+        result = real_commit_append(table, *args, **kwargs)
+        other = world.table()
+        if settle["how"] == "publish":
+            publish_audit(other, BRANCH, result.snapshot_id)
+        else:
+            drop_audit(other, BRANCH)
+        return result
+
+    monkeypatch.setattr(run_module, "commit_append", commit_then_settled_elsewhere)
+    [published] = ingest(config, spark)
+    assert published.published is True and published.audit_error is None
+    world.assert_exactly_once(runs=1)
+
+    world.write_segments(0, 20, base_offset=20, records_per_segment=20)
+    settle["how"] = "drop"
+    with pytest.raises(IngestFailedError, match="neither on branch kafscale-audit nor in main"):
+        ingest(config, spark)
+    monkeypatch.undo()
+    [again] = ingest(config, spark)
+    assert again.published is True and again.records == 20
+    world.assert_exactly_once(runs=3)  # the dropped commit stays in the metadata; main holds each offset once
