@@ -569,9 +569,11 @@ def report(args: argparse.Namespace, topics: int, landings: Landings, figures: I
         print(f"freshness over all segments (s): p50 {percentile(everything, 0.5):.1f}, p90 {p90:.1f}, max "
               f"{max(everything):.1f} (targets at 200 topics: p90 <= 60 s, max <= 3 x p90 = {3 * p90:.1f})")
         table_p90 = [percentile(v, 0.9) for v in by_table.values()]
+        nothing_visible = sorted(set(never) - set(by_table))
         print(f"per-table p90 (s): min {min(table_p90):.1f}, median {statistics.median(table_p90):.1f}, max "
-              f"{max(table_p90):.1f}; tables whose max > 3 x overall p90: "
-              f"{sum(1 for v in by_table.values() if max(v) > 3 * p90)} of {len(by_table)}")
+              f"{max(table_p90):.1f}; starved: {sum(1 for v in by_table.values() if max(v) > 3 * p90)} tables whose "
+              f"max > 3 x overall p90, {len(nothing_visible)} with no segment visible at all "
+              f"({', '.join(nothing_visible[:5])}{', ...' if len(nothing_visible) > 5 else ''}) of {topics}")
         print("  table      segments    p50    p90    max  never")
         for topic in sorted(set(by_table) | set(never)):
             values = by_table.get(topic) or [float("nan")]
