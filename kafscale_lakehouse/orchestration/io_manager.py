@@ -16,6 +16,12 @@ partition as a row filter (Kafka partitions of a landed table as `partition IN (
 `partition_expr` of the input or the upstream asset), pinned to the `snapshot_id` of the upstream asset's latest
 materialization.
 
+`publish: audited` metadata (the IO manager's `publish` config is the default, `direct`): the write goes to the
+table's audit branch (`kafscale-audit`, engine/tables/audit.py), not `main`; the materialization says
+`published: false` with the `audit_snapshot_id`. The asset's checks in the same run read that snapshot; other readers
+(downstream assets, later runs) read `main`. `audited_publish.py` fast-forwards `main` once the run's blocking checks
+passed; until an audit is settled, a write to the table refuses, naming the run and the operator commands.
+
 Landed tables are committed by their asset (assets.py), which returns a `MaterializeResult`: nothing reaches
 `handle_output`; the IO manager only loads them, for downstream assets.
 """
@@ -27,9 +33,11 @@ from typing import Any
 
 import dagster as dg
 import pyarrow as pa
+from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyspark.sql import DataFrame
 
 from kafscale_lakehouse.engine.spark import read_table, write_arrow, write_dataframe
@@ -45,6 +53,19 @@ from kafscale_lakehouse.engine.tables import (
     parse_partition_spec,
     time_window_filter,
     values_filter,
+)
+from kafscale_lakehouse.engine.tables.audit import (
+    AUDIT_COMMANDS,
+    DEFAULT_AUDIT_BRANCH,
+    AuditPendingError,
+    pending_audit,
+)
+from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY
+from kafscale_lakehouse.orchestration.audited_publish import (
+    AUDIT_BRANCH_KEY,
+    AUDIT_SNAPSHOT_ID_KEY,
+    PUBLISHED_KEY,
+    publish_run_audits,
 )
 from kafscale_lakehouse.orchestration.metadata import (
     PARTITION_ROW_COUNT_KEY,
@@ -66,6 +87,8 @@ PARTITION_EXPR_KEY = "partition_expr"
 PARTITION_SPEC_KEY = "partition_spec"
 UPSERT_OPTIONS_KEY = "upsert_options"
 COLUMNS_KEY = "columns"
+PUBLISH_KEY = "publish"
+PUBLISH_MODES = ("direct", "audited")
 # Snapshot summary properties of a downstream write.
 DAGSTER_RUN_PROPERTY = "dagster.run-id"
 DAGSTER_ASSET_PROPERTY = "dagster.asset-key"
@@ -79,6 +102,7 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
     iceberg_catalog: IcebergCatalogResource
     spark: SparkResource
     target_file_size_bytes: int = 128 << 20
+    publish: str = "direct"  # `audited`: writes go to the audit branch (`publish` metadata overrides it per asset)
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         if not isinstance(obj, (DataFrame, pa.Table)):
@@ -107,7 +131,11 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
                 f"asset {context.asset_key.to_user_string()}",
             )
         partition_keys = list(context.asset_partition_keys) if context.has_asset_partitions else []
-        upsert = upsert_options(metadata, mode, f"asset {context.asset_key.to_user_string()}")
+        what = f"asset {context.asset_key.to_user_string()}"
+        upsert = upsert_options(metadata, mode, what)
+        audited = publish_mode(metadata, self.publish, what) == "audited"
+        if audited and upsert is not None:
+            raise ValueError(f"{what}: {PUBLISH_KEY}=audited is not supported with {WRITE_MODE_KEY}=upsert")
         write = TableWrite(
             identifier=identifier,
             run_id=context.run_id,
@@ -120,19 +148,35 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
                 DAGSTER_RUN_PROPERTY: context.run_id,
                 DAGSTER_ASSET_PROPERTY: context.asset_key.to_user_string(),
                 **({DAGSTER_PARTITIONS_PROPERTY: json.dumps(partition_keys)} if partition_keys else {}),
+                # The run a pending audit names (audit.pending_audit reads it).
+                **({RUN_ID_PROPERTY: context.run_id} if audited else {}),
             },
             target_file_size_bytes=self.target_file_size_bytes,
             upsert=upsert,
+            branch=DEFAULT_AUDIT_BRANCH if audited else MAIN_BRANCH,
         )
         catalog = load_catalog(self.iceberg_catalog.settings())
+        if audited:
+            settle_earlier_audit(context.step_context.instance, catalog, identifier, what)
         result = write_arrow(catalog, obj, write) if isinstance(obj, pa.Table) else write_dataframe(catalog, obj, write)
-        context.add_output_metadata(write_metadata(result, mode, partition_scoped=replace is not None))
+        output_metadata = write_metadata(result, mode, partition_scoped=replace is not None)
+        if audited:
+            # Not yet what main holds: readers pinned to the materialization's snapshot_id would read unchecked rows.
+            output_metadata[SNAPSHOT_ID_KEY] = dg.MetadataValue.null()
+            output_metadata.update({
+                PUBLISHED_KEY: False,
+                AUDIT_BRANCH_KEY: DEFAULT_AUDIT_BRANCH,
+                AUDIT_SNAPSHOT_ID_KEY: dg.MetadataValue.int(result.snapshot_id) if result.snapshot_id is not None
+                else dg.MetadataValue.null(),
+            })
+        context.add_output_metadata(output_metadata)
         context.log.info(
-            "table %s: %s of %d rows committed in snapshot %s",
+            "table %s: %s of %d rows committed in snapshot %s%s",
             identifier,
             mode,
             result.rows_written,
             result.snapshot_id,
+            f" on audit branch {DEFAULT_AUDIT_BRANCH} (main unchanged until its checks pass)" if audited else "",
         )
 
     def load_input(self, context: dg.InputContext) -> DataFrame:
@@ -155,7 +199,9 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
         elif PARTITION_EXPR_KEY in input_metadata and context.step_context.has_partitions:
             # An unpartitioned upstream read by a partitioned asset: the downstream partition is the filter.
             row_filter = run_partition_filter(context, table.schema(), input_metadata[PARTITION_EXPR_KEY])
-        snapshot_id = upstream_snapshot_id(context, table)
+        snapshot_id = audit_snapshot_for_check(context, table)
+        if snapshot_id is None:
+            snapshot_id = upstream_snapshot_id(context, table)
         return read_table(
             self.spark.spark_session, table, columns=columns, row_filter=row_filter, snapshot_id=snapshot_id
         )
@@ -164,6 +210,63 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
 def plain_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     """Definition metadata with `MetadataValue`s unwrapped (`MetadataValue.text("append")` -> `"append"`)."""
     return {k: v.value if isinstance(v, dg.MetadataValue) else v for k, v in (metadata or {}).items()}
+
+
+def publish_mode(metadata: Mapping[str, Any], default: str, what: str) -> str:
+    """`publish` metadata of an output (`direct` or `audited`), else the IO manager's `publish` config."""
+    mode = metadata.get(PUBLISH_KEY, default)
+    if mode not in PUBLISH_MODES:
+        raise ValueError(f"{what}: {PUBLISH_KEY}={mode!r} (metadata, or the IO manager's config) is not one of "
+                         f"{PUBLISH_MODES}")
+    return str(mode)
+
+
+def settle_earlier_audit(instance: dg.DagsterInstance, catalog: Catalog, identifier: str, what: str) -> None:
+    """Before an audited write: an audit an earlier run left pending on the table is published when that run
+    succeeded with its blocking checks passed (the sensor had not ticked yet); otherwise the write refuses, naming
+    the run, its status and the operator commands (a failed check stays until an operator publishes or drops it)."""
+    if not catalog.table_exists(identifier):
+        return
+    table = catalog.load_table(identifier)
+    pending = pending_audit(table, DEFAULT_AUDIT_BRANCH)
+    if pending is None:
+        return
+    if pending.run_id is not None and publish_run_audits(instance, pending.run_id, catalog):
+        return
+    run = instance.get_run_by_id(pending.run_id) if pending.run_id is not None else None
+    raise AuditPendingError(
+        f"{what}: table {identifier}: audit branch {DEFAULT_AUDIT_BRANCH} holds snapshot {pending.snapshot_id} of run "
+        f"{pending.run_id} ({run.status.value if run is not None else 'not a run of this instance'}) that main does "
+        f"not; it is published when that run succeeds with its blocking checks passed, else settle it: "
+        f"{AUDIT_COMMANDS.format(table=identifier)}")
+
+
+def audit_snapshot_for_check(context: dg.InputContext, table: Table) -> int | None:
+    """For an asset check's input: the audit snapshot of the checked asset's materialization in this same run
+    (`published: false`), so the check sees what it gates. None for other readers (they read main)."""
+    step = context.step_context
+    layer = step.job_def.asset_layer
+    outputs = [output.name for output in step.step.step_outputs]
+    if not step.is_asset_check_step or any(layer.get_asset_key_for_node_output(step.node_handle, name)
+                                           for name in outputs):
+        return None  # the step materializes assets (a downstream asset, or a multi-asset): it reads main
+    run_id = step.run_id
+    records = context.instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
+    audited = [
+        m for m in (r.event_log_entry.asset_materialization for r in records)
+        if m is not None and m.asset_key == context.asset_key and PUBLISHED_KEY in m.metadata
+        and m.metadata[PUBLISHED_KEY].value is False
+    ]
+    if not audited:
+        return None
+    value = audited[-1].metadata.get(AUDIT_SNAPSHOT_ID_KEY)
+    snapshot_id = value.value if value is not None else None
+    if not isinstance(snapshot_id, int) or table.metadata.snapshot_by_id(snapshot_id) is None:
+        raise ValueError(f"input {context.asset_key.to_user_string()}: the audit snapshot {snapshot_id} of run "
+                         f"{run_id} is not in table {'.'.join(table.name())} (dropped?)")
+    context.log.info("table %s: the check reads audit snapshot %d of this run", ".".join(table.name()), snapshot_id)
+    return snapshot_id
 
 
 def upsert_options(metadata: Mapping[str, Any], mode: str, what: str) -> UpsertOptions | None:

@@ -24,9 +24,11 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema, assign_fresh_schema_ids, promote
 from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.types import IcebergType, MapType, PrimitiveType
 
 from kafscale_lakehouse.engine.errors import EngineError
+from kafscale_lakehouse.engine.tables.audit import ref_view, start_audit_branch
 from kafscale_lakehouse.engine.tables.catalogs import (
     PartitionFieldSpec,
     build_partition_spec,
@@ -60,7 +62,9 @@ class TableWriteSchemaError(TableWriteError):
 class TableWrite:
     """What to write where. `replace_filter` (overwrite only): the rows replaced; None replaces the whole table.
     `snapshot_properties` go into both snapshots of the commit (they name the Dagster run and partition).
-    `upsert` (mode upsert only): the keys and what to do with matched and unmatched rows (`upserts.UpsertOptions`)."""
+    `upsert` (mode upsert only): the keys and what to do with matched and unmatched rows (`upserts.UpsertOptions`).
+    `branch`: where the commit goes; an audit branch (audited publish, `audit.start_audit_branch`) is set to main's
+    head before each attempt and refuses while it holds a pending audit."""
 
     identifier: str
     run_id: str
@@ -72,6 +76,7 @@ class TableWrite:
     target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES
     commit_attempts: int = DEFAULT_COMMIT_ATTEMPTS
     upsert: UpsertOptions | None = None
+    branch: str = MAIN_BRANCH
 
     def __post_init__(self) -> None:
         if self.mode not in WRITE_MODES:
@@ -80,6 +85,8 @@ class TableWrite:
             raise ValueError(f"table {self.identifier}: an append replaces no rows (replace_filter is for overwrite)")
         if (self.mode == "upsert") != (self.upsert is not None):
             raise ValueError(f"table {self.identifier}: upsert options go with write mode upsert, and only with it")
+        if self.upsert is not None and self.branch != MAIN_BRANCH:
+            raise ValueError(f"table {self.identifier}: an upsert commits to main only, not to branch {self.branch}")
 
 
 @dataclass(frozen=True)
@@ -230,15 +237,18 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
     replace = write.replace_filter if write.replace_filter is not None else AlwaysTrue()
     for attempt in range(1, write.commit_attempts + 1):
         try:
+            if write.branch != MAIN_BRANCH:
+                start_audit_branch(table, write.branch)  # AuditPendingError while it holds a pending audit
             with catalog_errors(endpoint):
                 transaction = without_client_retries(table).transaction()
-                if write.mode == "overwrite" and table.current_snapshot() is not None:
+                if write.mode == "overwrite" and ref_view(table, write.branch).current_snapshot() is not None:
                     with warnings.catch_warnings():
                         # A partition materialized for the first time replaces nothing: not worth a warning.
                         warnings.filterwarnings("ignore", "Delete operation did not match any records")
-                        transaction.delete(replace, snapshot_properties=properties)
+                        transaction.delete(replace, snapshot_properties=properties, branch=write.branch)
                 if data_files:
-                    with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                    with transaction.update_snapshot(snapshot_properties=properties,
+                                                     branch=write.branch).fast_append() as append:
                         for data_file in data_files:
                             append.append_data_file(data_file)
                 committed = commit_settled(transaction)
@@ -255,10 +265,10 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
                 table.refresh()
             continue
         table.metadata, table.metadata_location = committed.metadata, committed.metadata_location
-        snapshot = table.current_snapshot()
-        log.info("table %s: run %s committed %s of %d rows in %d data files (snapshot %s, attempt %d)",
+        snapshot = ref_view(table, write.branch).current_snapshot()
+        log.info("table %s: run %s committed %s of %d rows in %d data files (snapshot %s on %s, attempt %d)",
                  write.identifier, write.run_id, write.mode, rows, len(data_files),
-                 snapshot.snapshot_id if snapshot else None, attempt)
+                 snapshot.snapshot_id if snapshot else None, write.branch, attempt)
         return _result(table, write, snapshot.snapshot_id if snapshot else None, rows, len(data_files), created,
                        added, attempt)
     raise AssertionError("unreachable")
@@ -283,7 +293,7 @@ def _commit_upsert(table: Table, data_files: Sequence[DataFile], write: TableWri
 
 def _result(table: Table, write: TableWrite, snapshot_id: int | None, rows: int, files: int, created: bool,
             added: tuple[str, ...], attempts: int) -> TableWriteResult:
-    snapshot = table.current_snapshot()
+    snapshot = ref_view(table, write.branch).current_snapshot()
     total = snapshot.summary.get("total-records") if snapshot is not None and snapshot.summary else None
     return TableWriteResult(identifier=write.identifier, snapshot_id=snapshot_id, rows_written=rows,
                             data_files=files, table_rows=int(total) if total is not None else 0 if snapshot is None

@@ -1,0 +1,135 @@
+"""Audited publish of the IO manager's partitioned writes (`publish: audited`, sqlite and SeaweedFS REST catalogs, a
+real Dagster instance): the write goes to the audit branch, the asset's blocking check reads that snapshot, the run
+status sensor fast-forwards main after a clean run; a partition with a bad row fails its check and main never holds
+it; the next write refuses until the audit is dropped."""
+
+# No `from __future__ import annotations`: Dagster reads the context parameter annotations at runtime.
+from datetime import date
+
+import dagster as dg
+import pyarrow as pa
+
+from kafscale_lakehouse.engine.tables.audit import DEFAULT_AUDIT_BRANCH, branch_head, drop_audit, pending_audit
+from kafscale_lakehouse.orchestration.audited_publish import (
+    AUDITED_PUBLISH_SENSOR,
+    audited_publish_sensor,
+    publish_run_audits,
+)
+
+DAYS = dg.DailyPartitionsDefinition(start_date="2026-11-01", end_date="2026-11-05")
+BAD_DAY = "2026-11-02"
+
+
+def _orders(day: str) -> pa.Table:
+    ids = [f"{day}-{s}" for s in range(4)]
+    if day == BAD_DAY:
+        ids[-1] = ids[0]  # a duplicate order id: the check fails
+    return pa.table({"order_id": ids, "store_id": pa.array(range(4), pa.int32()),
+                     "order_date": [date.fromisoformat(day)] * 4})
+
+
+def _table(resources, identifier: str):
+    with dg.build_resources({"catalog": resources["iceberg_catalog"]}) as built:
+        return built.catalog.load_table(identifier)
+
+
+def _main_days(resources, identifier: str) -> list[tuple[str, int]]:
+    """(day, rows) on main, as a pyiceberg reader of main sees them."""
+    table = _table(resources, identifier)
+    if table.current_snapshot() is None:
+        return []
+    counts = pa.TableGroupBy(table.scan().to_arrow(), "order_date").aggregate([("order_id", "count")]).to_pylist()
+    return sorted((r["order_date"].isoformat(), r["order_id_count"]) for r in counts)
+
+
+def _last_audit_snapshot(instance: dg.DagsterInstance, key: dg.AssetKey) -> int:
+    event = instance.get_latest_materialization_event(key)
+    assert event is not None and event.asset_materialization is not None
+    return event.asset_materialization.metadata["audit_snapshot_id"].value
+
+
+def _publish(resources, instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult) -> None:
+    """The sensor's evaluation for the run's success event, as the daemon does it."""
+    [success] = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.RUN_SUCCESS)
+    context = dg.build_run_status_sensor_context(
+        sensor_name=AUDITED_PUBLISH_SENSOR, dagster_event=success.dagster_event, dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id), resources={"iceberg_catalog": resources["iceberg_catalog"]})
+    audited_publish_sensor(context)
+
+
+def test_a_clean_partition_publishes_and_a_bad_one_never_reaches_main(resources, namespace):
+    identifier = f"{namespace}.audited_orders"
+    seen: dict[str, int] = {}
+
+    @dg.asset(key=[namespace, "audited_orders"], partitions_def=DAYS, io_manager_key="iceberg_io_manager",
+              metadata={"partition_expr": "order_date", "publish": "audited"})
+    def audited_orders(context: dg.AssetExecutionContext) -> pa.Table:
+        return _orders(context.partition_key)
+
+    @dg.asset_check(asset=audited_orders, blocking=True)
+    def order_id_unique(context: dg.AssetCheckExecutionContext, audited_orders) -> dg.AssetCheckResult:
+        ids = [r.order_id for r in audited_orders.select("order_id").collect()]
+        seen[context.run.tags.get("dagster/partition", "")] = len(ids)
+        return dg.AssetCheckResult(passed=len(ids) == len(set(ids)), severity=dg.AssetCheckSeverity.ERROR)
+
+    instance = dg.DagsterInstance.ephemeral()
+
+    def run(day: str) -> dg.ExecuteInProcessResult:
+        return dg.materialize([audited_orders, order_id_unique], resources=resources, partition_key=day,
+                              instance=instance, raise_on_error=False)
+
+    clean = run("2026-11-01")
+    assert clean.success
+    [materialization] = clean.get_asset_materialization_events()
+    metadata = materialization.materialization.metadata
+    assert metadata["published"].value is False
+    audit_snapshot = metadata["audit_snapshot_id"].value
+    assert branch_head(_table(resources, identifier), DEFAULT_AUDIT_BRANCH) == audit_snapshot
+    assert seen["2026-11-01"] == 4  # the check read the audit snapshot (main has nothing yet)
+    assert _main_days(resources, identifier) == []  # not published yet
+
+    _publish(resources, instance, clean)
+    assert _main_days(resources, identifier) == [("2026-11-01", 4)]
+    assert _table(resources, identifier).current_snapshot().snapshot_id == audit_snapshot
+    assert DEFAULT_AUDIT_BRANCH not in _table(resources, identifier).metadata.refs
+    [observation] = instance.fetch_observations(audited_orders.key, limit=10).records
+    assert observation.asset_observation.metadata["published"].value is True
+    assert observation.asset_observation.partition == "2026-11-01"
+
+    bad = run(BAD_DAY)
+    assert not bad.success
+    assert seen[BAD_DAY] == 8  # the check read the audit snapshot: main's day and the bad one
+    [evaluation] = bad.get_asset_check_evaluations()
+    assert evaluation.check_name == "order_id_unique" and not evaluation.passed
+    assert publish_run_audits(instance, bad.run_id, _table(resources, identifier).catalog) == []
+    assert _main_days(resources, identifier) == [("2026-11-01", 4)]  # main never holds the bad day
+    pending = pending_audit(_table(resources, identifier), DEFAULT_AUDIT_BRANCH)
+    assert pending is not None and pending.run_id == bad.run_id
+
+    refused = run("2026-11-03")  # the next write refuses while the failed audit is pending
+    assert not refused.success
+    message = refused.get_step_failure_events()[0].event_specific_data.error.to_string()
+    assert bad.run_id in message and "(FAILURE)" in message and f"audit drop --table {identifier}" in message
+    assert _main_days(resources, identifier) == [("2026-11-01", 4)]
+
+    drop_audit(_table(resources, identifier), DEFAULT_AUDIT_BRANCH)  # the operator's `audit drop`
+    retried = run("2026-11-03")
+    assert retried.success
+    # The next partition's write before the sensor ticked: it publishes the succeeded run's audit first.
+    assert run("2026-11-04").success
+    assert _main_days(resources, identifier) == [("2026-11-01", 4), ("2026-11-03", 4)]
+    _publish(resources, instance, retried)  # already published: nothing to do
+    assert _main_days(resources, identifier) == [("2026-11-01", 4), ("2026-11-03", 4)]
+    pending = pending_audit(_table(resources, identifier), DEFAULT_AUDIT_BRANCH)
+    assert pending is not None and pending.snapshot_id == _last_audit_snapshot(instance, audited_orders.key)
+
+
+def test_a_wrong_publish_value_names_the_key_and_the_asset(resources, namespace):
+    @dg.asset(key=[namespace, "wrongly_published"], io_manager_key="iceberg_io_manager",
+              metadata={"publish": "later"})
+    def wrongly_published() -> pa.Table:
+        return pa.table({"a": [1]})
+
+    result = dg.materialize([wrongly_published], resources=resources, raise_on_error=False)
+    message = result.get_step_failure_events()[0].event_specific_data.error.to_string()
+    assert f"asset {namespace}/wrongly_published: publish='later'" in message
