@@ -24,7 +24,6 @@ one whose schema could not evolve the table, stops the partition at that record 
 
 from __future__ import annotations
 
-import gc
 import io
 import itertools
 import json
@@ -33,7 +32,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fastavro
-import pyarrow as pa
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -59,11 +57,8 @@ from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import (
     WIRE_HEADER_SIZE,
     WIRE_MAGIC,
-    DecodedValues,
-    DecodeStop,
+    FramedValueDecoder,
     FramedValueSchemas,
-    arrow_column,
-    wire_header,
 )
 
 log = logging.getLogger(__name__)
@@ -173,52 +168,20 @@ def _describe(avro: Any) -> str:
 # ---------------------------------------------------------------------------------------------------- decoding
 
 
-class AvroValueDecoder:
+class AvroValueDecoder(FramedValueDecoder):
     """Decodes Confluent-framed Avro values into the table's value columns (one per executor task)."""
 
     def __init__(self, schemas: FramedValueSchemas) -> None:
-        self.settings = schemas
+        super().__init__(schemas)
         self._parsed: dict[int, Any] = {}
 
-    def decode(self, values: pa.Array) -> DecodedValues:
-        # A batch allocates a dict or list per record and nested value, none of them in a cycle: the cyclic garbage
-        # collector would walk them all again and again as they pile up (1.5x the decoding time on 65k orders).
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            return self._decode(values)
-        finally:
-            if collecting:
-                gc.enable()
+    def read(self, value: bytes, schema_id: int, bare: bool) -> tuple[dict[str, Any] | None, str | None]:
+        return _read_record(value, 0 if bare else WIRE_HEADER_SIZE, self._schema(schema_id), schema_id)
 
-    def _decode(self, values: pa.Array) -> DecodedValues:
-        records: list[dict[str, Any] | None] = []
-        reasons: list[str | None] = []
-        stop = None
-        latest = self.settings.latest_id
-        for row, value in enumerate(values.to_pylist()):
-            record, reason = None, None
-            if value is not None:
-                schema_id, reason = wire_header(value) if latest is None else (latest, None)
-                start = 0 if latest is not None else WIRE_HEADER_SIZE
-                if schema_id is not None:
-                    refused = self.settings.refused.get(schema_id)
-                    parsed = None if refused is not None else self._schema(schema_id)
-                    if parsed is None:
-                        stop = DecodeStop(row, schema_id, refused or self.settings.unknown_schema(schema_id))
-                        break
-                    record, reason = _read_record(value, start, parsed, schema_id)
-            records.append(record)
-            reasons.append(reason)
-        columns = [arrow_column(f, records, reasons) for f in self.settings.value_schema]
-        return DecodedValues(columns, pa.array(reasons, pa.string()), stop)
-
-    def _schema(self, schema_id: int) -> Any | None:
+    def _schema(self, schema_id: int) -> Any:
         parsed = self._parsed.get(schema_id)
         if parsed is None:
-            text = self.settings.schemas.get(schema_id)
-            if text is None:
-                return None
+            text = self.settings.schemas[schema_id]  # the loop stopped at ids the run does not know
             parsed = self._parsed[schema_id] = parse_avro_schema(_without_costly_logical_types(text),
                                                                  what=f"schema id {schema_id}", for_reading=True)
         return parsed

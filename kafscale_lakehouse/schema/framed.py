@@ -13,6 +13,7 @@ the run does not know, or one whose schema could not evolve the table, stops the
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -81,6 +82,50 @@ class ValueDecoder(Protocol):
     settings: FramedValueSchemas
 
     def decode(self, values: pa.Array) -> DecodedValues: ...
+
+
+class FramedValueDecoder:
+    """The per-batch loop every registry format shares (one decoder per executor task): each value's schema id from
+    its wire header (or the subject's latest), a refused or unknown id stops the partition at that row, a value that
+    does not read is an invalid record with its reason, tombstones stay null; `read` decodes one value."""
+
+    def __init__(self, schemas: FramedValueSchemas) -> None:
+        self.settings = schemas
+
+    def decode(self, values: pa.Array) -> DecodedValues:
+        # A batch allocates a dict or list per record and nested value, none of them in a cycle: the cyclic garbage
+        # collector would walk them all again and again as they pile up (1.5x the decoding time on 65k orders).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._decode(values)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def read(self, value: bytes, schema_id: int, bare: bool) -> tuple[dict[str, Any] | None, str | None]:
+        """(record, None) or (None, why the value is invalid); `bare`: no wire header (the subject's latest mode)."""
+        raise NotImplementedError
+
+    def _decode(self, values: pa.Array) -> DecodedValues:
+        records: list[dict[str, Any] | None] = []
+        reasons: list[str | None] = []
+        stop = None
+        latest = self.settings.latest_id
+        for row, value in enumerate(values.to_pylist()):
+            record, reason = None, None
+            if value is not None:
+                schema_id, reason = wire_header(value) if latest is None else (latest, None)
+                if schema_id is not None:
+                    refused = self.settings.refused.get(schema_id)
+                    if refused is not None or schema_id not in self.settings.schemas:
+                        stop = DecodeStop(row, schema_id, refused or self.settings.unknown_schema(schema_id))
+                        break
+                    record, reason = self.read(value, schema_id, latest is not None)
+            records.append(record)
+            reasons.append(reason)
+        columns = [arrow_column(f, records, reasons) for f in self.settings.value_schema]
+        return DecodedValues(columns, pa.array(reasons, pa.string()), stop)
 
 
 def wire_header(value: bytes) -> tuple[int | None, str | None]:

@@ -26,7 +26,6 @@ from the table's Arrow schema, then each column is built by pyarrow in one call 
 from __future__ import annotations
 
 import datetime
-import gc
 import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping
@@ -51,11 +50,8 @@ from pyiceberg.types import (
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import (
     WIRE_HEADER_SIZE,
-    DecodedValues,
-    DecodeStop,
+    FramedValueDecoder,
     FramedValueSchemas,
-    arrow_column,
-    wire_header,
 )
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, InvalidSchemaDocumentError, compile_json_schema
 
@@ -202,43 +198,18 @@ def _timestamp(value: Any) -> Any:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=datetime.UTC)
 
 
-class JsonSchemaValueDecoder:
+class JsonSchemaValueDecoder(FramedValueDecoder):
     """Decodes Confluent-framed JSON values, validated by their registered JSON Schema, into the table's value
     columns (one per executor task)."""
 
     def __init__(self, schemas: FramedValueSchemas) -> None:
-        self.settings = schemas
+        super().__init__(schemas)
         self._validators: dict[int, CompiledJsonSchema] = {}
         self._converters = [(f.name, _converter(f.type)) for f in schemas.value_schema]
 
-    def decode(self, values: pa.Array) -> DecodedValues:
-        collecting = gc.isenabled()  # acyclic dicts and lists per record (see AvroValueDecoder.decode)
-        gc.disable()
-        try:
-            return self._decode(values)
-        finally:
-            if collecting:
-                gc.enable()
+    def read(self, value: bytes, schema_id: int, bare: bool) -> tuple[dict[str, Any] | None, str | None]:
+        return self._read(value[0 if bare else WIRE_HEADER_SIZE:], schema_id)
 
-    def _decode(self, values: pa.Array) -> DecodedValues:
-        records: list[dict[str, Any] | None] = []
-        reasons: list[str | None] = []
-        stop = None
-        latest = self.settings.latest_id
-        for row, value in enumerate(values.to_pylist()):
-            record, reason = None, None
-            if value is not None:
-                schema_id, reason = wire_header(value) if latest is None else (latest, None)
-                if schema_id is not None:
-                    refused = self.settings.refused.get(schema_id)
-                    if refused is not None or schema_id not in self.settings.schemas:
-                        stop = DecodeStop(row, schema_id, refused or self.settings.unknown_schema(schema_id))
-                        break
-                    record, reason = self._read(value[0 if latest is not None else WIRE_HEADER_SIZE:], schema_id)
-            records.append(record)
-            reasons.append(reason)
-        columns = [arrow_column(f, records, reasons) for f in self.settings.value_schema]
-        return DecodedValues(columns, pa.array(reasons, pa.string()), stop)
 
     def _read(self, payload: bytes, schema_id: int) -> tuple[dict[str, Any] | None, str | None]:
         try:

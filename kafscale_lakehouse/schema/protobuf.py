@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gc
 import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import pyarrow as pa
 from google.protobuf import (
     any_pb2,
     descriptor_pb2,
@@ -75,11 +73,8 @@ from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import (
     WIRE_HEADER_SIZE,
     WIRE_MAGIC,
-    DecodedValues,
-    DecodeStop,
+    FramedValueDecoder,
     FramedValueSchemas,
-    arrow_column,
-    wire_header,
 )
 
 _WELL_KNOWN_FILES = (any_pb2, duration_pb2, empty_pb2, field_mask_pb2, struct_pb2, timestamp_pb2, wrappers_pb2)
@@ -334,44 +329,15 @@ def _value_converter(proto_field: FieldDescriptor) -> _Converter | None:
 _MessageType = tuple[type[Message], _Converter] | str
 
 
-class ProtobufValueDecoder:
+class ProtobufValueDecoder(FramedValueDecoder):
     """Decodes Confluent-framed Protobuf values into the table's value columns (one per executor task)."""
 
     def __init__(self, schemas: FramedValueSchemas) -> None:
-        self.settings = schemas
+        super().__init__(schemas)
         self._types: dict[tuple[int, tuple[int, ...]], _MessageType] = {}
 
-    def decode(self, values: pa.Array) -> DecodedValues:
-        # Acyclic dicts and lists per record: the cyclic collector would only walk them again and again.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            return self._decode(values)
-        finally:
-            if collecting:
-                gc.enable()
 
-    def _decode(self, values: pa.Array) -> DecodedValues:
-        records: list[dict[str, Any] | None] = []
-        reasons: list[str | None] = []
-        stop = None
-        latest = self.settings.latest_id
-        for row, value in enumerate(values.to_pylist()):
-            record, reason = None, None
-            if value is not None:
-                schema_id, reason = wire_header(value) if latest is None else (latest, None)
-                if schema_id is not None:
-                    refused = self.settings.refused.get(schema_id)
-                    if refused is not None or schema_id not in self.settings.schemas:
-                        stop = DecodeStop(row, schema_id, refused or self.settings.unknown_schema(schema_id))
-                        break
-                    record, reason = self._read(value, schema_id, latest is not None)
-            records.append(record)
-            reasons.append(reason)
-        columns = [arrow_column(f, records, reasons) for f in self.settings.value_schema]
-        return DecodedValues(columns, pa.array(reasons, pa.string()), stop)
-
-    def _read(self, value: bytes, schema_id: int, bare: bool) -> tuple[dict[str, Any] | None, str | None]:
+    def read(self, value: bytes, schema_id: int, bare: bool) -> tuple[dict[str, Any] | None, str | None]:
         try:
             indexes, start = ((), 0) if bare else read_message_indexes(value, WIRE_HEADER_SIZE)
         except ValueError as exc:
