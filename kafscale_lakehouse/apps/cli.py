@@ -192,22 +192,32 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
 def run_audit(config_path: str | None, *, command: str, table: str) -> int:
     """`audit show | publish | drop --table T` of a `publish: audited` mapping (engine/tables/audit.py): what its
     audit branch holds beyond main; main fast-forwarded to it as it is; or the branch dropped. After publish or drop
-    the offsets store is set from main (`offsets reset --from-table`): the table is the truth, the store its mirror."""
+    the offsets store is set from main (`offsets reset --from-table`): the table is the truth, the store its mirror.
+    A table no mapping lands (a downstream asset's, written by the IO manager with `publish: audited`) has the default
+    audit branch and no offsets: show names the pending snapshot, publish and drop settle it."""
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config
     from kafscale_lakehouse.engine import EngineError
     from kafscale_lakehouse.engine.ingestion import reset_from_table, with_pattern_topics
     from kafscale_lakehouse.engine.tables import load_catalog, open_table
-    from kafscale_lakehouse.engine.tables.audit import audit_snapshot, drop_audit, pending_audit, publish_audit
+    from kafscale_lakehouse.engine.tables.audit import (
+        DEFAULT_AUDIT_BRANCH,
+        audit_snapshot,
+        drop_audit,
+        pending_audit,
+        publish_audit,
+    )
     from kafscale_lakehouse.offsets import OffsetStoreError
 
     config = with_pattern_topics(load_config(config_path)).config  # topic_pattern: a mapping per matching topic
     mapping = next((m for m in config.mappings if m.table == table), None)
-    if mapping is None:
-        raise CommandError(f"no mapping lands in table {table!r}; mapped tables: {[m.table for m in config.mappings]}")
-    branch = mapping.audit_branch
+    branch = mapping.audit_branch if mapping is not None else DEFAULT_AUDIT_BRANCH
     try:
-        iceberg_table = open_table(load_catalog(catalog_settings(config)), table)
+        catalog = load_catalog(catalog_settings(config))
+        if mapping is None and not catalog.table_exists(table):
+            raise CommandError(f"no mapping lands in table {table!r} and the catalog has no such table; mapped "
+                               f"tables: {[m.table for m in config.mappings]}")
+        iceberg_table = open_table(catalog, table)
         pending = pending_audit(iceberg_table, branch)
         if pending is None:
             print(f"table {table}: nothing pending on audit branch {branch}")
@@ -218,6 +228,9 @@ def run_audit(config_path: str | None, *, command: str, table: str) -> int:
                      f"{pending.run_id}; main is at {pending.main_snapshot_id}"
                      f"{'' if pending.based_on_main else ' and moved off its base (another writer committed)'}")
         if command == "show":
+            if mapping is None:  # the IO manager's table: its checks are the asset's own
+                print(described)
+                return 0
             report = audit_snapshot(iceberg_table, branch, mapping.topic)
             print("\n".join([described, *(f"check {name}: {'passed' if ok else 'FAILED'}"
                                            for name, ok in report.checks.items()),
@@ -229,6 +242,8 @@ def run_audit(config_path: str | None, *, command: str, table: str) -> int:
         else:
             drop_audit(iceberg_table, branch)
             print(f"{described}; dropped (main unchanged: the next run lands its offsets again)")
+        if mapping is None:
+            return 0  # no offsets: nothing to reset
         with offset_store_from_config(config) as store:
             print("\n".join(reset_from_table(iceberg_table, mapping.topic, store).lines()))
     except (OffsetStoreError, EngineError) as err:

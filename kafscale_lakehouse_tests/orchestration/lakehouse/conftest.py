@@ -11,8 +11,8 @@ from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SE
 
 
 @pytest.fixture(params=["sql", "rest"])
-def catalog_resource(request, tmp_path) -> IcebergCatalogResource:
-    """The resource as definitions build it, from a config of the sqlite catalog or of the SeaweedFS REST catalog."""
+def config_document(request, tmp_path) -> dict:
+    """A lakehouse config of the sqlite catalog or of the SeaweedFS REST catalog (its one mapping is unused)."""
     if request.param == "sql":
         iceberg = {"catalog": {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}"},
                    "warehouse": str(tmp_path / "warehouse")}
@@ -24,16 +24,18 @@ def catalog_resource(request, tmp_path) -> IcebergCatalogResource:
                    "warehouse": f"s3://{TABLE_BUCKET}"}
         s3 = {"bucket": S3_BUCKET, "endpoint": seaweedfs.s3_endpoint, "region": REGION, "path_style": True,
               "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
-    config = parse_config(
-        {
-            "s3": s3,
-            "iceberg": iceberg,
-            "offsets": {"backend": "local", "local_path": str(tmp_path / "offsets.db")},
-            "mappings": [{"topic": "unused", "table": "unused.table"}],
-        },
-        base_dir=tmp_path,
-    )
-    return IcebergCatalogResource.of(config)
+    return {
+        "s3": s3,
+        "iceberg": iceberg,
+        "offsets": {"backend": "local", "local_path": str(tmp_path / "offsets.db")},
+        "mappings": [{"topic": "unused", "table": "unused.table"}],
+    }
+
+
+@pytest.fixture
+def catalog_resource(config_document, tmp_path) -> IcebergCatalogResource:
+    """The resource as definitions build it, from `config_document`."""
+    return IcebergCatalogResource.of(parse_config(config_document, base_dir=tmp_path))
 
 
 @pytest.fixture

@@ -8,8 +8,10 @@ from datetime import date
 
 import dagster as dg
 import pyarrow as pa
+import yaml
 
-from kafscale_lakehouse.engine.tables.audit import DEFAULT_AUDIT_BRANCH, branch_head, drop_audit, pending_audit
+from kafscale_lakehouse.apps.cli import main as cli_main
+from kafscale_lakehouse.engine.tables.audit import DEFAULT_AUDIT_BRANCH, branch_head, pending_audit
 from kafscale_lakehouse.orchestration.audited_publish import (
     AUDITED_PUBLISH_SENSOR,
     audited_publish_sensor,
@@ -57,7 +59,8 @@ def _publish(resources, instance: dg.DagsterInstance, result: dg.ExecuteInProces
     audited_publish_sensor(context)
 
 
-def test_a_clean_partition_publishes_and_a_bad_one_never_reaches_main(resources, namespace):
+def test_a_clean_partition_publishes_and_a_bad_one_never_reaches_main(resources, namespace, config_document, tmp_path,
+                                                                     capsys):
     identifier = f"{namespace}.audited_orders"
     seen: dict[str, int] = {}
 
@@ -112,7 +115,14 @@ def test_a_clean_partition_publishes_and_a_bad_one_never_reaches_main(resources,
     assert bad.run_id in message and "(FAILURE)" in message and f"audit drop --table {identifier}" in message
     assert _main_days(resources, identifier) == [("2026-11-01", 4)]
 
-    drop_audit(_table(resources, identifier), DEFAULT_AUDIT_BRANCH)  # the operator's `audit drop`
+    # The commands the refusal names work on a table no mapping lands.
+    config_path = tmp_path / "lakehouse.yaml"
+    config_path.write_text(yaml.safe_dump(config_document))
+    assert cli_main(["audit", "show", "--table", identifier, "--config", str(config_path)]) == 0
+    assert f"holds snapshot {pending.snapshot_id} of run {bad.run_id}" in capsys.readouterr().out
+    assert cli_main(["audit", "drop", "--table", identifier, "--config", str(config_path)]) == 0
+    assert pending_audit(_table(resources, identifier), DEFAULT_AUDIT_BRANCH) is None
+    assert _main_days(resources, identifier) == [("2026-11-01", 4)]
     retried = run("2026-11-03")
     assert retried.success
     # The next partition's write before the sensor ticked: it publishes the succeeded run's audit first.
