@@ -143,3 +143,29 @@ def test_a_wrong_publish_value_names_the_key_and_the_asset(resources, namespace)
     result = dg.materialize([wrongly_published], resources=resources, raise_on_error=False)
     message = result.get_step_failure_events()[0].event_specific_data.error.to_string()
     assert f"asset {namespace}/wrongly_published: publish='later'" in message
+
+
+def test_main_moved_by_another_writer_is_not_overwritten_and_the_next_write_says_so(resources, namespace):
+    identifier = f"{namespace}.moved_orders"
+
+    @dg.asset(key=[namespace, "moved_orders"], partitions_def=DAYS, io_manager_key="iceberg_io_manager",
+              metadata={"partition_expr": "order_date", "publish": "audited"})
+    def moved_orders(context: dg.AssetExecutionContext) -> pa.Table:
+        return _orders(context.partition_key)
+
+    instance = dg.DagsterInstance.ephemeral()
+    clean = dg.materialize([moved_orders], resources=resources, partition_key="2026-11-01", instance=instance)
+    assert clean.success
+    table = _table(resources, identifier)
+    table.append(_orders("2026-11-04"))  # another writer commits to main while the audit waits for the sensor
+
+    _publish(resources, instance, clean)  # refused (main moved): logged, the sensor does not fail
+    assert _main_days(resources, identifier) == [("2026-11-04", 4)]
+    assert pending_audit(_table(resources, identifier), DEFAULT_AUDIT_BRANCH) is not None
+
+    refused = dg.materialize([moved_orders], resources=resources, partition_key="2026-11-03", instance=instance,
+                             raise_on_error=False)
+    assert not refused.success
+    message = refused.get_step_failure_events()[0].event_specific_data.error.to_string()
+    assert clean.run_id in message and "(SUCCESS)" in message and f"audit drop --table {identifier}" in message
+    assert _main_days(resources, identifier) == [("2026-11-04", 4)]
