@@ -75,6 +75,12 @@ def test_a_clean_partition_publishes_and_a_bad_one_never_reaches_main(resources,
         seen[context.run.tags.get("dagster/partition", "")] = len(ids)
         return dg.AssetCheckResult(passed=len(ids) == len(set(ids)), severity=dg.AssetCheckSeverity.ERROR)
 
+    @dg.asset(key=[namespace, "order_count"], io_manager_key="iceberg_io_manager",
+              ins={"orders": dg.AssetIn(key=audited_orders.key)})
+    def order_count(orders) -> pa.Table:
+        seen["downstream"] = orders.count()
+        return pa.table({"orders": [seen["downstream"]]})
+
     instance = dg.DagsterInstance.ephemeral()
 
     def run(day: str) -> dg.ExecuteInProcessResult:
@@ -108,6 +114,10 @@ def test_a_clean_partition_publishes_and_a_bad_one_never_reaches_main(resources,
     assert _main_days(resources, identifier) == [("2026-11-01", 4)]  # main never holds the bad day
     pending = pending_audit(_table(resources, identifier), DEFAULT_AUDIT_BRANCH)
     assert pending is not None and pending.run_id == bad.run_id
+    # A downstream asset reads main, not the failed audit snapshot (8 rows on the branch).
+    assert dg.materialize([audited_orders, order_count], resources=resources, instance=instance,
+                          selection=[order_count]).success
+    assert seen["downstream"] == 4
 
     refused = run("2026-11-03")  # the next write refuses while the failed audit is pending
     assert not refused.success
