@@ -31,6 +31,7 @@ from kafscale_lakehouse.demo_assets import DEMO_LANDED_TABLE, demo_definitions
 from kafscale_lakehouse.engine.ingestion.topic_patterns import with_pattern_topics
 from kafscale_lakehouse.etcd import EtcdError
 from kafscale_lakehouse.orchestration.assets import ICEBERG_IO_MANAGER_KEY, build_table_asset, build_topic_source_asset
+from kafscale_lakehouse.orchestration.audited_publish import audited_publish_sensor
 from kafscale_lakehouse.orchestration.checks import build_table_checks
 from kafscale_lakehouse.orchestration.io_manager import KafscaleIcebergIOManager
 from kafscale_lakehouse.orchestration.land_tables import build_land_tables_job
@@ -79,6 +80,9 @@ def build_definitions(config: LakehouseConfig, *, source: str = "<config>",
         jobs.append(build_land_tables_job(config))
     else:
         sensors = build_sensors(config)
+    # The IO manager's `publish: audited` writes are published by this run status sensor; without such writes it
+    # finds nothing to publish in a run.
+    sensors.append(audited_publish_sensor)
     if config.pattern_mappings:
         url = webserver_url or os.environ.get(WEBSERVER_URL_ENV_VAR) or None
         sensors.append(build_topic_pattern_sensor(config, reload=webserver_reload(url) if url else None))

@@ -17,6 +17,7 @@ from kafscale_lakehouse.apps.workload import PIZZA_TOPIC, write_partition_segmen
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, ConfigError
 from kafscale_lakehouse.definitions import build_definitions, defs
 from kafscale_lakehouse.engine.tables.checks import CHECK_NAMES
+from kafscale_lakehouse.orchestration.audited_publish import AUDITED_PUBLISH_SENSOR
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, partitions_def_name, pool_name
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX
 from kafscale_lakehouse.testing.servers import SECRET_KEY
@@ -59,7 +60,11 @@ def test_demo_config_loads_one_asset_per_mapping_with_its_checks_job_and_sensor(
     assert {op.pool for op in assets_def.node_def.iterate_op_defs()} == {pool_name("rpc.pizzas")}
     job = definitions.resolve_job_def(ingest_job_name("rpc.pizzas"))
     assert job.executor_def is dg.in_process_executor
-    assert [sensor.job_name for sensor in definitions.sensors if sensor.name.startswith("kafscale_")] == [job.name]
+    ingest_sensors = [s for s in definitions.sensors
+                      if s.name.startswith("kafscale_") and s.name != AUDITED_PUBLISH_SENSOR]
+    assert [sensor.job_name for sensor in ingest_sensors] == [job.name]
+    # The IO manager's audited writes are published by its run status sensor, which the code location carries.
+    assert AUDITED_PUBLISH_SENSOR in {sensor.name for sensor in definitions.sensors}
 
 
 def test_the_freshness_threshold_comes_from_the_mapping(demo_config_path):

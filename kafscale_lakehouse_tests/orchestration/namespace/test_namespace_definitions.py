@@ -7,6 +7,7 @@ import pytest
 
 from kafscale_lakehouse.config import ConfigError, parse_config
 from kafscale_lakehouse.definitions import build_definitions
+from kafscale_lakehouse.orchestration.audited_publish import AUDITED_PUBLISH_SENSOR
 from kafscale_lakehouse.orchestration.land_tables import LAND_TABLES_JOB
 from kafscale_lakehouse.orchestration.namespace_sensor import NAMESPACE_SENSOR_NAME
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
@@ -27,7 +28,7 @@ def document(**processor) -> dict:
 def test_the_namespace_watch_is_one_sensor_and_the_land_tables_job_beside_the_tables_own_jobs():
     definitions = build_definitions(parse_config(document(watch="namespace")))
     repository = definitions.get_repository_def()
-    assert [s.name for s in repository.sensor_defs] == [NAMESPACE_SENSOR_NAME]
+    assert sorted(s.name for s in repository.sensor_defs) == sorted([NAMESPACE_SENSOR_NAME, AUDITED_PUBLISH_SENSOR])
     assert repository.get_sensor_def(NAMESPACE_SENSOR_NAME).job_name == LAND_TABLES_JOB
     jobs = {job.name for job in repository.get_all_jobs()}
     assert LAND_TABLES_JOB in jobs and {ingest_job_name(t) for t in TABLES.values()} <= jobs
@@ -35,7 +36,8 @@ def test_the_namespace_watch_is_one_sensor_and_the_land_tables_job_beside_the_ta
 
 def test_the_per_table_watch_stays_the_default():
     repository = build_definitions(parse_config(document())).get_repository_def()
-    assert sorted(s.name for s in repository.sensor_defs) == sorted(sensor_name(t) for t in TABLES.values())
+    assert sorted(s.name for s in repository.sensor_defs) == sorted(
+        [*(sensor_name(t) for t in TABLES.values()), AUDITED_PUBLISH_SENSOR])
     assert LAND_TABLES_JOB not in {job.name for job in repository.get_all_jobs()}
 
 
