@@ -14,7 +14,11 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
 from kafscale_lakehouse.config import parse_config
+from kafscale_lakehouse.engine.ingestion.rows import with_framed_value_columns
+from kafscale_lakehouse.engine.ingestion.segment_reader import SegmentReadError, SegmentReadFailure, SegmentRunPartition
 from kafscale_lakehouse.engine.ingestion.validation import registered_value_schemas
+from kafscale_lakehouse.format import BASE_SCHEMA
+from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import FramedValueSchemas
 from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
@@ -26,6 +30,7 @@ from kafscale_lakehouse.schema.protobuf import (
     protobuf_value_fields,
     read_message_indexes,
 )
+from kafscale_lakehouse.storage import SegmentRef
 from kafscale_lakehouse.testing.schema_registry import RegistryState
 from kafscale_lakehouse_tests.formats.protobuf_orders import ORDER_V1, order, order_message
 from kafscale_lakehouse_tests.formats.test_avro_config import BASE
@@ -81,6 +86,30 @@ def test_the_decoder_stops_at_an_unknown_or_refused_schema_id_and_reads_bare_val
     latest = FramedValueSchemas("orders-value", {4: serialized}, value_schema, latest_id=4, value_format="protobuf")
     bare = ProtobufValueDecoder(latest).decode(pa.array([message.SerializeToString()], pa.binary()))
     assert bare.invalid_reasons.null_count == 1 and bare.columns[0].to_pylist() == ["order-4"]
+
+
+def test_a_partition_stopped_by_a_protobuf_value_names_the_protobuf_error_type():
+    """The stop's `error_type` names the value's format (it said AvroDecodeError / AvroSchemaError for every format)."""
+    serialized = _serialized(ORDER_V1)
+    value_schema = schema_to_pyarrow(Schema(*protobuf_value_fields(serialized, None, what="v1")))
+    message = order_message(message_factory.GetMessageClass(message_descriptor(serialized, None, what="v1")), order(4))
+    decoder = ProtobufValueDecoder(FramedValueSchemas("orders-value", {4: serialized}, value_schema,
+                                                      value_format="protobuf"))
+    segment = SegmentRef("orders", 0, 0, 9, "orders/0/0.kfs", "orders/0/0.index", 100)
+    partition = SegmentRunPartition("orders", OffsetRange(0, 0, 10), (segment,))
+
+    def stop_of(values: list[bytes]) -> SegmentReadFailure:
+        batch = pa.RecordBatch.from_pylist(
+            [{"record_id": f"orders:0:{n}", "topic": "orders", "partition": 0, "offset": n, "value": v}
+             for n, v in enumerate(values)], schema=BASE_SCHEMA)
+        with pytest.raises(SegmentReadError) as stopped:
+            list(with_framed_value_columns([batch], decoder, partition, invalid_stops=True))
+        return stopped.value.failure
+
+    undecodable = stop_of([encode_framed_protobuf(4, message), encode_framed_protobuf(4, message)[:-3] + b"\xff"])
+    assert (undecodable.error_type, undecodable.next_offset) == ("ProtobufDecodeError", 1)
+    unknown_id = stop_of([encode_framed_protobuf(7, message)])
+    assert (unknown_id.error_type, unknown_id.next_offset) == ("ProtobufSchemaError", 0)
 
 
 def test_json_schema_columns_follow_refs_and_nullable_types_and_refuse_recursion():

@@ -14,8 +14,8 @@ Values in the Confluent wire format (`with_framed_value_columns`: Avro, Protobuf
 base-column batches into the table's value columns (schema/framed.py). A value that does not decode is an invalid
 record when the run has a dead-letter target, else its partition stops there; a schema id the run does not know, or
 whose schema could not evolve the table, always stops the partition at its first record, as an unreadable segment
-does (`SegmentReadError`, `error_type` `AvroSchemaError` / `AvroDecodeError` whatever the format, `key` the record
-id).
+does (`SegmentReadError`, `key` the record id, `error_type` `<Format>SchemaError` for a schema id or
+`<Format>DecodeError` for a value, e.g. `ProtobufDecodeError`; `decode_error_types`).
 """
 
 from __future__ import annotations
@@ -47,8 +47,16 @@ from kafscale_lakehouse.schema.keys import KeyDecoder, KeyDecoding
 log = logging.getLogger(__name__)
 
 MAX_INVALID_SAMPLES = 20
-AVRO_SCHEMA_ERROR_TYPE = "AvroSchemaError"  # a schema id unknown to the run, or whose schema cannot evolve the table
-AVRO_DECODE_ERROR_TYPE = "AvroDecodeError"  # a value that does not decode, without a dead-letter target
+# The `error_type` prefix of a stopped partition, by the format of what did not decode (`key_format` json: "Json").
+_ERROR_TYPE_FORMATS = {"avro": "Avro", "protobuf": "Protobuf", "json_schema": "JsonSchema", "json": "Json"}
+
+
+def decode_error_types(data_format: str) -> tuple[str, str]:
+    """(`error_type` of a schema id unknown to the run or whose schema cannot evolve the table, `error_type` of a
+    value or key that does not decode, without a dead-letter target) for values or keys in `data_format`."""
+    prefix = _ERROR_TYPE_FORMATS[data_format]
+    return f"{prefix}SchemaError", f"{prefix}DecodeError"
+
 
 @dataclass(frozen=True)
 class InvalidRecord:
@@ -194,7 +202,7 @@ def with_framed_value_columns(batches: Iterable[pa.RecordBatch], decoder: ValueD
     schema = framed_source_schema(decoder.settings)
     for batch in batches:
         decoded = decoder.decode(batch.column("value"))
-        stop, error_type = _decode_stop(decoded, invalid_stops)
+        stop, error_type = _decode_stop(decoded, invalid_stops, decoder.settings.value_format)
         rows = batch.num_rows if stop is None else stop.row
         if rows:
             base = [batch.column(f.name).slice(0, rows) for f in BASE_SCHEMA]
@@ -219,7 +227,8 @@ def with_key_columns(batches: Iterable[pa.RecordBatch], decoder: KeyDecoder, par
     fields = decoder.decoding.arrow_fields()
     for batch in batches:
         decoded = decoder.decode(batch.column("key"))
-        stop, error_type = _decode_stop(decoded, invalid_stops)
+        framed = decoder.decoding.framed
+        stop, error_type = _decode_stop(decoded, invalid_stops, "json" if framed is None else framed.value_format)
         rows = batch.num_rows if stop is None else stop.row
         if rows:
             rows_batch = batch.slice(0, rows)
@@ -234,15 +243,16 @@ def with_key_columns(batches: Iterable[pa.RecordBatch], decoder: KeyDecoder, par
             raise _partition_stop(batch, stop, error_type, partition)
 
 
-def _decode_stop(decoded: DecodedValues, invalid_stops: bool) -> tuple[DecodeStop | None, str]:
-    """Where the partition stops in a decoded batch, and the error type: the decoder's stop (a schema id), or
-    (`invalid_stops`) the first record that does not decode when that comes first."""
+def _decode_stop(decoded: DecodedValues, invalid_stops: bool, data_format: str) -> tuple[DecodeStop | None, str]:
+    """Where the partition stops in a decoded batch, and the error type (`decode_error_types` of `data_format`): the
+    decoder's stop (a schema id), or (`invalid_stops`) the first record that does not decode when that comes first."""
+    schema_error_type, decode_error_type = decode_error_types(data_format)
     stop, reasons = decoded.stop, decoded.invalid_reasons
     if invalid_stops and reasons.null_count < len(reasons):
         first_invalid = pc.index(pc.is_valid(reasons), True).as_py()
         if stop is None or first_invalid < stop.row:
-            return DecodeStop(first_invalid, None, reasons[first_invalid].as_py()), AVRO_DECODE_ERROR_TYPE
-    return stop, AVRO_SCHEMA_ERROR_TYPE
+            return DecodeStop(first_invalid, None, reasons[first_invalid].as_py()), decode_error_type
+    return stop, schema_error_type
 
 
 def _partition_stop(batch: pa.RecordBatch, stop: DecodeStop, error_type: str,
