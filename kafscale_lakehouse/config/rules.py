@@ -348,7 +348,8 @@ def _check_value_format(at: str, mapping: MappingConfig, problem) -> None:  # no
     else:
         if not re.match(r"^https?://[^/?#]+", registry.url):
             problem(f"{at}.schema_registry.url", f"{registry.url!r} is not an http(s) URL")
-        if registry.subject_name_strategy != "topic" and not registry.record_name and mapping.value_format != "json":
+        values_registered = mapping.value_format != "json" and mapping.value_schema_file is None
+        if registry.subject_name_strategy != "topic" and not registry.record_name and values_registered:
             problem(f"{at}.schema_registry.record_name",
                     f"is required for subject_name_strategy {registry.subject_name_strategy}")
         if registry.bearer_token is not None and registry.username is not None:

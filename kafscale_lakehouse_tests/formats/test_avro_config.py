@@ -100,3 +100,16 @@ def test_a_json_schema_mapping_may_take_its_schema_from_a_file_relative_to_the_c
                                       "value_schema_file": "order.json"}]}
     mapping = parse_config(document, source="<test>", base_dir=tmp_path).mappings[0]
     assert mapping.value_schema_file == tmp_path / "order.json" and mapping.schema_registry is None
+
+
+def test_a_schema_file_for_values_and_registry_keys_under_the_record_strategy_need_only_the_key_record_name(
+        tmp_path) -> None:
+    """The values' schema is the file: the registry serves only the keys, so no value `record_name` is asked for."""
+    (tmp_path / "order.json").write_text('{"type": "object", "properties": {"id": {"type": "string"}}}')
+    registry = {"url": "http://r", "subject_name_strategy": "record", "key_record_name": "shop.OrderKey"}
+    document = {**BASE, "mappings": [{"topic": "orders", "table": "shop.orders", "value_format": "json_schema",
+                                      "value_schema_file": "order.json", "key_format": "avro",
+                                      "schema_registry": registry}]}
+    mapping = parse_config(document, source="<test>", base_dir=tmp_path).mappings[0]
+    assert mapping.schema_registry.record_name is None and mapping.schema_registry.key_record_name == "shop.OrderKey"
+
