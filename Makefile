@@ -38,5 +38,6 @@ lint: install-test
 	# The dg project: defs.yaml files validate and the code location's definitions load (KafscaleLakehouseComponent).
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dg check defs
 
+# --durations: CI's log lists the slowest tests, so the suite's time (kept well under 30 minutes) has its culprits named.
 test: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
