@@ -21,8 +21,13 @@ WORKDIR /opt/kafscale-lakehouse
 COPY pyproject.toml README.md ./
 COPY kafscale_lakehouse ./kafscale_lakehouse
 # The `k8s` extra adds dagster-postgres: the chart's instance keeps runs and events in PostgreSQL, and run pods load
-# that instance.
-RUN pip install --no-cache-dir ".[k8s]"
+# that instance. gcc builds the package's C extension (schema/_avro_columns.c, the columnar Avro decoder) and is
+# removed again in the same layer.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir ".[k8s]" \
+    && apt-get purge -y --auto-remove gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 
 # Spark's Python workers must run this venv's interpreter; SPARK_HOME is pip's pyspark (its jars start executors).
 # KAFSCALE_LAKEHOUSE_CONFIG is where the values mount the ConfigMap; DAGSTER_HOME is the chart's default.
