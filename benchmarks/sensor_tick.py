@@ -12,6 +12,12 @@ real Dagster instance, as the daemon does) is ticked:
 - steady, 3 new: the previous tick's cursor after 3 new segments per partition landed (not ingested yet);
 - cold (with `--cold`): an empty cursor and nothing committed (another offsets key prefix), i.e. a backlog that
   was never ingested; this one grows with N by design, up to the per-tick footer-read bound.
+With `--watch namespace --topics N`: N topics of `--partitions` partitions (`--segments`: the ingested segments per
+partition, one value), each with its table, watched by the ONE namespace sensor (orchestration/namespace_sensor.py);
+ticks: idle (nothing new), then with `--new-per-partition` new segments per partition (default 1 and 2: at 200 topics
+x 2 partitions, 400 and 800 new segments). Printed per tick: wall time, requests by kind (S3, etcd, catalog loads) and
+the time per phase (listing, footer/index reads, offsets reads from etcd, table offsets loads, run lookups in the
+Dagster instance, packing); phases on threads add up their threads' time ("thread-s"), the scan's wall time is apart.
 Each topic's table (SeaweedFS's Iceberg REST catalog) holds `--table-snapshots` commits of ours (no data files; the
 last at the committed end), and each tick reads its offsets as the sensor does in production: one `loadTable` per
 tick (`TableOffsetsReader`). `--no-table` ticks without reading the table (the sensor before issue 19, hole 7).
@@ -27,6 +33,7 @@ import json
 import logging
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -48,6 +55,8 @@ from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
+from kafscale_lakehouse.orchestration import namespace_sensor, sensors
+from kafscale_lakehouse.orchestration.namespace_sensor import build_namespace_sensor
 from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key
@@ -105,8 +114,9 @@ class TopicUnderTest:
 
 
 def benchmark_config(seaweedfs: SeaweedFS, etcd: Etcd, *, namespace: str, key_prefix: str, discovery: str,
-                     topics: list[str]) -> LakehouseConfig:
+                     topics: list[str], watch: str = "per_table") -> LakehouseConfig:
     return parse_config({
+        "processor": {"watch": watch},
         "s3": {"bucket": S3_BUCKET, "namespace": namespace, "endpoint": seaweedfs.s3_endpoint, "region": REGION,
                "path_style": True, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY},
         "iceberg": {"catalog": {"type": "rest", "uri": seaweedfs.rest_uri, "credential": f"{ACCESS_KEY}:{SECRET_KEY}"},
@@ -271,6 +281,129 @@ def print_costs(costs: list[TickCost], partitions: int) -> None:
               f"{'yes' if cost.run_requested else 'no':<13}  {kinds}")
 
 
+# ------------------------------------------------------------------------------------------------ namespace watch
+
+
+class PhaseTimer:
+    """Time and calls per phase, summed over threads, of methods wrapped on objects or modules."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def wrap(self, owner: object, attribute: str, phase: str) -> None:
+        original = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.seconds[phase] += time.perf_counter() - started
+                    self.calls[phase] += 1
+
+        setattr(owner, attribute, timed)
+
+    def snapshot(self) -> tuple[Counter[str], Counter[str]]:
+        with self._lock:
+            return Counter(self.seconds), Counter(self.calls)
+
+
+@dataclass(frozen=True)
+class NamespaceTick:
+    scenario: str
+    new_segments: int
+    milliseconds: float
+    s3: Counter[str]
+    etcd: Counter[str]
+    phase_seconds: Counter[str]
+    phase_calls: Counter[str]
+    tables_requested: int
+
+
+def benchmark_namespace(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd, workdir: Path, run: str) -> None:
+    namespace = f"ns-tick-{run}"
+    topics = [TopicUnderTest(f"ns-{number:03d}", args.partitions, 0) for number in range(args.topics)]
+    config = benchmark_config(seaweedfs, etcd, namespace=namespace, key_prefix=f"bench-{run}",
+                              discovery=args.discovery, topics=[t.topic for t in topics], watch="namespace")
+    sources, counting_etcd = watch_sources(config, read_tables=not args.no_table)
+    s3 = upload_client(seaweedfs)
+    started = time.perf_counter()
+    backlog = args.segments[0]
+
+    def prepare(topic: TopicUnderTest) -> None:
+        upload_segments(s3, namespace, topic, backlog)
+        commit_to_end(sources, topic)
+        land_table(config, topic, args.table_snapshots)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(prepare, topics))
+    publish_broker_state(counting_etcd, topics)
+    print(f"{args.topics} topics x {args.partitions} partitions, {backlog} ingested one-record segments each, "
+          f"tables of {args.table_snapshots} commits ({'not read' if args.no_table else 'read every tick'}), "
+          f"set up in {time.perf_counter() - started:.1f} s; discovery.mode {args.discovery}")
+
+    timer = PhaseTimer()
+    timer.wrap(sources.store, "_list_page", "S3 listing")
+    timer.wrap(sources.store, "_get", "S3 footer/index reads")
+    timer.wrap(sources.offsets, "committed_offsets", "etcd offsets reads")
+    timer.wrap(sources.offsets, "broker_watermarks", "etcd watermark reads")
+    if sources.tables is not None:
+        timer.wrap(sources.tables, "read", "table offsets loads")
+    timer.wrap(namespace_sensor, "scan_namespace", "scan (wall)")
+    timer.wrap(namespace_sensor, "_tables_in_flight", "runs in flight lookup")
+    timer.wrap(sensors.RequestedRuns, "record", "requested run lookups")
+    timer.wrap(sensors.RequestedRuns, "committed", "requested run lookups")
+    timer.wrap(namespace_sensor, "pack_batches", "packing")
+
+    (workdir / "dagster_home").mkdir()
+    instance = dg.DagsterInstance.local_temp(str(workdir / "dagster_home"))
+    sensor = build_namespace_sensor(config, sources=lambda: sources)
+    ticks: list[NamespaceTick] = []
+
+    def tick(scenario: str, new: int, cursor: str | None) -> str | None:
+        s3_before, etcd_before = sources.store.request_counts, Counter(counting_etcd.calls)
+        seconds_before, calls_before = timer.snapshot()
+        tick_started = time.perf_counter()
+        result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor))
+        milliseconds = 1000 * (time.perf_counter() - tick_started)
+        seconds, calls = timer.snapshot()
+        for request in result.dynamic_partitions_requests or []:
+            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        requested = sum(len(r.tags.get(namespace_sensor.BATCH_TABLES_TAG, "").split(","))
+                        for r in result.run_requests or [])
+        ticks.append(NamespaceTick(scenario, new, milliseconds, sources.store.request_counts - s3_before,
+                                   counting_etcd.calls - etcd_before, seconds - seconds_before, calls - calls_before,
+                                   requested))
+        return result.cursor
+
+    cursor = tick("registration (empty cursor)", 0, None)
+    for _ in range(args.repeat):
+        cursor = tick("idle, 0 new", 0, cursor)
+    for new in args.new_per_partition:
+        for _ in range(args.repeat):
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda topic, count=new: upload_segments(s3, namespace, topic, count), topics))
+            publish_broker_state(counting_etcd, topics)
+            cursor = tick(f"{new} new/partition", new * args.topics * args.partitions, cursor)
+    instance.dispose()
+    counting_etcd.close()
+    print_namespace_ticks(ticks)
+
+
+def print_namespace_ticks(ticks: list[NamespaceTick]) -> None:
+    phases = sorted({phase for t in ticks for phase in t.phase_seconds})
+    print(f"{'tick':<28} {'new seg':>7} {'tick ms':>8} {'S3 list':>7} {'S3 get':>6} {'etcd':>5} {'tables':>6}  "
+          f"phases (thread-s, calls)")
+    for t in ticks:
+        detail = ", ".join(f"{phase} {t.phase_seconds[phase]:.2f} ({t.phase_calls[phase]})" for phase in phases
+                           if t.phase_calls[phase])
+        print(f"{t.scenario:<28} {t.new_segments:7d} {t.milliseconds:8.1f} {t.s3['list']:7d} {t.s3['get']:6d} "
+              f"{sum(t.etcd.values()):5d} {t.tables_requested:6d}  {detail}")
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -289,6 +422,11 @@ def parse_args() -> argparse.Namespace:
                         help="tick without reading the table's offsets (the sensor before issue 19, hole 7)")
     parser.add_argument("--cold", action="store_true",
                         help="also tick with an empty cursor and nothing committed (a never-ingested backlog)")
+    parser.add_argument("--watch", choices=("per_table", "namespace"), default="per_table",
+                        help="namespace: the one namespace sensor over --topics topics (the module docstring)")
+    parser.add_argument("--topics", type=int, default=200, help="topics of the namespace watch (--watch namespace)")
+    parser.add_argument("--new-per-partition", type=int, nargs="+", default=[1, 2],
+                        help="new segments per partition before each measured busy tick (--watch namespace)")
     parser.add_argument("--verbose", action="store_true", help="log at INFO level")
     args = parser.parse_args()
     if min(*args.segments, args.partitions, args.repeat, args.table_snapshots) < 1:
@@ -310,7 +448,10 @@ def main() -> None:
         try:
             etcd = Etcd(workdir / "etcd").start()
             try:
-                benchmark(args, seaweedfs, etcd, workdir, run)
+                if args.watch == "namespace":
+                    benchmark_namespace(args, seaweedfs, etcd, workdir, run)
+                else:
+                    benchmark(args, seaweedfs, etcd, workdir, run)
             finally:
                 etcd.stop()
         finally:

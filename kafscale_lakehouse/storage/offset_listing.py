@@ -10,7 +10,7 @@ from kafscale_lakehouse.storage.store import SegmentListing, SegmentStore
 
 
 def segments_from(store: SegmentStore, topic: str, partition: int, next_offset: int | None, *,
-                  limit: int | None = None) -> SegmentListing:
+                  limit: int | None = None, newest_footer_only: bool = False) -> SegmentListing:
     """The completed segments of one partition that hold offsets >= `next_offset` (every one when it is None:
     nothing committed), in offset order; the listing's `cursor` resumes after the last segment listed.
 
@@ -18,23 +18,25 @@ def segments_from(store: SegmentStore, topic: str, partition: int, next_offset: 
     at its key. Otherwise `next_offset` may lie inside an earlier segment (offsets committed by the Go processor, a
     segment re-cut by the broker), also the newest one: then the partition's keys are listed (no footer reads) to
     find the segment holding it, and the listing resumes there, so that segment is never skipped. `limit` caps
-    the segments (and footer reads) of one call.
+    the segments (and footer reads) of one call; `newest_footer_only` as for `SegmentStore.list_segments` (a segment
+    followed by a complete one ends where it begins, which is what finding the holder of `next_offset` needs).
 
     `OffsetBeyondSegmentsError` when every completed segment ends before `next_offset` (runs commit whole segments,
     so the newest one ends exactly at it): reading on would silently wait for offsets that will never come.
     """
     if next_offset is None:
-        return store.list_segments(topic, partition, limit=limit)
+        return store.list_segments(topic, partition, limit=limit, newest_footer_only=newest_footer_only)
     if next_offset < 0:
         raise ValueError(f"{topic}/{partition}: next offset {next_offset} is below 0")
     listing = store.list_segments(topic, partition, after=_key_before(store, topic, partition, next_offset),
-                                  limit=limit)
+                                  limit=limit, newest_footer_only=newest_footer_only)
     if next_offset == 0 or (listing.segments and listing.segments[0].base_offset == next_offset):
         return listing
     holder = _newest_base_below(store, topic, partition, next_offset)
     if holder is None:
         return listing  # nothing below `next_offset`: what was listed is all there is (after a gap, if any)
-    listing = store.list_segments(topic, partition, after=_key_before(store, topic, partition, holder), limit=limit)
+    listing = store.list_segments(topic, partition, after=_key_before(store, topic, partition, holder), limit=limit,
+                                  newest_footer_only=newest_footer_only)
     segments = [s for s in listing.segments if s.last_offset >= next_offset]
     if not segments and listing.segments and not listing.incomplete:
         newest = listing.segments[-1]

@@ -46,6 +46,9 @@ _AUTH_ERROR_CODES = frozenset({
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _CONNECTION_ERRORS = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError,
                       ResponseStreamingError)
+# Connections kept open per client: a namespace watch reads on up to 32 threads (engine.ingestion.topic_scan); past
+# boto3's default of 10, each read over the limit opened a connection and threw it away ("Connection pool is full").
+POOL_CONNECTIONS = 32
 
 
 class S3SegmentStore(SegmentStore):
@@ -149,6 +152,7 @@ class S3SegmentStore(SegmentStore):
                     read_timeout=self.read_timeout_seconds,
                     s3={"addressing_style": "path" if self.path_style else "auto"},
                     signature_version="s3v4",
+                    max_pool_connections=POOL_CONNECTIONS,
                 )
                 self._s3 = self._session.client("s3", endpoint_url=self.endpoint, config=config)
             return self._s3

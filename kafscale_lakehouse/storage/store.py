@@ -244,7 +244,7 @@ class SegmentStore(ABC):
         return sorted(partition for partition in map(parse_partition, names) if partition is not None)
 
     def list_segments(self, topic: str, partition: int, after: str | None = None,
-                      limit: int | None = None) -> SegmentListing:
+                      limit: int | None = None, *, newest_footer_only: bool = False) -> SegmentListing:
         """Complete segments of one partition that follow the cursor `after` (a `.kfs` key from a previous listing).
 
         Cost: listing pages from the cursor on, plus one 16-byte footer read per new complete segment (read
@@ -253,6 +253,12 @@ class SegmentStore(ABC):
         filtered by base offset. Segments are returned in offset order and stop at the first incomplete one, so
         the cursor never moves past a segment whose `.index` has not arrived yet. `limit` caps how many segments
         (and footer reads) one call returns, to bound the cost of a sensor tick over a large backlog.
+
+        `newest_footer_only` (a watch's listings, which only need where the completed segments end): a segment
+        followed by another complete one (both objects listed) ends where that one begins (segments are contiguous,
+        §1), so only the newest segment's footer is read, one read per partition however many segments arrived. The
+        segments in between are then not checked for `END!` nor for a gap before their successor: the run that reads
+        them does both (it reads every footer it ingests).
         """
         if limit is not None and limit < 1:
             raise ValueError(f"limit {limit} must be at least 1")
@@ -274,19 +280,27 @@ class SegmentStore(ABC):
                 candidates.append((base_offset, pair, pair.kfs, pair.index))
 
         segments: list[SegmentRef] = []
-        footers = self._read_footers([kfs for _, _, kfs, _ in candidates])
-        for (base_offset, pair, kfs, index), footer in zip(candidates, footers, strict=True):
-            if isinstance(footer, SegmentFormatError):
-                incomplete.insert(0, _incomplete(topic, partition, base_offset, pair, f"not finished: {footer}",
+        # Per candidate: its footer, why it has none, or (newest_footer_only) its last offset as its successor says.
+        ends: list[SegmentFooter | SegmentFormatError | int] = []
+        if newest_footer_only:
+            # Each candidate but the newest is followed by a complete candidate, whose base offset ends it.
+            ends += [following[0] - 1 for following in candidates[1:]]
+            ends += self._read_footers([kfs for _, _, kfs, _ in candidates[-1:]])
+        else:
+            ends += self._read_footers([kfs for _, _, kfs, _ in candidates])
+        for (base_offset, pair, kfs, index), end in zip(candidates, ends, strict=True):
+            if isinstance(end, SegmentFormatError):
+                incomplete.insert(0, _incomplete(topic, partition, base_offset, pair, f"not finished: {end}",
                                                  next_base[base_offset]))
                 break
-            if footer.last_offset < base_offset:
+            last_offset = end if isinstance(end, int) else end.last_offset
+            if last_offset < base_offset:
                 raise SegmentMismatchError(
                     kfs.key,
                     kfs.size - FOOTER_SIZE + 4,
-                    f"footer last offset {footer.last_offset} is below the key's base offset {base_offset}",
+                    f"footer last offset {last_offset} is below the key's base offset {base_offset}",
                 )
-            segments.append(SegmentRef(topic, partition, base_offset, footer.last_offset, kfs.key, index.key, kfs.size))
+            segments.append(SegmentRef(topic, partition, base_offset, last_offset, kfs.key, index.key, kfs.size))
         for item in incomplete:
             log.info(
                 "incomplete segment in %s, not returned: %s / %s: %s",

@@ -195,7 +195,8 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
             previous = None
         if previous is None:
             try:
-                listing = segments_from(store, topic, partition, next_offset, limit=SEGMENTS_PER_PARTITION_PER_SCAN)
+                listing = segments_from(store, topic, partition, next_offset, limit=SEGMENTS_PER_PARTITION_PER_SCAN,
+                                        newest_footer_only=True)
             except OffsetBeyondSegmentsError as exc:  # the other partitions go on; no cursor: retried next scan
                 states[partition] = PartitionState(partition, next_offset, None, watermarks.get(partition), str(exc),
                                                    store_next, table_next)
@@ -203,7 +204,7 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
             segments_end = None
         else:
             listing = store.list_segments(topic, partition, after=previous.last_kfs_key,
-                                          limit=SEGMENTS_PER_PARTITION_PER_SCAN)
+                                          limit=SEGMENTS_PER_PARTITION_PER_SCAN, newest_footer_only=True)
             segments_end = previous.segments_end
         if listing.segments:
             segments_end = max(segments_end or 0, listing.segments[-1].last_offset + 1)

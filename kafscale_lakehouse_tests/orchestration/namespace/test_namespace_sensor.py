@@ -9,7 +9,8 @@ from kafscale_lakehouse.offsets.ranges import format_ranges, parse_ranges
 from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_TABLES_OP
 from kafscale_lakehouse.orchestration.naming import partitions_def_name
 from kafscale_lakehouse.orchestration.sensors import build_sensors
-from kafscale_lakehouse.storage import namespace_prefix
+from kafscale_lakehouse.storage import ObjectKind, namespace_prefix
+from kafscale_lakehouse.testing.servers import S3_BUCKET
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import NamespaceWorld
 
 
@@ -38,7 +39,7 @@ def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_wi
     requests = sources.store.request_counts - before
 
     assert requests["list"] == 1, requests
-    assert requests["get"] == 5, "a footer read per new segment, nothing else"
+    assert requests["get"] == 3, "the newest new segment's footer per partition, nothing else"
     [request] = result.run_requests
     tables = batch_tables(request)
     assert set(tables) == {orders.table_name, payments.table_name}
@@ -64,6 +65,31 @@ def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_wi
     assert (requests["list"], requests["get"]) == (1, 0)
     assert idle.run_requests == []
     assert "no run was launched for request" in idle.skip_message
+
+
+def test_a_tick_reads_only_the_newest_footer_of_each_partition_however_many_segments_arrived(namespace_world):
+    world = namespace_world
+    orders = world.topics["orders"]
+    orders.write_segments(0, 50, records_per_segment=50)
+    sources = world.sources()
+    first = world.tick(sources)
+    assert batch_tables(first.run_requests[0])[orders.table_name]["planned_ranges"] == '{"0":[0,50]}'
+
+    # Twelve new segments on partition 0, 3 on partition 1, then an orphan .kfs (its .index not uploaded yet):
+    # the listing stops before it, and each partition's end is its newest complete segment's footer.
+    orders.write_segments(0, 600, records_per_segment=50, base_offset=50)
+    orders.write_segments(1, 90, records_per_segment=30)
+    orders.write_segments(0, 7, records_per_segment=7, base_offset=650)
+    index_key = orders.segment_object_key(0, 650, ObjectKind.INDEX)
+    orders.seaweedfs.s3_client().delete_object(Bucket=S3_BUCKET, Key=index_key)
+    before = sources.store.request_counts
+    second = world.tick(sources, first.cursor)
+    requests = sources.store.request_counts - before
+
+    assert (requests["list"], requests["get"]) == (1, 2), requests
+    [request] = second.run_requests
+    assert parse_ranges(batch_tables(request)[orders.table_name]["planned_ranges"], where="test") == parse_ranges(
+        '{"0":[0,650],"1":[0,90]}', where="test")
 
 
 def test_the_byte_budget_splits_the_pending_tables_into_runs_the_longest_waiting_first(namespace_world):
