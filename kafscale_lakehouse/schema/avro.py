@@ -15,11 +15,14 @@ addable to a table that already has rows); list elements and map values are requ
 nullable. A union of two or more non-null types, and a recursive record, have no Iceberg type: `SchemaMappingError`
 naming the field.
 
-Decoding (`AvroValueDecoder`, on the executors): fastavro's C reader decodes each value with the writer schema its id
-names; pyarrow then builds each column from the decoded records in one call, typed as the table's column (a narrower
-writer type, e.g. int into a long column, converts there). A null value (tombstone) is a row of nulls; a value that is
-not in the wire format or does not decode is an invalid record with the reason; a schema id the run does not know, or
-one whose schema could not evolve the table, stops the partition at that record (`DecodedValues.stop`).
+Decoding (`AvroValueDecoder`, on the executors): each run of values of one schema id goes through the columnar decoder
+(schema/avro_columns.py and its C extension), which reads the Avro binary straight into Arrow buffers and fits the
+writer's columns to the table's by name (a narrower writer type, e.g. int into a long column, widens there); fastavro
+parses the schemas and writes values (the producer side), it does not read them. A null value (tombstone) is a row of
+nulls; a value that is not in the wire format or does not decode (out of bytes, bytes left after the record, a bad
+varint, union branch or enum index, invalid UTF-8, a value out of its type's range, a boolean byte other than 0 or 1)
+is an invalid record with the reason; a schema id the run does not know, or one whose schema could not evolve the
+table, stops the partition at that record (`DecodedValues.stop`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fastavro
+import numpy as np
+import pyarrow as pa
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -53,12 +58,14 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from kafscale_lakehouse.schema.avro_columns import AvroProgram, record_columns
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import (
-    WIRE_HEADER_SIZE,
     WIRE_MAGIC,
+    DecodedValues,
     FramedValueDecoder,
     FramedValueSchemas,
+    frame_values,
 )
 
 log = logging.getLogger(__name__)
@@ -77,8 +84,9 @@ _LOGICAL: dict[tuple[str, str], IcebergType] = {
 
 def parse_avro_schema(text: str, *, what: str, for_reading: bool = False) -> Any:
     """The parsed (fastavro) form of a schema's JSON text; `what` names it in errors. Named types are expanded
-    inline (to map them to columns), or, `for_reading`, the form fastavro's readers take without parsing it again on
-    every call (they re-parse a schema that lacks fastavro's parsed marker: several times slower per value)."""
+    inline (to map them to columns and compile them, schema/avro_columns.py), or, `for_reading`, the form fastavro's
+    readers and writers take without parsing it again on every call (they re-parse a schema that lacks fastavro's
+    parsed marker: several times slower per value)."""
     try:
         if for_reading:
             return fastavro.parse_schema(json.loads(text))
@@ -169,57 +177,40 @@ def _describe(avro: Any) -> str:
 
 
 class AvroValueDecoder(FramedValueDecoder):
-    """Decodes Confluent-framed Avro values into the table's value columns (one per executor task)."""
+    """Decodes Confluent-framed Avro values into the table's value columns (one per executor task): each run of one
+    schema id through the columnar decoder (schema/avro_columns.py), in row order."""
 
     def __init__(self, schemas: FramedValueSchemas) -> None:
         super().__init__(schemas)
-        self._parsed: dict[int, Any] = {}
+        self._programs: dict[int, AvroProgram] = {}
 
-    def read(self, value: bytes, schema_id: int, bare: bool) -> tuple[dict[str, Any] | None, str | None]:
-        return _read_record(value, 0 if bare else WIRE_HEADER_SIZE, self._schema(schema_id), schema_id)
+    def _decode(self, values: pa.Array) -> DecodedValues:
+        framing = frame_values(self.settings, values)
+        value_schema, reasons, schema_ids = self.settings.value_schema, framing.reasons, framing.schema_ids
+        runs: list[tuple[np.ndarray, list[pa.Array]]] = []
+        for schema_id in np.unique(schema_ids[schema_ids >= 0]).tolist():
+            rows = np.flatnonzero(schema_ids == schema_id)
+            record, errors = self._program(schema_id).decode(values, rows, framing.skip)
+            for position, reason in errors:
+                reasons[rows[position]] = f"value does not decode as Avro schema id {schema_id}: {reason}"
+            runs.append((rows, record_columns(record, value_schema, reasons, rows.tolist())))
+        if len(runs) == 1 and len(runs[0][0]) == framing.rows:
+            columns = runs[0][1]
+        else:  # several schema ids, tombstones or values not in the wire format: back into row order
+            decoded = sum(len(rows) for rows, _ in runs)
+            order = np.full(framing.rows, decoded, np.int64)  # rows of no run take the null after the runs
+            start = 0
+            for rows, _ in runs:
+                order[rows] = np.arange(start, start + len(rows))
+                start += len(rows)
+            columns = [pa.concat_arrays([run[i] for _, run in runs] + [pa.nulls(1, f.type)]).take(order)
+                       for i, f in enumerate(value_schema)]
+        return DecodedValues(columns, pa.array(reasons, pa.string()), framing.stop)
 
-    def _schema(self, schema_id: int) -> Any:
-        parsed = self._parsed.get(schema_id)
-        if parsed is None:
-            text = self.settings.schemas[schema_id]  # the loop stopped at ids the run does not know
-            parsed = self._parsed[schema_id] = parse_avro_schema(_without_costly_logical_types(text),
-                                                                 what=f"schema id {schema_id}", for_reading=True)
-        return parsed
-
-
-# Logical types of top-level fields read as their plain Avro values, which pyarrow takes as they are (ints as
-# microseconds or days) or converts in bulk (uuid strings, `framed.uuid_array`): fastavro builds a Python datetime,
-# date or UUID per value otherwise, the larger part of the decoding time. Millisecond timestamps keep theirs (a column
-# may mix millis and micros versions); nested fields keep theirs.
-_READ_PLAIN = {("long", "timestamp-micros"), ("long", "local-timestamp-micros"), ("int", "date"), ("string", "uuid")}
-
-
-def _without_costly_logical_types(text: str) -> str:
-    schema = json.loads(text)
-    if isinstance(schema, dict) and schema.get("type") == "record":
-        for avro_field in schema.get("fields", []):
-            avro_field["type"] = _plain_if_costly(avro_field["type"])
-    return json.dumps(schema)
-
-
-def _plain_if_costly(avro: Any) -> Any:
-    if isinstance(avro, list):
-        return [_plain_if_costly(branch) for branch in avro]
-    if isinstance(avro, dict) and (avro.get("type"), avro.get("logicalType")) in _READ_PLAIN:
-        return avro["type"]
-    return avro
-
-
-def _read_record(value: bytes, start: int, parsed: Any, schema_id: int) -> tuple[dict[str, Any] | None, str | None]:
-    stream = io.BytesIO(value)
-    stream.seek(start)
-    try:
-        record = fastavro.schemaless_reader(stream, parsed, None)
-    except Exception as exc:  # noqa: BLE001 - fastavro raises whatever the bytes provoke (EOFError, ValueError, ...)
-        return None, f"value does not decode as Avro schema id {schema_id}: {type(exc).__name__}: {exc}"
-    left = len(value) - stream.tell()
-    if left:
-        return None, f"value does not decode as Avro schema id {schema_id}: {left} bytes left after the record"
-    if not isinstance(record, dict):
-        return None, f"value of Avro schema id {schema_id} is no record"
-    return record, None
+    def _program(self, schema_id: int) -> AvroProgram:
+        program = self._programs.get(schema_id)
+        if program is None:
+            what = f"schema id {schema_id}"
+            text = self.settings.schemas[schema_id]  # the framing stopped at ids the run does not know
+            program = self._programs[schema_id] = AvroProgram(parse_avro_schema(text, what=what), what=what)
+        return program
