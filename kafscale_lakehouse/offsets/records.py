@@ -78,6 +78,9 @@ class OffsetKeys:
     def offsets_prefix(self, topic: str) -> str:
         return f"{self.prefix}/offsets/{topic}/"
 
+    def all_offsets_prefix(self) -> str:
+        return f"{self.prefix}/offsets/"
+
     def partition_watermark(self, topic: str, partition: int) -> str:
         return f"{self.prefix}/watermarks/{topic}/{partition}"
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from kafscale_lakehouse.offsets.errors import LeaseLostError
 from kafscale_lakehouse.offsets.records import (
+    BROKER_TOPICS_PREFIX,
     NOT_COMMITTED,
     CommittedOffset,
     OffsetKeys,
@@ -185,6 +186,25 @@ class OffsetStore(ABC):
         validate_topic(topic)
         return decode_broker_watermarks(self.location, topic, self._read_prefix(broker_partitions_prefix(topic)))
 
+    def committed_offsets_by_topic(self, topics: Iterable[str]) -> dict[str, dict[int, CommittedOffset]]:
+        """`committed_offsets` of each of `topics`, all read in ONE prefix read at one point in time (a watch over
+        hundreds of topics: one request, not one per topic)."""
+        wanted = set(topics)
+        for topic in wanted:
+            validate_topic(topic)
+        prefix = self.keys.all_offsets_prefix()
+        entries = _by_topic(self._read_prefix(prefix), prefix, wanted)
+        return {topic: decode_partition_offsets(self.location, self.keys.offsets_prefix(topic), entries.get(topic, []))
+                for topic in wanted}
+
+    def broker_watermarks_by_topic(self, topics: Iterable[str]) -> dict[str, dict[int, int]]:
+        """`broker_watermarks` of each of `topics`, in ONE prefix read of the broker's topics."""
+        wanted = set(topics)
+        for topic in wanted:
+            validate_topic(topic)
+        entries = _by_topic(self._read_prefix(BROKER_TOPICS_PREFIX), BROKER_TOPICS_PREFIX, wanted)
+        return {topic: decode_broker_watermarks(self.location, topic, entries.get(topic, [])) for topic in wanted}
+
     # ---- leases -----------------------------------------------------------------------------------------------
 
     def acquire_lease(self, topic: str, partition: int, owner_id: str) -> Lease:
@@ -346,3 +366,13 @@ class OffsetStore(ABC):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+
+def _by_topic(entries: Iterable[tuple[str, bytes]], prefix: str,
+              topics: set[str]) -> dict[str, list[tuple[str, bytes]]]:
+    """The `<prefix><topic>/...` entries of `topics`, by topic (a topic name holds no `/`)."""
+    grouped: dict[str, list[tuple[str, bytes]]] = {}
+    for key, value in entries:
+        topic, slash, _ = key[len(prefix):].partition("/")
+        if slash and topic in topics:
+            grouped.setdefault(topic, []).append((key, value))
+    return grouped

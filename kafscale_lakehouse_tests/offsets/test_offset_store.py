@@ -258,3 +258,27 @@ def test_broker_watermarks_are_read_per_partition(backend, topic):
     backend.publish_broker_watermark(topic, 1, 7)
     assert backend.open().broker_watermarks(topic) == {0: 120, 1: 7}
     assert backend.open().broker_watermarks(f"{topic}-other") == {}
+
+
+def test_the_offsets_and_watermarks_of_many_topics_are_one_read_each(backend, topic, monkeypatch):
+    store = backend.open()
+    longer, idle = f"{topic}-b", f"{topic}-idle"  # `topic` is a prefix of `longer`: its keys must not mix in
+    with held_leases(store, topic, [0, 1], "worker-a") as leases:
+        store.commit_offsets(leases.values(), {0: (6, 50), 1: (9, 80)})
+    with held_leases(store, longer, [0], "worker-a") as leases:
+        store.commit_offsets(leases.values(), {0: (3, 10)})
+    backend.publish_broker_watermark(topic, 0, 7)
+    backend.publish_broker_watermark(longer, 2, 4)
+    reads: list[str] = []
+    read_prefix = store._read_prefix
+    monkeypatch.setattr(store, "_read_prefix", lambda prefix: reads.append(prefix) or read_prefix(prefix))
+
+    committed = store.committed_offsets_by_topic([topic, longer, idle])
+    watermarks = store.broker_watermarks_by_topic([topic, longer, idle])
+
+    assert len(reads) == 2
+    assert {t: {p: c.offset for p, c in offsets.items()} for t, offsets in committed.items()} == {
+        topic: {0: 5, 1: 8}, longer: {0: 2}, idle: {}}
+    assert watermarks == {topic: {0: 7}, longer: {2: 4}, idle: {}}
+    assert committed == {t: store.committed_offsets(t) for t in (topic, longer, idle)}
+    assert watermarks == {t: store.broker_watermarks(t) for t in (topic, longer, idle)}

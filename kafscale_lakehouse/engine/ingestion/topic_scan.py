@@ -8,9 +8,10 @@ is a cache the next run repairs from the table, so after an operator rolls the t
 offsets as pending. Reading the table costs one catalog load per scan (a REST `loadTable` is one request).
 
 `scan_namespace` scans many topics at once for the namespace watch: ONE listing of the namespace
-(`storage.NamespaceListing`) serves every topic's `scan_topic`, partitions are discovered once, and the topics' offsets
-reads (the store's, the table's: one catalog load each, 9-41 ms on a REST catalog) run on `NAMESPACE_SCAN_THREADS`
-threads, so a tick over 200 topics costs a few listing pages and the slowest few loads, not 200 sequential ones.
+(`storage.NamespaceListing`) serves every topic's `scan_topic`, partitions are discovered once, the offsets store's
+offsets and watermarks of every topic are two prefix reads, and the tables' offsets (one catalog load each, 9-41 ms on
+a REST catalog) and the new segments' footers are read on `NAMESPACE_SCAN_THREADS` threads, so a tick over 200 topics
+costs a few listing pages, two etcd reads, and the slowest few loads, not 200 sequential ones.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from kafscale_lakehouse.engine.tables.catalogs import (
 )
 from kafscale_lakehouse.engine.tables.summary import CorruptOffsetsPropertyError, read_topic_offsets
 from kafscale_lakehouse.etcd import EtcdClient
-from kafscale_lakehouse.offsets import OffsetStore
+from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
@@ -142,6 +143,14 @@ class TableOffsetsReader:
         return read_topic_offsets(loaded, topic)
 
 
+@dataclass(frozen=True)
+class TopicOffsets:
+    """What the offsets store holds of a topic: our committed offsets and the broker's watermarks."""
+
+    committed: Mapping[int, CommittedOffset]
+    watermarks: Mapping[int, int]
+
+
 @dataclass
 class WatchSources:
     """The connections a scan reads (the sensors build them once per process, on the first tick)."""
@@ -164,22 +173,26 @@ class WatchSources:
 
 
 def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, PartitionCursor] | None = None, *,
-               table: str | None = None, partitions: Sequence[int] | None = None) -> TopicScan:
+               table: str | None = None, partitions: Sequence[int] | None = None,
+               offsets: TopicOffsets | None = None) -> TopicScan:
     """Discover the partitions of `topic`, list their new completed segments and read offsets and watermarks.
 
     `cursors` (from the previous scan) resume each partition's listing; a partition without one is listed from its
     committed next offset (`storage.segments_from`, which finds a segment that holds it mid-way). With `table` (and
     `sources.tables`), the table's offsets win over the store's (the module docstring). `partitions`: the topic's
-    partitions as discovered already (a namespace scan discovers every topic's at once)."""
+    partitions as discovered already (a namespace scan discovers every topic's at once); `offsets`: the topic's
+    stored offsets and broker watermarks as read already (a namespace scan reads every topic's in two requests)."""
     cursors = cursors or {}
     if partitions is None:
         discovered = discover_partitions(sources.discovery_mode, sources.store, sources.etcd, topics=[topic])
         partitions = discovered.partitions.get(topic, [])
     partition_ids = list(partitions)
-    stored = {p: c.next_offset for p, c in sources.offsets.committed_offsets(topic).items()}
+    if offsets is None:
+        offsets = TopicOffsets(sources.offsets.committed_offsets(topic), sources.offsets.broker_watermarks(topic))
+    stored = {p: c.next_offset for p, c in offsets.committed.items()}
     table_offsets, table_error = _table_offsets(sources, table, topic)
     committed = {**stored, **table_offsets}
-    watermarks = sources.offsets.broker_watermarks(topic)
+    watermarks = offsets.watermarks
     # Partitions with a watermark but no segment directory yet (S3 discovery) still count for lag.
     partition_ids = sorted(set(partition_ids) | set(watermarks))
     store = sources.store
@@ -234,16 +247,20 @@ class NamespaceScan:
 def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
                    cursors: Mapping[str, Mapping[int, PartitionCursor]] | None = None) -> NamespaceScan:
     """`scan_topic` of every topic of `tables` (`{topic: table}`) from ONE listing of the namespace: the listing
-    pages are the only list requests; new segments' footers, offsets and watermarks are read per topic, the topics on
-    `NAMESPACE_SCAN_THREADS` threads. `cursors`: `{topic: partition cursors}` of the previous scan."""
+    pages are the only list requests, two etcd prefix reads give every topic's offsets and watermarks; new segments'
+    footers and the tables' offsets are read per topic, the topics on `NAMESPACE_SCAN_THREADS` threads. `cursors`:
+    `{topic: partition cursors}` of the previous scan."""
     cursors = cursors or {}
     listing = NamespaceListing.from_store(sources.store)
     discovered = discover_partitions(sources.discovery_mode, listing, sources.etcd, topics=list(tables))
     view = replace(sources, store=listing)
+    committed = sources.offsets.committed_offsets_by_topic(tables)
+    watermarks = sources.offsets.broker_watermarks_by_topic(tables)
 
     def scan(topic: str) -> TopicScan:
         return scan_topic(view, topic, cursors.get(topic), table=tables[topic],
-                          partitions=discovered.partitions.get(topic, []))
+                          partitions=discovered.partitions.get(topic, []),
+                          offsets=TopicOffsets(committed[topic], watermarks[topic]))
 
     topics = list(tables)
     if len(topics) <= 1:

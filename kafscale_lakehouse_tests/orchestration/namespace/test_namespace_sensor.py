@@ -24,7 +24,8 @@ def kfs_bytes(world: NamespaceWorld, word: str) -> int:
                for s in segments.values())
 
 
-def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_with_new_segments(namespace_world):
+def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_with_new_segments(namespace_world,
+                                                                                              monkeypatch):
     world = namespace_world
     orders, payments = world.topics["orders"], world.topics["payments"]
     orders.write_segments(0, 100, records_per_segment=50)
@@ -33,11 +34,16 @@ def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_wi
     # refunds: no segment yet. An object of another, unmapped topic is listed with the rest and ignored.
     orders.put_object(f"{namespace_prefix(orders.name)}unmapped/0/segment-{0:020d}.index", b"x")
     sources = world.sources()
+    etcd_reads: list[str] = []
+    read_prefix = sources.offsets._read_prefix
+    monkeypatch.setattr(sources.offsets, "_read_prefix",
+                        lambda prefix: etcd_reads.append(prefix) or read_prefix(prefix))
 
     before = sources.store.request_counts
     result = world.tick(sources)
     requests = sources.store.request_counts - before
 
+    assert len(etcd_reads) == 2, f"the offsets and the watermarks of every topic, one read each: {etcd_reads}"
     assert requests["list"] == 1, requests
     assert requests["get"] == 3, "the newest new segment's footer per partition, nothing else"
     [request] = result.run_requests
