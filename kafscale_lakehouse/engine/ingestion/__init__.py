@@ -19,6 +19,7 @@ from kafscale_lakehouse.engine.ingestion.run import (
 )
 from kafscale_lakehouse.engine.ingestion.topic_patterns import discover_topics, with_pattern_topics
 from kafscale_lakehouse.engine.ingestion.topic_scan import (
+    TABLE_OFFSETS_MAX_AGE_SECONDS,
     NamespaceScan,
     PartitionCursor,
     PartitionState,
@@ -33,6 +34,7 @@ from kafscale_lakehouse.engine.ingestion.validation import resolve_record_valida
 __all__ = [
     "ERROR_DECODE",
     "ERROR_RESOLVE",
+    "TABLE_OFFSETS_MAX_AGE_SECONDS",
     "IngestContext",
     "IngestFailedError",
     "IngestResult",

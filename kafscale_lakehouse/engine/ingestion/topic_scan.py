@@ -10,14 +10,17 @@ offsets as pending. Reading the table costs one catalog load per scan (a REST `l
 `scan_namespace` scans many topics at once for the namespace watch: ONE listing of the namespace
 (`storage.NamespaceListing`) serves every topic's `scan_topic`, partitions are discovered once, the offsets store's
 offsets and watermarks of every topic are two prefix reads, and the tables' offsets (one catalog load each, 9-41 ms on
-a REST catalog) and the new segments' footers are read on `NAMESPACE_SCAN_THREADS` threads, so a tick over 200 topics
-costs a few listing pages, two etcd reads, and the slowest few loads, not 200 sequential ones.
+a REST catalog; reused while the store's offsets stay put, up to `TABLE_OFFSETS_MAX_AGE_SECONDS`) and the new segments'
+footers (the newest per partition) are read on `NAMESPACE_SCAN_THREADS` threads, so a tick over 200 topics costs a few
+listing pages, two etcd reads, and the slowest few loads, not 200 sequential ones.
 """
 
 from __future__ import annotations
 
+import random
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -57,6 +60,9 @@ from kafscale_lakehouse.storage import (
 SEGMENTS_PER_PARTITION_PER_SCAN = 1000
 # Topics whose offsets (etcd ranges, catalog loads) one namespace scan reads at the same time: latency-bound requests.
 NAMESPACE_SCAN_THREADS = 32
+# How long a namespace scan may reuse a table's offsets while the offsets store's stay put (a catalog load per table
+# per tick was most of an idle tick at 200 topics); also how late it sees a table rolled back behind the store's back.
+TABLE_OFFSETS_MAX_AGE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -123,10 +129,29 @@ class TableOffsetsReader:
     """The next offsets a table holds of a topic (its latest commit of ours), for scans: one catalog load of the table
     per read. The catalog is connected on the first read, so an unreachable catalog fails reads, not the sources."""
 
-    def __init__(self, settings: CatalogSettings) -> None:
+    def __init__(self, settings: CatalogSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
         self._catalog: Catalog | None = None
         self._connecting = threading.Lock()  # a namespace scan reads tables on several threads
+        self._clock = clock
+        self._kept: dict[tuple[str, str], _KeptTableOffsets] = {}
+
+    def read_reusing(self, table: str, topic: str, store_offsets: Mapping[int, int | None],
+                     max_age_seconds: float) -> dict[int, int] | None:
+        """`read`, or the offsets the last read found when the offsets store's (`store_offsets`) have not moved
+        since and that read is younger than its reuse age: between 1/2 and 1 x `max_age_seconds`, drawn per read so
+        that many tables' reloads spread over ticks instead of all falling due on one. Our runs move the store when
+        they commit, so what is reused is a table nobody committed to since; a table changed without the store (an
+        operator's rollback) is seen within `max_age_seconds`."""
+        key = (table, topic)
+        now = self._clock()
+        kept = self._kept.get(key)
+        if kept is not None and kept.store_offsets == store_offsets and now < kept.until:
+            return kept.offsets
+        offsets = self.read(table, topic)
+        self._kept[key] = _KeptTableOffsets(dict(store_offsets), offsets,
+                                            now + max_age_seconds * random.uniform(0.5, 1.0))  # noqa: S311
+        return offsets
 
     def read(self, table: str, topic: str) -> dict[int, int] | None:
         """`{partition: next offset}` of `topic` in `table` (empty: no commit of ours); None when the table does not
@@ -141,6 +166,13 @@ class TableOffsetsReader:
             except (NoSuchTableError, NoSuchNamespaceError):
                 return None
         return read_topic_offsets(loaded, topic)
+
+
+@dataclass(frozen=True)
+class _KeptTableOffsets:
+    store_offsets: dict[int, int | None]  # the offsets store's next offsets when the table was read
+    offsets: dict[int, int] | None
+    until: float  # reused up to this clock reading
 
 
 @dataclass(frozen=True)
@@ -174,14 +206,15 @@ class WatchSources:
 
 def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, PartitionCursor] | None = None, *,
                table: str | None = None, partitions: Sequence[int] | None = None,
-               offsets: TopicOffsets | None = None) -> TopicScan:
+               offsets: TopicOffsets | None = None, table_offsets_max_age_seconds: float = 0) -> TopicScan:
     """Discover the partitions of `topic`, list their new completed segments and read offsets and watermarks.
 
     `cursors` (from the previous scan) resume each partition's listing; a partition without one is listed from its
     committed next offset (`storage.segments_from`, which finds a segment that holds it mid-way). With `table` (and
     `sources.tables`), the table's offsets win over the store's (the module docstring). `partitions`: the topic's
     partitions as discovered already (a namespace scan discovers every topic's at once); `offsets`: the topic's
-    stored offsets and broker watermarks as read already (a namespace scan reads every topic's in two requests)."""
+    stored offsets and broker watermarks as read already (a namespace scan reads every topic's in two requests);
+    `table_offsets_max_age_seconds` > 0: the table's offsets may be reused (`TableOffsetsReader.read_reusing`)."""
     cursors = cursors or {}
     if partitions is None:
         discovered = discover_partitions(sources.discovery_mode, sources.store, sources.etcd, topics=[topic])
@@ -190,7 +223,7 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
     if offsets is None:
         offsets = TopicOffsets(sources.offsets.committed_offsets(topic), sources.offsets.broker_watermarks(topic))
     stored = {p: c.next_offset for p, c in offsets.committed.items()}
-    table_offsets, table_error = _table_offsets(sources, table, topic)
+    table_offsets, table_error = _table_offsets(sources, table, topic, stored, table_offsets_max_age_seconds)
     committed = {**stored, **table_offsets}
     watermarks = offsets.watermarks
     # Partitions with a watermark but no segment directory yet (S3 discovery) still count for lag.
@@ -260,7 +293,8 @@ def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
     def scan(topic: str) -> TopicScan:
         return scan_topic(view, topic, cursors.get(topic), table=tables[topic],
                           partitions=discovered.partitions.get(topic, []),
-                          offsets=TopicOffsets(committed[topic], watermarks[topic]))
+                          offsets=TopicOffsets(committed[topic], watermarks[topic]),
+                          table_offsets_max_age_seconds=TABLE_OFFSETS_MAX_AGE_SECONDS)
 
     topics = list(tables)
     if len(topics) <= 1:
@@ -276,11 +310,14 @@ def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
     return NamespaceScan(by_topic, pending, len(listing.objects))
 
 
-def _table_offsets(sources: WatchSources, table: str | None, topic: str) -> tuple[dict[int, int], str | None]:
+def _table_offsets(sources: WatchSources, table: str | None, topic: str, stored: Mapping[int, int | None],
+                   max_age_seconds: float) -> tuple[dict[int, int], str | None]:
     """The table's next offsets of `topic` ({} when not read or it holds none), and why they could not be read."""
     if table is None or sources.tables is None:
         return {}, None
     try:
+        if max_age_seconds > 0:
+            return sources.tables.read_reusing(table, topic, stored, max_age_seconds) or {}, None
         return sources.tables.read(table, topic) or {}, None
     except (CatalogError, CorruptOffsetsPropertyError) as exc:
         return {}, f"table {table}: its offsets of topic {topic} cannot be read ({exc}); the offsets store's are used"

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import dagster as dg
 
+from kafscale_lakehouse.connections import catalog_settings
+from kafscale_lakehouse.engine.ingestion import TABLE_OFFSETS_MAX_AGE_SECONDS, TableOffsetsReader
 from kafscale_lakehouse.offsets.ranges import format_ranges, parse_ranges
 from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_TABLES_OP
 from kafscale_lakehouse.orchestration.naming import partitions_def_name
 from kafscale_lakehouse.orchestration.sensors import build_sensors
 from kafscale_lakehouse.storage import ObjectKind, namespace_prefix
+from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse.testing.servers import S3_BUCKET
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import NamespaceWorld
 
@@ -136,3 +139,33 @@ def test_a_mapping_taken_out_of_the_config_leaves_nothing_in_the_cursor(namespac
     cursor = world.cursor_of(second)
     assert refunds.table_name not in cursor.tables and refunds.table_name not in cursor.pending_since
     assert set(cursor.tables) == {orders.table_name, world.topics["payments"].table_name}
+
+
+def test_a_tick_reuses_a_tables_offsets_until_the_offsets_store_moves_or_they_age(namespace_world, monkeypatch):
+    world = namespace_world
+    orders = world.topics["orders"]
+    orders.write_segments(0, 50, records_per_segment=50)
+    sources = world.sources()
+    now = [1000.0]
+    sources.tables = TableOffsetsReader(catalog_settings(world.config()), clock=lambda: now[0])
+    loads: list[str] = []
+    read = sources.tables.read
+    monkeypatch.setattr(sources.tables, "read", lambda table, topic: loads.append(table) or read(table, topic))
+
+    first = world.tick(sources)
+    assert sorted(loads) == sorted(world.topics[w].table_name for w in world.topics)
+    loads.clear()
+    second = world.tick(sources, first.cursor)
+    assert loads == [], "nothing moved: no catalog load"
+
+    # A run of orders committed (the store moved): only its table is loaded again.
+    with held_leases(sources.offsets, orders.topic, [0], "test") as leases:
+        sources.offsets.commit_offsets(leases.values(), {0: (50, 0)})
+    third = world.tick(sources, second.cursor)
+    assert loads == [orders.table_name]
+    loads.clear()
+
+    # Past the reuse age every table is loaded again (a table rolled back behind the store's back is seen then).
+    now[0] += TABLE_OFFSETS_MAX_AGE_SECONDS
+    world.tick(sources, third.cursor)
+    assert sorted(loads) == sorted(world.topics[w].table_name for w in world.topics)
