@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import gc
 import json
 import logging
@@ -11,16 +12,13 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Never
 
-from kafscale_lakehouse.apps.segment_inspect import SegmentLocationError, inspect_segment
-from kafscale_lakehouse.config import ConfigError
-from kafscale_lakehouse.engine.spark import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
-from kafscale_lakehouse.format import SegmentFormatError
-from kafscale_lakehouse.storage import StorageError
-
-if TYPE_CHECKING:  # the heavy engine imports load only for the commands that need them
+# Nothing of the package at module level: each command imports what it needs (pyspark, pyiceberg, boto3, dagster
+# are 1 s of a short run's start, benchmarks/tiny_run.py), and `main` pauses the collector before any of it loads.
+if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from kafscale_lakehouse.config import LakehouseConfig
@@ -33,18 +31,36 @@ class CommandError(Exception):
     """A failure to report as one line on stderr with exit code 2 (no traceback)."""
 
 
-def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool) -> int:
-    """`--once`: one pass over every mapping; otherwise poll every `processor.poll_interval_seconds` until stopped."""
-    from kafscale_lakehouse.config import load_config
-    from kafscale_lakehouse.engine.ingestion import IngestContext, spark_job
-    from kafscale_lakehouse.engine.spark import get_spark_session, local_engine_request
+@contextlib.contextmanager
+def startup_without_collections(own_process: bool) -> Iterator[None]:
+    """In a process of its own, no garbage collection while the command starts (imports, config, Spark session), and
+    what starting made is frozen (never walked by a later collection): those objects live as long as the process,
+    and the collections that ~1,700 imported modules trigger cost 0.15-0.5 s of each `ingest --once` (2 cores,
+    load 2-8; benchmarks/tiny_run.py). Called as a function (`main(argv)` in a caller's process), it does nothing."""
+    if not own_process or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
 
-    config = load_config(config_path)
-    # SIGTERM (Kubernetes, `kill`) unwinds like Ctrl-C, so leases are released and no run is left half-done.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    # Without an engine configured, the local one (started by the first run, reused by the next): no JVM start here.
-    spark = get_spark_session(config.spark.master, dict(config.spark.conf), remote=config.spark.remote,
-                              local_engine=local_engine_request([spark_job.__name__]))
+
+def run_ingest(config_path: str | None, *, topics: list[str] | None, once: bool, own_process: bool = False) -> int:
+    """`--once`: one pass over every mapping; otherwise poll every `processor.poll_interval_seconds` until stopped."""
+    with startup_without_collections(own_process):
+        from kafscale_lakehouse.config import load_config
+        from kafscale_lakehouse.engine.ingestion import IngestContext, spark_job
+        from kafscale_lakehouse.engine.spark import get_spark_session, local_engine_request
+
+        config = load_config(config_path)
+        # SIGTERM (Kubernetes, `kill`) unwinds like Ctrl-C, so leases are released and no run is left half-done.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        # Without an engine configured, the local one (started by the first run, reused by the next): no JVM start.
+        spark = get_spark_session(config.spark.master, dict(config.spark.conf), remote=config.spark.remote,
+                                  local_engine=local_engine_request([spark_job.__name__]))
     with IngestContext.from_config(config, spark) as context:
         return _ingest_loop(config, spark, context, topics=topics, once=once)
 
@@ -372,15 +388,24 @@ def run_serve_metrics_command(config_path: str | None, *, address: str | None) -
     return 0
 
 
-def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
+def run_spark_engine_command(config_path: str | None, *, address: str | None) -> int:
     """Run the Spark engine (a Spark Connect server, `spark.master` and `spark.conf` of the config) until SIGTERM or
     Ctrl-C, or until the parent process is gone (`make demo` killed hard); runs connect to it with `SPARK_REMOTE`."""
     from kafscale_lakehouse.config import load_config
     from kafscale_lakehouse.engine.ingestion import spark_job
-    from kafscale_lakehouse.engine.spark import SparkEngineError, parse_engine_address, serve, spark_settings_from_env
+    from kafscale_lakehouse.engine.spark import (
+        DEFAULT_ENGINE_ADDRESS,
+        ENGINE_ADDRESS_VARIABLE,
+        SparkEngineError,
+        parse_engine_address,
+        serve,
+        spark_settings_from_env,
+    )
 
     try:
-        engine_address = parse_engine_address(address)
+        engine_address = parse_engine_address(
+            address or os.environ.get(ENGINE_ADDRESS_VARIABLE, DEFAULT_ENGINE_ADDRESS)
+        )
     except ValueError as err:
         raise CommandError(str(err)) from None
     config = load_config(config_path)
@@ -390,6 +415,16 @@ def run_spark_engine_command(config_path: str | None, *, address: str) -> int:
                      warm_modules=[spark_job.__name__])
     except SparkEngineError as err:
         raise CommandError(str(err)) from None
+
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """The errors `main` reports as one line with exit code 2, imported once one is raised (see the imports above)."""
+    from kafscale_lakehouse.apps.segment_inspect import SegmentLocationError
+    from kafscale_lakehouse.config import ConfigError
+    from kafscale_lakehouse.format import SegmentFormatError
+    from kafscale_lakehouse.storage import StorageError
+
+    return CommandError, SegmentLocationError, SegmentFormatError, StorageError, OSError, ConfigError
 
 
 def _exit_on_sigterm(signum, frame) -> Never:  # noqa: ANN001 - signal handler signature
@@ -569,9 +604,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument(
         "--address",
-        default=os.environ.get(ENGINE_ADDRESS_VARIABLE, DEFAULT_ENGINE_ADDRESS),
-        help=f"HOST:PORT to listen on (default: ${ENGINE_ADDRESS_VARIABLE}, then "
-        f"{DEFAULT_ENGINE_ADDRESS}; 0.0.0.0:15002 in a pod)",
+        default=None,
+        # The names of engine/spark/engine.py (ENGINE_ADDRESS_VARIABLE, DEFAULT_ENGINE_ADDRESS), written out: importing
+        # them loads pyspark for every command (test_run_startup.py checks they agree).
+        help="HOST:PORT to listen on (default: $KAFSCALE_SPARK_ENGINE_ADDR, then 127.0.0.1:15002; 0.0.0.0:15002 in a "
+        "pod)",
     )
     return parser
 
@@ -583,8 +620,10 @@ def go_flags_as_options(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _build_parser()
-    args = parser.parse_args(go_flags_as_options(sys.argv[1:] if argv is None else argv))
+    own_process = argv is None  # the console script, not a caller's function call
+    with startup_without_collections(own_process):
+        parser = _build_parser()
+        args = parser.parse_args(go_flags_as_options(sys.argv[1:] if argv is None else argv))
     if args.command is None:
         if args.processor_config is None:
             parser.error("a command is required (or -config FILE, which runs the ingest loop like the Go processor)")
@@ -594,17 +633,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    if argv is None:  # a process of its own (the console script), not a caller's function call
+    if own_process:
         # What is left at the end goes with the process: otherwise the interpreter's last garbage collection walks
         # every object pyspark, pyiceberg and pandas made, about 1 s of each `ingest --once` (benchmarks/tiny_run.py).
         atexit.register(gc.freeze)
     try:
         if args.command == "segment" and args.segment_command == "inspect":
+            from kafscale_lakehouse.apps.segment_inspect import inspect_segment
+
             return inspect_segment(
                 args.location, records=args.records, out=sys.stdout, topic=args.topic, partition=args.partition
             )
         if args.command == "ingest":
-            return run_ingest(args.config, topics=args.topic, once=args.once)
+            return run_ingest(args.config, topics=args.topic, once=args.once, own_process=own_process)
         if args.command == "demo-producer":
             return run_demo_producer_command(args)
         if args.command == "report":
@@ -631,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve_metrics_command(args.config, address=args.address)
         if args.command == "spark-engine":
             return run_spark_engine_command(args.config, address=args.address)
-    except (CommandError, SegmentLocationError, SegmentFormatError, StorageError, OSError, ConfigError) as err:
+    except _reported_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     raise AssertionError(f"unhandled command {args.command}")

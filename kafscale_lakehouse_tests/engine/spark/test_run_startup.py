@@ -1,0 +1,90 @@
+"""The fixed cost of a run (issue 22): `kafscale-lakehouse ingest --once` as a process of its own, on a real Spark
+engine (Spark Connect), SeaweedFS S3 + REST catalog and etcd. What it loads and how it starts, not its wall time
+(benchmarks/tiny_run.py measures that): a command loads only its own modules, and starting (imports, config, session)
+runs without garbage collections, which walked everything the ~1,700 imported modules made, again and again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kafscale_lakehouse.engine.spark import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
+from kafscale_lakehouse_tests.conftest import REPO_ROOT
+from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
+
+pytestmark = pytest.mark.integration
+
+# The console script's `main()`, with the collector's callbacks counting collections from its call until the Spark
+# session is ready (its log line), and the modules loaded at exit written to a JSON file. (Importing the CLI module,
+# before: a few standard library modules, see the test below.)
+PROBE = """
+import atexit, gc, json, logging, sys
+from kafscale_lakehouse.apps.cli import main
+report_path, argv = sys.argv[1], sys.argv[2:]
+startup = {"collections": [], "session_ready": False}
+def count(phase, info):
+    if phase == "start" and not startup["session_ready"]:
+        startup["collections"].append(info["generation"])
+class SessionReady(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("Spark session ready"):
+            startup["session_ready"] = True
+gc.callbacks.append(count)
+logging.getLogger("kafscale_lakehouse.engine.spark.session").addHandler(SessionReady())
+def write_report():
+    with open(report_path, "w") as out:
+        json.dump({**startup, "modules": sorted(sys.modules)}, out)
+atexit.register(write_report)
+sys.argv = ["kafscale-lakehouse", *argv]
+sys.exit(main())
+"""
+
+# Loaded by no `ingest` run: the Dagster layer, the operator tools' modules. (pandas, pyarrow and grpc are not here:
+# the Spark Connect client imports them itself.)
+NOT_FOR_INGEST = ("dagster", "kafscale_lakehouse.orchestration", "kafscale_lakehouse.apps.segment_inspect",
+                  "kafscale_lakehouse.apps.report", "kafscale_lakehouse.apps.metrics")
+
+
+def test_ingest_once_starts_without_collections_and_loads_no_dagster(production_world: IngestWorld, spark_engine,
+                                                                     tmp_path):
+    world = production_world
+    world.write_segments(0, 120, records_per_segment=40, codecs=("zstd",))
+    world.write_segments(1, 80, records_per_segment=40, codecs=("lz4",))
+    document = world.config_document()
+    document["spark"] = {"remote": spark_engine.url}
+    config_path = world.write_config_file(document)
+    report_path = tmp_path / "startup.json"
+
+    done = subprocess.run([sys.executable, "-c", PROBE, str(report_path), "ingest", "--once", "--config",
+                           str(config_path)], cwd=REPO_ROOT, env=world.subprocess_env(), capture_output=True,
+                          text=True, timeout=240)
+
+    assert done.returncode == 0, done.stderr[-4000:]
+    world.assert_exactly_once(runs=1)
+    report = json.loads(report_path.read_text())
+    assert report["session_ready"], done.stderr[-4000:]
+    assert report["collections"] == [], f"collections (by generation) while the run started: {report['collections']}"
+    loaded = [name for name in report["modules"] if name.split(".")[0] == "dagster" or name in NOT_FOR_INGEST]
+    assert loaded == []
+
+
+def test_the_command_line_module_loads_no_engine_library():
+    """What every command pays before it runs: nothing of pyspark, pyiceberg, boto3, pydantic or our own layers."""
+    code = "import json, sys; import kafscale_lakehouse.apps.cli; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    modules = json.loads(done.stdout)
+    heavy = [name for name in modules if name.split(".")[0] in {"pyspark", "pyiceberg", "boto3", "botocore", "pandas",
+                                                                 "pyarrow", "pydantic", "dagster", "grpc"}]
+    ours = [name for name in modules if name.startswith("kafscale_lakehouse.")
+            and name not in ("kafscale_lakehouse.apps", "kafscale_lakehouse.apps.cli")]
+    assert heavy == [] and ours == []
+
+
+def test_spark_engine_help_names_the_engine_address_setting():
+    """The CLI writes the engine address variable and default out (importing them would load pyspark): they agree."""
+    done = subprocess.run([str(CLI), "spark-engine", "--help"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          check=True)
+    assert f"${ENGINE_ADDRESS_VARIABLE}, then {DEFAULT_ENGINE_ADDRESS};" in " ".join(done.stdout.split())
