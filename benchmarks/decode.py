@@ -14,7 +14,8 @@ Prints records/s and MB/s (of segment bytes), the ratio, and each process's peak
 `--values avro` (issue 20): the same realistic orders (unique trace headers, keys, mixed sizes through the free-text
 `notes`) with Avro values, `PIZZA_AVRO_SCHEMA` in the Confluent wire format (a nested list of toppings, a uuid, a
 timestamp), schema in the test registry served by this process; three decoders, from segment bytes to Arrow columns
-of the values: ours (`decode_segment`, then `AvroValueDecoder` per segment into the table's nested types), the
+of the values: ours (`decode_segment`, then `AvroValueDecoder` per segment into the table's nested types: the
+columnar decoder, schema/avro_columns.py and its C extension, straight from Avro binary to Arrow buffers), the
 reference (kafka-python's reader, then confluent-kafka's `AvroDeserializer` per record and `pa.Table.from_pylist`
 into the same types), and our JSON path on the same orders as JSON values (`decode_segment`, then
 `JsonColumnCoercer` into the flat columns the JSON mapping has: the toppings are the flat meats/veggies fields
