@@ -14,7 +14,8 @@ A tick:
    the same backoff, per table, after the batch that carried it failed to land it);
 4. packs the other tables with pending segments, the longest waiting first, into `land_tables` runs of at most
    `processor.max_bytes_per_batch_run` pending segment bytes each (a table larger than that is a run of its own), and
-   requests them. Each run writes its tables in one Spark job and commits each on its own (land_tables.py).
+   requests them. Each run writes its tables in one Spark job and commits each on its own (land_tables.py); tables
+   whose run did not land them are retried apart from the others, in halves per attempt (`pack_batches`).
 """
 
 from __future__ import annotations
@@ -203,10 +204,26 @@ def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topi
 
 
 def pack_batches(candidates: Iterable[_Candidate], max_bytes: int) -> list[list[_Candidate]]:
-    """The candidates, longest waiting first, in runs of at most `max_bytes` pending bytes (at least one table)."""
+    """The candidates, longest waiting first, in runs of at most `max_bytes` pending bytes (at least one table).
+
+    A batch's tables share one Spark job, so one table whose data fails that job fails all of them. Tables requested
+    again because their run did not land them (attempt > 1) therefore never share a run with the others, and those
+    of attempt `a` are split into up to 2^(a-1) runs: a table that keeps failing takes a half, then a quarter... of
+    its former neighbours down with it on each backoff, until it fails alone, instead of all of them forever."""
+    ordered = sorted(candidates, key=lambda c: (c.since, c.mapping.table))
+    batches = _by_budget([c for c in ordered if c.attempt == 1], max_bytes)
+    for attempt in sorted({c.attempt for c in ordered if c.attempt > 1}):
+        again = [c for c in ordered if c.attempt == attempt]
+        shares = min(len(again), 2 ** min(attempt - 1, 16))
+        for share in range(shares):
+            batches += _by_budget(again[share::shares], max_bytes)
+    return batches
+
+
+def _by_budget(candidates: list[_Candidate], max_bytes: int) -> list[list[_Candidate]]:
     batches: list[list[_Candidate]] = []
     size = 0
-    for candidate in sorted(candidates, key=lambda c: (c.since, c.mapping.table)):
+    for candidate in candidates:
         if not batches or size + candidate.pending_bytes > max_bytes:
             batches.append([])
             size = 0

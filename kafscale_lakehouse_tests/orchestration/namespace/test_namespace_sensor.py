@@ -8,13 +8,13 @@ import dagster as dg
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.ingestion import TABLE_OFFSETS_MAX_AGE_SECONDS, TableOffsetsReader
 from kafscale_lakehouse.offsets.ranges import format_ranges, parse_ranges
-from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_TABLES_OP
+from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_TABLES_JOB, LAND_TABLES_OP
 from kafscale_lakehouse.orchestration.naming import partitions_def_name
 from kafscale_lakehouse.orchestration.sensors import build_sensors
 from kafscale_lakehouse.storage import ObjectKind, namespace_prefix
 from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse.testing.servers import S3_BUCKET
-from kafscale_lakehouse_tests.orchestration.namespace.conftest import NamespaceWorld
+from kafscale_lakehouse_tests.orchestration.namespace.conftest import POLL_INTERVAL_SECONDS, NamespaceWorld
 
 
 def batch_tables(request: dg.RunRequest) -> dict[str, dict]:
@@ -169,3 +169,33 @@ def test_a_tick_reuses_a_tables_offsets_until_the_offsets_store_moves_or_they_ag
     now[0] += TABLE_OFFSETS_MAX_AGE_SECONDS
     world.tick(sources, third.cursor)
     assert sorted(loads) == sorted(world.topics[w].table_name for w in world.topics)
+
+
+def test_tables_of_a_failed_batch_are_retried_in_halves_so_one_failing_table_does_not_hold_back_the_rest(
+        namespace_world):
+    world = namespace_world
+    for word, topic in world.topics.items():
+        topic.write_segments(0, 40 + 10 * len(word), records_per_segment=10)
+    sources = world.sources()
+    started = 1_800_000_000.0
+
+    def fail(request: dg.RunRequest, number: int) -> None:
+        world.instance.add_run(dg.DagsterRun(job_name=LAND_TABLES_JOB, run_id=f"{number:036d}", tags=dict(request.tags),
+                                             status=dg.DagsterRunStatus.FAILURE))
+
+    first = world.tick(sources, at=started)
+    [batch] = first.run_requests
+    assert len(batch_tables(batch)) == 3
+    fail(batch, 1)
+
+    # After the backoff (one poll interval), the three come back on their second attempt in two runs, not one.
+    second = world.tick(sources, first.cursor, at=started + POLL_INTERVAL_SECONDS + 1)
+    halves = [set(batch_tables(r)) for r in second.run_requests]
+    assert sorted(map(len, halves)) == [1, 2]
+    assert set().union(*halves) == {t.table_name for t in world.topics.values()}
+    for number, request in enumerate(second.run_requests, start=2):
+        fail(request, number)
+
+    # Failing again (third attempt, after twice the backoff): each table alone.
+    third = world.tick(sources, second.cursor, at=started + 3 * POLL_INTERVAL_SECONDS + 2)
+    assert sorted(len(batch_tables(r)) for r in third.run_requests) == [1, 1, 1]
