@@ -8,8 +8,9 @@ import dagster as dg
 from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.ingestion import TABLE_OFFSETS_MAX_AGE_SECONDS, TableOffsetsReader
 from kafscale_lakehouse.offsets.ranges import format_ranges, parse_ranges
+from kafscale_lakehouse.orchestration import namespace_sensor
 from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_TABLES_JOB, LAND_TABLES_OP
-from kafscale_lakehouse.orchestration.naming import partitions_def_name
+from kafscale_lakehouse.orchestration.naming import partitions_def_name, topic_asset_key
 from kafscale_lakehouse.orchestration.sensors import build_sensors
 from kafscale_lakehouse.storage import ObjectKind, namespace_prefix
 from kafscale_lakehouse.testing.leases import held_leases
@@ -199,3 +200,27 @@ def test_tables_of_a_failed_batch_are_retried_in_halves_so_one_failing_table_doe
     # Failing again (third attempt, after twice the backoff): each table alone.
     third = world.tick(sources, second.cursor, at=started + 3 * POLL_INTERVAL_SECONDS + 2)
     assert sorted(len(batch_tables(r)) for r in third.run_requests) == [1, 1, 1]
+
+
+def test_a_tick_reports_the_topics_observed_longest_ago_and_the_others_on_later_ticks(namespace_world,
+                                                                                    monkeypatch):
+    world = namespace_world
+    monkeypatch.setattr(namespace_sensor, "OBSERVATIONS_PER_TICK", 2)
+    for topic in world.topics.values():
+        topic.write_segments(0, 20, records_per_segment=10)
+    sources = world.sources()
+    topic_keys = {topic_asset_key(t.topic) for t in world.topics.values()}
+
+    first = world.tick(sources, at=1000.0)
+    observed = {event.asset_key for event in first.asset_events}
+    assert len(observed) == 2
+
+    # Nothing moved since: the topic left out is reported now, the two others are not again.
+    second = world.tick(sources, first.cursor, at=1005.0)
+    assert {event.asset_key for event in second.asset_events} == topic_keys - observed
+
+    # All three move: the two observed at 1000 go first.
+    for topic in world.topics.values():
+        topic.write_segments(0, 10, records_per_segment=10, base_offset=20)
+    third = world.tick(sources, second.cursor, at=1010.0)
+    assert {event.asset_key for event in third.asset_events} == observed
