@@ -24,27 +24,41 @@ per-partition leases keep a manual run of the same table from committing beside 
 """
 
 # No `from __future__ import annotations`: Dagster reads the context and config parameter annotations at runtime.
-from collections.abc import Iterator, Mapping
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import dagster as dg
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.ingestion import (
+    BATCH_TABLE_THREADS,
     IngestContext,
     IngestFailedError,
     IngestResult,
     PreparedIngest,
+    TableOffsetsReader,
     TopicScan,
+    WatchSources,
     commit_ingests,
     prepare_ingest,
+    scan_topic,
 )
-from kafscale_lakehouse.engine.tables import FRESHNESS, ID_UNIQUE, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
+from kafscale_lakehouse.engine.tables import (
+    FRESHNESS,
+    ID_UNIQUE,
+    OFFSETS_CONTIGUOUS,
+    RECORD_ID_UNIQUE,
+    SCHEMA_VALID,
+    read_topic_offsets,
+)
 from kafscale_lakehouse.offsets.ranges import parse_ranges
 from kafscale_lakehouse.orchestration.assets import (
     landed_materializations,
     partial_commit_materializations,
-    scan_topic_now,
 )
 from kafscale_lakehouse.orchestration.checks import (
     evaluate_freshness,
@@ -61,7 +75,9 @@ from kafscale_lakehouse.orchestration.resources import (
     SparkResource,
     ingest_context,
 )
-from kafscale_lakehouse.storage import NamespaceListing
+from kafscale_lakehouse.storage import DiscoveryMode, NamespaceListing
+
+log = logging.getLogger(__name__)
 
 LAND_TABLES_JOB = "land_tables"
 LAND_TABLES_OP = "land_listed_tables"  # the op; a job and an op cannot share a name
@@ -99,31 +115,54 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
                     segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
                     iceberg_catalog: IcebergCatalogResource):
         engine = ingest_context(lakehouse_config, spark, segment_store, offset_store, iceberg_catalog)
-        checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog)
         failed: dict[str, str] = {}
+        entries: list[tuple[MappingConfig, TableToLand]] = []
+        for entry in config.tables:
+            mapping = mappings.get(entry.table)
+            if mapping is None:
+                failed[entry.table] = "no mapping of the lakehouse config lands this table"
+                continue
+            context.log.info("topic %s → %s: ingesting Kafka partitions %s", mapping.topic, mapping.table,
+                             sorted(entry.partitions))
+            entries.append((mapping, entry))
         prepared: list[tuple[MappingConfig, TableToLand, PreparedIngest]] = []
+        # The tables prepare on threads (their leases, offsets and plans are round trips to etcd, the catalog and
+        # S3); Dagster's events and logs stay on this thread.
+        with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="prepare") as pool:
+            preparing = list(pool.map(lambda pair: _outcome(_prepare, context.run.run_id, *pair, engine), entries))
         try:
-            for entry in config.tables:
-                mapping = mappings.get(entry.table)
-                if mapping is None:
-                    failed[entry.table] = "no mapping of the lakehouse config lands this table"
-                    continue
-                try:
-                    prepared.append((mapping, entry, _prepare(context, mapping, entry, engine)))
-                except Exception as exc:  # noqa: BLE001 - this table's (its leases, its table); the others go on
-                    context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic, exc)
-                    failed[mapping.table] = str(exc)
-            # One Spark job for every table's segments, then one commit per table.
+            for (mapping, entry), run in zip(entries, preparing, strict=True):
+                if isinstance(run, Exception):  # this table's (its leases, its table); the others go on
+                    context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic, run)
+                    failed[mapping.table] = str(run)
+                else:
+                    prepared.append((mapping, entry, run))
+            # One Spark job for every table's segments, then one commit per table (concurrent, each on its own).
             outcomes = commit_ingests([run for _, _, run in prepared])
         finally:
             for _, _, run in prepared:
                 run.release_leases()  # commit_ingests releases them on every path; releasing is idempotent
-        for (mapping, entry, run), outcome in zip(prepared, outcomes, strict=True):
-            try:
-                yield from _table_events(context, mapping, entry, run.result, outcome, checks)
-            except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others; reported below
-                context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic, exc)
-                failed[mapping.table] = str(exc)
+        checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog,
+                              {run.mapping.table: run.table for _, _, run in prepared})
+        with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="checks") as pool:
+            events = list(pool.map(lambda landed: _outcome(_table_events, *landed, checks),
+                                   [(mapping, entry, run, outcome)
+                                    for (mapping, entry, run), outcome in zip(prepared, outcomes, strict=True)]))
+        for (mapping, _, _), table_events in zip(prepared, events, strict=True):
+            if isinstance(table_events, _NotLanded):
+                yield from table_events.events
+                if isinstance(table_events.error, IngestFailedError):  # what its partial commit landed
+                    yield from partial_commit_materializations(table_asset_key(mapping.table),
+                                                               table_events.error.result, iceberg_catalog,
+                                                               context.log)
+                context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic,
+                                  table_events.error)
+                failed[mapping.table] = str(table_events.error)
+            elif isinstance(table_events, Exception):  # one table's failure must not stop the others
+                context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic, table_events)
+                failed[mapping.table] = str(table_events)
+            else:
+                yield from table_events
         if failed:
             raise dg.Failure(
                 description=f"{len(failed)} of {len(config.tables)} tables did not land: "
@@ -138,55 +177,106 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
     return land_tables_job
 
 
-def _prepare(context: dg.OpExecutionContext, mapping: MappingConfig, entry: TableToLand,
-             engine: IngestContext) -> PreparedIngest:
+_T = TypeVar("_T")
+
+
+def _outcome(function: Callable[..., _T], *args: Any) -> _T | Exception:
+    """`function(*args)`, or the exception it raised (a table's, on a worker thread: reported on the op's)."""
+    try:
+        return function(*args)
+    except Exception as exc:  # noqa: BLE001 - returned, the caller reports it as the table's
+        return exc
+
+
+def _prepare(run_id: str, mapping: MappingConfig, entry: TableToLand, engine: IngestContext) -> PreparedIngest:
     """The table's leases, offsets and planned segments (`prepare_ingest`, as its own asset's run does)."""
-    partitions = sorted(entry.partitions)
     where = f"the {LAND_TABLES_OP} config of table {mapping.table}"
     planned = parse_ranges(entry.planned_ranges, where=where) if entry.planned_ranges else None
-    context.log.info("topic %s → %s: ingesting Kafka partitions %s", mapping.topic, mapping.table, partitions)
-    return prepare_ingest(engine, mapping, partitions=partitions, run_id=context.run.run_id, planned=planned)
+    return prepare_ingest(engine, mapping, partitions=sorted(entry.partitions), run_id=run_id, planned=planned)
 
 
-def _table_events(context: dg.OpExecutionContext, mapping: MappingConfig, entry: TableToLand, result: IngestResult,
+class _NotLanded(Exception):  # noqa: N818 - a table's outcome, not raised out of the op
+    """A table that did not land: its `error`, after the `events` recorded before it failed (the op adds those of
+    what a partial commit landed)."""
+
+    def __init__(self, error: Exception, events: list[dg.AssetMaterialization] | None = None) -> None:
+        super().__init__(str(error))
+        self.error, self.events = error, events or []
+
+
+def _table_events(mapping: MappingConfig, entry: TableToLand, run: PreparedIngest,
                   outcome: IngestResult | Exception,
-                  checks: "_BatchChecks") -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
-    """One table of the batch after its commit: its materializations and its check results; raises when it did not
-    land (after the materializations of the partitions a partial commit landed)."""
-    asset_key = table_asset_key(mapping.table)
-    if isinstance(outcome, IngestFailedError):
-        yield from partial_commit_materializations(asset_key, outcome.result, checks.catalog, context.log)
+                  checks: "_BatchChecks") -> list[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+    """One table of the batch after its commit (on a worker thread): its materializations and its check results;
+    `_NotLanded` when it did not land."""
     if isinstance(outcome, Exception):
-        raise outcome
-    table = checks.catalog.load_table(result.table)
+        raise _NotLanded(outcome)
+    asset_key = table_asset_key(mapping.table)
+    result = run.result
+    table = checks.landed_table(result)
     partition_keys = [kafka_partition_key(p) for p in sorted(entry.partitions)]
     materializations = landed_materializations(asset_key, partition_keys, result, table)
-    yield from materializations
-    context.log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table,
-                     result.run_id, result.records, result.topic, result.snapshot_id)
+    log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table, result.run_id,
+             result.records, result.topic, result.snapshot_id)
     metadata = materializations[0].metadata if materializations else None
-    yield from checks.evaluations(mapping, table, metadata)
+    try:
+        evaluations = checks.evaluations(mapping, table, metadata)
+    except Exception as exc:
+        raise _NotLanded(exc, materializations) from exc
+    return [*materializations, *evaluations]
 
 
 class _BatchChecks:
-    """The checks of the tables a batch landed: the resources they read, and one listing of the namespace shared by
-    the freshness checks of the batch (taken at the first one), instead of a listing per partition per table."""
+    """The checks of the tables a batch landed: the resources they read, the tables as their commits left them
+    (read again only when the commit did not leave them current), and one listing of the namespace shared by the
+    freshness checks of the batch, instead of a listing per partition per table. Safe on several threads."""
 
     def __init__(self, lakehouse: LakehouseConfig, segment_store: SegmentStoreResource,
-                 offset_store: OffsetStoreResource, catalog: IcebergCatalogResource) -> None:
+                 offset_store: OffsetStoreResource, catalog: IcebergCatalogResource,
+                 tables: Mapping[str, Table]) -> None:
         self.lakehouse, self.segment_store, self.offset_store, self.catalog = (lakehouse, segment_store,
                                                                                offset_store, catalog)
-        self._listing: NamespaceListing | None = None
+        self._tables = dict(tables)
+        self._sources: WatchSources | None = None
+        self._lock = threading.Lock()
+
+    def landed_table(self, result: IngestResult) -> Table:
+        """The table `result`'s run committed to, as of its commit: the one the run held (commit_append refreshes it)
+        unless something moved it since (then loaded)."""
+        table = self._tables.get(result.table)
+        if table is None or (result.snapshot_id is not None
+                             and table.metadata.current_snapshot_id != result.snapshot_id):
+            table = self.catalog.load_table(result.table)
+            self._tables[result.table] = table
+        return table
 
     def evaluations(self, mapping: MappingConfig, table: Table,
-                    metadata: Mapping[str, dg.MetadataValue] | None) -> Iterator[dg.AssetCheckEvaluation]:
+                    metadata: Mapping[str, dg.MetadataValue] | None) -> list[dg.AssetCheckEvaluation]:
         """The table's four checks (build_table_checks) on what the run landed (`table` after its commit, `metadata`
         its materialization's), as evaluations of the table's checks."""
-        if self._listing is None:
-            self._listing = NamespaceListing.from_store(self.segment_store.open_store())
-        scan = scan_topic_now(self.lakehouse, mapping, self.segment_store, self.offset_store, self.catalog,
-                              store=self._listing)
-        yield from table_check_evaluations(self.lakehouse, mapping, table, metadata, scan)
+        with self._lock:  # the listing is taken once, at the first table's checks (after every commit)
+            if self._sources is None:
+                self._sources = WatchSources(
+                    store=NamespaceListing.from_store(self.segment_store.open_store()),
+                    offsets=self.offset_store.offset_store(),
+                    discovery_mode=DiscoveryMode.parse(self.lakehouse.discovery.mode),
+                    etcd=self.offset_store.etcd_client(), tables=_LandedTableOffsets(self._tables, self.catalog),
+                    orphan_grace_seconds=self.lakehouse.processor.orphan_segment_grace_seconds)
+            sources = self._sources
+        scan = scan_topic(sources, mapping.topic, table=mapping.table)
+        return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan))
+
+
+class _LandedTableOffsets(TableOffsetsReader):
+    """The freshness scans' table offsets from the batch's tables as their commits left them, not loaded again."""
+
+    def __init__(self, tables: Mapping[str, Table], catalog: IcebergCatalogResource) -> None:
+        super().__init__(catalog.settings())
+        self._tables = tables
+
+    def read(self, table: str, topic: str) -> dict[int, int] | None:
+        loaded = self._tables.get(table)
+        return read_topic_offsets(loaded, topic) if loaded is not None else super().read(table, topic)
 
 
 def table_check_evaluations(lakehouse: LakehouseConfig, mapping: MappingConfig, table: Table,

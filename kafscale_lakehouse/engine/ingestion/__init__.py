@@ -6,6 +6,7 @@ from kafscale_lakehouse.engine.ingestion.planning import SkipPlan, SkipRefusedEr
 from kafscale_lakehouse.engine.ingestion.positions import offsets_view, reset_from_store, reset_from_table
 from kafscale_lakehouse.engine.ingestion.replay import ReplayError, move_position, plan_replay, replay_range
 from kafscale_lakehouse.engine.ingestion.run import (
+    BATCH_TABLE_THREADS,
     IngestContext,
     IngestFailedError,
     IngestResult,
@@ -32,6 +33,7 @@ from kafscale_lakehouse.engine.ingestion.topic_scan import (
 from kafscale_lakehouse.engine.ingestion.validation import resolve_record_validation
 
 __all__ = [
+    "BATCH_TABLE_THREADS",
     "ERROR_DECODE",
     "ERROR_RESOLVE",
     "TABLE_OFFSETS_MAX_AGE_SECONDS",

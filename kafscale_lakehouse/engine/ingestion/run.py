@@ -23,6 +23,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -492,12 +493,20 @@ def _record_lag(prepared: PreparedIngest) -> None:
             outcome.lag = lag(watermarks.get(outcome.partition), outcome.end_offset)
 
 
-def commit_ingests(prepared: Sequence[PreparedIngest]) -> list[IngestResult | Exception]:
+# How many tables of a batch (a run that lands many) prepare, commit or are checked at once: their catalog, etcd and
+# S3 round trips overlap; the CPU work between them is small.
+BATCH_TABLE_THREADS = 8
+
+
+def commit_ingests(prepared: Sequence[PreparedIngest], *,
+                   threads: int = BATCH_TABLE_THREADS) -> list[IngestResult | Exception]:
     """Phase two of several tables (a run that lands many): ONE Spark job writes every table's planned records, then
     each table commits on its own (`commit_ingest`), so one table's failed commit undoes nothing of another's and
-    each keeps its own exactly-once. Returns per table its result or its exception (`IngestFailedError` for a
-    partial commit); leases are released on every path. When the shared job fails, every table that wrote gets its
-    error (the job deleted what it wrote; each table's run record stays for the next run, as after its own job)."""
+    each keeps its own exactly-once. The commits run on `threads` threads; tables that share a table (two topics
+    into one, or one dead-letter table) commit one after another, in the order given. Returns per table its result
+    or its exception (`IngestFailedError` for a partial commit); leases are released on every path. When the
+    shared job fails, every table that wrote gets its error (the job deleted what it wrote; each table's run record
+    stays for the next run, as after its own job)."""
     started = time.monotonic()
     writing: list[PreparedIngest] = []
     jobs: list[BatchTableJob] = []
@@ -518,17 +527,52 @@ def commit_ingests(prepared: Sequence[PreparedIngest]) -> list[IngestResult | Ex
             written = {id(p): _Written(o, started) for p, o in zip(writing, outputs, strict=True)}
         except Exception as exc:  # noqa: BLE001 - the job's failure is each of its tables'
             failures.update((id(p), exc) for p in writing)
-    outcomes: list[IngestResult | Exception] = []
-    for p in prepared:
+
+    def commit(p: PreparedIngest) -> IngestResult | Exception:
         if id(p) in failures:
             p.release_leases()
-            outcomes.append(failures[id(p)])
-            continue
+            return failures[id(p)]
         try:
-            outcomes.append(commit_ingest(p, written.get(id(p))))
+            return commit_ingest(p, written.get(id(p)))
         except Exception as exc:  # noqa: BLE001 - this table's; the others go on
-            outcomes.append(exc)
-    return outcomes
+            return exc
+
+    outcomes: list[IngestResult | Exception | None] = [None] * len(prepared)
+
+    def commit_lane(lane: list[int]) -> None:
+        for i in lane:
+            outcomes[i] = commit(prepared[i])
+
+    lanes = _commit_lanes(prepared)
+    if len(lanes) <= 1 or threads <= 1:
+        for lane in lanes:
+            commit_lane(lane)
+    else:
+        with ThreadPoolExecutor(min(threads, len(lanes)), thread_name_prefix="commit") as pool:
+            list(pool.map(commit_lane, lanes))
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _commit_lanes(prepared: Sequence[PreparedIngest]) -> list[list[int]]:
+    """The indexes of `prepared` in lanes that may commit at the same time: runs that write a table in common (their
+    own, or their dead-letter table) share a lane, so concurrent commits never race for one table."""
+    lane_of: dict[str, int] = {}
+    lanes: list[list[int]] = []
+    for i, p in enumerate(prepared):
+        names = [p.mapping.table, *([p.result.dead_letter_table] if p.result.dead_letter_table else [])]
+        joined = sorted({lane_of[n] for n in names if n in lane_of})
+        if not joined:
+            lanes.append([])
+            target = len(lanes) - 1
+        else:
+            target = joined[0]
+            for other in joined[1:]:  # this run joins lanes so far apart: merge them, keeping the order given
+                lanes[target] = sorted(lanes[target] + lanes[other])
+                lanes[other] = []
+                lane_of.update((n, target) for n, lane in lane_of.items() if lane == other)
+        lanes[target].append(i)
+        lane_of.update(dict.fromkeys(names, target))
+    return [lane for lane in lanes if lane]
 
 
 def _write_and_commit(prepared: PreparedIngest, written: _Written | None = None) -> None:

@@ -4,7 +4,11 @@ and checks; a table whose commit fails leaves the others landed and is requested
 
 from __future__ import annotations
 
+from collections import Counter
+from urllib.parse import urlsplit
+
 import dagster as dg
+import requests
 from pyiceberg.exceptions import CommitFailedException
 
 from kafscale_lakehouse.engine.ingestion import run as ingest_run
@@ -108,3 +112,60 @@ def test_a_batch_lands_each_table_as_its_own_asset_and_a_failed_commit_is_retrie
     assert world.instance.get_materialized_partitions(table_asset_key(payments.table_name)) == {"0"}
     assert latest_check_runs(world.instance, payments.table_name) == dict.fromkeys(CHECKS, (landed.run_id, True))
     orders.assert_exactly_once(runs=1)  # untouched by the retry
+
+
+def test_a_batch_packs_small_partitions_into_few_spark_tasks_and_loads_each_table_once(namespace_world, spark,
+                                                                                      monkeypatch):
+    """At hundreds of tables a batch's cost is per table and per Kafka partition: a Spark task per partition's
+    segments (~0.5 s each on 2 cores, against ~0.1 s of reading a small segment run) and a catalog load of each
+    table by the commit's materializations and by the freshness check again. Small partitions are packed into a
+    task per slot of the engine, and a table is loaded once to prepare and refreshed once to commit."""
+    world = namespace_world
+    topics = list(world.topics.values())
+    for topic in topics:
+        for partition in (0, 1):
+            topic.write_segments(partition, 40, records_per_segment=20)
+    sources = world.sources()
+    first = world.tick(sources)
+    [request] = first.run_requests
+    assert world.land(request).success  # creates the three tables
+    for topic in topics:
+        for partition in (0, 1):
+            topic.write_segments(partition, 20, records_per_segment=20, base_offset=40)
+    second = world.tick(sources, first.cursor)
+    [request] = second.run_requests
+    assert set(batch_tables(request)) == {topic.table_name for topic in topics}
+
+    spark_tasks: list[int | None] = []
+    spark_range = type(spark).range
+
+    def counted_range(self, start, end=None, step=1, numPartitions=None):  # noqa: N803 - Spark's keyword
+        spark_tasks.append(numPartitions)
+        return spark_range(self, start, end, step, numPartitions)
+
+    catalog_gets: Counter[str] = Counter()  # table name, or "config"
+    send = requests.Session.send
+
+    def counted_send(self, prepared, **kwargs):
+        path = urlsplit(prepared.url).path.rstrip("/").split("/")
+        if prepared.method == "GET" and path[-1] == "config":
+            catalog_gets["config"] += 1
+        elif prepared.method == "GET" and len(path) > 2 and path[-2] == "tables":
+            catalog_gets[path[-1]] += 1
+        return send(self, prepared, **kwargs)
+
+    monkeypatch.setattr(type(spark), "range", counted_range)
+    monkeypatch.setattr(requests.Session, "send", counted_send)
+    result = world.land(request)
+    monkeypatch.undo()
+
+    assert result.success
+    # Six Kafka partitions of a few KB each: one Spark task per slot of local[2], not one per partition.
+    assert spark_tasks == [2]
+    for topic in topics:
+        topic.assert_exactly_once(runs=2)
+        assert topic.store_next_offsets() == {0: 60, 1: 60}
+        assert latest_check_runs(world.instance, topic.table_name) == dict.fromkeys(CHECKS, (result.run_id, True))
+        # Loaded to prepare, refreshed by the commit's offsets re-check; nothing loads it again.
+        assert catalog_gets[topic.table_name.rsplit(".", 1)[1]] == 2, catalog_gets
+    assert catalog_gets["config"] == len(topics), catalog_gets
