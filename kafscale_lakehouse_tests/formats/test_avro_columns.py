@@ -51,6 +51,9 @@ ALL_TYPES_V1: dict[str, Any] = {"type": "record", "name": "Everything", "namespa
     {"name": "amount", "type": {"type": "fixed", "name": "Amount", "size": 8, "logicalType": "decimal",
                                 "precision": 18, "scale": 4}},
     {"name": "huge", "type": {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 0}},
+    # wider than 128 bits: the leading bytes are sign extension
+    {"name": "wide", "type": {"type": "fixed", "name": "Wide", "size": 20, "logicalType": "decimal",
+                              "precision": 38, "scale": 2}},
     {"name": "day", "type": {"type": "int", "logicalType": "date"}},
     {"name": "clock_ms", "type": {"type": "int", "logicalType": "time-millis"}},
     {"name": "clock_us", "type": {"type": "long", "logicalType": "time-micros"}},
