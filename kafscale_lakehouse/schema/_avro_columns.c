@@ -157,7 +157,7 @@ static int append_null(Program *prog, Py_ssize_t index);
 static int read_value(Program *prog, Py_ssize_t index, Cursor *c);
 
 /* Big-endian two's complement (n bytes) as a 128-bit integer within `precision` digits. */
-static int read_decimal(Program *prog, const Node *n, const uint8_t *s, Py_ssize_t len) {
+static int read_decimal(Program *prog, Node *n, const uint8_t *s, Py_ssize_t len) {
     __int128 v = 0;
     if (len > 0) {
         int negative = s[0] & 0x80;
@@ -179,11 +179,10 @@ static int read_decimal(Program *prog, const Node *n, const uint8_t *s, Py_ssize
     unsigned __int128 magnitude = v < 0 ? (unsigned __int128)0 - (unsigned __int128)v : (unsigned __int128)v;
     if (magnitude >= limit)
         return INVALID(prog, "decimal has more digits than its precision %d at %s", n->precision, n->path);
-    return buf_append((Buf *)&n->values, &v, 16) < 0 ? -1 : 0;
+    return buf_append(&n->values, &v, 16) < 0 ? -1 : 0;
 }
 
-static int read_items(Program *prog, const Node *n, Cursor *c, int is_map) {
-    Node *mutable = (Node *)n;
+static int read_items(Program *prog, Node *n, Cursor *c, int is_map) {
     int64_t total = 0;
     for (;;) {
         int64_t count;
@@ -211,8 +210,7 @@ static int read_items(Program *prog, const Node *n, Cursor *c, int is_map) {
                 if (rc) return rc;
                 Py_ssize_t bad = utf8_invalid_at(c->p, length);
                 if (bad >= 0) return INVALID(prog, "map key is not valid UTF-8 (byte %zd) at %s", bad, n->path);
-                if (buf_append(&mutable->chars, c->p, length) < 0 || buf_i64(&mutable->key_offsets,
-                                                                             mutable->chars.len) < 0)
+                if (buf_append(&n->chars, c->p, length) < 0 || buf_i64(&n->key_offsets, n->chars.len) < 0)
                     return -1;
                 c->p += length;
             }
@@ -221,7 +219,7 @@ static int read_items(Program *prog, const Node *n, Cursor *c, int is_map) {
         }
         total += count;
     }
-    return buf_i64(&mutable->offsets, buf_last_i64(&n->offsets) + total) < 0 ? -1 : 0;
+    return buf_i64(&n->offsets, buf_last_i64(&n->offsets) + total) < 0 ? -1 : 0;
 }
 
 static int read_body(Program *prog, Node *n, Cursor *c) {
@@ -481,7 +479,7 @@ PyDoc_STRVAR(decode_doc,
 "value, with `program`. buffers: per node (validity, values, offsets, key offsets, chars) as bytes; errors: a list\n"
 "of (position in rows, reason) for the values that did not decode (null records in the buffers).");
 
-static PyObject *decode(PyObject *self, PyObject *args) {
+static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *nodes, *result = NULL, *errors = NULL, *buffers = NULL;
     Py_buffer data = {0}, offsets = {0}, rows = {0};
     Py_ssize_t skip;
@@ -543,6 +541,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_avro_columns", "Avro binary values straight into Arrow column buffers.", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__avro_columns(void) { return PyModule_Create(&module); }
