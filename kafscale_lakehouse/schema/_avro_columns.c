@@ -72,6 +72,7 @@ static int buf_reserve(Buf *b, Py_ssize_t extra) {
 }
 
 static inline int buf_append(Buf *b, const void *src, Py_ssize_t n) {
+    if (n == 0) return 0; /* an empty buffer has no data pointer yet: memcpy must not see it */
     if (buf_reserve(b, n) < 0) return -1;
     memcpy(b->data + b->len, src, (size_t)n);
     b->len += n;
@@ -79,6 +80,7 @@ static inline int buf_append(Buf *b, const void *src, Py_ssize_t n) {
 }
 
 static inline int buf_zeros(Buf *b, Py_ssize_t n) {
+    if (n == 0) return 0;
     if (buf_reserve(b, n) < 0) return -1;
     memset(b->data + b->len, 0, (size_t)n);
     b->len += n;
