@@ -417,6 +417,24 @@ def run_spark_engine_command(config_path: str | None, *, address: str | None) ->
         raise CommandError(str(err)) from None
 
 
+class EndWithoutTeardown:
+    """An exit function that ends the process once the interpreter has joined its threads and run the exit functions
+    registered after this one (pyspark's, the collector's freeze): logging is shut down, stdout and stderr flushed,
+    then `os._exit(status)`, skipping the teardown of ~1,700 modules' objects one by one, which took 0.05-0.15 s of
+    each `ingest --once` (2 cores, load 1-6). Without a `status` (the command raised) the ordinary exit goes on."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+
+    def __call__(self) -> None:
+        if self.status is None:
+            return
+        logging.shutdown()  # registered before this one (by `import logging`), so it would run after it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self.status)
+
+
 def _reported_errors() -> tuple[type[Exception], ...]:
     """The errors `main` reports as one line with exit code 2, imported once one is raised (see the imports above)."""
     from kafscale_lakehouse.apps.segment_inspect import SegmentLocationError
@@ -621,6 +639,9 @@ def go_flags_as_options(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     own_process = argv is None  # the console script, not a caller's function call
+    end = EndWithoutTeardown()
+    if own_process:
+        atexit.register(end)  # before anything the command loads registers its own: runs after them
     with startup_without_collections(own_process):
         parser = _build_parser()
         args = parser.parse_args(go_flags_as_options(sys.argv[1:] if argv is None else argv))
@@ -645,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.location, records=args.records, out=sys.stdout, topic=args.topic, partition=args.partition
             )
         if args.command == "ingest":
-            return run_ingest(args.config, topics=args.topic, once=args.once, own_process=own_process)
+            end.status = run_ingest(args.config, topics=args.topic, once=args.once, own_process=own_process)
+            return end.status
         if args.command == "demo-producer":
             return run_demo_producer_command(args)
         if args.command == "report":

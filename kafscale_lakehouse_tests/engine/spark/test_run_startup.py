@@ -1,13 +1,15 @@
 """The fixed cost of a run (issue 22): `kafscale-lakehouse ingest --once` as a process of its own, on a real Spark
 engine (Spark Connect), SeaweedFS S3 + REST catalog and etcd. What it loads and how it starts, not its wall time
-(benchmarks/tiny_run.py measures that): a command loads only its own modules, and starting (imports, config, session)
-runs without garbage collections, which walked everything the ~1,700 imported modules made, again and again."""
+(benchmarks/tiny_run.py measures that): a command loads only its own modules, starting (imports, config, session)
+runs without garbage collections, which walked everything the ~1,700 imported modules made, again and again, and
+the process ends without tearing all of it down object by object."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,8 +20,9 @@ from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 pytestmark = pytest.mark.integration
 
 # The console script's `main()`, with the collector's callbacks counting collections from its call until the Spark
-# session is ready (its log line), and the modules loaded at exit written to a JSON file. (Importing the CLI module,
-# before: a few standard library modules, see the test below.)
+# session is ready (its log line), the modules loaded at exit written to a JSON file by an exit function registered
+# then, and an object that marks the interpreter's teardown when it is torn down. (Importing the CLI module, before:
+# a few standard library modules, see the test below.)
 PROBE = """
 import atexit, gc, json, logging, sys
 from kafscale_lakehouse.apps.cli import main
@@ -28,16 +31,20 @@ startup = {"collections": [], "session_ready": False}
 def count(phase, info):
     if phase == "start" and not startup["session_ready"]:
         startup["collections"].append(info["generation"])
+def write_report():
+    with open(report_path, "w") as out:
+        json.dump({**startup, "modules": sorted(sys.modules)}, out)
 class SessionReady(logging.Handler):
     def emit(self, record):
         if record.getMessage().startswith("Spark session ready"):
             startup["session_ready"] = True
+            atexit.register(write_report)  # as the command's own exit functions are: after main() started
 gc.callbacks.append(count)
 logging.getLogger("kafscale_lakehouse.engine.spark.session").addHandler(SessionReady())
-def write_report():
-    with open(report_path, "w") as out:
-        json.dump({**startup, "modules": sorted(sys.modules)}, out)
-atexit.register(write_report)
+class TornDown:
+    def __del__(self, open=open, path=report_path + ".teardown"):  # builtins may be gone by then
+        open(path, "w").close()
+marker = TornDown()
 sys.argv = ["kafscale-lakehouse", *argv]
 sys.exit(main())
 """
@@ -48,8 +55,8 @@ NOT_FOR_INGEST = ("dagster", "kafscale_lakehouse.orchestration", "kafscale_lakeh
                   "kafscale_lakehouse.apps.report", "kafscale_lakehouse.apps.metrics")
 
 
-def test_ingest_once_starts_without_collections_and_loads_no_dagster(production_world: IngestWorld, spark_engine,
-                                                                     tmp_path):
+def test_ingest_once_starts_without_collections_loads_no_dagster_and_ends_without_teardown(
+        production_world: IngestWorld, spark_engine, tmp_path):
     world = production_world
     world.write_segments(0, 120, records_per_segment=40, codecs=("zstd",))
     world.write_segments(1, 80, records_per_segment=40, codecs=("lz4",))
@@ -63,8 +70,10 @@ def test_ingest_once_starts_without_collections_and_loads_no_dagster(production_
                           text=True, timeout=240)
 
     assert done.returncode == 0, done.stderr[-4000:]
+    assert "topic orders-" in done.stderr.splitlines()[-1]  # the last log line got out
     world.assert_exactly_once(runs=1)
-    report = json.loads(report_path.read_text())
+    report = json.loads(report_path.read_text())  # the exit functions ran
+    assert not Path(f"{report_path}.teardown").exists(), "the interpreter tore down the modules' objects at exit"
     assert report["session_ready"], done.stderr[-4000:]
     assert report["collections"] == [], f"collections (by generation) while the run started: {report['collections']}"
     loaded = [name for name in report["modules"] if name.split(".")[0] == "dagster" or name in NOT_FOR_INGEST]
