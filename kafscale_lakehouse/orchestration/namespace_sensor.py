@@ -10,7 +10,8 @@ A tick:
    partitions and reports an observation of the topic asset when its watermarks, offsets or segments moved (at
    most `OBSERVATIONS_PER_TICK` topics a tick, those observed longest ago first);
 3. keeps out of this tick's batches each table with a run in flight (its own ingest job's, or a `land_tables` run
-   listing it, `BATCH_TABLES_TAG`): so a table's runs never overlap, as its concurrency pool does for its own job;
+   listing it, `BATCH_TABLES_TAG`): so a table's runs never overlap, as its concurrency pool does for its own job
+   (its newest new segments are not even read: their footers wait for the tick after its run);
    and each table whose unchanged pending state was requested already and is not due again (`sensors.retry_wait`:
    the same backoff, per table, after the batch that carried it failed to land it);
 4. packs the other tables with pending segments, the longest waiting first, into `land_tables` runs of at most
@@ -148,11 +149,13 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
         cursor.tables = {t: c for t, c in cursor.tables.items() if t in mapped}
         cursor.pending_since = {t: s for t, s in cursor.pending_since.items() if t in mapped}
         cursor.observed_at = {t: s for t, s in cursor.observed_at.items() if t in mapped}
+        busy = _tables_in_flight(context.instance, config.mappings)
+        # A table with a run in flight takes no new segment this tick: its newest ones' footers wait for a later tick.
         scan = scan_namespace(get_sources(), tables, {m.topic: cursor.table(m.table).partitions
-                                                      for m in config.mappings})
+                                                      for m in config.mappings},
+                              unread_newest={m.topic for m in config.mappings if m.table in busy})
         partition_requests: list[dg.AddDynamicPartitionsRequest] = []
         moved: list[tuple[MappingConfig, dg.AssetObservation, TopicScan]] = []
-        busy = _tables_in_flight(context.instance, config.mappings)
         runs = RequestedRuns(context.instance, LAND_TABLES_JOB)
         candidates: list[_Candidate] = []
         skipped: dict[str, str] = {}
@@ -208,7 +211,8 @@ def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topi
     table = mapping.table
     planned = {p: r for p, s in topic_scan.partitions.items() if (r := s.pending_range) is not None}
     if not planned:
-        cursor.pending_since.pop(table, None)
+        if table not in busy:  # a busy table's new segments are left unread (`scan_namespace`), not absent
+            cursor.pending_since.pop(table, None)
         return None, None
     since = cursor.pending_since.setdefault(table, now)
     if table in busy:

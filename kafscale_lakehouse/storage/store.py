@@ -100,6 +100,8 @@ class SegmentListing:
     segments: list[SegmentRef]
     incomplete: list[IncompleteSegment]
     cursor: str | None
+    # Base offset of the newest complete segment left unread (`read_newest_footer=False`): listed again next time.
+    unread_base_offset: int | None = None
 
 
 @dataclass
@@ -244,7 +246,8 @@ class SegmentStore(ABC):
         return sorted(partition for partition in map(parse_partition, names) if partition is not None)
 
     def list_segments(self, topic: str, partition: int, after: str | None = None,
-                      limit: int | None = None, *, newest_footer_only: bool = False) -> SegmentListing:
+                      limit: int | None = None, *, newest_footer_only: bool = False,
+                      read_newest_footer: bool = True) -> SegmentListing:
         """Complete segments of one partition that follow the cursor `after` (a `.kfs` key from a previous listing).
 
         Cost: listing pages from the cursor on, plus one 16-byte footer read per new complete segment (read
@@ -258,8 +261,12 @@ class SegmentStore(ABC):
         followed by another complete one (both objects listed) ends where that one begins (segments are contiguous,
         §1), so only the newest segment's footer is read, one read per partition however many segments arrived. The
         segments in between are then not checked for `END!` nor for a gap before their successor: the run that reads
-        them does both (it reads every footer it ingests).
+        them does both (it reads every footer it ingests). With `read_newest_footer=False` as well (a watch that
+        cannot use the newest segment now: its table has a run in flight) the newest complete segment is left out, its
+        base offset in `unread_base_offset`, and the cursor stays before it: no footer is read at all.
         """
+        if not read_newest_footer and not newest_footer_only:
+            raise ValueError("read_newest_footer=False needs newest_footer_only=True (every footer is read otherwise)")
         if limit is not None and limit < 1:
             raise ValueError(f"limit {limit} must be at least 1")
         prefix = partition_prefix(self.namespace, topic, partition)
@@ -282,10 +289,14 @@ class SegmentStore(ABC):
         segments: list[SegmentRef] = []
         # Per candidate: its footer, why it has none, or (newest_footer_only) its last offset as its successor says.
         ends: list[SegmentFooter | SegmentFormatError | int] = []
+        unread = None
         if newest_footer_only:
             # Each candidate but the newest is followed by a complete candidate, whose base offset ends it.
             ends += [following[0] - 1 for following in candidates[1:]]
-            ends += self._read_footers([kfs for _, _, kfs, _ in candidates[-1:]])
+            if read_newest_footer:
+                ends += self._read_footers([kfs for _, _, kfs, _ in candidates[-1:]])
+            elif candidates:
+                unread = candidates.pop()[0]
         else:
             ends += self._read_footers([kfs for _, _, kfs, _ in candidates])
         for (base_offset, pair, kfs, index), end in zip(candidates, ends, strict=True):
@@ -310,7 +321,7 @@ class SegmentStore(ABC):
                 item.reason,
             )
         cursor = segments[-1].kfs_key if segments else after
-        return SegmentListing(segments, incomplete, cursor)
+        return SegmentListing(segments, incomplete, cursor, unread)
 
     def _read_footers(self, objects: list[ObjectInfo]) -> list[SegmentFooter | SegmentFormatError]:
         """Footers in order; a missing `END!` is returned (it means "not finished"), other errors raise."""

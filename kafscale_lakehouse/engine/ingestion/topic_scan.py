@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -206,7 +206,8 @@ class WatchSources:
 
 def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, PartitionCursor] | None = None, *,
                table: str | None = None, partitions: Sequence[int] | None = None,
-               offsets: TopicOffsets | None = None, table_offsets_max_age_seconds: float = 0) -> TopicScan:
+               offsets: TopicOffsets | None = None, table_offsets_max_age_seconds: float = 0,
+               read_newest_footers: bool = True) -> TopicScan:
     """Discover the partitions of `topic`, list their new completed segments and read offsets and watermarks.
 
     `cursors` (from the previous scan) resume each partition's listing; a partition without one is listed from its
@@ -214,7 +215,9 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
     `sources.tables`), the table's offsets win over the store's (the module docstring). `partitions`: the topic's
     partitions as discovered already (a namespace scan discovers every topic's at once); `offsets`: the topic's
     stored offsets and broker watermarks as read already (a namespace scan reads every topic's in two requests);
-    `table_offsets_max_age_seconds` > 0: the table's offsets may be reused (`TableOffsetsReader.read_reusing`)."""
+    `table_offsets_max_age_seconds` > 0: the table's offsets may be reused (`TableOffsetsReader.read_reusing`);
+    `read_newest_footers=False`: a partition listed from its cursor leaves its newest new segment unread (no footer
+    read; its segments end does not count it yet, the cursor stays before it): for a table that cannot take it now."""
     cursors = cursors or {}
     if partitions is None:
         discovered = discover_partitions(sources.discovery_mode, sources.store, sources.etcd, topics=[topic])
@@ -250,7 +253,8 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
             segments_end = None
         else:
             listing = store.list_segments(topic, partition, after=previous.last_kfs_key,
-                                          limit=SEGMENTS_PER_PARTITION_PER_SCAN, newest_footer_only=True)
+                                          limit=SEGMENTS_PER_PARTITION_PER_SCAN, newest_footer_only=True,
+                                          read_newest_footer=read_newest_footers)
             segments_end = previous.segments_end
         if listing.segments:
             segments_end = max(segments_end or 0, listing.segments[-1].last_offset + 1)
@@ -258,7 +262,9 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
         new_cursors[partition] = PartitionCursor(listing.cursor, segments_end, next_offset)
         states[partition] = PartitionState(partition, next_offset, segments_end, watermarks.get(partition),
                                            store_next_offset=store_next, table_next_offset=table_next)
-        stalled = find_stalled_segment(store, listing, grace_seconds=sources.orphan_grace_seconds)
+        # A segment left unread comes before any incomplete one listed: the partition does not wait behind those.
+        stalled = None if listing.unread_base_offset is not None else find_stalled_segment(
+            store, listing, grace_seconds=sources.orphan_grace_seconds)
         if stalled is not None:
             states[partition] = replace(states[partition], error=stalled.describe())
     return TopicScan(states, new_cursors, new_segments, table_error)
@@ -278,11 +284,13 @@ class NamespaceScan:
 
 
 def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
-                   cursors: Mapping[str, Mapping[int, PartitionCursor]] | None = None) -> NamespaceScan:
+                   cursors: Mapping[str, Mapping[int, PartitionCursor]] | None = None, *,
+                   unread_newest: Collection[str] = ()) -> NamespaceScan:
     """`scan_topic` of every topic of `tables` (`{topic: table}`) from ONE listing of the namespace: the listing
     pages are the only list requests, two etcd prefix reads give every topic's offsets and watermarks; new segments'
     footers and the tables' offsets are read per topic, the topics on `NAMESPACE_SCAN_THREADS` threads. `cursors`:
-    `{topic: partition cursors}` of the previous scan."""
+    `{topic: partition cursors}` of the previous scan; `unread_newest`: topics whose newest new segments are left
+    unread (`scan_topic`'s `read_newest_footers=False`: their tables have a run in flight)."""
     cursors = cursors or {}
     listing = NamespaceListing.from_store(sources.store)
     discovered = discover_partitions(sources.discovery_mode, listing, sources.etcd, topics=list(tables))
@@ -294,7 +302,8 @@ def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
         return scan_topic(view, topic, cursors.get(topic), table=tables[topic],
                           partitions=discovered.partitions.get(topic, []),
                           offsets=TopicOffsets(committed[topic], watermarks[topic]),
-                          table_offsets_max_age_seconds=TABLE_OFFSETS_MAX_AGE_SECONDS)
+                          table_offsets_max_age_seconds=TABLE_OFFSETS_MAX_AGE_SECONDS,
+                          read_newest_footers=topic not in unread_newest)
 
     topics = list(tables)
     if len(topics) <= 1:

@@ -224,3 +224,30 @@ def test_a_tick_reports_the_topics_observed_longest_ago_and_the_others_on_later_
         topic.write_segments(0, 10, records_per_segment=10, base_offset=20)
     third = world.tick(sources, second.cursor, at=1010.0)
     assert {event.asset_key for event in third.asset_events} == observed
+
+
+def test_a_table_with_a_run_in_flight_has_its_new_segments_read_after_the_run(namespace_world):
+    world = namespace_world
+    orders, payments = world.topics["orders"], world.topics["payments"]
+    orders.write_segments(0, 50, records_per_segment=50)
+    sources = world.sources()
+    first = world.tick(sources)
+    [request] = first.run_requests
+    run = dg.DagsterRun(job_name=LAND_TABLES_JOB, run_id="2" * 36, tags=dict(request.tags),
+                        status=dg.DagsterRunStatus.STARTED)
+    world.instance.add_run(run)
+
+    orders.write_segments(0, 150, records_per_segment=50, base_offset=50)
+    payments.write_segments(0, 30, records_per_segment=30)
+    before = sources.store.request_counts
+    second = world.tick(sources, first.cursor)
+    assert (sources.store.request_counts - before)["get"] == 1, "payments' footer only: orders' run is in flight"
+    [batch] = second.run_requests
+    assert list(batch_tables(batch)) == [payments.table_name]
+
+    world.instance.report_run_failed(run)  # the run ends (it landed nothing here): orders' new segments count now
+    before = sources.store.request_counts
+    third = world.tick(sources, second.cursor)
+    assert (sources.store.request_counts - before)["get"] == 1, "orders' newest footer"
+    [batch] = [r for r in third.run_requests if orders.table_name in batch_tables(r)]
+    assert batch_tables(batch)[orders.table_name]["planned_ranges"] == '{"0":[0,200]}'
