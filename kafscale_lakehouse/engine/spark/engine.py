@@ -15,11 +15,13 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -47,6 +49,8 @@ SHARED_SESSION_ID = "6f1c1d43-2b4e-4f7a-9c55-3a8e0d1b7c26"
 # The engine keeps that session while idle (Spark Connect's default drops it after an hour, and a dropped id
 # cannot be used again).
 SHARED_SESSION_TIMEOUT = "3650d"
+# pyspark's warning when the engine refuses to set a static setting on a session.
+STATIC_SETTING_REFUSED = re.compile(r"Failed to set (\S+) to .*CANNOT_MODIFY_CONFIG")
 READY_TIMEOUT_SECONDS = 300  # a busy 2-core machine took 147 s
 STOP_GRACE_SECONDS = 20
 
@@ -248,7 +252,17 @@ def open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tu
     builder = ConnectSparkSession.builder.remote(url).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    session = builder.create()  # not getOrCreate: that would hand back a session that just failed
+    with warnings.catch_warnings(record=True) as refused:
+        warnings.simplefilter("always")
+        session = builder.create()  # not getOrCreate: that would hand back a session that just failed
+    for warning in refused:
+        # A static setting (spark.ui.*, spark.executor.*) is the engine's from its start; pyspark warns on every run.
+        static = STATIC_SETTING_REFUSED.search(str(warning.message))
+        if static is None:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+        else:
+            log.info("spark.conf %s is a static setting: the Spark engine keeps its own (set it where the engine "
+                     "starts)", static.group(1))
     session.release_session_on_close = False  # other runs share it
     # The Connect session serves the classic session's API (pyspark 4 types them apart).
     return cast("SparkSession", session), session.version  # the first round trip: fails here if the engine cannot serve

@@ -7,17 +7,21 @@ the process ends without tearing all of it down object by object."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
-from kafscale_lakehouse.engine.spark import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE
+from kafscale_lakehouse.engine.spark import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE, get_spark_session
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 
 pytestmark = pytest.mark.integration
+
+SESSION_LOGGER = "kafscale_lakehouse.engine.spark"
 
 # The console script's `main()`, with the collector's callbacks counting collections from its call until the Spark
 # session is ready (its log line), the modules loaded at exit written to a JSON file by an exit function registered
@@ -97,3 +101,20 @@ def test_spark_engine_help_names_the_engine_address_setting():
     done = subprocess.run([str(CLI), "spark-engine", "--help"], cwd=REPO_ROOT, capture_output=True, text=True,
                           check=True)
     assert f"${ENGINE_ADDRESS_VARIABLE}, then {DEFAULT_ENGINE_ADDRESS};" in " ".join(done.stdout.split())
+
+
+def test_a_static_spark_setting_on_the_engine_is_one_log_line_not_a_warning(spark_engine, caplog):
+    """`spark.conf` keys the engine cannot change per session (here `spark.ui.showConsoleProgress`, which the embedded
+    session needs): pyspark warned with its own text on every run; the run names the key once in its log."""
+    with warnings.catch_warnings(record=True) as warned, caplog.at_level(logging.INFO, logger=SESSION_LOGGER):
+        warnings.simplefilter("always")
+        session = get_spark_session("local[2]", {"spark.ui.showConsoleProgress": "false",
+                                                 "spark.sql.session.timeZone": "UTC"}, remote=spark_engine.url)
+    try:
+        assert [str(warning.message) for warning in warned] == []
+        assert session.conf.get("spark.sql.session.timeZone") == "UTC"  # a runtime setting is still applied
+    finally:
+        session.stop()
+    assert [record.getMessage() for record in caplog.records if "static setting" in record.getMessage()] == [
+        "spark.conf spark.ui.showConsoleProgress is a static setting: the Spark engine keeps its own (set it where the "
+        "engine starts)"]
