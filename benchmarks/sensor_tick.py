@@ -15,8 +15,9 @@ real Dagster instance, as the daemon does) is ticked:
 With `--watch namespace --topics N`: N topics of `--partitions` partitions (`--segments`: the ingested segments per
 partition, one value), each with its table, watched by the ONE namespace sensor (orchestration/namespace_sensor.py);
 ticks: idle (nothing new), then with `--new-per-partition` new segments per partition (default 1 and 2: at 200 topics
-x 2 partitions, 400 and 800 new segments). Printed per tick: wall time, requests by kind (S3, etcd, catalog loads) and
-the time per phase (listing, footer/index reads, offsets reads from etcd, table offsets loads, run lookups in the
+x 2 partitions, 400 and 800 new segments), then with one new segment per partition while a land_tables run holds every
+table (the steady state while a batch lands). Printed per tick: wall time, requests by kind (S3, etcd, catalog loads)
+and the time per phase (listing, footer/index reads, offsets reads from etcd, table offsets loads, run lookups in the
 Dagster instance, packing); phases on threads add up their threads' time ("thread-s"), the scan's wall time is apart.
 Each topic's table (SeaweedFS's Iceberg REST catalog) holds `--table-snapshots` commits of ours (no data files; the
 last at the committed end), and each tick reads its offsets as the sensor does in production: one `loadTable` per
@@ -338,8 +339,9 @@ def benchmark_namespace(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Et
         commit_to_end(sources, topic)
         land_table(config, topic, args.table_snapshots)
 
+    prepare(topics[0])  # creates the tables' namespace, which concurrent creations would race for
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(prepare, topics))
+        list(pool.map(prepare, topics[1:]))
     publish_broker_state(counting_etcd, topics)
     print(f"{args.topics} topics x {args.partitions} partitions, {backlog} ingested one-record segments each, "
           f"tables of {args.table_snapshots} commits ({'not read' if args.no_table else 'read every tick'}), "
@@ -388,6 +390,15 @@ def benchmark_namespace(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Et
                 list(pool.map(lambda topic, count=new: upload_segments(s3, namespace, topic, count), topics))
             publish_broker_state(counting_etcd, topics)
             cursor = tick(f"{new} new/partition", new * args.topics * args.partitions, cursor)
+    # Steady state under load: every table in a land_tables run in flight (its new segments wait for the next tick).
+    instance.add_run(dg.DagsterRun(job_name=namespace_sensor.LAND_TABLES_JOB, run_id=uuid.uuid4().hex[:8] + "-busy",
+                                   tags={namespace_sensor.BATCH_TABLES_TAG: ",".join(m.table for m in config.mappings)},
+                                   status=dg.DagsterRunStatus.STARTED))
+    for _ in range(args.repeat):
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda topic: upload_segments(s3, namespace, topic, 1), topics))
+        publish_broker_state(counting_etcd, topics)
+        cursor = tick("1 new/partition, all busy", args.topics * args.partitions, cursor)
     instance.dispose()
     counting_etcd.close()
     print_namespace_ticks(ticks)
