@@ -32,6 +32,7 @@ from kafscale_lakehouse.engine.tables import (
     find_duplicate_ids,
     find_duplicate_record_ids,
     latest_committed_ranges,
+    new_data_files,
 )
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.orchestration.assets import scan_topic_now
@@ -63,7 +64,9 @@ def run_committed_ranges(table: Table, topic: str, metadata: Mapping[str, dg.Met
 def evaluate_record_id_unique(table: Table, topic: str,
                               metadata: Mapping[str, dg.MetadataValue] | None) -> dg.AssetCheckResult:
     snapshot_id, ranges = run_committed_ranges(table, topic, metadata)
-    scan = find_duplicate_record_ids(table, topic, ranges)
+    # The files added since our commit before the run's (the run's own among them), not the table's history.
+    files = new_data_files(table, topic, snapshot_id) if snapshot_id is not None and ranges else None
+    scan = find_duplicate_record_ids(table, topic, ranges, files)
     extra = sum(count - 1 for count in scan.duplicates.values())
     samples = sorted(scan.duplicates.items())[:SAMPLE_SIZE]
     result_metadata: dict[str, dg.RawMetadataValue] = {

@@ -261,7 +261,7 @@ _BATCH_OUTPUT_SCHEMA = "share long, task_output binary"  # pyarrow makes a Pytho
 def pack_tasks(sizes: Sequence[int], *, slots: int, max_bytes: int) -> tuple[tuple[int, ...], ...]:
     """Our tasks (`sizes`: the segment bytes each reads) packed into Spark tasks: as few as keep every one of the
     engine's `slots` busy and each under `max_bytes` (a task over it alone), the largest first into the least
-    loaded (so a big table's tasks spread and small ones fill the gaps). Each group in task order."""
+    loaded (so a big table's tasks spread and small ones fill the gaps). Groups and their tasks in task order."""
     if not sizes:
         return ()
     count = min(len(sizes), max(slots, -(-sum(sizes) // max(1, max_bytes))))
@@ -271,7 +271,7 @@ def pack_tasks(sizes: Sequence[int], *, slots: int, max_bytes: int) -> tuple[tup
         load, group = heapq.heappop(loads)
         groups[group].append(task)
         heapq.heappush(loads, (load + sizes[task], group))
-    return tuple(tuple(sorted(group)) for group in groups if group)
+    return tuple(sorted(tuple(sorted(group)) for group in groups if group))
 
 
 def engine_slots(spark: SparkSession) -> int:

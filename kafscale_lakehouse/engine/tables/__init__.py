@@ -23,6 +23,7 @@ from kafscale_lakehouse.engine.tables.checks import (
     find_duplicate_ids,
     find_duplicate_record_ids,
     latest_committed_ranges,
+    new_data_files,
     table_asset_path,
 )
 from kafscale_lakehouse.engine.tables.dead_letters import default_dead_letter_table
@@ -82,6 +83,7 @@ __all__ = [
     "is_kafscale_commit",
     "latest_committed_ranges",
     "load_catalog",
+    "new_data_files",
     "open_table",
     "parse_commit",
     "parse_partition_spec",

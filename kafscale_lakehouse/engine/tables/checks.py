@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import (
     AlwaysTrue,
@@ -20,9 +21,17 @@ from pyiceberg.expressions import (
     NotIn,
     Or,
 )
-from pyiceberg.table import Table
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
+from pyiceberg.table import FileScanTask, Table
 
-from kafscale_lakehouse.engine.tables.summary import OFFSETS_PROPERTY_PREFIX, KafscaleCommit, kafscale_commits
+from kafscale_lakehouse.engine.tables.summary import (
+    OFFSETS_PROPERTY_PREFIX,
+    KafscaleCommit,
+    ancestry,
+    is_kafscale_commit,
+    kafscale_commits,
+)
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 
 SAMPLE_SIZE = 20
@@ -58,6 +67,41 @@ def latest_committed_ranges(table: Table, topic: str) -> tuple[KafscaleCommit | 
                     for p, end in latest.next_offsets(topic).items() if before_offsets.get(p) != end}
 
 
+def new_data_files(table: Table, topic: str, snapshot_id: int) -> list[DataFile] | None:
+    """The data files that can hold rows of the offsets our commit `snapshot_id` of `topic` covers, or rows beyond
+    them: those added since our commit of `topic` before it (by it, and by any snapshot since, ours or another
+    writer's), read from the manifests those snapshots wrote. So a check costs what was added, not the table's
+    history: rows of older files were checked when they were new (the checks run after every commit). None when it
+    cannot be told that way (`snapshot_id` is not in the current ancestry, it is the topic's first commit, or a
+    snapshot since added delete files): scan the table."""
+    snapshots = []
+    found = False
+    for snapshot in ancestry(table):
+        if found and is_kafscale_commit(snapshot, topic):
+            break
+        snapshots.append(snapshot)
+        found = found or snapshot.snapshot_id == snapshot_id
+    else:
+        return None  # not found, or no commit of ours before it
+    files: list[DataFile] = []
+    for snapshot in snapshots:
+        for manifest in snapshot.manifests(table.io):
+            if manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue  # written by an earlier snapshot: what it added was new then
+            if manifest.content != ManifestContent.DATA:
+                return None
+            files.extend(entry.data_file for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                         if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id)
+    return files
+
+
+def _read_files(table: Table, files: Sequence[DataFile], row_filter: BooleanExpression,
+                columns: tuple[str, ...]) -> pa.Table:
+    """The rows of `files` (no delete files: `new_data_files` gives None when there are) that match `row_filter`."""
+    scan = ArrowScan(table.metadata, table.io, table.schema().select(*columns), row_filter)
+    return scan.to_table([FileScanTask(f) for f in files])
+
+
 # ------------------------------------------------------------------------------------------ duplicates
 
 
@@ -69,17 +113,22 @@ class DuplicateScan:
     files_in_table: int | None
 
 
-def find_duplicate_record_ids(table: Table, topic: str, ranges: Mapping[int, OffsetRange]) -> DuplicateScan:
+def find_duplicate_record_ids(table: Table, topic: str, ranges: Mapping[int, OffsetRange],
+                              files: Sequence[DataFile] | None = None) -> DuplicateScan:
     """record_ids occurring more than once among the rows of `topic` in `ranges`. A record_id is
-    `<topic>:<partition>:<offset>`, so every copy of a record in a range lies in that range."""
+    `<topic>:<partition>:<offset>`, so every copy of a record in a range lies in that range. `files`: only those
+    can hold rows of `ranges` (`new_data_files`); None: the table's files, pruned by their statistics."""
     if not ranges:
         return DuplicateScan({}, 0, 0, _files_in_table(table))
     row_filter = _or_all([_and_all(EqualTo("topic", topic), EqualTo("partition", r.partition),
                                    GreaterThanOrEqual("offset", r.start), LessThan("offset", r.end))
                           for _, r in sorted(ranges.items())])
-    scan = table.scan(row_filter=row_filter, selected_fields=("record_id",))
-    files_scanned = sum(1 for _ in scan.plan_files())
-    record_ids = scan.to_arrow()["record_id"]
+    if files is not None:
+        files_scanned, record_ids = len(files), _read_files(table, files, row_filter, ("record_id",))["record_id"]
+    else:
+        scan = table.scan(row_filter=row_filter, selected_fields=("record_id",))
+        files_scanned = sum(1 for _ in scan.plan_files())
+        record_ids = scan.to_arrow()["record_id"]
     counts = pc.value_counts(record_ids)
     repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
     duplicates = dict(zip(repeated.field("values").to_pylist(), repeated.field("counts").to_pylist(), strict=False))
@@ -168,7 +217,8 @@ def check_offset_contiguity(table: Table, topic: str) -> OffsetContiguity:
                 problems.append(f"snapshot {commit.snapshot_id} moved partition {partition} back from {before} to "
                                 f"{after}: offsets {after}..{before - 1} may be committed twice")
         previous = {**previous, **next_offsets}
-    beyond = rows_beyond_committed(table, topic, previous)
+    beyond = rows_beyond_committed(table, topic, previous,
+                                   new_data_files(table, topic, commits[-1].snapshot_id) if commits else None)
     if beyond:
         problems.append(f"{len(beyond)} rows lie at or beyond the committed next offsets (the next run ingests those "
                         f"offsets again), e.g. {', '.join(beyond[:5])}")
@@ -178,15 +228,20 @@ def check_offset_contiguity(table: Table, topic: str) -> OffsetContiguity:
     return OffsetContiguity(len(commits), previous, problems, beyond, skipped, latest_skipped, moved_back)
 
 
-def rows_beyond_committed(table: Table, topic: str, next_offsets: Mapping[int, int]) -> list[str]:
-    """record_ids of rows at or past a partition's next offset, or of partitions without one (pruned by stats)."""
+def rows_beyond_committed(table: Table, topic: str, next_offsets: Mapping[int, int],
+                          files: Sequence[DataFile] | None = None) -> list[str]:
+    """record_ids of rows at or past a partition's next offset, or of partitions without one (pruned by stats).
+    `files`: only those can hold such rows (`new_data_files`); None: the table's files."""
     if table.current_snapshot() is None:
         return []
     clauses: list[BooleanExpression] = [_and_all(EqualTo("partition", p), GreaterThanOrEqual("offset", o))
                                         for p, o in sorted(next_offsets.items())]
     clauses.append(NotIn("partition", sorted(next_offsets)) if next_offsets else EqualTo("topic", topic))
     row_filter = And(EqualTo("topic", topic), _or_all(clauses))
-    rows = table.scan(row_filter=row_filter, selected_fields=("record_id",), limit=SAMPLE_SIZE).to_arrow()
+    if files is not None:
+        rows = _read_files(table, files, row_filter, ("record_id",)).slice(0, SAMPLE_SIZE)
+    else:
+        rows = table.scan(row_filter=row_filter, selected_fields=("record_id",), limit=SAMPLE_SIZE).to_arrow()
     return sorted(rows["record_id"].to_pylist())
 
 
