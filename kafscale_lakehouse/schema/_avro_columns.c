@@ -31,6 +31,7 @@ enum {
 #define MIN_MICROS (-62135596800000000LL)
 #define MAX_MICROS 253402300799999999LL
 #define DAY_MICROS 86400000000LL
+#define MAX_EMPTY_ITEMS (1LL << 20)
 
 typedef struct {
     char *data;
@@ -202,7 +203,9 @@ static int read_items(Program *prog, Node *n, Cursor *c, int is_map) {
         }
         const Node *child = &prog->nodes[n->children[0]];
         Py_ssize_t min = child->min_size + (is_map ? 1 : 0);
-        if ((min > 0 && count > (c->end - c->p) / min) || count > (1LL << 28))
+        /* Items take at least `min` bytes each, so the bytes left bound the count; items of no bytes (records of
+         * no fields) by MAX_EMPTY_ITEMS per array, or a few bytes of counts would loop for hours. */
+        if ((min > 0 && count > (c->end - c->p) / min) || (min == 0 && total + count > MAX_EMPTY_ITEMS))
             return INVALID(prog, "block of %lld items, more than the %lld bytes left hold, at %s", (long long)count,
                            (long long)(c->end - c->p), n->path);
         for (int64_t i = 0; i < count; i++) {

@@ -338,3 +338,20 @@ def test_encodings_the_spec_rules_out_are_invalid_rows(payload: bytes, reason: s
     assert reasons == [None, f"value does not decode as Avro schema id 3: {reason}", None]
     assert rows[0] == rows[2] == {"flag": True, "small": 5, "kind": "B", "note": "é"}
     assert rows[1] == {"flag": None, "small": None, "kind": None, "note": None}
+
+
+def test_an_array_of_records_without_fields_cannot_claim_billions_of_items() -> None:
+    """Such items take no bytes, so the bytes left do not bound their count: a cap does (a value of a few bytes
+    would keep the decoder busy for hours otherwise)."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "marks", "type": {"type": "array", "items": {"type": "record", "name": "Mark", "fields": [
+            {"name": "seen", "type": {"type": "record", "name": "Seen", "fields": []}}]}}}]}
+    decoder = AvroValueDecoder(FramedValueSchemas("r-value", {3: json.dumps(schema)}, _value_schema(schema)))
+    good = framed(3, schema, {"marks": [{"seen": {}}, {"seen": {}}]})
+    block = b"\x80\x80\x80\x80\x01"  # 2^27 items
+    billions = b"\x00\x00\x00\x00\x03" + block * 40 + b"\x00"  # 40 blocks of them, then the end
+    started = time.perf_counter()
+    rows, reasons = decoded_rows(decoder, [good, billions, good])
+    assert time.perf_counter() - started < 5
+    assert reasons[0] is None and reasons[2] is None and rows[0] == rows[2] == {"marks": [{"seen": {}}] * 2}
+    assert reasons[1] is not None and "block of 134217728 items" in reasons[1] and reasons[1].endswith("at marks")
