@@ -14,11 +14,11 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, TableMaintenance
 from kafscale_lakehouse.engine.tables import CatalogSettings
 from kafscale_lakehouse.engine.tables.dead_letters import mapping_dead_letter_table
 from kafscale_lakehouse.etcd import EtcdClient
@@ -29,6 +29,9 @@ from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage.local_store import LocalSegmentStore
 from kafscale_lakehouse.storage.s3_store import S3SegmentStore
 from kafscale_lakehouse.storage.store import SegmentStore
+
+if TYPE_CHECKING:
+    from kafscale_lakehouse.engine.maintenance import TableMaintenance
 
 CONFIG_SOURCE = "config"
 # Every config key that holds a secret (a `SecretStr`); the Dagster resources pass these as `EnvVar` references.
@@ -155,6 +158,9 @@ def table_maintenance(config: LakehouseConfig, mapping: MappingConfig) -> TableM
     """What maintaining the table of `mapping` takes: the catalog, its tables and `mappings[].maintenance`. The
     dead-letter table is the one ingestion writes to (`mapping_dead_letter_table`, the default one included), so
     expiry keeps the table snapshots that name its unpublished staged dead letters."""
+    # Imported here: ingestion, which imports this module, never maintains (issue 22, the fixed cost of a run).
+    from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, TableMaintenance
+
     block = mapping.maintenance
     settings = MaintenanceSettings(
         snapshot_max_age=timedelta(hours=block.snapshot_max_age_hours), retain_last=block.retain_last,

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from kafscale_lakehouse.schema.avro import AvroValueDecoder
 from kafscale_lakehouse.schema.framed import FramedValueSchemas, ValueDecoder
-from kafscale_lakehouse.schema.json_schema_values import JsonSchemaValueDecoder
-from kafscale_lakehouse.schema.protobuf import ProtobufValueDecoder
 
 
 def value_decoder(schemas: FramedValueSchemas) -> ValueDecoder:
     """A decoder of `schemas.value_format` values (one per executor task: it caches parsed schemas)."""
+    # Each format's module (fastavro, protobuf, jsonschema) is imported by the first task that decodes it, not by
+    # every run's driver that imports this module (issue 22, the fixed cost of a run).
     if schemas.value_format == "protobuf":
+        from kafscale_lakehouse.schema.protobuf import ProtobufValueDecoder
+
         return ProtobufValueDecoder(schemas)
     if schemas.value_format == "json_schema":
+        from kafscale_lakehouse.schema.json_schema_values import JsonSchemaValueDecoder
+
         return JsonSchemaValueDecoder(schemas)
+    from kafscale_lakehouse.schema.avro import AvroValueDecoder
+
     return AvroValueDecoder(schemas)

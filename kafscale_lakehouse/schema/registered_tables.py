@@ -23,7 +23,6 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import NestedField
 
-from kafscale_lakehouse.schema.avro import avro_value_fields, parse_avro_schema
 from kafscale_lakehouse.schema.columns import (
     BASE_COLUMN_NAMES,
     FIRST_MAPPED_FIELD_ID,
@@ -34,9 +33,7 @@ from kafscale_lakehouse.schema.columns import (
 from kafscale_lakehouse.schema.confluent_registry import RegisteredSchema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.schema.framed import REGISTRY_SCHEMA_TYPES, FramedValueFormat, FramedValueSchemas
-from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
 from kafscale_lakehouse.schema.keys import KeyDecoding, key_column_name
-from kafscale_lakehouse.schema.protobuf import protobuf_value_fields
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +114,20 @@ def evolve_table_to_key_columns(table: Table, table_name: str, columns: Sequence
 
 def _value_fields(version: RegisteredSchema, registered: RegisteredValueSchemas, first_id: int) -> list:
     what = f"schema id {version.schema_id} (subject {registered.subject} version {version.version})"
+    # Each format's module (fastavro, protobuf, jsonschema) is imported when a table of that format is opened, not
+    # by every run that imports this module (issue 22, the fixed cost of a run).
     if registered.value_format == "protobuf":
+        from kafscale_lakehouse.schema.protobuf import protobuf_value_fields
+
         fields = protobuf_value_fields(version.text, registered.message_name, what=what, first_id=first_id,
                                        imports=registered.imports.get(version.schema_id, ()))
     elif registered.value_format == "json_schema":
+        from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
+
         fields = json_schema_value_fields(version.text, what=what, first_id=first_id)
     else:
+        from kafscale_lakehouse.schema.avro import avro_value_fields, parse_avro_schema
+
         fields = avro_value_fields(parse_avro_schema(version.text, what=what), what=what, first_id=first_id)
     clashes = [f.name for f in fields if f.name in BASE_COLUMN_NAMES]
     if clashes:
