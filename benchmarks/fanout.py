@@ -637,6 +637,8 @@ def report(args: argparse.Namespace, topics: int, landings: Landings, figures: I
     if args.single_topic_records_per_second:
         line += (f"; {rate / args.single_topic_records_per_second:.1%} of the single-topic figure "
                  f"{args.single_topic_records_per_second:,.0f} records/s (benchmarks/ingest.py)")
+    else:
+        line += "; no single-topic figure to compare with (--single-topic-records-per-second, benchmarks/ingest.py)"
     print(line, flush=True)
 
 
