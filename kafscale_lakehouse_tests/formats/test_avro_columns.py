@@ -62,6 +62,7 @@ ALL_TYPES_V1: dict[str, Any] = {"type": "record", "name": "Everything", "namespa
     {"name": "local_ms", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
     {"name": "local_us", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
     {"name": "id_text", "type": {"type": "string", "logicalType": "uuid"}},
+    {"name": "id_fixed", "type": {"type": "fixed", "name": "Id", "size": 16, "logicalType": "uuid"}},
     {"name": "maybe_text", "type": ["null", "string"], "default": None},
     {"name": "maybe_long", "type": ["long", "null"], "default": 0},
     {"name": "maybe_day", "type": ["null", {"type": "int", "logicalType": "date"}], "default": None},
@@ -129,7 +130,8 @@ def random_value(rng: random.Random, avro: Any, named: dict[str, Any]) -> Any:
         moment = datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=micros)
         return moment if logical.startswith("local-") else moment.replace(tzinfo=datetime.UTC)
     if logical == "uuid":
-        return str(uuid.UUID(int=rng.getrandbits(128)))
+        value = uuid.UUID(int=rng.getrandbits(128))
+        return value.bytes if kind == "fixed" else str(value)
     if kind == "null":
         return None
     if kind == "boolean":
