@@ -122,14 +122,14 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
             if mapping is None:
                 failed[entry.table] = "no mapping of the lakehouse config lands this table"
                 continue
-            context.log.info("topic %s → %s: ingesting Kafka partitions %s", mapping.topic, mapping.table,
-                             sorted(entry.partitions))
             entries.append((mapping, entry))
+        # One log event for the batch (each is a write to the event log: hundreds a run add up).
+        context.log.info("landing %d tables: %s", len(entries), "; ".join(
+            f"topic {m.topic} → {m.table} Kafka partitions {sorted(e.partitions)}" for m, e in entries))
         prepared: list[tuple[MappingConfig, TableToLand, PreparedIngest]] = []
         # The tables prepare on threads (their leases, offsets and plans are round trips to etcd, the catalog and
         # S3); Dagster's events and logs stay on this thread.
-        with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="prepare") as pool:
-            preparing = list(pool.map(lambda pair: _outcome(_prepare, context.run.run_id, *pair, engine), entries))
+        preparing = _prepare_all(context.run.run_id, entries, engine)
         try:
             for (mapping, entry), run in zip(entries, preparing, strict=True):
                 if isinstance(run, Exception):  # this table's (its leases, its table); the others go on
@@ -186,6 +186,25 @@ def _outcome(function: Callable[..., _T], *args: Any) -> _T | Exception:
         return function(*args)
     except Exception as exc:  # noqa: BLE001 - returned, the caller reports it as the table's
         return exc
+
+
+def _prepare_all(run_id: str, entries: list[tuple[MappingConfig, TableToLand]],
+                 engine: IngestContext) -> list[PreparedIngest | Exception]:
+    """`_prepare` of every table on `BATCH_TABLE_THREADS` threads: each its run, or the exception it raised. When this
+    thread is interrupted, what was prepared lets go of its leases (its run record stays for the next run)."""
+    with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="prepare") as pool:
+        futures = [pool.submit(_outcome, _prepare, run_id, mapping, entry, engine) for mapping, entry in entries]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            pool.shutdown(wait=True)
+            for future in futures:
+                run = None if future.cancelled() or future.exception() is not None else future.result()
+                if isinstance(run, PreparedIngest):
+                    run.release_leases()
+            raise
 
 
 def _prepare(run_id: str, mapping: MappingConfig, entry: TableToLand, engine: IngestContext) -> PreparedIngest:
