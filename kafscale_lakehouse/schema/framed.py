@@ -203,7 +203,7 @@ def arrow_column(target: pa.Field, records: Sequence[Mapping[str, Any] | None], 
             if target.type == pa.uuid() and isinstance(item, str):
                 item = uuid.UUID(item)
             converted.append(pa.array([item], type=target.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError) as exc:  # ValueError: uuid.UUID's
             reasons[row] = reasons[row] or f"{name}: {item!r} does not fit the column type {target.type} ({exc})"
             converted.append(pa.nulls(1, target.type))
     return pa.concat_arrays(converted) if converted else pa.array([], type=target.type)

@@ -20,7 +20,7 @@ from kafscale_lakehouse.engine.ingestion.validation import registered_value_sche
 from kafscale_lakehouse.format import BASE_SCHEMA
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.framed import FramedValueSchemas
+from kafscale_lakehouse.schema.framed import FramedValueSchemas, arrow_column
 from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
 from kafscale_lakehouse.schema.protobuf import (
     ProtobufValueDecoder,
@@ -209,3 +209,14 @@ def test_values_of_confluent_kafkas_protobuf_serializer_decode_and_ours_deserial
     ours = encode_framed_protobuf(version.schema_id, order_message(order_class, order(8)))
     deserialized = ProtobufDeserializer(order_class, {"use.deprecated.format": False})(ours, context)
     assert deserialized.order_id == "order-8" and deserialized.store_id == 8
+
+
+def test_a_per_record_value_that_is_no_uuid_makes_its_row_invalid_not_the_batch_fail():
+    """`arrow_column` (the per-record formats' columns): a uuid column's value that is no UUID string is that row's
+    reason; before, uuid.UUID's ValueError escaped and failed the whole batch."""
+    good = "6f1c2a7e-9d3b-4c55-8a0e-1b2c3d4e5f60"
+    reasons: list[str | None] = [None, None, None]
+    column = arrow_column(pa.field("id", pa.uuid()), [{"id": good}, {"id": "not-a-uuid"}, None], reasons)
+    assert [str(v) if v is not None else None for v in column.to_pylist()] == [good, None, None]
+    assert reasons[0] is None and reasons[2] is None
+    assert reasons[1] is not None and reasons[1].startswith("id: 'not-a-uuid' does not fit the column type")
