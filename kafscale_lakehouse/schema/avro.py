@@ -146,6 +146,9 @@ def _iceberg_type(avro: Any, ids: Iterator[int], what: str, path: tuple[str, ...
     if kind == "enum":
         return StringType(), False
     if kind == "record":
+        if not avro["fields"]:  # Iceberg has no struct of nothing (pyiceberg cannot even nest one in a list)
+            raise SchemaMappingError(f"{what}: field {'.'.join(path)} is the record {avro.get('name', '')} without "
+                                     "fields, which has no Iceberg type")
         return StructType(*_struct_fields(avro, ids, what, path, seen)), False
     if kind == "array":
         element_id = next(ids)

@@ -43,6 +43,14 @@ def test_unions_of_two_types_have_no_iceberg_type() -> None:
         avro_value_fields(parse_avro_schema(json.dumps(schema), what="x"), what="x")
 
 
+def test_a_record_without_fields_has_no_iceberg_type_and_the_error_names_the_field() -> None:
+    # Before: pyiceberg's ListType raised KeyError('element_type') on the empty struct.
+    empty = {"type": "record", "name": "Nothing", "fields": []}
+    schema = {"type": "record", "name": "R", "fields": [{"name": "marks", "type": {"type": "array", "items": empty}}]}
+    with pytest.raises(SchemaMappingError, match=r"field marks\.element is the record Nothing without fields"):
+        avro_value_fields(parse_avro_schema(json.dumps(schema), what="x"), what="x")
+
+
 def test_decoding_tombstones_bad_values_and_unknown_ids() -> None:
     value_schema = _value_schema(ORDER_V2)  # the table was evolved to v2; v1 values fill its columns
     decoder = AvroValueDecoder(FramedValueSchemas("orders-value", {1: json.dumps(ORDER_V1), 2: json.dumps(ORDER_V2)},
