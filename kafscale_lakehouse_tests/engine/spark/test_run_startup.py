@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 
+from kafscale_lakehouse.config.spark_remote import ConnectAddress
 from kafscale_lakehouse.engine.spark import DEFAULT_ENGINE_ADDRESS, ENGINE_ADDRESS_VARIABLE, get_spark_session
+from kafscale_lakehouse.engine.spark.local_engine import PROBE_TIMEOUT_SECONDS, grpc_handshake
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 
@@ -122,3 +126,22 @@ def test_a_static_spark_setting_on_the_engine_is_one_log_line_not_a_warning(spar
     assert [record.getMessage() for record in caplog.records if "static setting" in record.getMessage()] == [
         "spark.conf spark.ui.showConsoleProgress is a static setting: the Spark engine keeps its own (set it where the "
         "engine starts)"]
+
+
+def test_the_local_engines_liveness_check_answers_in_milliseconds(spark_engine):
+    """Every run that reuses the local engine first checks it answers (a stopped one is replaced): grpc's
+    channel_ready_future noticed the ready channel only on its 0.2 s polls. A socket that accepts but never answers
+    (a SIGSTOPped engine: the kernel still accepts) is not live."""
+    seconds = []
+    for _ in range(3):
+        started = time.perf_counter()
+        assert grpc_handshake(spark_engine, PROBE_TIMEOUT_SECONDS)
+        seconds.append(time.perf_counter() - started)
+    assert min(seconds) < 0.1, seconds
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        started = time.perf_counter()
+        assert not grpc_handshake(ConnectAddress("127.0.0.1", silent.getsockname()[1]), 0.5)
+        assert 0.5 <= time.perf_counter() - started < 5
