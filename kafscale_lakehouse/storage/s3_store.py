@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any, Literal, get_args
+from xml.etree import ElementTree
 
 import boto3
 from botocore.config import Config
@@ -155,6 +157,7 @@ class S3SegmentStore(SegmentStore):
                     max_pool_connections=POOL_CONNECTIONS,
                 )
                 self._s3 = self._session.client("s3", endpoint_url=self.endpoint, config=config)
+                self._s3.meta.events.register("before-parse.s3.ListObjectsV2", parse_listing_page)
             return self._s3
 
     def _access_key_id_text(self) -> str:
@@ -259,3 +262,46 @@ class S3SegmentStore(SegmentStore):
             if self.sse_kms_key_id is not None:
                 params["SSEKMSKeyId"] = self.sse_kms_key_id
         return params
+
+
+# The ListObjectsV2 elements a listing page is read from, as botocore names them in its parsed answer.
+_LISTING_TEXT = ("Name", "Prefix", "Delimiter", "EncodingType", "NextContinuationToken", "ContinuationToken",
+                 "StartAfter")
+
+
+def parse_listing_page(response_dict: dict[str, Any], customized_response_dict: dict[str, Any],
+                       **_: Any) -> None:
+    """Reads a successful ListObjectsV2 answer with the C XML parser, in botocore's `before-parse` hook: botocore's own
+    parser took ~65 ms of CPU per page of 1000 keys, ~1 s per tick of a namespace watch over 15,000 objects. The page
+    goes into `customized_response_dict` in the shape botocore's parser gives (its `decode_list_object_v2` still
+    URL-decodes the keys afterwards) and botocore parses an empty result instead. Errors are left to botocore."""
+    if response_dict.get("status_code") != 200 or not response_dict.get("body"):
+        return
+    try:
+        root = ElementTree.fromstring(response_dict["body"])  # noqa: S314 - the S3 endpoint botocore parses too
+    except ElementTree.ParseError:
+        return  # botocore's parser says what is wrong with it
+    page: dict[str, Any] = {}
+    contents: list[dict[str, Any]] = []
+    prefixes: list[dict[str, str]] = []
+    for element in root:
+        tag = element.tag.rpartition("}")[2]
+        if tag == "Contents":
+            item = {child.tag.rpartition("}")[2]: child.text or "" for child in element}
+            contents.append({"Key": item["Key"], "Size": int(item.get("Size") or 0),
+                             "LastModified": datetime.fromisoformat(item["LastModified"].replace("Z", "+00:00")),
+                             "ETag": item.get("ETag", ""), "StorageClass": item.get("StorageClass", "")})
+        elif tag == "CommonPrefixes":
+            prefixes.extend({"Prefix": child.text or ""} for child in element if child.tag.endswith("Prefix"))
+        elif tag == "IsTruncated":
+            page["IsTruncated"] = (element.text or "").strip().lower() == "true"
+        elif tag in ("KeyCount", "MaxKeys"):
+            page[tag] = int(element.text or 0)
+        elif tag in _LISTING_TEXT:
+            page[tag] = element.text or ""
+    if contents:
+        page["Contents"] = contents
+    if prefixes:
+        page["CommonPrefixes"] = prefixes
+    customized_response_dict.update(page)
+    response_dict["body"] = b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"></ListBucketResult>'
