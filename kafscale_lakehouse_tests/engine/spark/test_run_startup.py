@@ -28,14 +28,19 @@ pytestmark = pytest.mark.integration
 SESSION_LOGGER = "kafscale_lakehouse.engine.spark"
 
 # The console script's `main()`, with the collector's callbacks counting collections from its call until the Spark
-# session is ready (its log line), the modules loaded at exit written to a JSON file by an exit function registered
-# then, and an object that marks the interpreter's teardown when it is torn down. (Importing the CLI module, before:
-# a few standard library modules, see the test below.)
+# session is ready (its log line), the scans of installed packages' entry points counted, the modules loaded at exit
+# written to a JSON file by an exit function registered then, and an object that marks the interpreter's teardown
+# when it is torn down. (Importing the CLI module, before: a few standard library modules, see the test below.)
 PROBE = """
-import atexit, gc, json, logging, sys
+import atexit, gc, importlib.metadata, json, logging, sys
 from kafscale_lakehouse.apps.cli import main
 report_path, argv = sys.argv[1], sys.argv[2:]
-startup = {"collections": [], "session_ready": False}
+startup = {"collections": [], "session_ready": False, "entry_point_scans": []}
+scan = importlib.metadata.entry_points
+def counted_scan(**selection):
+    startup["entry_point_scans"].append(selection)
+    return scan(**selection)
+importlib.metadata.entry_points = counted_scan
 def count(phase, info):
     if phase == "start" and not startup["session_ready"]:
         startup["collections"].append(info["generation"])
@@ -87,6 +92,7 @@ def test_ingest_once_starts_without_collections_loads_no_dagster_and_ends_withou
     assert not Path(f"{report_path}.teardown").exists(), "the interpreter tore down the modules' objects at exit"
     assert report["session_ready"], done.stderr[-4000:]
     assert report["collections"] == [], f"collections (by generation) while the run started: {report['collections']}"
+    assert report["entry_point_scans"] == []  # pydantic's plugin lookup reads every installed distribution's
     loaded = [name for name in report["modules"]
               if any(name == module or name.startswith(f"{module}.") for module in NOT_FOR_INGEST)]
     assert loaded == []
