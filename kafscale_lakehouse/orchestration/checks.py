@@ -10,10 +10,20 @@
   partition, no rows lie at or beyond the committed next offsets, and gaps skipped by `allow_gaps` are reported.
 - `freshness`: lag of the table behind the broker watermark (or the completed segments when there is none).
 The checks run in the ingest run after the commit; run alone, they look at the table's latest commit of ours.
+
+What the integrity checks read (`integrity_scope`, in their `scope` metadata): the data files added since our commit
+before the run's, so their cost follows new data; the whole table when one of them did not pass on its latest
+evaluation (until a whole-table scan passes: a problem seen once is looked for again, not forgotten because its file
+is no longer new), when none is recorded, and at least every `WHOLE_TABLE_SCAN_INTERVAL_SECONDS`, so a problem no
+incremental scan saw is found within that bound.
 """
 
 # No `from __future__ import annotations`: Dagster reads the context and resource parameter annotations at runtime.
+import logging
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pyiceberg.table import Table
@@ -27,6 +37,7 @@ from kafscale_lakehouse.engine.tables import (
     RECORD_ID_UNIQUE,
     SAMPLE_SIZE,
     SCHEMA_VALID,
+    WHOLE_TABLE,
     TableNotFoundError,
     check_offset_contiguity,
     find_duplicate_ids,
@@ -47,6 +58,89 @@ from kafscale_lakehouse.orchestration.metadata import (
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, OffsetStoreResource, SegmentStoreResource
 
+if TYPE_CHECKING:
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord
+
+log = logging.getLogger(__name__)
+
+INTEGRITY_CHECKS = (RECORD_ID_UNIQUE, ID_UNIQUE, OFFSETS_CONTIGUOUS)
+WHOLE_TABLE_SCAN_INTERVAL_SECONDS = 24 * 3600
+LAST_WHOLE_TABLE_SCAN_KEY = "last_whole_table_scan"  # epoch seconds, carried from evaluation to evaluation
+
+# ------------------------------------------------------------------------------------------ scope
+
+
+@dataclass(frozen=True)
+class IntegrityScope:
+    """What a table's integrity checks read this time: the whole table (and why), or the files added since our
+    commit before the run's. INCREMENTAL when nothing is known (a check evaluated outside Dagster)."""
+
+    whole_table: bool
+    reason: str
+    last_whole_table_scan: float | None  # epoch seconds, before this evaluation
+
+    def metadata(self, scope: str, now: float) -> "dict[str, dg.RawMetadataValue]":
+        """`scope` (what was read, from the scan) and when the table was last read whole, this time included."""
+        scanned_whole = scope == WHOLE_TABLE
+        last = now if scanned_whole else self.last_whole_table_scan
+        return {"scope": scope + (f" ({self.reason})" if scanned_whole and self.reason else ""),
+                LAST_WHOLE_TABLE_SCAN_KEY: dg.MetadataValue.timestamp(last) if last is not None
+                else dg.MetadataValue.null()}
+
+
+INCREMENTAL = IntegrityScope(whole_table=False, reason="", last_whole_table_scan=None)
+
+
+def integrity_scope(instance: dg.DagsterInstance, asset_key: dg.AssetKey, now: float | None = None) -> IntegrityScope:
+    """The scope of the table's integrity checks from their latest evaluations (one event-log query; a second per
+    check only when its latest is planned and not yet evaluated, as in the asset's own run)."""
+    scope = _scope_of(_latest_integrity_evaluations(instance, asset_key), time.time() if now is None else now)
+    if scope.whole_table:
+        log.info("table asset %s: the integrity checks read the whole table: %s", asset_key.to_user_string(),
+                 scope.reason)
+    return scope
+
+
+def _latest_integrity_evaluations(instance: dg.DagsterInstance, asset_key: dg.AssetKey
+                                  ) -> list[tuple[str, str, dg.AssetCheckEvaluation | None]]:
+    """(check name, run id, its latest evaluation or None) of each integrity check of the asset ever planned."""
+    storage = instance.event_log_storage
+    keys = [dg.AssetCheckKey(asset_key, name) for name in INTEGRITY_CHECKS]
+    latest = []
+    for key, record in storage.get_latest_asset_check_execution_by_key(keys).items():
+        # Planned (this run's, or a run that ended before evaluating it): the execution before it.
+        records = [record] if _evaluation(record) else storage.get_asset_check_execution_history(key, limit=2)
+        evaluated = next(((r, e) for r in records if (e := _evaluation(r)) is not None), (record, None))
+        latest.append((key.name, evaluated[0].run_id, evaluated[1]))
+    return latest
+
+
+def _evaluation(record: "AssetCheckExecutionRecord") -> dg.AssetCheckEvaluation | None:
+    event = record.event.dagster_event if record.event is not None else None
+    data = event.event_specific_data if event is not None else None
+    return data if isinstance(data, dg.AssetCheckEvaluation) else None
+
+
+def _scope_of(latest: list[tuple[str, str, dg.AssetCheckEvaluation | None]], now: float) -> IntegrityScope:
+    if not latest:
+        return IntegrityScope(True, "no earlier evaluation of its integrity checks", None)
+    scans = [evaluation.metadata.get(LAST_WHOLE_TABLE_SCAN_KEY) if evaluation is not None else None
+             for _, _, evaluation in latest]
+    # The oldest of the checks' last whole-table scans; unknown when one of them has none recorded.
+    last = min(s.value for s in scans if isinstance(s, dg.TimestampMetadataValue)) \
+        if all(isinstance(s, dg.TimestampMetadataValue) for s in scans) else None
+    not_passed = [f"{name} did not pass in run {run_id}" if evaluation is not None
+                  else f"{name} was not evaluated in run {run_id}"
+                  for name, run_id, evaluation in latest if evaluation is None or not evaluation.passed]
+    if not_passed:
+        return IntegrityScope(True, "; ".join(not_passed), last)
+    if last is None:
+        return IntegrityScope(True, "no whole-table scan recorded", last)
+    if now - last >= WHOLE_TABLE_SCAN_INTERVAL_SECONDS:
+        return IntegrityScope(True, f"last whole-table scan {(now - last) / 3600:.0f} h ago", last)
+    return IntegrityScope(False, "", last)
+
+
 # ------------------------------------------------------------------------------------------ evaluations
 
 
@@ -61,12 +155,13 @@ def run_committed_ranges(table: Table, topic: str, metadata: Mapping[str, dg.Met
     return (commit.snapshot_id if commit is not None else None), ranges
 
 
-def evaluate_record_id_unique(table: Table, topic: str,
-                              metadata: Mapping[str, dg.MetadataValue] | None) -> dg.AssetCheckResult:
+def evaluate_record_id_unique(table: Table, topic: str, metadata: Mapping[str, dg.MetadataValue] | None,
+                              scope: IntegrityScope = INCREMENTAL) -> dg.AssetCheckResult:
     snapshot_id, ranges = run_committed_ranges(table, topic, metadata)
     # The files added since our commit before the run's (the run's own among them), not the table's history.
-    files = new_data_files(table, topic, snapshot_id) if snapshot_id is not None and ranges else None
-    scan = find_duplicate_record_ids(table, topic, ranges, files)
+    added = (new_data_files(table, topic, snapshot_id)
+             if snapshot_id is not None and ranges and not scope.whole_table else None)
+    scan = find_duplicate_record_ids(table, topic, ranges, added)
     extra = sum(count - 1 for count in scan.duplicates.values())
     samples = sorted(scan.duplicates.items())[:SAMPLE_SIZE]
     result_metadata: dict[str, dg.RawMetadataValue] = {
@@ -81,6 +176,7 @@ def evaluate_record_id_unique(table: Table, topic: str,
             [dg.TableRecord({"record_id": r, "occurrences": n}) for r, n in samples],
             schema=dg.TableSchema(columns=[dg.TableColumn("record_id", "string"),
                                            dg.TableColumn("occurrences", "int")])),
+        **scope.metadata(scan.scope, time.time()),
     }
     if not scan.duplicates:
         return dg.AssetCheckResult(passed=True, metadata=result_metadata,
@@ -93,8 +189,8 @@ def evaluate_record_id_unique(table: Table, topic: str,
                     "delete the extra copies (same record_id) from the table")
 
 
-def evaluate_id_unique(table: Table, topic: str, id_columns: list[str],
-                       metadata: Mapping[str, dg.MetadataValue] | None) -> dg.AssetCheckResult:
+def evaluate_id_unique(table: Table, topic: str, id_columns: list[str], metadata: Mapping[str, dg.MetadataValue] | None,
+                       scope: IntegrityScope = INCREMENTAL) -> dg.AssetCheckResult:
     snapshot_id, ranges = run_committed_ranges(table, topic, metadata)
     scan = find_duplicate_ids(table, topic, id_columns, ranges)
     extra = sum(count - 1 for count in scan.duplicates.values())
@@ -111,6 +207,7 @@ def evaluate_id_unique(table: Table, topic: str, id_columns: list[str],
         "duplicate_samples": dg.MetadataValue.table(
             [dg.TableRecord({"id": k, "rows": n}) for k, n in samples],
             schema=dg.TableSchema(columns=[dg.TableColumn("id", "string"), dg.TableColumn("rows", "int")])),
+        **scope.metadata(scan.scope, time.time()),  # find_duplicate_ids reads the table's files (pruned by stats)
     }
     if not scan.duplicates:
         return dg.AssetCheckResult(passed=True, metadata=result_metadata,
@@ -123,8 +220,8 @@ def evaluate_id_unique(table: Table, topic: str, id_columns: list[str],
                     "rows that are not the latest")
 
 
-def evaluate_offsets_contiguous(table: Table, topic: str) -> dg.AssetCheckResult:
-    contiguity = check_offset_contiguity(table, topic)
+def evaluate_offsets_contiguous(table: Table, topic: str, scope: IntegrityScope = INCREMENTAL) -> dg.AssetCheckResult:
+    contiguity = check_offset_contiguity(table, topic, whole_table=scope.whole_table)
     problems = contiguity.problems
     metadata: dict[str, dg.RawMetadataValue] = {
         "commits_checked": contiguity.commits_checked,
@@ -138,6 +235,7 @@ def evaluate_offsets_contiguous(table: Table, topic: str) -> dg.AssetCheckResult
                                               "partition": m.range.partition, "from": m.range.end,
                                               "to": m.range.start}
                                              for m in contiguity.moved_back]),
+        **scope.metadata(contiguity.scope, time.time()),
     }
     if problems:
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata,
@@ -288,9 +386,10 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
         if table is None:
             return no_table
         metadata = _run_materialization_metadata(context, asset_key)
+        scope = integrity_scope(context.instance, asset_key)
         if upsert:
-            return evaluate_id_unique(table, topic, list(mapping.id_columns), metadata)
-        return evaluate_record_id_unique(table, topic, metadata)
+            return evaluate_id_unique(table, topic, list(mapping.id_columns), metadata, scope)
+        return evaluate_record_id_unique(table, topic, metadata, scope)
 
     @dg.asset_check(
         asset=asset_key,
@@ -298,9 +397,12 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
         blocking=True,
         description="Committed offsets only move forward, no rows beyond them; skipped gaps reported.",
     )
-    def offsets_contiguous(iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
+    def offsets_contiguous(context: dg.AssetCheckExecutionContext,
+                           iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
         table = _table_or_none(iceberg_catalog, table_name)
-        return no_table if table is None else evaluate_offsets_contiguous(table, topic)
+        if table is None:
+            return no_table
+        return evaluate_offsets_contiguous(table, topic, integrity_scope(context.instance, asset_key))
 
     @dg.asset_check(
         asset=asset_key,

@@ -61,11 +61,13 @@ from kafscale_lakehouse.orchestration.assets import (
     partial_commit_materializations,
 )
 from kafscale_lakehouse.orchestration.checks import (
+    IntegrityScope,
     evaluate_freshness,
     evaluate_id_unique,
     evaluate_offsets_contiguous,
     evaluate_record_id_unique,
     evaluate_schema_valid,
+    integrity_scope,
 )
 from kafscale_lakehouse.orchestration.naming import kafka_partition_key, table_asset_key
 from kafscale_lakehouse.orchestration.resources import (
@@ -143,7 +145,7 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
             for _, _, run in prepared:
                 run.release_leases()  # commit_ingests releases them on every path; releasing is idempotent
         checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog,
-                              {run.mapping.table: run.table for _, _, run in prepared})
+                              {run.mapping.table: run.table for _, _, run in prepared}, context.instance)
         with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="checks") as pool:
             events = list(pool.map(lambda landed: _outcome(_table_events, *landed, checks),
                                    [(mapping, entry, run, outcome)
@@ -252,9 +254,10 @@ class _BatchChecks:
 
     def __init__(self, lakehouse: LakehouseConfig, segment_store: SegmentStoreResource,
                  offset_store: OffsetStoreResource, catalog: IcebergCatalogResource,
-                 tables: Mapping[str, Table]) -> None:
+                 tables: Mapping[str, Table], instance: dg.DagsterInstance) -> None:
         self.lakehouse, self.segment_store, self.offset_store, self.catalog = (lakehouse, segment_store,
                                                                                offset_store, catalog)
+        self.instance = instance  # the checks' latest evaluations tell what they read (integrity_scope)
         self._tables = dict(tables)
         self._sources: WatchSources | None = None
         self._lock = threading.Lock()
@@ -283,7 +286,8 @@ class _BatchChecks:
                     orphan_grace_seconds=self.lakehouse.processor.orphan_segment_grace_seconds)
             sources = self._sources
         scan = scan_topic(sources, mapping.topic, table=mapping.table)
-        return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan))
+        scope = integrity_scope(self.instance, table_asset_key(mapping.table))
+        return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan, scope))
 
 
 class _LandedTableOffsets(TableOffsetsReader):
@@ -300,17 +304,18 @@ class _LandedTableOffsets(TableOffsetsReader):
 
 def table_check_evaluations(lakehouse: LakehouseConfig, mapping: MappingConfig, table: Table,
                             metadata: Mapping[str, dg.MetadataValue] | None,
-                            scan: TopicScan) -> Iterator[dg.AssetCheckEvaluation]:
+                            scan: TopicScan, scope: IntegrityScope) -> Iterator[dg.AssetCheckEvaluation]:
     """The four checks of `build_table_checks` as evaluations of the table's checks: on `table`, the run's
-    materialization `metadata` and `scan`, its topic now."""
+    materialization `metadata` and `scan`, its topic now; the integrity checks read `scope`."""
     asset_key = table_asset_key(mapping.table)
     upsert = mapping.mode == "upsert"
     results = {SCHEMA_VALID: (evaluate_schema_valid(metadata, lakehouse.schema_config.mode), True)}
     if upsert:
-        results[ID_UNIQUE] = (evaluate_id_unique(table, mapping.topic, list(mapping.id_columns), metadata), True)
+        results[ID_UNIQUE] = (evaluate_id_unique(table, mapping.topic, list(mapping.id_columns), metadata, scope),
+                              True)
     else:
-        results[RECORD_ID_UNIQUE] = (evaluate_record_id_unique(table, mapping.topic, metadata), True)
-    results[OFFSETS_CONTIGUOUS] = (evaluate_offsets_contiguous(table, mapping.topic), True)
+        results[RECORD_ID_UNIQUE] = (evaluate_record_id_unique(table, mapping.topic, metadata, scope), True)
+    results[OFFSETS_CONTIGUOUS] = (evaluate_offsets_contiguous(table, mapping.topic, scope), True)
     results[FRESHNESS] = (evaluate_freshness(scan.partitions, mapping.freshness_max_lag_records, scan.table_error),
                           False)
     for name, (check, blocking) in results.items():

@@ -67,7 +67,23 @@ def latest_committed_ranges(table: Table, topic: str) -> tuple[KafscaleCommit | 
                     for p, end in latest.next_offsets(topic).items() if before_offsets.get(p) != end}
 
 
-def new_data_files(table: Table, topic: str, snapshot_id: int) -> list[DataFile] | None:
+WHOLE_TABLE = "whole table"  # a check's scope when it reads every data file the table's stats do not prune
+NOTHING_TO_SCAN = "nothing: no committed offset ranges"
+
+
+@dataclass(frozen=True)
+class AddedDataFiles:
+    """The data files added since `since_snapshot_id`, our commit of the topic before the one checked."""
+
+    since_snapshot_id: int
+    files: list[DataFile]
+
+    @property
+    def scope(self) -> str:
+        return f"files added since snapshot {self.since_snapshot_id} ({len(self.files)} files)"
+
+
+def new_data_files(table: Table, topic: str, snapshot_id: int) -> AddedDataFiles | None:
     """The data files that can hold rows of the offsets our commit `snapshot_id` of `topic` covers, or rows beyond
     them: those added since our commit of `topic` before it (by it, and by any snapshot since, ours or another
     writer's), read from the manifests those snapshots wrote. So a check costs what was added, not the table's
@@ -78,6 +94,7 @@ def new_data_files(table: Table, topic: str, snapshot_id: int) -> list[DataFile]
     found = False
     for snapshot in ancestry(table):
         if found and is_kafscale_commit(snapshot, topic):
+            since_snapshot_id = snapshot.snapshot_id
             break
         snapshots.append(snapshot)
         found = found or snapshot.snapshot_id == snapshot_id
@@ -92,7 +109,7 @@ def new_data_files(table: Table, topic: str, snapshot_id: int) -> list[DataFile]
                 return None
             files.extend(entry.data_file for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
                          if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id)
-    return files
+    return AddedDataFiles(since_snapshot_id, files)
 
 
 def _read_files(table: Table, files: Sequence[DataFile], row_filter: BooleanExpression,
@@ -111,20 +128,22 @@ class DuplicateScan:
     rows_scanned: int
     files_scanned: int
     files_in_table: int | None
+    scope: str = WHOLE_TABLE  # what was read: WHOLE_TABLE or AddedDataFiles.scope
 
 
 def find_duplicate_record_ids(table: Table, topic: str, ranges: Mapping[int, OffsetRange],
-                              files: Sequence[DataFile] | None = None) -> DuplicateScan:
+                              added: AddedDataFiles | None = None) -> DuplicateScan:
     """record_ids occurring more than once among the rows of `topic` in `ranges`. A record_id is
-    `<topic>:<partition>:<offset>`, so every copy of a record in a range lies in that range. `files`: only those
-    can hold rows of `ranges` (`new_data_files`); None: the table's files, pruned by their statistics."""
+    `<topic>:<partition>:<offset>`, so every copy of a record in a range lies in that range. `added`: only those
+    files can hold rows of `ranges` (`new_data_files`); None: the table's files, pruned by their statistics."""
     if not ranges:
-        return DuplicateScan({}, 0, 0, _files_in_table(table))
+        return DuplicateScan({}, 0, 0, _files_in_table(table), NOTHING_TO_SCAN)
     row_filter = _or_all([_and_all(EqualTo("topic", topic), EqualTo("partition", r.partition),
                                    GreaterThanOrEqual("offset", r.start), LessThan("offset", r.end))
                           for _, r in sorted(ranges.items())])
-    if files is not None:
-        files_scanned, record_ids = len(files), _read_files(table, files, row_filter, ("record_id",))["record_id"]
+    if added is not None:
+        files_scanned = len(added.files)
+        record_ids = _read_files(table, added.files, row_filter, ("record_id",))["record_id"]
     else:
         scan = table.scan(row_filter=row_filter, selected_fields=("record_id",))
         files_scanned = sum(1 for _ in scan.plan_files())
@@ -132,7 +151,8 @@ def find_duplicate_record_ids(table: Table, topic: str, ranges: Mapping[int, Off
     counts = pc.value_counts(record_ids)
     repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
     duplicates = dict(zip(repeated.field("values").to_pylist(), repeated.field("counts").to_pylist(), strict=False))
-    return DuplicateScan(duplicates, len(record_ids), files_scanned, _files_in_table(table))
+    return DuplicateScan(duplicates, len(record_ids), files_scanned, _files_in_table(table),
+                         added.scope if added is not None else WHOLE_TABLE)
 
 
 def find_duplicate_ids(table: Table, topic: str, id_columns: Sequence[str],
@@ -142,7 +162,7 @@ def find_duplicate_ids(table: Table, topic: str, id_columns: Sequence[str],
     their id values joined by `|`. With one id column the table scan is filtered on the keys, so pyiceberg skips
     files by partition and bounds (up to its limit of literals)."""
     if not ranges:
-        return DuplicateScan({}, 0, 0, _files_in_table(table))
+        return DuplicateScan({}, 0, 0, _files_in_table(table), NOTHING_TO_SCAN)
     ids = tuple(id_columns)
     row_filter = _or_all([_and_all(EqualTo("topic", topic), EqualTo("partition", r.partition),
                                    GreaterThanOrEqual("offset", r.start), LessThan("offset", r.end))
@@ -194,12 +214,15 @@ class OffsetContiguity:
     skipped: list[SkippedGap]  # every gap skipped, oldest first
     latest_skipped: list[OffsetRange]  # the gaps the latest commit skipped
     moved_back: list[MovedBack]  # deliberate moves back (`offsets reset --to-offset`), oldest first
+    scope: str = WHOLE_TABLE  # where rows beyond were looked for: WHOLE_TABLE or AddedDataFiles.scope
 
 
-def check_offset_contiguity(table: Table, topic: str) -> OffsetContiguity:
+def check_offset_contiguity(table: Table, topic: str, *, whole_table: bool = False) -> OffsetContiguity:
     """The `kafscale.offsets.<topic>` history never moves back or drops a partition, and no rows lie at or beyond
     the committed next offsets. A move back is accepted only when its commit records exactly that move
-    (`kafscale.moved-back.<topic>`: a position moved back on purpose, its rows removed in the same commit)."""
+    (`kafscale.moved-back.<topic>`: a position moved back on purpose, its rows removed in the same commit).
+    Rows beyond are looked for in the files added since our commit before the latest (`new_data_files`), or in
+    every file with `whole_table`."""
     commits = offset_history(table, topic)
     problems: list[str] = []
     moved_back: list[MovedBack] = []
@@ -217,15 +240,16 @@ def check_offset_contiguity(table: Table, topic: str) -> OffsetContiguity:
                 problems.append(f"snapshot {commit.snapshot_id} moved partition {partition} back from {before} to "
                                 f"{after}: offsets {after}..{before - 1} may be committed twice")
         previous = {**previous, **next_offsets}
-    beyond = rows_beyond_committed(table, topic, previous,
-                                   new_data_files(table, topic, commits[-1].snapshot_id) if commits else None)
+    added = new_data_files(table, topic, commits[-1].snapshot_id) if commits and not whole_table else None
+    beyond = rows_beyond_committed(table, topic, previous, added.files if added is not None else None)
     if beyond:
         problems.append(f"{len(beyond)} rows lie at or beyond the committed next offsets (the next run ingests those "
                         f"offsets again), e.g. {', '.join(beyond[:5])}")
     skipped = [SkippedGap(c.snapshot_id, OffsetRange(p, *r)) for c in commits
                for p, r in sorted(c.skipped_ranges(topic).items())]
     latest_skipped = [OffsetRange(p, *r) for c in commits[-1:] for p, r in sorted(c.skipped_ranges(topic).items())]
-    return OffsetContiguity(len(commits), previous, problems, beyond, skipped, latest_skipped, moved_back)
+    return OffsetContiguity(len(commits), previous, problems, beyond, skipped, latest_skipped, moved_back,
+                            added.scope if added is not None else WHOLE_TABLE)
 
 
 def rows_beyond_committed(table: Table, topic: str, next_offsets: Mapping[int, int],
