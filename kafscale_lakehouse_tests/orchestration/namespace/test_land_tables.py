@@ -4,15 +4,21 @@ and checks; a table whose commit fails leaves the others landed and is requested
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 import dagster as dg
+import pytest
 import requests
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, ValidationError
 
+from kafscale_lakehouse.engine.ingestion import IngestContext, prepare_ingest
 from kafscale_lakehouse.engine.ingestion import run as ingest_run
+from kafscale_lakehouse.engine.ingestion.spark_job import _BatchTasks, ingestion_task_spec
 from kafscale_lakehouse.engine.tables import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
+from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import POLL_INTERVAL_SECONDS
 from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables
@@ -169,3 +175,38 @@ def test_a_batch_packs_small_partitions_into_few_spark_tasks_and_loads_each_tabl
         # Loaded to prepare, refreshed by the commit's offsets re-check; nothing loads it again.
         assert catalog_gets[topic.table_name.rsplit(".", 1)[1]] == 2, catalog_gets
     assert catalog_gets["config"] == len(topics), catalog_gets
+
+
+def test_a_packed_spark_task_that_fails_leaves_no_file_of_the_runs_it_had_finished(namespace_world, spark):
+    """A Spark task of a batch runs several tables' segment runs; when a later one fails, the data files the earlier
+    ones wrote are deleted before the task fails (Spark may retry it; nothing of the failed attempt stays), as a
+    segment run alone in its task deletes its own."""
+    world = namespace_world
+    orders, payments = world.topics["orders"], world.topics["payments"]
+    orders.write_segments(0, 40, records_per_segment=20)
+    payments.write_segments(0, 40, records_per_segment=20)
+    config = world.config()
+    mappings = {mapping.topic: mapping for mapping in config.mappings}
+    run_id = uuid.uuid4().hex
+    with IngestContext.from_config(config, spark) as context:
+        runs = [prepare_ingest(context, mappings[topic.topic], partitions=[0], run_id=run_id)
+                for topic in (orders, payments)]
+        try:
+            good, other = (ingestion_task_spec(**ingest_run._job_arguments(run)) for run in runs)
+            assert len(good.input_partitions) == len(other.input_partitions) == 1
+            # payments' share cannot write (its sink's table metadata is no metadata); orders' runs first.
+            broken = replace(other, sink=replace(other.sink, table_metadata_json="{}"))
+            tasks = _BatchTasks((good, broken), ((0, 0), (1, 0)), ((0, 1),))
+            written = _BatchTasks((good,), ((0, 0),), ((0,),))._run_group([0])
+            assert [len(output.data_files) for _, output in written] == [1]  # what orders' run writes alone
+            orders_dir = run_table(runs[0].table, run_id).data_dir
+            assert len(remove_run_files(runs[0].table, orders_dir)) == 1
+
+            with pytest.raises(ValidationError):
+                tasks._run_group([0, 1])
+
+            assert remove_run_files(runs[0].table, orders_dir) == []  # nothing of the failed attempt is left
+        finally:
+            for run in runs:
+                run.release_leases()
+                run.forget_run()
