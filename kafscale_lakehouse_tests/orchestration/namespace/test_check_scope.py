@@ -3,7 +3,8 @@
 lands only partition 0 sees it (offsets_contiguous fails), and the run that then lands partition 1 duplicates its
 rows. That file is older than our previous commit by then, so an incremental scan would not read it: the checks must
 scan the whole table after a failure, fail on the duplicates, and say what they scanned. In a `land_tables` batch and
-in the asset's own runs, on the real servers (SeaweedFS S3 + Iceberg REST, etcd), Spark and a Dagster instance."""
+in the asset's own runs, on the real servers (SeaweedFS S3 + Iceberg REST, etcd), Spark and a Dagster instance. And
+how the scope follows the evaluations recorded in a Dagster instance, with the whole-table scan at least daily."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from pyiceberg.expressions import EqualTo
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.engine.tables import OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, WHOLE_TABLE
-from kafscale_lakehouse.orchestration.checks import LAST_WHOLE_TABLE_SCAN_KEY
+from kafscale_lakehouse.orchestration.checks import (
+    LAST_WHOLE_TABLE_SCAN_KEY,
+    WHOLE_TABLE_SCAN_INTERVAL_SECONDS,
+    integrity_scope,
+)
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.orchestration.core.conftest import production_world, run_ingest_job  # noqa: F401
 from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables
@@ -105,3 +110,34 @@ def test_the_assets_own_run_that_duplicates_another_writers_rows_fails_record_id
     assert not unique.passed and unique.metadata["duplicate_record_ids"].value == 20, unique.description
     assert unique.metadata["scope"].value.startswith(f"{WHOLE_TABLE} ({OFFSETS_CONTIGUOUS} did not pass in run")
     assert not third[OFFSETS_CONTIGUOUS].passed
+
+
+def record(instance: dg.DagsterInstance, key: dg.AssetKey, check: str, passed: bool,
+           last_whole_table_scan: float | None) -> None:
+    metadata = {} if last_whole_table_scan is None else {
+        LAST_WHOLE_TABLE_SCAN_KEY: dg.MetadataValue.timestamp(last_whole_table_scan)}
+    instance.report_runless_asset_event(dg.AssetCheckEvaluation(asset_key=key, check_name=check, passed=passed,
+                                                                metadata=metadata))
+
+
+def test_the_scope_follows_the_latest_evaluations_and_reads_the_whole_table_at_least_daily():
+    key, now = dg.AssetKey(["shop", "orders"]), 1_800_000_000.0
+    with dg.instance_for_test() as instance:
+        assert integrity_scope(instance, key, now).whole_table  # nothing recorded yet
+        record(instance, key, RECORD_ID_UNIQUE, True, None)
+        record(instance, key, OFFSETS_CONTIGUOUS, True, None)
+        assert integrity_scope(instance, key, now).reason == "no whole-table scan recorded"  # older evaluations
+
+        record(instance, key, RECORD_ID_UNIQUE, True, now - 3600)
+        record(instance, key, OFFSETS_CONTIGUOUS, True, now - 3600)
+        assert not integrity_scope(instance, key, now).whole_table  # the normal case: what was added
+        daily = integrity_scope(instance, key, now - 3600 + WHOLE_TABLE_SCAN_INTERVAL_SECONDS)
+        assert daily.whole_table and daily.reason == "last whole-table scan 24 h ago"
+
+        record(instance, key, OFFSETS_CONTIGUOUS, False, now - 3600)  # an incremental scan saw a problem
+        failed = integrity_scope(instance, key, now)
+        assert failed.whole_table and failed.reason.startswith(f"{OFFSETS_CONTIGUOUS} did not pass")
+        record(instance, key, RECORD_ID_UNIQUE, True, now)
+        assert integrity_scope(instance, key, now).whole_table, "until the check that failed passes"
+        record(instance, key, OFFSETS_CONTIGUOUS, True, now)  # the whole-table scan passes: back to what was added
+        assert not integrity_scope(instance, key, now + 60).whole_table
