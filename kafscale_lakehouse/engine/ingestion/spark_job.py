@@ -24,6 +24,7 @@ import logging
 import os
 import pickle
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -227,23 +228,36 @@ class _BatchTasks:
     shares: tuple[IngestionTaskSpec, ...]
     index: tuple[tuple[int, int], ...]
     groups: tuple[tuple[int, ...], ...]
+    # Per group, how many of its runs read and write at once: their time is mostly S3 round trips (a GET, a PUT),
+    # so a group of small runs overlaps them; a group over the byte budget runs one at a time (bounded memory).
+    threads: tuple[int, ...] = ()
 
     def __call__(self, group_ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in group_ids:
             for group in batch.column(0).to_pylist():
-                outputs = self._run_group(self.groups[group])
+                outputs = self._run_group(self.groups[group], self.threads[group] if self.threads else 1)
                 yield pa.RecordBatch.from_pydict({
                     "share": [share for share, _ in outputs],
                     "task_output": [pickle.dumps(output, pickle.HIGHEST_PROTOCOL) for _, output in outputs]})
 
-    def _run_group(self, tasks: Sequence[int]) -> list[tuple[int, IngestionTaskOutput]]:
-        """Our tasks of one Spark task; when one fails, the files the others of this attempt wrote are deleted
-        before the error propagates (a task that fails leaves nothing behind, as each of ours does alone)."""
+    def _run_group(self, tasks: Sequence[int], threads: int = 1) -> list[tuple[int, IngestionTaskOutput]]:
+        """Our tasks of one Spark task, on up to `threads` threads; when one fails, the files the others of this
+        attempt wrote are deleted before the error propagates (a task that fails leaves nothing behind, as each of
+        ours does alone)."""
         outputs: list[tuple[int, IngestionTaskOutput]] = []
         try:
-            for task in tasks:
-                share, task_id = self.index[task]
-                outputs.append((share, self.shares[share].run_task(task_id)))
+            if threads <= 1 or len(tasks) <= 1:
+                outputs.extend(self._run_one(task) for task in tasks)
+            else:
+                failure: BaseException | None = None
+                with ThreadPoolExecutor(min(threads, len(tasks)), thread_name_prefix="segment-run") as pool:
+                    for future in [pool.submit(self._run_one, task) for task in tasks]:
+                        try:
+                            outputs.append(future.result())
+                        except BaseException as exc:  # noqa: BLE001 - raised below, after every run has ended
+                            failure = failure or exc
+                if failure is not None:
+                    raise failure
         except BaseException:
             for share, output in outputs:
                 spec = self.shares[share]
@@ -254,6 +268,13 @@ class _BatchTasks:
             raise
         return outputs
 
+    def _run_one(self, task: int) -> tuple[int, IngestionTaskOutput]:
+        share, task_id = self.index[task]
+        return share, self.shares[share].run_task(task_id)
+
+
+# How many small segment runs of one packed Spark task read and write at once (`_BatchTasks.threads`).
+PACKED_RUN_THREADS = 4
 
 _BATCH_OUTPUT_SCHEMA = "share long, task_output binary"  # pyarrow makes a Python int an int64
 
@@ -305,12 +326,13 @@ def run_batch_spark_job(spark: SparkSession, run_id: str,
         return outputs
     names = ", ".join(job.tasks.sink.table_name for job in jobs)
     sizes = [sum(s.kfs_size for s in jobs[share].tasks.input_partitions[task].segments) for share, task in index]
-    groups = pack_tasks(sizes, slots=engine_slots(spark),
-                        max_bytes=max(job.tasks.sink.target_file_size_bytes for job in jobs))
+    max_bytes = max(job.tasks.sink.target_file_size_bytes for job in jobs)
+    groups = pack_tasks(sizes, slots=engine_slots(spark), max_bytes=max_bytes)
     log.info("tables %s run %s: one Spark job of %d tasks over %d segment runs (%d segments, %d bytes)", names,
              run_id, len(groups), len(index), sum(len(p.segments) for job in jobs for p in job.tasks.input_partitions),
              sum(sizes))
-    tasks = _BatchTasks(tuple(job.tasks for job in jobs), index, groups)
+    threads = tuple(PACKED_RUN_THREADS if sum(sizes[t] for t in group) <= max_bytes else 1 for group in groups)
+    tasks = _BatchTasks(tuple(job.tasks for job in jobs), index, groups, threads)
     frame = spark.range(0, len(groups), 1, numPartitions=len(groups)).mapInArrow(tasks, _BATCH_OUTPUT_SCHEMA)
     try:
         rows = frame.collect()

@@ -202,10 +202,11 @@ def test_a_packed_spark_task_that_fails_leaves_no_file_of_the_runs_it_had_finish
             orders_dir = run_table(runs[0].table, run_id).data_dir
             assert len(remove_run_files(runs[0].table, orders_dir)) == 1
 
-            with pytest.raises(ValidationError):
-                tasks._run_group([0, 1])
+            for threads in (1, 2):  # one after another, or at once (a group of small runs)
+                with pytest.raises(ValidationError):
+                    tasks._run_group([0, 1], threads)
 
-            assert remove_run_files(runs[0].table, orders_dir) == []  # nothing of the failed attempt is left
+                assert remove_run_files(runs[0].table, orders_dir) == []  # nothing of the failed attempt is left
         finally:
             for run in runs:
                 run.release_leases()
