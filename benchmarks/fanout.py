@@ -6,8 +6,9 @@ etcd (offsets, leases, broker watermarks), a config of N mappings (topic `fan-NN
 columns, `processor.watch` from `--watch`), and what `make demo` runs (scripts/run-demo.sh): the Spark engine
 (`kafscale-lakehouse spark-engine`) and `dagster dev` with `SPARK_REMOTE` pointing at it, the repository's
 dagster.yaml as its instance. The code location, the daemon's sensors and the runs reach S3 through a counting proxy
-in this process, which attributes every connection to the process that opened it (code server = sensors, run
-workers, the engine's Python workers); the producer writes to SeaweedFS directly.
+in a process of its own, which attributes every connection to the process that opened it (code server = sensors, run
+workers, the engine's Python workers); the producer writes to SeaweedFS directly. `--no-proxy` points them at
+SeaweedFS itself (no S3 counts), to measure what the proxy costs.
 
 Once the webserver answers, every partition (`--partitions`, default 2) of every topic receives a segment of
 `--records-per-segment` realistic records (apps/workload.py: per-record trace headers with their own values, mixed
@@ -27,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
@@ -38,9 +41,11 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -186,18 +191,6 @@ class ProcessSampler:
                 by_kind[self.kinds[pid]] += (ticks - self.baseline_ticks.get(pid, 0)) / CLOCK_TICKS
         return dict(by_kind)
 
-    def likely_owners(self) -> list[int]:
-        """The sampled processes that talk to S3 (code server, run workers, engine) before the others."""
-        with self.lock:
-            kinds = dict(self.kinds)
-        talkers = ("code server", "run workers", "engine Python workers", "daemon")
-        return sorted(kinds, key=lambda pid: (kinds[pid] not in talkers, -pid))
-
-    def kind_of(self, pid: int) -> str:
-        with self.lock:
-            kind = self.kinds.get(pid)
-        return kind or process_kind(_cmdline(pid))
-
 
 def run_sampler(sampler: ProcessSampler, stop: threading.Event) -> None:
     while not stop.is_set():
@@ -206,31 +199,78 @@ def run_sampler(sampler: ProcessSampler, stop: threading.Event) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ counting S3 proxy
+#
+# The proxy runs in a process of its own (multiprocessing, spawn): in the benchmark's process it shared the GIL with
+# the producer, which encodes segments all the time at 200 topics, so every S3 request of the sensors, the runs and
+# the engine waited for the benchmark, not for the deployment. It sends the requests it counted back when stopped.
 
 
-def connection_owner(client_port: int, server_port: int, likely: list[int]) -> int | None:
-    """The pid whose socket is 127.0.0.1:`client_port` → `server_port` (/proc/net/tcp and the processes' fds), looked
-    for among the `likely` pids first (the sampled process tree): scanning every process's fds for every connection
-    made the proxy, and the S3 requests behind it, slow at 200 topics."""
-    inode = None
+def socket_inode(client_port: int, server_port: int) -> str | None:
+    """The inode of the socket 127.0.0.1:`client_port` → `server_port` (/proc/net/tcp)."""
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
         local, remote = fields[1], fields[2]
         if int(local.rsplit(":", 1)[1], 16) == client_port and int(remote.rsplit(":", 1)[1], 16) == server_port:
-            inode = fields[9]
-            break
-    if inode is None:
-        return None
-    target = f"socket:[{inode}]"
-    others = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
-    for pid in [*likely, *others]:
-        try:
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                if os.readlink(fd) == target:
-                    return pid
-        except OSError:
-            continue
+            return fields[9]
     return None
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _proc_stat(int(entry.name))
+            if stat is not None:
+                children[stat[0]].append(int(entry.name))
+    return children
+
+
+class ConnectionOwners:
+    """Which kind of process opened a connection to the proxy (code server, run workers, engine workers, ...).
+
+    Its socket's owner is found by the processes' fds: first among the processes that opened connections before,
+    then the process trees under `roots` (dagster dev, the engine; newest first), then every other process. Scanning
+    every process's fds for every connection made the proxy, and the S3 requests behind it, slow at 200 topics."""
+
+    def __init__(self, roots: Sequence[int]) -> None:
+        self.roots = roots  # a shared array: the benchmark fills it in once dagster dev and the engine run
+        self.kinds: dict[int, str] = {}  # owners seen before → kind
+        self.lock = threading.Lock()
+        self.tree: list[int] = []
+        self.tree_read_at = 0.0
+
+    def _tree(self) -> list[int]:
+        with self.lock:
+            if time.monotonic() - self.tree_read_at > 1.0:
+                children = _children_by_parent()
+                found: set[int] = set()
+                pending = [pid for pid in self.roots if pid]
+                while pending:
+                    pid = pending.pop()
+                    if pid not in found:
+                        found.add(pid)
+                        pending.extend(children.get(pid, ()))
+                self.tree = sorted(found, reverse=True)
+                self.tree_read_at = time.monotonic()
+            return self.tree
+
+    def kind(self, client_port: int, server_port: int) -> str:
+        inode = socket_inode(client_port, server_port)
+        if inode is None:
+            return "unknown"
+        target = f"socket:[{inode}]"
+        others = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+        for pid in itertools.chain(list(self.kinds), self._tree(), others):
+            try:
+                if not any(os.readlink(fd) == target for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                    continue
+            except OSError:
+                continue
+            kind = self.kinds.get(pid)
+            if kind is None:
+                kind = self.kinds[pid] = process_kind(_cmdline(pid))
+            return kind
+        return "unknown"
 
 
 def request_kind(method: str, path: str) -> str:
@@ -240,15 +280,30 @@ def request_kind(method: str, path: str) -> str:
     return method
 
 
+@dataclass
+class ProxyCounts:
+    """What the proxy saw: every request (time, process kind, request kind); upstream connections it reopened after
+    SeaweedFS had closed them (the request was sent again, as a client's retry would); requests it could not forward."""
+
+    requests: list[tuple[float, str, str]] = field(default_factory=list)
+    reopened: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+
+    def between(self, start: float, end: float) -> Counter[tuple[str, str]]:
+        return Counter((owner, kind) for at, owner, kind in self.requests if start <= at < end)
+
+
 class CountingProxy:
     """A reverse proxy to SeaweedFS's S3 port that counts requests by (process kind, request kind) and by time;
-    SigV4 signatures hold because the Host header is passed on as the client sent it."""
+    SigV4 signatures hold because the Host header is passed on as the client sent it. Each client connection keeps
+    one upstream connection (keep-alive both ways); one SeaweedFS closed while idle is reopened and the request sent
+    again, instead of failing the client's request (120 RemoteDisconnected at 200 topics before)."""
 
-    def __init__(self, upstream_port: int, sampler: ProcessSampler) -> None:
+    def __init__(self, upstream_port: int, owners: ConnectionOwners) -> None:
         self.upstream_port = upstream_port
-        self.sampler = sampler
+        self.owners = owners
         self.lock = threading.Lock()
-        self.requests: list[tuple[float, str, str]] = []  # (time, process kind, request kind)
+        self.counts = ProxyCounts()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -256,10 +311,8 @@ class CountingProxy:
 
             def setup(self) -> None:
                 super().setup()
-                pid = connection_owner(self.client_address[1], self.server.server_address[1],
-                                       proxy.sampler.likely_owners())
-                self.owner = proxy.sampler.kind_of(pid) if pid is not None else "unknown"
-                self.upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=120)
+                self.owner = proxy.owners.kind(self.client_address[1], self.server.server_address[1])
+                self.upstream = proxy.connect()
 
             def finish(self) -> None:
                 super().finish()
@@ -275,26 +328,49 @@ class CountingProxy:
                 else:
                     body = self.rfile.read(length) if length else None
                 with proxy.lock:
-                    proxy.requests.append((time.time(), self.owner, request_kind(self.command, self.path)))
-                self.upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
-                for name, value in self.headers.items():
-                    if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
-                        self.upstream.putheader(name, value)
-                if body is not None or self.command in ("PUT", "POST"):
-                    self.upstream.putheader("Content-Length", str(len(body or b"")))
-                self.upstream.endheaders(body)
-                response = self.upstream.getresponse()
-                data = response.read()
-                self.send_response_only(response.status, response.reason)
-                for name, value in response.getheaders():
+                    proxy.counts.requests.append((time.time(), self.owner, request_kind(self.command, self.path)))
+                try:
+                    status, reason, headers, data = self._exchange(body)
+                except (OSError, http.client.HTTPException) as exc:
+                    with proxy.lock:
+                        proxy.counts.failed[type(exc).__name__] += 1
+                    self.upstream.close()
+                    self.send_error(502, f"upstream: {exc!r}")
+                    return
+                self.send_response_only(status, reason)
+                for name, value in headers:
                     if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
                         self.send_header(name, value)
-                length_header = response.getheader("Content-Length")
+                length_header = {k.lower(): v for k, v in headers}.get("content-length")
                 self.send_header("Content-Length", length_header if self.command == "HEAD" and length_header
                                  else str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
+
+            def _exchange(self, body: bytes | None) -> tuple[int, str, list[tuple[str, str]], bytes]:
+                for attempt in (1, 2):
+                    try:
+                        self.upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                        for name, value in self.headers.items():
+                            if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
+                                self.upstream.putheader(name, value)
+                        if body is not None or self.command in ("PUT", "POST"):
+                            self.upstream.putheader("Content-Length", str(len(body or b"")))
+                        self.upstream.endheaders(body)
+                        response = self.upstream.getresponse()
+                        data = response.read()
+                        if response.will_close:
+                            self.upstream.close()
+                        return response.status, response.reason, response.getheaders(), data
+                    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                        # SeaweedFS closed the kept-alive connection before reading this request: send it again.
+                        self.upstream.close()
+                        if attempt == 2:
+                            raise
+                        with proxy.lock:
+                            proxy.counts.reopened += 1
+                raise AssertionError("unreachable")
 
             def _read_chunked(self) -> bytes:
                 chunks = []
@@ -308,25 +384,62 @@ class CountingProxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward  # noqa: N815 - the handler's names
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="s3-proxy", daemon=True)
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 1024  # the default listen backlog of 5 drops connections when hundreds arrive at once
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+
+    def connect(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=120)
+
+
+def serve_counting_proxy(upstream_port: int, roots: Sequence[int], channel: Connection) -> None:
+    """The proxy process: sends its port, serves until the benchmark sends anything, then sends back its counts."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the benchmark, which stops this process
+    proxy = CountingProxy(upstream_port, ConnectionOwners(roots))
+    serving = threading.Thread(target=proxy.server.serve_forever, name="s3-proxy", daemon=True)
+    serving.start()
+    channel.send(proxy.server.server_address[1])
+    channel.recv()
+    proxy.server.shutdown()
+    proxy.server.server_close()
+    with proxy.lock:
+        channel.send(proxy.counts)
+
+
+class ProxyProcess:
+    """The counting proxy's process, seen from the benchmark."""
+
+    def __init__(self, upstream_port: int) -> None:
+        context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+        self.roots = context.Array("i", 4, lock=False)
+        self.channel, child = context.Pipe()
+        self.process = context.Process(target=serve_counting_proxy, args=(upstream_port, self.roots, child),
+                                       name="s3-proxy", daemon=True)
+        self.process.start()
+        if not self.channel.poll(60):
+            raise SystemExit("the S3 proxy process did not start within 60 s")
+        self.port: int = self.channel.recv()
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> CountingProxy:
-        self.thread.start()
-        return self
+    def set_roots(self, pids: list[int]) -> None:
+        self.roots[:len(pids)] = pids
 
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def counts(self, start: float, end: float) -> Counter[tuple[str, str]]:
-        with self.lock:
-            return Counter((owner, kind) for at, owner, kind in self.requests if start <= at < end)
+    def stop(self) -> ProxyCounts:
+        """Stops the proxy; what it counted (nothing if it does not answer within 60 s)."""
+        try:
+            self.channel.send("stop")
+            counts = self.channel.recv() if self.channel.poll(60) else ProxyCounts()
+        except (OSError, EOFError):
+            counts = ProxyCounts()
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+        return counts
 
 
 # ------------------------------------------------------------------------------------------------ topics, producing
@@ -483,9 +596,10 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
                               source="benchmarks/fanout.py")
         producer = FanoutProducer(direct, topics, args.partitions, args.records_per_segment)
         producer.round_once()  # as `make demo`: the topics exist before the definitions load (not measured)
-        upstream_port = int(seaweedfs.s3_endpoint.rsplit(":", 1)[1])
-        proxy = CountingProxy(upstream_port, sampler).start()
-        document = config_document(seaweedfs, etcd, proxy.endpoint, topics, args.watch)
+        if args.proxy:
+            proxy = ProxyProcess(int(seaweedfs.s3_endpoint.rsplit(":", 1)[1]))
+        document = config_document(seaweedfs, etcd, proxy.endpoint if proxy else seaweedfs.s3_endpoint, topics,
+                                   args.watch)
         config_path = workdir / "lakehouse.yaml"
         config_path.write_text(json.dumps(document))  # JSON is YAML
         dagster_home = workdir / "dagster_home"
@@ -500,6 +614,8 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
         env[SPARK_REMOTE_VARIABLE] = f"sc://127.0.0.1:{engine_port}"
         dagster_dev = start_dagster_dev(workdir, env, port)
         sampler.roots[:] = [dagster_dev.pid, engine.pid]
+        if proxy is not None:
+            proxy.set_roots(sampler.roots)
         sampling = threading.Thread(target=run_sampler, args=(sampler, stop), name="sampler", daemon=True)
         sampling.start()
         wait_until_ready(engine, ConnectAddress("127.0.0.1", engine_port), log_path=workdir / "engine.log")
@@ -543,19 +659,18 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
             stop_process_group(dagster_dev)
         if engine is not None:
             stop_process_group(engine)
-        if proxy is not None:
-            proxy.stop()
+        proxy_counts = proxy.stop() if proxy is not None else None
         etcd.stop()
         seaweedfs.stop()
-    report(args, topics, landings, figures, proxy.counts(measuring_from, producing_ended), sampler,
-           measuring_from, producing_ended, measured_until, load_samples)
+    report(args, topics, landings, figures, proxy_counts, sampler, measuring_from, producing_ended, measured_until,
+           load_samples)
 
 
 # ------------------------------------------------------------------------------------------------ output
 
 
 def report(args: argparse.Namespace, topics: int, landings: Landings, figures: InstanceFigures,
-           s3: Counter[tuple[str, str]], sampler: ProcessSampler, start: float, producing_ended: float,
+           proxy_counts: ProxyCounts | None, sampler: ProcessSampler, start: float, producing_ended: float,
            measured_until: float, load_samples: list[float]) -> None:
     minutes = (producing_ended - start) / 60
     with landings.lock:
@@ -611,14 +726,10 @@ def report(args: argparse.Namespace, topics: int, landings: Landings, figures: I
         ticks_total += counts[kind]
         print(f"  {kind:<26} {counts[kind]:6d} ticks ({counts[kind] / minutes:.0f}/min), duration p50 "
               f"{percentile(durations, 0.5):.3f} s, p90 {percentile(durations, 0.9):.3f} s, max {max(durations):.3f} s")
-    sensor_requests = Counter({kind: count for (owner, kind), count in s3.items() if owner == "code server"})
-    ingest_ticks = counts.get("namespace watch", 0) + counts.get("per-table ingest sensors", 0)
-    print(f"S3 requests of the code server (sensors) while producing: {sum(sensor_requests.values())} ("
-          + ", ".join(f"{kind} {count}" for kind, count in sensor_requests.most_common()) + ")"
-          + (f" = {sum(sensor_requests.values()) / ingest_ticks:.1f} per ingest-sensor tick, "
-             f"{sensor_requests.get('LIST', 0) / ingest_ticks:.1f} lists" if ingest_ticks else ""))
-    print("S3 requests by process kind while producing: " + ", ".join(
-        f"{owner}/{kind} {count}" for (owner, kind), count in s3.most_common()))
+    if proxy_counts is None:
+        print("S3 requests: not counted (--no-proxy)")
+    else:
+        print_s3_requests(proxy_counts, counts, start, producing_ended, measured_until)
 
     cpu = sampler.cpu_seconds()
     print(f"CPU seconds and peak RSS while producing and draining ({measured_until - start:.0f} s):")
@@ -642,6 +753,23 @@ def report(args: argparse.Namespace, topics: int, landings: Landings, figures: I
     print(line, flush=True)
 
 
+def print_s3_requests(proxy_counts: ProxyCounts, ticks: Counter[str], start: float, producing_ended: float,
+                      measured_until: float) -> None:
+    s3 = proxy_counts.between(start, producing_ended)
+    sensor_requests = Counter({kind: count for (owner, kind), count in s3.items() if owner == "code server"})
+    ingest_ticks = ticks.get("namespace watch", 0) + ticks.get("per-table ingest sensors", 0)
+    print(f"S3 requests of the code server (sensors) while producing: {sum(sensor_requests.values())} ("
+          + ", ".join(f"{kind} {count}" for kind, count in sensor_requests.most_common()) + ")"
+          + (f" = {sum(sensor_requests.values()) / ingest_ticks:.1f} per ingest-sensor tick, "
+             f"{sensor_requests.get('LIST', 0) / ingest_ticks:.1f} lists" if ingest_ticks else ""))
+    print("S3 requests by process kind while producing: " + ", ".join(
+        f"{owner}/{kind} {count}" for (owner, kind), count in s3.most_common()))
+    print(f"S3 proxy (a process of its own): {len(proxy_counts.requests)} requests in all, {proxy_counts.reopened} "
+          f"upstream connections SeaweedFS had closed reopened (request sent again), "
+          + (", ".join(f"{count} {name}" for name, count in proxy_counts.failed.items()) or "0")
+          + " requests failed (502 to the client)")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topics", type=int, nargs="+", default=[10, 50, 200], help="values of N, one run each")
@@ -656,6 +784,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--poll-seconds", type=float, default=0.5, help="how often the committed offsets are read")
     parser.add_argument("--single-topic-records-per-second", type=float, default=None,
                         help="benchmarks/ingest.py's records/s on this machine, to compare the aggregate with")
+    parser.add_argument("--no-proxy", dest="proxy", action="store_false",
+                        help="S3 straight to SeaweedFS, not through the counting proxy (S3 requests not counted): "
+                             "what the proxy costs is the difference")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directories (logs, data)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: --duration 60 --drain-seconds 60 unless given")
