@@ -32,13 +32,14 @@ from kafscale_lakehouse.engine.ingestion import (
     prepare_ingest,
     scan_topic,
 )
-from kafscale_lakehouse.engine.tables import OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE
+from kafscale_lakehouse.engine.tables import OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, RowCount
 from kafscale_lakehouse.offsets.ranges import OffsetRange, parse_ranges
 from kafscale_lakehouse.orchestration.metadata import (
     TABLE_NAME_KEY,
     TOPIC_KEY,
     landed_partition_metadata,
     partition_metadata,
+    partition_row_counts,
     run_metadata,
     table_metadata,
 )
@@ -222,15 +223,19 @@ def landed_table_events(context: dg.AssetExecutionContext, result: IngestResult,
     check_results = audited_check_results(mapping, result) if mapping is not None else []
     if failure is not None:
         if result.published is not False:
-            yield from partial_commit_materializations(context.asset_key, result, catalog, context.log)
+            yield from partial_commit_materializations(context.asset_key, result, catalog, context.log,
+                                                       context.instance)
         yield from check_results
         raise dg.Failure(description=str(failure), metadata={**run_metadata(result), **audit_metadata(result)}
                          ) from failure
     table = catalog.load_table(result.table)
-    for partition_key in context.partition_keys:
-        outcome = result.partitions.get(kafka_partition_id(partition_key))
-        if outcome is not None:
-            context.add_asset_metadata(landed_partition_metadata(table, outcome), partition_key=partition_key)
+    outcomes = {key: outcome for key in context.partition_keys
+                if (outcome := result.partitions.get(kafka_partition_id(key))) is not None}
+    counts = partition_row_counts(context.instance, context.asset_key, table,
+                                  [outcome.partition for outcome in outcomes.values()])
+    for partition_key, outcome in outcomes.items():
+        context.add_asset_metadata(landed_partition_metadata(outcome, counts[outcome.partition]),
+                                   partition_key=partition_key)
     context.log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table,
                      result.run_id, result.records, result.topic, result.snapshot_id)
     yield dg.MaterializeResult(metadata={**run_metadata(result), **table_metadata(table, result.table),
@@ -238,34 +243,41 @@ def landed_table_events(context: dg.AssetExecutionContext, result: IngestResult,
 
 
 def landed_materializations(asset_key: dg.AssetKey, partition_keys: Sequence[str], result: IngestResult,
-                            table: Table) -> list[dg.AssetMaterialization]:
+                            table: Table, instance: dg.DagsterInstance) -> list[dg.AssetMaterialization]:
     """What `landed_table_events` records for a committed run (`table` loaded after its commit), as one
     materialization per partition key: for a run that lands several tables (`land_tables.py`), where no asset body
-    returns a `MaterializeResult`."""
+    returns a `MaterializeResult`. `instance`: where the partitions' previous row counts are recorded."""
     shared = {**run_metadata(result), **table_metadata(table, result.table)}
+    outcomes = {key: outcome for key in partition_keys
+                if (outcome := result.partitions.get(kafka_partition_id(key))) is not None}
+    counts = partition_row_counts(instance, asset_key, table, [outcome.partition for outcome in outcomes.values()])
     materializations = []
     for partition_key in partition_keys:
-        outcome = result.partitions.get(kafka_partition_id(partition_key))
-        own = landed_partition_metadata(table, outcome) if outcome is not None else {}
+        outcome = outcomes.get(partition_key)
+        own = landed_partition_metadata(outcome, counts[outcome.partition]) if outcome is not None else {}
         materializations.append(dg.AssetMaterialization(asset_key=asset_key, partition=partition_key,
                                                         metadata={**shared, **own}))
     return materializations
 
 
 def partial_commit_materializations(asset_key: dg.AssetKey, result: IngestResult, catalog: IcebergCatalogResource,
-                                    log: dg.DagsterLogManager) -> Iterator[dg.AssetMaterialization]:
+                                    log: dg.DagsterLogManager, instance: dg.DagsterInstance,
+                                    ) -> Iterator[dg.AssetMaterialization]:
     """A materialization of each Kafka partition the run's commit covered (none when nothing was committed)."""
     landed = [result.partitions[p] for p in sorted(result.committed_ranges())]
     if not landed:
         return
     table: Table | None = None
+    counts: dict[int, RowCount] = {}
     try:
         table = catalog.load_table(result.table)
+        counts = partition_row_counts(instance, asset_key, table, [outcome.partition for outcome in landed])
     except Exception as exc:  # noqa: BLE001 - the run's failure is what the step reports; this must not replace it
-        log.warning("table %s: could not load it for the metadata of the partitions committed in snapshot %s: %s",
-                    result.table, result.snapshot_id, exc)
+        log.warning("table %s: could not load it or count its rows for the metadata of the partitions committed in "
+                    "snapshot %s: %s", result.table, result.snapshot_id, exc)
     shared = {**run_metadata(result), **(table_metadata(table, result.table) if table is not None else {})}
     for outcome in landed:
-        own = landed_partition_metadata(table, outcome) if table is not None else partition_metadata(outcome)
+        count = counts.get(outcome.partition)
+        own = landed_partition_metadata(outcome, count) if count is not None else partition_metadata(outcome)
         yield dg.AssetMaterialization(asset_key=asset_key, partition=kafka_partition_key(outcome.partition),
                                       metadata={**shared, **own})

@@ -156,7 +156,7 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
                 if isinstance(table_events.error, IngestFailedError):  # what its partial commit landed
                     yield from partial_commit_materializations(table_asset_key(mapping.table),
                                                                table_events.error.result, iceberg_catalog,
-                                                               context.log)
+                                                               context.log, context.instance)
                 context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic,
                                   table_events.error)
                 failed[mapping.table] = str(table_events.error)
@@ -236,7 +236,7 @@ def _table_events(mapping: MappingConfig, entry: TableToLand, run: PreparedInges
     result = run.result
     table = checks.landed_table(result)
     partition_keys = [kafka_partition_key(p) for p in sorted(entry.partitions)]
-    materializations = landed_materializations(asset_key, partition_keys, result, table)
+    materializations = landed_materializations(asset_key, partition_keys, result, table, checks.instance)
     log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table, result.run_id,
              result.records, result.topic, result.snapshot_id)
     metadata = materializations[0].metadata if materializations else None

@@ -4,21 +4,25 @@ Dagster table keys every table asset carries, and the keys the asset checks and 
 A landed table's run (assets.py) records on every partition's materialization the run's snapshot id, a table of the
 Kafka partitions, the committed offset ranges and the invalid records (`run_metadata`), the table's name, URI, column
 schema and row count (`table_metadata`), and that partition's own offset range, records, bytes, data files and lag
-(`partition_metadata`, with `dagster/partition_row_count`).
+(`partition_metadata`), and the rows the table holds of that Kafka partition (`dagster/partition_row_count`) with the
+snapshot they were counted at (`partition_row_count_snapshot_id`). The count is exact and costs what was added: the
+partition's previous materialization's count carried over the appends since (`count_rows_by_value`), counted from
+the table's manifests when something else happened since (a delete, a rewrite, a rollback) or none is recorded.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import dagster as dg
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.engine.ingestion import IngestResult, PartitionOutcome
-from kafscale_lakehouse.engine.spark import count_rows_equal
+from kafscale_lakehouse.engine.tables import RowCount, count_rows_by_value
 from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges, parse_ranges
+from kafscale_lakehouse.orchestration.naming import kafka_partition_key
 
 # Materialization metadata keys that asset checks (checks.py) and `load_input` (io_manager.py) read back.
 INVALID_RECORDS_KEY = "invalid_records"
@@ -32,6 +36,8 @@ COMMITTED_RANGES_KEY = "committed_offset_ranges"
 TABLE_NAME_KEY = "dagster/table_name"
 TOPIC_KEY = "kafscale/topic"
 PARTITION_ROW_COUNT_KEY = "dagster/partition_row_count"
+# The table snapshot `dagster/partition_row_count` counts: the next count starts from it.
+ROW_COUNT_SNAPSHOT_KEY = "partition_row_count_snapshot_id"
 
 TableValue = str | int | float | bool | None  # a cell of a `dg.TableRecord`
 
@@ -156,10 +162,43 @@ def partition_metadata(outcome: PartitionOutcome) -> dict[str, dg.MetadataValue]
     return metadata
 
 
-def landed_partition_metadata(table: Table, outcome: PartitionOutcome) -> dict[str, dg.MetadataValue]:
-    """`partition_metadata` and the rows the table now holds of that Kafka partition."""
-    rows = count_rows_equal(table, "partition", outcome.partition)
-    return {**partition_metadata(outcome), PARTITION_ROW_COUNT_KEY: dg.MetadataValue.int(rows)}
+def landed_partition_metadata(outcome: PartitionOutcome, count: RowCount) -> dict[str, dg.MetadataValue]:
+    """`partition_metadata` and the rows the table holds of that Kafka partition (`partition_row_counts`)."""
+    return {**partition_metadata(outcome), PARTITION_ROW_COUNT_KEY: dg.MetadataValue.int(count.rows),
+            ROW_COUNT_SNAPSHOT_KEY: dg.MetadataValue.int(count.snapshot_id) if count.snapshot_id is not None
+            else dg.MetadataValue.null()}
+
+
+def partition_row_counts(instance: dg.DagsterInstance, asset_key: dg.AssetKey, table: Table,
+                         partitions: Sequence[int]) -> dict[int, RowCount]:
+    """The rows `table` (a landed table, as it is now) holds of each Kafka partition: each partition's latest
+    materialization's count carried forward when that holds exactly, else counted (`count_rows_by_value`)."""
+    return count_rows_by_value(table, "partition", partitions,
+                               previous=recorded_row_counts(instance, asset_key, partitions))
+
+
+def recorded_row_counts(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
+                        partitions: Sequence[int]) -> dict[int, RowCount]:
+    """The row count and its snapshot of each partition's latest materialization that records both (two event-log
+    queries for all the partitions)."""
+    keys = {kafka_partition_key(p): p for p in partitions}
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
+        asset_key, dg.DagsterEventType.ASSET_MATERIALIZATION, partitions=set(keys))
+    if not latest:
+        return {}
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, storage_ids=list(latest.values())), limit=len(latest)).records
+    counts = {}
+    for record in records:
+        materialization = record.asset_materialization
+        if materialization is None or materialization.partition not in keys:
+            continue
+        rows = materialization.metadata.get(PARTITION_ROW_COUNT_KEY)
+        snapshot = materialization.metadata.get(ROW_COUNT_SNAPSHOT_KEY)
+        if isinstance(rows, dg.IntMetadataValue) and isinstance(snapshot, dg.IntMetadataValue) \
+                and rows.value is not None and snapshot.value is not None:
+            counts[keys[materialization.partition]] = RowCount(rows.value, snapshot.value)
+    return counts
 
 
 def invalid_samples_from_metadata(metadata: Mapping[str, dg.MetadataValue]) -> list[dict[str, TableValue]]:

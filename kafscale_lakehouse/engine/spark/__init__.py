@@ -15,7 +15,7 @@ from kafscale_lakehouse.engine.spark.local_engine import (
     local_engine_request,
 )
 from kafscale_lakehouse.engine.spark.session import get_spark_session, spark_settings_from_env
-from kafscale_lakehouse.engine.spark.table_source import count_rows_equal, read_table
+from kafscale_lakehouse.engine.spark.table_source import read_table
 from kafscale_lakehouse.engine.spark.writes import write_arrow, write_dataframe
 
 __all__ = [
@@ -25,7 +25,6 @@ __all__ = [
     "IDLE_SECONDS_VARIABLE",
     "LocalEngine",
     "SparkEngineError",
-    "count_rows_equal",
     "get_spark_session",
     "local_engine_request",
     "parse_engine_address",

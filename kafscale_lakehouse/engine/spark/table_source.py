@@ -25,14 +25,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyiceberg.conversions import from_bytes
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression, EqualTo
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, StaticTable, Table
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.types import PrimitiveType
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -206,26 +204,3 @@ def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     columns = [batch.column(f.name).cast(f.type) for f in target]
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
-
-def count_rows_equal(table: Table, column: str, value: object) -> int:
-    """Rows whose `column` equals `value`, from the manifests alone when each matching file holds only that value
-    (its lower and upper bound are `value`, as a landed table's files hold one Kafka partition each); other
-    files are read, that column only, on this process."""
-    field = table.schema().find_field(column)
-    scan = table.scan(row_filter=EqualTo(column, value), selected_fields=(column,))
-    total = 0
-    for task in scan.plan_files():
-        lower, upper = (task.file.lower_bounds or {}).get(field.field_id), (task.file.upper_bounds or
-        {}).get(field.field_id)
-        if (
-            not task.delete_files
-            and lower is not None
-            and lower == upper
-            and isinstance(field.field_type, PrimitiveType)
-            and from_bytes(field.field_type, lower) == value
-        ):
-            total += task.file.record_count
-        else:
-            rows = ArrowScan(table.metadata, table.io, table.schema().select(column), EqualTo(column, value))
-            total += sum(batch.num_rows for batch in rows.to_record_batches([task]))
-    return total

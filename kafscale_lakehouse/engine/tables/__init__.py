@@ -37,6 +37,7 @@ from kafscale_lakehouse.engine.tables.filters import (
     values_filter,
 )
 from kafscale_lakehouse.engine.tables.rewrites import RecordRange, RewriteAbandonedError
+from kafscale_lakehouse.engine.tables.row_counts import RowCount, count_rows_by_value
 from kafscale_lakehouse.engine.tables.summary import (
     LFS_DURATION_BUCKETS_SECONDS,
     RUN_ID_PROPERTY,
@@ -69,6 +70,7 @@ __all__ = [
     "PartitionFieldSpec",
     "RecordRange",
     "RewriteAbandonedError",
+    "RowCount",
     "TableDefinitionError",
     "TableNotFoundError",
     "TableWrite",
@@ -80,6 +82,7 @@ __all__ = [
     "catalog_endpoint",
     "catalog_errors",
     "check_offset_contiguity",
+    "count_rows_by_value",
     "default_dead_letter_table",
     "find_duplicate_ids",
     "find_duplicate_record_ids",

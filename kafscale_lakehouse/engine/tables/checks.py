@@ -22,9 +22,10 @@ from pyiceberg.expressions import (
     Or,
 )
 from pyiceberg.io.pyarrow import ArrowScan
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
+from kafscale_lakehouse.engine.tables.row_counts import files_added_by
 from kafscale_lakehouse.engine.tables.summary import (
     OFFSETS_PROPERTY_PREFIX,
     KafscaleCommit,
@@ -102,13 +103,10 @@ def new_data_files(table: Table, topic: str, snapshot_id: int) -> AddedDataFiles
         return None  # not found, or no commit of ours before it
     files: list[DataFile] = []
     for snapshot in snapshots:
-        for manifest in snapshot.manifests(table.io):
-            if manifest.added_snapshot_id != snapshot.snapshot_id:
-                continue  # written by an earlier snapshot: what it added was new then
-            if manifest.content != ManifestContent.DATA:
-                return None
-            files.extend(entry.data_file for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
-                         if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id)
+        added = files_added_by(table, snapshot)  # what older snapshots added was new then
+        if added is None:
+            return None
+        files.extend(added)
     return AddedDataFiles(since_snapshot_id, files)
 
 
