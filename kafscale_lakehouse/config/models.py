@@ -226,6 +226,10 @@ class ProcessorConfig(ConfigModel):
     # Extension: with `watch: namespace`, the pending segment bytes one `land_tables` run takes on (whole tables; a
     # table larger than the budget is a run of its own, itself bounded by `max_bytes_per_run`).
     max_bytes_per_batch_run: PositiveInt = 1 << 30
+    # Extension: with `watch: namespace`, how many `land_tables` runs may be queued or running at once, over disjoint
+    # tables (the watch splits the pending tables over the free ones). Keep it at most the Dagster instance's run limit
+    # (dagster.yaml `concurrency.runs.max_concurrent_runs`, 4 in ours), less what other jobs need at the same time.
+    max_batch_runs: PositiveInt = 4
 
 
 class SparkConfig(ConfigModel):
