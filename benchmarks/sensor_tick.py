@@ -19,6 +19,9 @@ x 2 partitions, 400 and 800 new segments), then with one new segment per partiti
 table (the steady state while a batch lands). Printed per tick: wall time, requests by kind (S3, etcd, catalog loads)
 and the time per phase (listing, footer/index reads, offsets reads from etcd, table offsets loads, run lookups in the
 Dagster instance, packing); phases on threads add up their threads' time ("thread-s"), the scan's wall time is apart.
+`--scan namespace-listing` ticks with the namespace scan as it was before it listed only the partitions whose
+broker watermark moved (one listing of the whole namespace per tick), for A/B figures in the same minutes; the
+printed cursor size is what the daemon stores after each tick.
 Each topic's table (SeaweedFS's Iceberg REST catalog) holds `--table-snapshots` commits of ours (no data files; the
 last at the committed end), and each tick reads its offsets as the sensor does in production: one `loadTable` per
 tick (`TableOffsetsReader`). `--no-table` ticks without reading the table (the sensor before issue 19, hole 7).
@@ -40,7 +43,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import boto3
@@ -50,7 +53,16 @@ from botocore.config import Config
 from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, pizza_order
 from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.connections import catalog_settings, offset_store_from_config, segment_store_from_config
-from kafscale_lakehouse.engine.ingestion.topic_scan import TableOffsetsReader, WatchSources
+from kafscale_lakehouse.engine.ingestion.topic_scan import (
+    NAMESPACE_SCAN_THREADS,
+    TABLE_OFFSETS_MAX_AGE_SECONDS,
+    NamespaceScan,
+    TableOffsetsReader,
+    TopicOffsets,
+    TopicScan,
+    WatchSources,
+    scan_topic,
+)
 from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.etcd import EtcdClient
@@ -60,7 +72,7 @@ from kafscale_lakehouse.orchestration import namespace_sensor, sensors
 from kafscale_lakehouse.orchestration.namespace_sensor import build_namespace_sensor
 from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name
 from kafscale_lakehouse.schema import table_schema
-from kafscale_lakehouse.storage import DiscoveryMode, ObjectKind, segment_key
+from kafscale_lakehouse.storage import DiscoveryMode, NamespaceListing, ObjectKind, discover_partitions, segment_key
 from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY
 from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse.testing.servers import (
@@ -322,6 +334,7 @@ class NamespaceTick:
     phase_seconds: Counter[str]
     phase_calls: Counter[str]
     tables_requested: int
+    cursor_bytes: int  # the cursor the daemon stores after the tick
 
 
 def benchmark_namespace(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd, workdir: Path, run: str) -> None:
@@ -354,7 +367,13 @@ def benchmark_namespace(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Et
     timer.wrap(sources.offsets, "broker_watermarks", "etcd watermark reads")
     if sources.tables is not None:
         timer.wrap(sources.tables, "read", "table offsets loads")
+    if args.scan == "namespace-listing":
+        namespace_sensor.scan_namespace = scan_namespace_by_listing  # type: ignore[assignment]
     timer.wrap(namespace_sensor, "scan_namespace", "scan (wall)")
+    timer.wrap(sources.store, "list_partitions", "S3 partition discovery")
+    timer.wrap(namespace_sensor, "_new_partitions", "dynamic partitions lookup")
+    timer.wrap(namespace_sensor, "retry_wait", "retry_wait lookups")
+    timer.wrap(namespace_sensor, "topic_observation", "observations")
     timer.wrap(namespace_sensor, "_tables_in_flight", "runs in flight lookup")
     timer.wrap(sensors.RequestedRuns, "record", "requested run lookups")
     timer.wrap(sensors.RequestedRuns, "committed", "requested run lookups")
@@ -378,7 +397,7 @@ def benchmark_namespace(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Et
                         for r in result.run_requests or [])
         ticks.append(NamespaceTick(scenario, new, milliseconds, sources.store.request_counts - s3_before,
                                    counting_etcd.calls - etcd_before, seconds - seconds_before, calls - calls_before,
-                                   requested))
+                                   requested, len(result.cursor or "")))
         return result.cursor
 
     cursor = tick("registration (empty cursor)", 0, None)
@@ -404,15 +423,44 @@ def benchmark_namespace(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Et
     print_namespace_ticks(ticks)
 
 
+def scan_namespace_by_listing(sources: WatchSources, tables, cursors=None, *, unread_newest=()) -> NamespaceScan:
+    """The namespace scan as it was before it listed partitions by watermark (commit 970ff59): every tick lists the
+    whole namespace (`NamespaceListing`) and every partition is scanned from that listing; kept here for A/B."""
+    cursors = cursors or {}
+    before = sources.store.request_counts["list"]
+    listing = NamespaceListing.from_store(sources.store)
+    discovered = discover_partitions(sources.discovery_mode, listing, sources.etcd, topics=list(tables))
+    view = replace(sources, store=listing)
+    committed = sources.offsets.committed_offsets_by_topic(tables)
+    watermarks = sources.offsets.broker_watermarks_by_topic(tables)
+
+    def scan(topic: str) -> TopicScan:
+        return scan_topic(view, topic, cursors.get(topic), table=tables[topic],
+                          partitions=discovered.partitions.get(topic, []),
+                          offsets=TopicOffsets(committed[topic], watermarks[topic]),
+                          table_offsets_max_age_seconds=TABLE_OFFSETS_MAX_AGE_SECONDS,
+                          read_newest_footers=topic not in unread_newest)
+
+    topics = list(tables)
+    with ThreadPoolExecutor(max_workers=min(NAMESPACE_SCAN_THREADS, len(topics))) as pool:
+        scans = list(pool.map(scan, topics))
+    by_topic = dict(zip(topics, scans, strict=True))
+    pending = {topic: {p: listing.segment_bytes(topic, p, r.start, r.end) for p, state in scan.partitions.items()
+                       if (r := state.pending_range) is not None}
+               for topic, scan in by_topic.items()}
+    return NamespaceScan(by_topic, pending, sum(len(s.listed) for s in scans),
+                         sources.store.request_counts["list"] - before)
+
+
 def print_namespace_ticks(ticks: list[NamespaceTick]) -> None:
     phases = sorted({phase for t in ticks for phase in t.phase_seconds})
-    print(f"{'tick':<28} {'new seg':>7} {'tick ms':>8} {'S3 list':>7} {'S3 get':>6} {'etcd':>5} {'tables':>6}  "
-          f"phases (thread-s, calls)")
+    print(f"{'tick':<28} {'new seg':>7} {'tick ms':>8} {'S3 list':>7} {'S3 get':>6} {'etcd':>5} {'tables':>6} "
+          f"{'cursor':>7}  phases (thread-s, calls)")
     for t in ticks:
         detail = ", ".join(f"{phase} {t.phase_seconds[phase]:.2f} ({t.phase_calls[phase]})" for phase in phases
                            if t.phase_calls[phase])
         print(f"{t.scenario:<28} {t.new_segments:7d} {t.milliseconds:8.1f} {t.s3['list']:7d} {t.s3['get']:6d} "
-              f"{sum(t.etcd.values()):5d} {t.tables_requested:6d}  {detail}")
+              f"{sum(t.etcd.values()):5d} {t.tables_requested:6d} {t.cursor_bytes:7d}  {detail}")
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -438,6 +486,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--topics", type=int, default=200, help="topics of the namespace watch (--watch namespace)")
     parser.add_argument("--new-per-partition", type=int, nargs="+", default=[1, 2],
                         help="new segments per partition before each measured busy tick (--watch namespace)")
+    parser.add_argument("--scan", choices=("watermarks", "namespace-listing"), default="watermarks",
+                        help="namespace-listing: the namespace watch's scan before issue 22's listing by watermark "
+                             "(one listing of the whole namespace per tick), for A/B figures (--watch namespace)")
     parser.add_argument("--verbose", action="store_true", help="log at INFO level")
     args = parser.parse_args()
     if min(*args.segments, args.partitions, args.repeat, args.table_snapshots) < 1:

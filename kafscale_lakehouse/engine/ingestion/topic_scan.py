@@ -17,6 +17,7 @@ listing pages, two etcd reads, and the slowest few loads, not 200 sequential one
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -43,23 +44,31 @@ from kafscale_lakehouse.engine.tables.catalogs import (
     load_catalog,
 )
 from kafscale_lakehouse.engine.tables.summary import CorruptOffsetsPropertyError, read_topic_offsets
-from kafscale_lakehouse.etcd import EtcdClient
+from kafscale_lakehouse.etcd import EtcdClient, EtcdError
 from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
-    NamespaceListing,
+    MetadataSnapshotError,
+    ObjectKind,
     OffsetBeyondSegmentsError,
+    SegmentRef,
     SegmentStore,
     discover_partitions,
     find_stalled_segment,
+    segment_key,
     segments_from,
 )
+
+log = logging.getLogger(__name__)
 
 # Bounds the footer reads of one partition in one scan over a large backlog; the cursor catches up over later scans.
 SEGMENTS_PER_PARTITION_PER_SCAN = 1000
 # Topics whose offsets (etcd ranges, catalog loads) one namespace scan reads at the same time: latency-bound requests.
 NAMESPACE_SCAN_THREADS = 32
+# With S3 discovery, how often a namespace scan lists a topic's partitions again (a watermark in etcd shows a new
+# partition at once; a partition the broker publishes none for is found within this).
+PARTITION_DISCOVERY_SECONDS = 60.0
 # How long a namespace scan may reuse a table's offsets while the offsets store's stay put (a catalog load per table
 # per tick was most of an idle tick at 200 topics); also how late it sees a table rolled back behind the store's back.
 TABLE_OFFSETS_MAX_AGE_SECONDS = 60.0
@@ -123,6 +132,10 @@ class TopicScan:
     cursors: dict[int, PartitionCursor]  # the listing cursors to resume from next time
     new_segments: int  # completed segments listed for the first time in this scan
     table_error: str | None = None  # why the table's offsets could not be read (the store's were used)
+    # The completed segments each listed partition's listing returned (a partition left unlisted is absent), and the
+    # partitions listed from their committed next offset (no cursor): their segments are all the pending ones.
+    listed: dict[int, list[SegmentRef]] = field(default_factory=dict)
+    listed_from_committed: frozenset[int] = frozenset()
 
 
 class TableOffsetsReader:
@@ -194,6 +207,8 @@ class WatchSources:
     # `processor.orphan_segment_grace_seconds`: how long a partition may wait behind an incomplete segment unreported.
     orphan_grace_seconds: float = field(default_factory=lambda: ProcessorConfig().orphan_segment_grace_seconds)
     tables: TableOffsetsReader | None = None  # None: the store's offsets are taken as they are
+    # What a namespace watch keeps between its scans (`scan_namespace`).
+    memory: NamespaceWatchMemory = field(default_factory=lambda: NamespaceWatchMemory())
 
     @classmethod
     def from_config(cls, config: LakehouseConfig) -> WatchSources:
@@ -207,7 +222,8 @@ class WatchSources:
 def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, PartitionCursor] | None = None, *,
                table: str | None = None, partitions: Sequence[int] | None = None,
                offsets: TopicOffsets | None = None, table_offsets_max_age_seconds: float = 0,
-               read_newest_footers: bool = True) -> TopicScan:
+               read_newest_footers: bool = True,
+               skip_settled: bool = False, held: bool = False) -> TopicScan:
     """Discover the partitions of `topic`, list their new completed segments and read offsets and watermarks.
 
     `cursors` (from the previous scan) resume each partition's listing; a partition without one is listed from its
@@ -217,7 +233,11 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
     stored offsets and broker watermarks as read already (a namespace scan reads every topic's in two requests);
     `table_offsets_max_age_seconds` > 0: the table's offsets may be reused (`TableOffsetsReader.read_reusing`);
     `read_newest_footers=False`: a partition listed from its cursor leaves its newest new segment unread (no footer
-    read; its segments end does not count it yet, the cursor stays before it): for a table that cannot take it now."""
+    read; its segments end does not count it yet, the cursor stays before it): for a table that cannot take it now.
+    The namespace watch's rules, where a partition is not listed at all (no stall is looked for; its cursor keeps its
+    place, at the committed next offset when it had none): `skip_settled`, a partition whose broker watermark is where
+    what is known of it ends (its committed next offset, or the completed segments its cursor saw), since no segment
+    holds offsets the broker has not assigned; `held` (the table has a run in flight), a partition with a cursor."""
     cursors = cursors or {}
     if partitions is None:
         discovered = discover_partitions(sources.discovery_mode, sources.store, sources.etcd, topics=[topic])
@@ -235,6 +255,8 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
     new_cursors: dict[int, PartitionCursor] = dict(cursors)
     states: dict[int, PartitionState] = {}
     new_segments = 0
+    listed: dict[int, list[SegmentRef]] = {}
+    from_committed: set[int] = set()
     for partition in partition_ids:
         next_offset = committed.get(partition)
         store_next, table_next = stored.get(partition), table_offsets.get(partition)
@@ -242,7 +264,21 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
         if previous is not None and previous.next_offset is not None and (next_offset or 0) < previous.next_offset:
             # Moved back (the table rolled back, a position moved): the segments before the cursor are pending again.
             previous = None
+        watermark = watermarks.get(partition)
+        known_end = max(next_offset or 0, (previous.segments_end or 0) if previous is not None else 0)
+        if (held and previous is not None) or (skip_settled and watermark == known_end):
+            if previous is None:  # settled: nothing to list, now or before the committed next offset
+                from_committed.add(partition)
+                listed[partition] = []
+                start_after = (segment_key(store.namespace, topic, partition, next_offset - 1, ObjectKind.SEGMENT)
+                               if next_offset else None)
+                previous = PartitionCursor(start_after, next_offset or None, next_offset)
+            new_cursors[partition] = replace(previous, next_offset=next_offset)
+            states[partition] = PartitionState(partition, next_offset, previous.segments_end, watermark,
+                                               store_next_offset=store_next, table_next_offset=table_next)
+            continue
         if previous is None:
+            from_committed.add(partition)
             try:
                 listing = segments_from(store, topic, partition, next_offset, limit=SEGMENTS_PER_PARTITION_PER_SCAN,
                                         newest_footer_only=True)
@@ -256,6 +292,7 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
                                           limit=SEGMENTS_PER_PARTITION_PER_SCAN, newest_footer_only=True,
                                           read_newest_footer=read_newest_footers)
             segments_end = previous.segments_end
+        listed[partition] = listing.segments
         if listing.segments:
             segments_end = max(segments_end or 0, listing.segments[-1].last_offset + 1)
             new_segments += len(listing.segments)
@@ -267,45 +304,128 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
             store, listing, grace_seconds=sources.orphan_grace_seconds)
         if stalled is not None:
             states[partition] = replace(states[partition], error=stalled.describe())
-    return TopicScan(states, new_cursors, new_segments, table_error)
+    return TopicScan(states, new_cursors, new_segments, table_error, listed, frozenset(from_committed))
 
 
 @dataclass(frozen=True)
 class NamespaceScan:
-    """A scan of many topics from one namespace listing: each topic's scan, and the bytes of its pending segments per
-    partition (the `.kfs` objects holding offsets from the committed next offset to the end of the completed ones)."""
+    """A scan of many topics: each topic's scan, and the bytes of its pending segments per partition (the `.kfs`
+    objects holding offsets from the committed next offset to the end of the completed ones)."""
 
     topics: dict[str, TopicScan]
     pending_bytes: dict[str, dict[int, int]]
-    objects_listed: int  # objects in the namespace
+    partitions_listed: int  # partitions whose segments were listed (the others had nothing new to list)
+    list_requests: int  # listing requests of this scan (pages; partition discovery included)
 
     def topic_pending_bytes(self, topic: str) -> int:
         return sum(self.pending_bytes.get(topic, {}).values())
 
 
+class NamespaceWatchMemory:
+    """What a namespace watch keeps between scans in its process (lost with it; the next scan rebuilds it by listing
+    each partition from its committed next offset): per partition, the completed segments listed at or after the
+    committed next offset (base offset -> last offset, `.kfs` bytes), which give the pending bytes without listing
+    them again; and, with S3 discovery, each topic's partitions and when to list them again."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()  # topics are scanned on several threads
+        self._segments: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
+        self._partitions: dict[str, list[int]] = {}
+        self._partitions_due: dict[str, float] = {}
+
+    def knows(self, topic: str, partition: int) -> bool:
+        """The partition was listed from its committed next offset in this process (its pending segments are known)."""
+        with self._lock:
+            return (topic, partition) in self._segments
+
+    def record(self, topic: str, scan: TopicScan) -> None:
+        """The segments `scan` listed; those wholly before a partition's committed next offset are forgotten."""
+        with self._lock:
+            for partition, state in scan.partitions.items():
+                key = (topic, partition)
+                if partition in scan.listed_from_committed:
+                    self._segments[key] = {}
+                elif key not in self._segments:
+                    continue  # not listed from its committed offset in this process: listed so next time
+                known = self._segments[key]
+                known.update((s.base_offset, (s.last_offset, s.kfs_size)) for s in scan.listed.get(partition, []))
+                start = state.next_offset or 0
+                for base in [base for base, (last, _) in known.items() if last < start]:
+                    del known[base]
+
+    def segment_bytes(self, topic: str, partition: int, start: int, end: int) -> int:
+        """Bytes of the segments known to hold offsets in `[start, end)`."""
+        with self._lock:
+            known = self._segments.get((topic, partition), {})
+            return sum(size for base, (last, size) in known.items() if base < end and last >= start)
+
+    def s3_partitions(self, store: SegmentStore, topics: Sequence[str]) -> dict[str, list[int]]:
+        """`discovery.mode` s3 without a namespace listing: each topic's partition "directories", listed (one
+        request per topic, on `NAMESPACE_SCAN_THREADS` threads) every scan while the topic has none (a topic not
+        created yet), else again when last listed between 1/2 and 1 x `PARTITION_DISCOVERY_SECONDS` ago (drawn per
+        topic, so the topics' listings spread over ticks). A new partition of a known topic is scanned at once when
+        the broker publishes a watermark for it (`scan_topic`), else after its topic's next listing here."""
+        now = self._clock()
+        with self._lock:
+            due = [topic for topic in topics
+                   if not self._partitions.get(topic) or now >= self._partitions_due.get(topic, now)]
+        if due:
+            with ThreadPoolExecutor(max_workers=min(NAMESPACE_SCAN_THREADS, len(due)),
+                                    thread_name_prefix="partition-discovery") as pool:
+                found = dict(zip(due, pool.map(store.list_partitions, due), strict=True))
+            with self._lock:
+                for topic, partitions in found.items():
+                    self._partitions[topic] = partitions
+                    self._partitions_due[topic] = now + PARTITION_DISCOVERY_SECONDS * random.uniform(0.5, 1.0)  # noqa: S311
+        with self._lock:
+            return {topic: self._partitions.get(topic, []) for topic in topics}
+
+
 def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
                    cursors: Mapping[str, Mapping[int, PartitionCursor]] | None = None, *,
                    unread_newest: Collection[str] = ()) -> NamespaceScan:
-    """`scan_topic` of every topic of `tables` (`{topic: table}`) from ONE listing of the namespace: the listing
-    pages are the only list requests, two etcd prefix reads give every topic's offsets and watermarks; new segments'
-    footers and the tables' offsets are read per topic, the topics on `NAMESPACE_SCAN_THREADS` threads. `cursors`:
-    `{topic: partition cursors}` of the previous scan; `unread_newest`: topics whose newest new segments are left
-    unread (`scan_topic`'s `read_newest_footers=False`: their tables have a run in flight)."""
+    """`scan_topic` of every topic of `tables` (`{topic: table}`), listing only the partitions that may hold a
+    completed segment not seen yet: those whose broker watermark (etcd) is not where their completed segments seen
+    end, or that publish none, or have no cursor yet; each from its cursor (`StartAfter`), so a listing returns the
+    new objects only. Topics are scanned on `NAMESPACE_SCAN_THREADS` threads.
+
+    Per tick: two etcd prefix reads (every topic's offsets and watermarks), partition discovery (`discovery.mode`
+    etcd or auto: the broker's metadata snapshot, one etcd read; s3: `NamespaceWatchMemory.s3_partitions`, a listing
+    per topic about once a minute, every tick for a topic without partitions yet), one list request per partition
+    whose watermark moved past its segments seen (or that has none) and one 16-byte footer read per partition with
+    new segments (the newest), and the table loads due (`TableOffsetsReader.read_reusing`). Nothing grows with the
+    segments the namespace keeps: an idle partition costs no request, and a partition's pending bytes come from what
+    earlier listings found (`NamespaceWatchMemory`; a partition not listed from its committed next offset in this
+    process yet is listed from there once).
+
+    A partition whose watermark equals the end of what is known of it (the completed segments seen, or the committed
+    next offset: a partition that landed everything) cannot hold another segment (a segment holds offsets the broker
+    assigned), so it is not listed (`scan_topic`'s `skip_settled`); a segment uploaded beyond the watermark the broker
+    published is seen when the watermark next moves. Stall detection (an incomplete segment the partition waits
+    behind) still runs on every partition listed, and a partition waiting behind one is listed every tick (its
+    segments never reach the watermark). `cursors`: `{topic: partition cursors}` of the previous scan;
+    `unread_newest`: topics whose tables have a run in flight: their partitions with a cursor are not listed (their
+    segments wait for the tick after).
+    """
     cursors = cursors or {}
-    listing = NamespaceListing.from_store(sources.store)
-    discovered = discover_partitions(sources.discovery_mode, listing, sources.etcd, topics=list(tables))
-    view = replace(sources, store=listing)
+    topics = list(tables)
+    memory = sources.memory
+    before = sources.store.request_counts["list"]
+    partitions = _partitions_of(sources, topics)
     committed = sources.offsets.committed_offsets_by_topic(tables)
     watermarks = sources.offsets.broker_watermarks_by_topic(tables)
 
     def scan(topic: str) -> TopicScan:
-        return scan_topic(view, topic, cursors.get(topic), table=tables[topic],
-                          partitions=discovered.partitions.get(topic, []),
-                          offsets=TopicOffsets(committed[topic], watermarks[topic]),
-                          table_offsets_max_age_seconds=TABLE_OFFSETS_MAX_AGE_SECONDS,
-                          read_newest_footers=topic not in unread_newest)
+        previous = cursors.get(topic, {})
+        scanned = scan_topic(sources, topic, {p: c for p, c in previous.items() if memory.knows(topic, p)},
+                             table=tables[topic], partitions=partitions.get(topic, []),
+                             offsets=TopicOffsets(committed[topic], watermarks[topic]),
+                             table_offsets_max_age_seconds=TABLE_OFFSETS_MAX_AGE_SECONDS, skip_settled=True,
+                             held=topic in unread_newest)
+        memory.record(topic, scanned)
+        return replace(scanned, cursors={**previous, **scanned.cursors})
 
-    topics = list(tables)
     if len(topics) <= 1:
         scans = [scan(topic) for topic in topics]
     else:
@@ -313,10 +433,27 @@ def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
                                 thread_name_prefix="namespace-scan") as pool:
             scans = list(pool.map(scan, topics))
     by_topic = dict(zip(topics, scans, strict=True))
-    pending = {topic: {p: listing.segment_bytes(topic, p, r.start, r.end) for p, state in scan.partitions.items()
+    pending = {topic: {p: memory.segment_bytes(topic, p, r.start, r.end) for p, state in scan.partitions.items()
                        if (r := state.pending_range) is not None}
                for topic, scan in by_topic.items()}
-    return NamespaceScan(by_topic, pending, len(listing.objects))
+    return NamespaceScan(by_topic, pending, sum(len(scan.listed) for scan in scans),
+                         sources.store.request_counts["list"] - before)
+
+
+def _partitions_of(sources: WatchSources, topics: list[str]) -> dict[str, list[int]]:
+    """Each topic's partitions by `discovery.mode`, without listing the namespace: the broker's metadata snapshot,
+    else (`s3`, or `auto` without etcd or when the snapshot cannot be read) `NamespaceWatchMemory.s3_partitions`."""
+    mode = sources.discovery_mode
+    if mode is not DiscoveryMode.S3 and sources.etcd is not None:
+        try:
+            return discover_partitions(DiscoveryMode.ETCD, sources.store, sources.etcd, topics=topics).partitions
+        except (EtcdError, MetadataSnapshotError) as exc:
+            if mode is DiscoveryMode.ETCD:
+                raise
+            log.warning("discovery.mode auto: listing the partitions of %s because %s", sources.store.location, exc)
+    elif mode is DiscoveryMode.ETCD:
+        raise ValueError("discovery mode etcd needs an etcd client")
+    return sources.memory.s3_partitions(sources.store, topics)
 
 
 def _table_offsets(sources: WatchSources, table: str | None, topic: str, stored: Mapping[int, int | None],

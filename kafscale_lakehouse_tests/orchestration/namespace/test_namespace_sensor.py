@@ -1,13 +1,15 @@
-"""The namespace watch's sensor on the real servers: one tick lists the namespace once for every mapped topic and
-requests `land_tables` runs over the tables with new segments, packed by the byte budget (issue 22)."""
+"""The namespace watch's sensor on the real servers: one tick lists only the partitions whose broker watermark moved
+past the segments seen (each from its cursor) and requests `land_tables` runs over the tables with new segments,
+packed by the byte budget (issue 22)."""
 
 from __future__ import annotations
 
 import dagster as dg
 
 from kafscale_lakehouse.connections import catalog_settings
-from kafscale_lakehouse.engine.ingestion import TABLE_OFFSETS_MAX_AGE_SECONDS, TableOffsetsReader
+from kafscale_lakehouse.engine.ingestion import TABLE_OFFSETS_MAX_AGE_SECONDS, TableOffsetsReader, WatchSources
 from kafscale_lakehouse.offsets.ranges import format_ranges, parse_ranges
+from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration import namespace_sensor
 from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_TABLES_JOB, LAND_TABLES_OP
 from kafscale_lakehouse.orchestration.naming import partitions_def_name, topic_asset_key
@@ -28,8 +30,18 @@ def kfs_bytes(world: NamespaceWorld, word: str) -> int:
                for s in segments.values())
 
 
-def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_with_new_segments(namespace_world,
-                                                                                              monkeypatch):
+def publish_watermarks(world: NamespaceWorld, sources: WatchSources) -> None:
+    """Each partition's broker watermark in etcd at the end of the segments written to it, as a KafScale broker
+    publishes its log end (`/kafscale/topics/<topic>/partitions/<p>/next_offset`)."""
+    assert sources.etcd is not None
+    for topic in world.topics.values():
+        for partition, segments in topic.segments.items():
+            end = max(segment.last_offset for segment in segments.values()) + 1
+            sources.etcd.put(broker_next_offset_key(topic.topic, partition), str(end))
+
+
+def test_one_tick_lists_each_partition_once_and_requests_one_run_of_the_tables_with_new_segments(namespace_world,
+                                                                                                monkeypatch):
     world = namespace_world
     orders, payments = world.topics["orders"], world.topics["payments"]
     orders.write_segments(0, 100, records_per_segment=50)
@@ -38,6 +50,7 @@ def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_wi
     # refunds: no segment yet. An object of another, unmapped topic is listed with the rest and ignored.
     orders.put_object(f"{namespace_prefix(orders.name)}unmapped/0/segment-{0:020d}.index", b"x")
     sources = world.sources()
+    publish_watermarks(world, sources)
     etcd_reads: list[str] = []
     read_prefix = sources.offsets._read_prefix
     monkeypatch.setattr(sources.offsets, "_read_prefix",
@@ -48,7 +61,8 @@ def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_wi
     requests = sources.store.request_counts - before
 
     assert len(etcd_reads) == 2, f"the offsets and the watermarks of every topic, one read each: {etcd_reads}"
-    assert requests["list"] == 1, requests
+    # discovery.mode s3: each topic's partition directories (3), then each partition found, from its committed offset.
+    assert requests["list"] == 3 + 3, requests
     assert requests["get"] == 3, "the newest new segment's footer per partition, nothing else"
     [request] = result.run_requests
     tables = batch_tables(request)
@@ -67,12 +81,13 @@ def test_one_tick_lists_the_namespace_once_and_requests_one_run_of_the_tables_wi
         sensor.evaluate_tick(dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral()))
     assert (sources.store.request_counts - per_table)["list"] >= 3
 
-    # Nothing new: the next tick lists once again, reads no footer, and requests nothing until the requested run
-    # is launched (here it never is: requested again after the backoff, as the per-table sensor does).
+    # Nothing new (every watermark is where the segments seen end): the next tick lists no partition, only the
+    # partition directories of refunds, which has none yet; and requests nothing until the requested run is launched
+    # (here it never is: requested again after the backoff, as the per-table sensor does).
     before = sources.store.request_counts
     idle = world.tick(sources, result.cursor)
     requests = sources.store.request_counts - before
-    assert (requests["list"], requests["get"]) == (1, 0)
+    assert dict(requests) == {"list": 1}, requests
     assert idle.run_requests == []
     assert "no run was launched for request" in idle.skip_message
 
@@ -82,6 +97,7 @@ def test_a_tick_reads_only_the_newest_footer_of_each_partition_however_many_segm
     orders = world.topics["orders"]
     orders.write_segments(0, 50, records_per_segment=50)
     sources = world.sources()
+    publish_watermarks(world, sources)
     first = world.tick(sources)
     assert batch_tables(first.run_requests[0])[orders.table_name]["planned_ranges"] == '{"0":[0,50]}'
 
@@ -92,11 +108,13 @@ def test_a_tick_reads_only_the_newest_footer_of_each_partition_however_many_segm
     orders.write_segments(0, 7, records_per_segment=7, base_offset=650)
     index_key = orders.segment_object_key(0, 650, ObjectKind.INDEX)
     orders.seaweedfs.s3_client().delete_object(Bucket=S3_BUCKET, Key=index_key)
+    publish_watermarks(world, sources)  # partition 1 is new: its watermark shows it before S3 discovery lists it
     before = sources.store.request_counts
     second = world.tick(sources, first.cursor)
     requests = sources.store.request_counts - before
 
-    assert (requests["list"], requests["get"]) == (1, 2), requests
+    # The two partitions of orders, and the partition directories of payments and refunds (no partition yet).
+    assert (requests["list"], requests["get"]) == (2 + 2, 2), requests
     [request] = second.run_requests
     assert parse_ranges(batch_tables(request)[orders.table_name]["planned_ranges"], where="test") == parse_ranges(
         '{"0":[0,650],"1":[0,90]}', where="test")
@@ -239,6 +257,7 @@ def test_a_table_with_a_run_in_flight_has_its_new_segments_read_after_the_run(na
 
     orders.write_segments(0, 150, records_per_segment=50, base_offset=50)
     payments.write_segments(0, 30, records_per_segment=30)
+    publish_watermarks(world, sources)
     before = sources.store.request_counts
     second = world.tick(sources, first.cursor)
     assert (sources.store.request_counts - before)["get"] == 1, "payments' footer only: orders' run is in flight"
