@@ -36,6 +36,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -70,7 +71,7 @@ from kafscale_lakehouse.engine.spark.engine import (
     wait_until_ready,
 )
 from kafscale_lakehouse.etcd import EtcdClient
-from kafscale_lakehouse.format import encode_segment
+from kafscale_lakehouse.format import EncodedSegment, encode_segment
 from kafscale_lakehouse.offsets.records import decode_offset
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
 from kafscale_lakehouse.testing.servers import (
@@ -283,11 +284,13 @@ def request_kind(method: str, path: str) -> str:
 @dataclass
 class ProxyCounts:
     """What the proxy saw: every request (time, process kind, request kind); upstream connections it reopened after
-    SeaweedFS had closed them (the request was sent again, as a client's retry would); requests it could not forward."""
+    SeaweedFS had closed them (the request was sent again, as a client's retry would); requests it could not forward;
+    client connections reset between two requests."""
 
     requests: list[tuple[float, str, str]] = field(default_factory=list)
     reopened: int = 0
     failed: Counter[str] = field(default_factory=Counter)
+    client_resets: int = 0
 
     def between(self, start: float, end: float) -> Counter[tuple[str, str]]:
         return Counter((owner, kind) for at, owner, kind in self.requests if start <= at < end)
@@ -388,6 +391,13 @@ class CountingProxy:
             daemon_threads = True
             request_queue_size = 1024  # the default listen backlog of 5 drops connections when hundreds arrive at once
 
+            def handle_error(self, request: object, client_address: tuple[str, int]) -> None:
+                if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+                    with proxy.lock:  # a client reset its kept-alive connection (a run worker exits): not an error
+                        proxy.counts.client_resets += 1
+                else:
+                    super().handle_error(request, client_address)
+
         self.server = Server(("127.0.0.1", 0), Handler)
 
     def connect(self) -> http.client.HTTPConnection:
@@ -449,9 +459,13 @@ def topic_name(number: int) -> str:
     return f"fan-{number:03d}"
 
 
+def mapping_document(topic: str, table: str) -> dict:
+    return {"topic": topic, "table": table, "create_table_if_missing": True,
+            "schema": {"columns": [asdict(column) for column in PIZZA_COLUMNS]}}
+
+
 def config_document(seaweedfs: SeaweedFS, etcd: Etcd, s3_endpoint: str, topics: int, watch: str) -> dict:
-    mappings = [{"topic": topic_name(i), "table": f"fanout.t{i:03d}", "create_table_if_missing": True,
-                 "schema": {"columns": [asdict(column) for column in PIZZA_COLUMNS]}} for i in range(topics)]
+    mappings = [mapping_document(topic_name(i), f"fanout.t{i:03d}") for i in range(topics)]
     return {
         "s3": {"bucket": S3_BUCKET, "namespace": KEY_PREFIX, "endpoint": s3_endpoint, "region": REGION,
                "path_style": True, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY},
@@ -484,29 +498,63 @@ class FanoutProducer:
     """A segment of realistic records per partition per `interval_seconds`, the partitions' writes spread evenly over
     the interval; next offsets continue from what it wrote before."""
 
-    def __init__(self, config: LakehouseConfig, topics: int, partitions: int, records_per_segment: int) -> None:
+    def __init__(self, config: LakehouseConfig, topics: list[str], partitions: int, records_per_segment: int) -> None:
         self.store = segment_store_from_config(config)
         self.publish_watermark = watermark_publisher(config)
-        self.slots = [(topic_name(t), p) for t in range(topics) for p in range(partitions)]
+        self.slots = [(topic, p) for topic in topics for p in range(partitions)]
         self.records_per_segment = records_per_segment
         self.next_offsets = dict.fromkeys(self.slots, 0)
-        self.written = 0
+        self.kfs_bytes = 0
+        self.lock = threading.Lock()
 
-    def write(self, topic: str, partition: int, now: float) -> tuple[tuple[str, int, int], float, int]:
+    def write(self, topic: str, partition: int, now: float, count: int | None = None,
+              same_segments: dict[tuple[int, int, int], EncodedSegment] | None = None,
+              ) -> tuple[tuple[str, int, int], float, int]:
+        """Writes the partition's next segment of `count` (default `records_per_segment`) records. With
+        `same_segments`, every topic gets the same segment bytes for the same partition, offset and count (encoded
+        once: generating realistic records costs ~10k records/s per core, and the topics' contents do not matter)."""
         base = self.next_offsets[(topic, partition)]
-        records = pizza_orders(base, self.records_per_segment, partition=partition, start_ms=int(now * 1000),
-                               interval_ms=10, workload="realistic", seed=hash(topic) & 0xFFFF)
-        segment = encode_segment(records, base_offset=base, codec="zstd", records_per_batch=RECORDS_PER_BATCH,
-                                 created_ms=int(now * 1000))
+        count = count or self.records_per_segment
+        segment = same_segments.get((partition, base, count)) if same_segments is not None else None
+        if segment is None:
+            records = pizza_orders(base, count, partition=partition, start_ms=int(now * 1000), interval_ms=10,
+                                   workload="realistic", seed=hash(topic) & 0xFFFF)
+            segment = encode_segment(records, base_offset=base, codec="zstd", records_per_batch=RECORDS_PER_BATCH,
+                                     created_ms=int(now * 1000))
+            if same_segments is not None:
+                same_segments[(partition, base, count)] = segment
         self.publish_watermark(topic, partition, segment.last_offset + 1)
         self.store.write_segment(topic, partition, base, segment.kfs, segment.index)  # returns once .index is in
         self.next_offsets[(topic, partition)] = segment.last_offset + 1
-        return (topic, partition, segment.last_offset), time.time(), len(records)
+        with self.lock:
+            self.kfs_bytes += len(segment.kfs)
+        return (topic, partition, segment.last_offset), time.time(), count
 
     def round_once(self) -> None:
         """One segment per partition at once (before `dagster dev`, so the topics exist when the definitions load)."""
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda slot: self.write(*slot, time.time()), self.slots))
+
+    def write_backlog(self, records: int, landings: Landings) -> None:
+        """`records` in all, spread evenly over the partitions, each partition's in segments of at most
+        `records_per_segment` (before the deployment starts: the producer does not compete with it for the cores)."""
+        per_slot = {slot: records // len(self.slots) + (1 if n < records % len(self.slots) else 0)
+                    for n, slot in enumerate(self.slots)}
+
+        same_segments: dict[tuple[int, int, int], EncodedSegment] = {}
+
+        def write_slot(slot: tuple[str, int]) -> None:
+            left = per_slot[slot]
+            while left:
+                segment, landed_at, count = self.write(*slot, time.time(), min(left, self.records_per_segment),
+                                                       same_segments)
+                left -= count
+                with landings.lock:
+                    landings.landed[segment] = landed_at
+                    landings.records[segment] = count
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(write_slot, [slot for slot, count in per_slot.items() if count]))
 
     def run(self, interval_seconds: float, stop: threading.Event, landings: Landings) -> None:
         spacing = interval_seconds / len(self.slots)
@@ -555,21 +603,113 @@ def poll_committed(etcd: EtcdClient, landings: Landings) -> None:
 class InstanceFigures:
     ticks: dict[str, list[tuple[float, float | None, str]]]  # sensor → (start, end, status)
     runs: list[tuple[str, str, float]]  # (job, status, created)
+    batches: list[BatchRun]  # the land_tables runs
+
+
+@dataclass
+class BatchRun:
+    """A land_tables run's milestones from its event log (epoch seconds; None when the event is not there)."""
+
+    run_id: str
+    status: str
+    created: float
+    tables: int  # from its "landing N tables" log message
+    starting: float | None  # launched by the queue
+    started: float | None  # the run worker runs
+    landing: float | None  # the op logged "landing N tables" (resources built, step started)
+    first_materialization: float | None  # everything prepared, written, committed and checked: events from here
+    ended: float | None
+    events: int
+    pid: int | None  # the run worker's, from "Started process for run (pid: N)"
 
 
 def read_instance(dagster_home: Path) -> InstanceFigures:
-    from dagster import DagsterInstance
+    from dagster import DagsterEventType, DagsterInstance
     from dagster._core.definitions.run_request import InstigatorType
 
     ticks: dict[str, list[tuple[float, float | None, str]]] = {}
+    batches: list[BatchRun] = []
     with DagsterInstance.from_config(str(dagster_home)) as instance:
         for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
             ticks[state.instigator_name] = [
                 (tick.timestamp, tick.end_timestamp, tick.status.value)
                 for tick in instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=1_000_000)]
+        records = instance.get_run_records()
         runs = [(run.job_name, run.status.value, record.create_timestamp.timestamp())
-                for record in instance.get_run_records() for run in [record.dagster_run]]
-    return InstanceFigures(ticks, runs)
+                for record in records for run in [record.dagster_run]]
+        for record in records:
+            if "land_tables" not in record.dagster_run.job_name:
+                continue
+            first: dict[str, float] = {}
+            tables, pid = 0, None
+            events = instance.all_logs(record.dagster_run.run_id)
+            for event in events:
+                kind = event.dagster_event.event_type_value if event.dagster_event else "LOG"
+                message = event.user_message or ""
+                if kind == "LOG" and message.startswith("landing ") and "landing" not in first:
+                    first["landing"] = event.timestamp
+                    tables = int(message.split()[1])
+                elif kind == DagsterEventType.ENGINE_EVENT.value and pid is None and "(pid: " in message:
+                    pid = int(message.split("(pid: ", 1)[1].split(")", 1)[0])
+                first.setdefault(kind, event.timestamp)
+                if kind in (DagsterEventType.RUN_SUCCESS.value, DagsterEventType.RUN_FAILURE.value):
+                    first["ended"] = event.timestamp
+            batches.append(BatchRun(
+                record.dagster_run.run_id, record.dagster_run.status.value, record.create_timestamp.timestamp(),
+                tables, first.get(DagsterEventType.RUN_STARTING.value), first.get(DagsterEventType.RUN_START.value),
+                first.get("landing"), first.get(DagsterEventType.ASSET_MATERIALIZATION.value), first.get("ended"),
+                len(events), pid))
+    return InstanceFigures(ticks, runs, sorted(batches, key=lambda batch: batch.created))
+
+
+# ------------------------------------------------------------------------------------------------ the runs' phases
+#
+# With --phase-log, every Python process of `dagster dev` (the run workers are what matters) appends the engine's
+# timed phases (engine/phases.py: its "phase X took S s" debug lines) to a file of its own: a sitecustomize module
+# on PYTHONPATH sets that logger up, so the run's code and its Dagster event log stay as they are.
+
+PHASE_LOG_SITECUSTOMIZE = """\
+import logging, os
+_handler = logging.FileHandler(os.path.join({directory!r}, f"phases-{{os.getpid()}}.log"), delay=True)
+_handler.setFormatter(logging.Formatter("%(created).3f %(threadName)s %(message)s"))
+_logger = logging.getLogger("kafscale_lakehouse.engine.phases")
+_logger.setLevel(logging.DEBUG)
+_logger.addHandler(_handler)
+_logger.propagate = False
+"""
+
+
+@dataclass(frozen=True)
+class PhaseLine:
+    pid: int
+    name: str
+    started: float
+    seconds: float
+
+    @property
+    def ended(self) -> float:
+        return self.started + self.seconds
+
+
+def install_phase_log(workdir: Path, env: dict[str, str]) -> Path:
+    directory = workdir / "phases"
+    directory.mkdir()
+    (directory / "sitecustomize.py").write_text(PHASE_LOG_SITECUSTOMIZE.format(directory=str(directory)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(directory), env.get("PYTHONPATH")]))
+    return directory
+
+
+def read_phase_log(directory: Path) -> list[PhaseLine]:
+    lines = []
+    for path in directory.glob("phases-*.log"):
+        pid = int(path.stem.split("-")[1])
+        for line in path.read_text(errors="replace").splitlines():
+            created, _, rest = line.partition(" ")
+            name = rest.partition(" phase ")[2].rpartition(" took ")
+            if name[1]:
+                seconds = float(name[2].split()[0])
+                lines.append(PhaseLine(pid, name[0], float(created) - seconds, seconds))
+    return lines
 
 
 def sensor_kind(name: str) -> str:
@@ -588,14 +728,28 @@ def sensor_kind(name: str) -> str:
 def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
     seaweedfs = SeaweedFS(workdir / "seaweedfs").start()
     etcd = Etcd(workdir / "etcd").start()
-    dagster_dev = engine = proxy = None
+    dagster_dev = engine = None
+    proxy: ProxyProcess | None = None
+    proxy_counts: ProxyCounts | None = None
     stop = threading.Event()
     sampler = ProcessSampler([])
+    landings = Landings()
+    single: SingleTopic | None = None
+    phase_directory: Path | None = None
     try:
         direct = parse_config(config_document(seaweedfs, etcd, seaweedfs.s3_endpoint, topics, args.watch),
                               source="benchmarks/fanout.py")
-        producer = FanoutProducer(direct, topics, args.partitions, args.records_per_segment)
-        producer.round_once()  # as `make demo`: the topics exist before the definitions load (not measured)
+        producer = FanoutProducer(direct, [topic_name(t) for t in range(topics)], args.partitions,
+                                  args.records_per_segment)
+        if args.backlog_records:
+            started = time.time()
+            producer.write_backlog(args.backlog_records, landings)
+            print(f"[N={topics}] backlog: {args.backlog_records} realistic records ({producer.kfs_bytes / 1e6:.1f} MB "
+                  f"of zstd segments; {len(landings.landed)} segments of at most {args.records_per_segment} records; "
+                  f"{args.partitions} partitions per topic) written in {time.time() - started:.1f} s, before the "
+                  f"deployment starts; load {' '.join(f'{v:.1f}' for v in os.getloadavg())}", flush=True)
+        else:
+            producer.round_once()  # as `make demo`: the topics exist before the definitions load (not measured)
         if args.proxy:
             proxy = ProxyProcess(int(seaweedfs.s3_endpoint.rsplit(":", 1)[1]))
         document = config_document(seaweedfs, etcd, proxy.endpoint if proxy else seaweedfs.s3_endpoint, topics,
@@ -611,46 +765,42 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
         url = f"http://127.0.0.1:{port}"
         started = time.time()
         engine = start_spark_engine(workdir, env, engine_port)
+        engine_address = ConnectAddress("127.0.0.1", engine_port)
         env[SPARK_REMOTE_VARIABLE] = f"sc://127.0.0.1:{engine_port}"
+        if args.backlog_records and args.single_topic:
+            wait_until_ready(engine, engine_address, log_path=workdir / "engine.log")
+            single = measure_single_topic(args, seaweedfs, etcd, env[SPARK_REMOTE_VARIABLE])
+        if args.phase_log:
+            phase_directory = install_phase_log(workdir, env)
+        deployment_started = time.time()
         dagster_dev = start_dagster_dev(workdir, env, port)
         sampler.roots[:] = [dagster_dev.pid, engine.pid]
         if proxy is not None:
             proxy.set_roots(sampler.roots)
+        sampler.sample()  # CPU is counted from here (the single-topic run's is not)
+        with sampler.lock:
+            sampler.measuring = bool(args.backlog_records)  # a backlog is measured from dagster dev's start
         sampling = threading.Thread(target=run_sampler, args=(sampler, stop), name="sampler", daemon=True)
         sampling.start()
-        wait_until_ready(engine, ConnectAddress("127.0.0.1", engine_port), log_path=workdir / "engine.log")
+        wait_until_ready(engine, engine_address, log_path=workdir / "engine.log")
         wait_for_webserver(url, ingest_job_name(document["mappings"][0]["table"]), dagster_dev,
                            workdir / "dagster.log")
-        print(f"[N={topics}] engine and dagster dev up after {time.time() - started:.1f} s; producing for "
-              f"{args.duration:g} s ({topics} topics x {args.partitions} partitions, a segment of "
-              f"{args.records_per_segment} records each every {args.interval_seconds:g} s; watch {args.watch}); "
-              f"load {' '.join(f'{v:.1f}' for v in os.getloadavg())}", flush=True)
-        landings = Landings()
-        measuring_from = time.time()
-        with sampler.lock:
-            sampler.measuring = True
-        producing = threading.Thread(target=producer.run, args=(args.interval_seconds, stop, landings),
-                                     name="producer", daemon=True)
-        producing.start()
-        load_samples = [os.getloadavg()[0]]
-        with EtcdClient([etcd.endpoint]) as client:
-            deadline = time.monotonic() + args.duration
-            while time.monotonic() < deadline:
-                if dagster_dev.poll() is not None:
-                    raise SystemExit(f"dagster dev exited with {dagster_dev.returncode}; log:\n"
-                                     f"{_tail(workdir / 'dagster.log')}")
-                if landings.error is not None:
-                    raise SystemExit(f"the producer failed: {landings.error!r}")
-                poll_committed(client, landings)
-                load_samples.append(os.getloadavg()[0])
-                time.sleep(args.poll_seconds)
-            producing_ended = time.time()
-            stop.set()
-            producing.join()
-            drain_deadline = time.monotonic() + args.drain_seconds
-            while landings.pending() and time.monotonic() < drain_deadline:
-                poll_committed(client, landings)
-                time.sleep(args.poll_seconds)
+        webserver_up = time.time()
+        if args.backlog_records:
+            print(f"[N={topics}] dagster dev up after {webserver_up - deployment_started:.1f} s; waiting for the "
+                  f"backlog (at most {args.backlog_timeout:g} s; watch {args.watch}); load "
+                  f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}", flush=True)
+            load_samples = wait_for_backlog(args, dagster_dev, workdir, etcd, landings)
+            measuring_from, producing_ended = deployment_started, time.time()
+        else:
+            print(f"[N={topics}] engine and dagster dev up after {webserver_up - started:.1f} s; producing for "
+                  f"{args.duration:g} s ({topics} topics x {args.partitions} partitions, a segment of "
+                  f"{args.records_per_segment} records each every {args.interval_seconds:g} s; watch "
+                  f"{args.watch}); load {' '.join(f'{v:.1f}' for v in os.getloadavg())}", flush=True)
+            measuring_from = time.time()
+            with sampler.lock:
+                sampler.measuring = True
+            load_samples, producing_ended = stream(args, producer, dagster_dev, workdir, etcd, landings, stop)
         measured_until = time.time()
         figures = read_instance(dagster_home)  # before stopping: runs in flight are not yet interrupted
     finally:
@@ -659,11 +809,120 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
             stop_process_group(dagster_dev)
         if engine is not None:
             stop_process_group(engine)
-        proxy_counts = proxy.stop() if proxy is not None else None
+        if proxy is not None:
+            proxy_counts = proxy.stop()
         etcd.stop()
         seaweedfs.stop()
-    report(args, topics, landings, figures, proxy_counts, sampler, measuring_from, producing_ended, measured_until,
-           load_samples)
+    if args.backlog_records:
+        report_backlog(args, topics, producer.kfs_bytes, landings, figures, proxy_counts, sampler,
+                       deployment_started, webserver_up, measured_until, load_samples, single,
+                       read_phase_log(phase_directory) if phase_directory else None)
+    else:
+        report(args, topics, landings, figures, proxy_counts, sampler, measuring_from, producing_ended,
+               measured_until, load_samples)
+
+
+def stream(args: argparse.Namespace, producer: FanoutProducer, dagster_dev: subprocess.Popen, workdir: Path,
+           etcd: Etcd, landings: Landings, stop: threading.Event) -> tuple[list[float], float]:
+    """Realistic traffic for `--duration` seconds, then up to `--drain-seconds` for the last segments: the load
+    average samples and when producing ended."""
+    producing = threading.Thread(target=producer.run, args=(args.interval_seconds, stop, landings),
+                                 name="producer", daemon=True)
+    producing.start()
+    load_samples = [os.getloadavg()[0]]
+    with EtcdClient([etcd.endpoint]) as client:
+        deadline = time.monotonic() + args.duration
+        while time.monotonic() < deadline:
+            if dagster_dev.poll() is not None:
+                raise SystemExit(f"dagster dev exited with {dagster_dev.returncode}; log:\n"
+                                 f"{_tail(workdir / 'dagster.log')}")
+            if landings.error is not None:
+                raise SystemExit(f"the producer failed: {landings.error!r}")
+            poll_committed(client, landings)
+            load_samples.append(os.getloadavg()[0])
+            time.sleep(args.poll_seconds)
+        producing_ended = time.time()
+        stop.set()
+        producing.join()
+        drain_deadline = time.monotonic() + args.drain_seconds
+        while landings.pending() and time.monotonic() < drain_deadline:
+            poll_committed(client, landings)
+            time.sleep(args.poll_seconds)
+    return load_samples, producing_ended
+
+
+def wait_for_backlog(args: argparse.Namespace, dagster_dev: subprocess.Popen, workdir: Path, etcd: Etcd,
+                     landings: Landings) -> list[float]:
+    """Until every backlog segment is visible (or `--backlog-timeout`): the load average samples."""
+    load_samples = [os.getloadavg()[0]]
+    with EtcdClient([etcd.endpoint]) as client:
+        deadline = time.monotonic() + args.backlog_timeout
+        while landings.pending() and time.monotonic() < deadline:
+            if dagster_dev.poll() is not None:
+                raise SystemExit(f"dagster dev exited with {dagster_dev.returncode}; log:\n"
+                                 f"{_tail(workdir / 'dagster.log')}")
+            poll_committed(client, landings)
+            load_samples.append(os.getloadavg()[0])
+            time.sleep(args.poll_seconds)
+    return load_samples
+
+
+# ------------------------------------------------------------------------------------------------ one topic
+
+
+SINGLE_NAMESPACE = "single-topic"  # not under the deployment's namespace "fanout/" (its watch lists that prefix)
+
+
+@dataclass
+class SingleTopic:
+    """The same records as the backlog in one topic, landed by benchmarks/ingest.py's code path."""
+
+    records: int
+    partitions: int
+    segments: int
+    megabytes: float
+    seconds: float
+    warmup_seconds: float
+    runs: int
+    load: float
+    phases: dict[str, float]
+
+
+def measure_single_topic(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd, remote: str) -> SingleTopic:
+    """benchmarks/ingest.py's measurement (`ingest_all`: runs of `ingest_mapping` in this process until every record
+    is in; a warm-up run first that starts the engine's Python workers, not counted) of one topic holding as many
+    records of the same mix as the backlog, in segments of the same size, on the deployment's engine, before the
+    deployment starts: the single-topic figure of the same machine in the same minutes."""
+    from ingest import PhaseTimer, ingest_all  # benchmarks/ingest.py; its imports are heavy, so only here
+
+    from kafscale_lakehouse.engine.ingestion.run import IngestContext
+    from kafscale_lakehouse.engine.spark.session import get_spark_session
+
+    document = config_document(seaweedfs, etcd, seaweedfs.s3_endpoint, 0, args.watch)
+    document["s3"]["namespace"] = document["offsets"]["key_prefix"] = SINGLE_NAMESPACE
+    document["mappings"] = [mapping_document("single", "fanout_single.pizzas"),
+                            mapping_document("warmup", "fanout_single.warmup")]
+    config = parse_config(document, source="benchmarks/fanout.py (one topic)")
+    warmup = FanoutProducer(config, ["warmup"], 2, 100)
+    warmup.write_backlog(200, Landings())
+    producer = FanoutProducer(config, ["single"], args.single_topic_partitions, args.records_per_segment)
+    landings = Landings()
+    producer.write_backlog(args.backlog_records, landings)
+    context = IngestContext.from_config(config, get_spark_session(remote=remote, app_name="fanout-single-topic"))
+    try:
+        started = time.perf_counter()
+        ingest_all(context, "warmup", 200)
+        warmup_seconds = time.perf_counter() - started
+        load = os.getloadavg()[0]
+        timer = PhaseTimer()
+        started = time.perf_counter()
+        with timer.listening():
+            runs = ingest_all(context, "single", args.backlog_records)
+        seconds = time.perf_counter() - started
+    finally:
+        context.close()
+    return SingleTopic(args.backlog_records, args.single_topic_partitions, len(landings.landed),
+                       producer.kfs_bytes / 1e6, seconds, warmup_seconds, runs, load, dict(timer.seconds))
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -712,33 +971,13 @@ def report(args: argparse.Namespace, topics: int, landings: Landings, figures: I
           + ", ".join(f"{job}: {count}" for job, count in by_job.most_common()) + "); statuses of all runs at the end: "
           + ", ".join(f"{status.lower()} {count}" for status, count in statuses.most_common()))
 
-    ticks_total = 0
-    print("sensor ticks while producing (duration = tick start → end, the instance's tick records):")
-    by_kind: dict[str, list[float]] = defaultdict(list)
-    counts: Counter[str] = Counter()
-    for name, ticks in figures.ticks.items():
-        for started, ended, _status in ticks:
-            if start <= started < producing_ended:
-                counts[sensor_kind(name)] += 1
-                if ended is not None:
-                    by_kind[sensor_kind(name)].append(ended - started)
-    for kind, durations in sorted(by_kind.items()):
-        ticks_total += counts[kind]
-        print(f"  {kind:<26} {counts[kind]:6d} ticks ({counts[kind] / minutes:.0f}/min), duration p50 "
-              f"{percentile(durations, 0.5):.3f} s, p90 {percentile(durations, 0.9):.3f} s, max {max(durations):.3f} s")
+    print_batches(figures.batches, start, measured_until, None)
+    counts = print_ticks(figures, "while producing", start, producing_ended)
     if proxy_counts is None:
         print("S3 requests: not counted (--no-proxy)")
     else:
-        print_s3_requests(proxy_counts, counts, start, producing_ended, measured_until)
-
-    cpu = sampler.cpu_seconds()
-    print(f"CPU seconds and peak RSS while producing and draining ({measured_until - start:.0f} s):")
-    for kind in sorted(set(cpu) | set(sampler.peak_rss)):
-        print(f"  {kind:<24} CPU {cpu.get(kind, 0.0):7.1f} s ({cpu.get(kind, 0.0) / (measured_until - start):.2f} "
-              f"cores)  peak RSS {sampler.peak_rss.get(kind, 0) / 2**20:7.0f} MB (largest process "
-              f"{sampler.peak_process_rss.get(kind, 0) / 2**20:.0f} MB)")
-    daemon_code = sampler.peak_rss.get("daemon", 0) + sampler.peak_rss.get("code server", 0)
-    print(f"  daemon + code server peak RSS {daemon_code / 2**20:.0f} MB (target < 1536 MB)")
+        print_s3_requests(proxy_counts, counts, "while producing", start, producing_ended)
+    print_processes(sampler, "while producing and draining", measured_until - start)
 
     landed_records = sum(records[s] for s in visible if s in records)
     rate = landed_records / (measured_until - start)
@@ -753,21 +992,169 @@ def report(args: argparse.Namespace, topics: int, landings: Landings, figures: I
     print(line, flush=True)
 
 
-def print_s3_requests(proxy_counts: ProxyCounts, ticks: Counter[str], start: float, producing_ended: float,
-                      measured_until: float) -> None:
-    s3 = proxy_counts.between(start, producing_ended)
+BATCH_ROWS = 20  # land_tables runs printed one by one
+
+
+def _seconds(start: float | None, end: float | None) -> str:
+    return f"{end - start:7.1f}" if start is not None and end is not None else "      -"
+
+
+def print_batches(batches: list[BatchRun], start: float, end: float, phases: list[PhaseLine] | None) -> None:
+    """Where each land_tables run created between `start` and `end` spent its time: its Dagster events' milestones
+    and, with the phase log, the engine's phases in its run worker."""
+    batches = [batch for batch in batches if start <= batch.created < end]
+    if not batches:
+        return
+    print(f"land_tables runs: {len(batches)} (seconds between their events: queued = created → launched, launch = "
+          "→ run worker running, start = → the op's 'landing N tables' (resources, step), work = → first "
+          "materialization (prepare, Spark job, commits, checks), events = → run end (materializations, check "
+          "results: one event-log write each))")
+    with_phases = phases is not None
+    print("  run       status   tables queued  launch   start    work  events  total  events"
+          + ("  prepare    Spark  commits(n)  checks" if with_phases else ""))
+    for batch in batches[:BATCH_ROWS]:
+        line = (f"  {batch.run_id[:8]}  {batch.status[:7]:<7} {batch.tables:6d}"
+                f" {_seconds(batch.created, batch.starting)} {_seconds(batch.starting, batch.started)}"
+                f" {_seconds(batch.started, batch.landing)}"
+                f" {_seconds(batch.landing, batch.first_materialization)}"
+                f" {_seconds(batch.first_materialization, batch.ended)} {_seconds(batch.created, batch.ended)}"
+                f" {batch.events:7d}")
+        if with_phases and phases is not None:
+            line += batch_phases(batch, phases)
+        print(line)
+    if len(batches) > BATCH_ROWS:
+        print(f"  ... {len(batches) - BATCH_ROWS} more")
+    if with_phases and phases is not None:
+        totals: dict[str, float] = defaultdict(float)
+        counts: Counter[str] = Counter()
+        pids = {batch.pid for batch in batches}
+        for phase in phases:
+            if phase.pid in pids:
+                totals[phase.name] += phase.seconds
+                counts[phase.name] += 1
+        print("  engine phases summed over these runs' workers (seconds on all threads, calls): " + ", ".join(
+            f"{name} {seconds:.1f} s ({counts[name]})"
+            for name, seconds in sorted(totals.items(), key=lambda item: -item[1])))
+
+
+def batch_phases(batch: BatchRun, phases: list[PhaseLine]) -> str:
+    """prepare = 'landing' log → the Spark job's start; Spark = the batch's Spark job; commits = first commit's
+    start → last commit's end (how many); checks = last commit's end → first materialization."""
+    mine = [phase for phase in phases if phase.pid == batch.pid]
+    spark = [phase for phase in mine if phase.name.startswith("Spark job")]
+    commits = [phase for phase in mine if "commit" in phase.name and phase.name.startswith("Iceberg")]
+    if not spark or batch.landing is None:
+        return "        -        -           -       -"
+    commits_start = min((phase.started for phase in commits), default=None)
+    commits_end = max((phase.ended for phase in commits), default=None)
+    return (f" {_seconds(batch.landing, spark[0].started)}  {spark[0].seconds:7.1f}"
+            f" {_seconds(commits_start, commits_end)}({len(commits):3d})"
+            f" {_seconds(commits_end, batch.first_materialization)}")
+
+
+def report_backlog(args: argparse.Namespace, topics: int, kfs_bytes: int, landings: Landings,
+                   figures: InstanceFigures, proxy_counts: ProxyCounts | None, sampler: ProcessSampler,
+                   deployment_started: float, webserver_up: float, measured_until: float, load_samples: list[float],
+                   single: SingleTopic | None, phases: list[PhaseLine] | None) -> None:
+    with landings.lock:
+        landed, visible, records = dict(landings.landed), dict(landings.visible), dict(landings.records)
+    visible_records = sum(records[segment] for segment in visible)
+    batches = [batch for batch in figures.batches if batch.created >= deployment_started]
+    first_run_start = min((batch.started for batch in batches if batch.started is not None), default=None)
+    print(f"\n=== N = {topics} topics, watch {args.watch}, backlog: {sum(records.values())} records "
+          f"({kfs_bytes / 1e6:.1f} MB, {len(landed)} segments), {visible_records} visible "
+          f"({len(visible)} of {len(landed)} segments"
+          + (")" if len(visible) == len(landed) else f"; NOT all within --backlog-timeout {args.backlog_timeout:g} s)")
+          + f"; load average {min(load_samples):.1f}-{max(load_samples):.1f} (median "
+          f"{statistics.median(load_samples):.1f}) on {os.cpu_count()} cores")
+    runs = Counter(f"{job} {status.lower()}" for job, status, created in figures.runs if created >= deployment_started)
+    print("runs: " + ", ".join(f"{name} {count}" for name, count in runs.most_common()))
+    rate = rate_from_run = None
+    if visible:
+        last_visible = max(visible.values())
+        rate = visible_records / (last_visible - deployment_started)
+        line = (f"backlog visible {last_visible - deployment_started:.1f} s after dagster dev's start (the webserver "
+                f"answered after {webserver_up - deployment_started:.1f} s) = {rate:,.0f} records/s")
+        if first_run_start is not None:
+            rate_from_run = visible_records / (last_visible - first_run_start)
+            line += (f"; {last_visible - first_run_start:.1f} s after the first land_tables run started = "
+                     f"{rate_from_run:,.0f} records/s")
+        print(line)
+    if single is not None:
+        single_rate = single.records / single.seconds
+        print(f"single topic of the same records ({single.partitions} partitions, {single.segments} segments, "
+              f"{single.megabytes:.1f} MB), benchmarks/ingest.py's code path (runs of ingest_mapping in one process) "
+              f"on the same engine just before dagster dev started (load {single.load:.1f}): {single.seconds:.1f} s in "
+              f"{single.runs} run(s) = {single_rate:,.0f} records/s (warm-up run {single.warmup_seconds:.1f} s not "
+              "counted); phases: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in
+                                                sorted(single.phases.items(), key=lambda item: -item[1])))
+        compare_with_single_topic("the same invocation's single topic", single_rate, rate, rate_from_run)
+    if args.single_topic_records_per_second:
+        compare_with_single_topic("--single-topic-records-per-second", args.single_topic_records_per_second, rate,
+                                  rate_from_run)
+    print_batches(figures.batches, deployment_started, measured_until, phases)
+    counts = print_ticks(figures, "until the backlog was visible", deployment_started, measured_until)
+    if proxy_counts is None:
+        print("S3 requests: not counted (--no-proxy)")
+    else:
+        print_s3_requests(proxy_counts, counts, "until the backlog was visible", deployment_started, measured_until)
+    print_processes(sampler, "from dagster dev's start until the backlog was visible",
+                    measured_until - deployment_started)
+
+
+def compare_with_single_topic(label: str, single_rate: float, rate: float | None,
+                              rate_from_run: float | None) -> None:
+    if rate is None:
+        print(f"aggregate against {label} ({single_rate:,.0f} records/s): nothing visible")
+        return
+    print(f"aggregate against {label} ({single_rate:,.0f} records/s): "
+          + (f"{rate_from_run / single_rate:.1%} from the first run's start, " if rate_from_run else "")
+          + f"{rate / single_rate:.1%} from dagster dev's start (target >= 70%)", flush=True)
+
+
+def print_ticks(figures: InstanceFigures, label: str, start: float, end: float) -> Counter[str]:
+    """Tick durations per sensor kind of the ticks that started between `start` and `end`; the ticks per kind."""
+    print(f"sensor ticks {label} (duration = tick start → end, the instance's tick records):")
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    counts: Counter[str] = Counter()
+    for name, ticks in figures.ticks.items():
+        for started, ended, _status in ticks:
+            if start <= started < end:
+                counts[sensor_kind(name)] += 1
+                if ended is not None:
+                    by_kind[sensor_kind(name)].append(ended - started)
+    for kind, durations in sorted(by_kind.items()):
+        print(f"  {kind:<26} {counts[kind]:6d} ticks ({counts[kind] / (end - start) * 60:.0f}/min), duration p50 "
+              f"{percentile(durations, 0.5):.3f} s, p90 {percentile(durations, 0.9):.3f} s, max {max(durations):.3f} s")
+    return counts
+
+
+def print_processes(sampler: ProcessSampler, label: str, seconds: float) -> None:
+    cpu = sampler.cpu_seconds()
+    print(f"CPU seconds and peak RSS {label} ({seconds:.0f} s):")
+    for kind in sorted(set(cpu) | set(sampler.peak_rss)):
+        print(f"  {kind:<24} CPU {cpu.get(kind, 0.0):7.1f} s ({cpu.get(kind, 0.0) / seconds:.2f} "
+              f"cores)  peak RSS {sampler.peak_rss.get(kind, 0) / 2**20:7.0f} MB (largest process "
+              f"{sampler.peak_process_rss.get(kind, 0) / 2**20:.0f} MB)")
+    daemon_code = sampler.peak_rss.get("daemon", 0) + sampler.peak_rss.get("code server", 0)
+    print(f"  daemon + code server peak RSS {daemon_code / 2**20:.0f} MB (target < 1536 MB)")
+
+
+def print_s3_requests(proxy_counts: ProxyCounts, ticks: Counter[str], label: str, start: float, end: float) -> None:
+    s3 = proxy_counts.between(start, end)
     sensor_requests = Counter({kind: count for (owner, kind), count in s3.items() if owner == "code server"})
     ingest_ticks = ticks.get("namespace watch", 0) + ticks.get("per-table ingest sensors", 0)
-    print(f"S3 requests of the code server (sensors) while producing: {sum(sensor_requests.values())} ("
+    print(f"S3 requests of the code server (sensors) {label}: {sum(sensor_requests.values())} ("
           + ", ".join(f"{kind} {count}" for kind, count in sensor_requests.most_common()) + ")"
           + (f" = {sum(sensor_requests.values()) / ingest_ticks:.1f} per ingest-sensor tick, "
              f"{sensor_requests.get('LIST', 0) / ingest_ticks:.1f} lists" if ingest_ticks else ""))
-    print("S3 requests by process kind while producing: " + ", ".join(
+    print(f"S3 requests by process kind {label}: " + ", ".join(
         f"{owner}/{kind} {count}" for (owner, kind), count in s3.most_common()))
     print(f"S3 proxy (a process of its own): {len(proxy_counts.requests)} requests in all, {proxy_counts.reopened} "
           f"upstream connections SeaweedFS had closed reopened (request sent again), "
           + (", ".join(f"{count} {name}" for name, count in proxy_counts.failed.items()) or "0")
-          + " requests failed (502 to the client)")
+          + f" requests failed (502 to the client); {proxy_counts.client_resets} connections reset by their client "
+            "between requests")
 
 
 def parse_args() -> argparse.Namespace:
@@ -780,10 +1167,26 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--interval-seconds", type=float, default=10.0,
                         help="seconds between two segments of a partition")
-    parser.add_argument("--records-per-segment", type=int, default=40)
+    parser.add_argument("--records-per-segment", type=int, default=None,
+                        help="40 by default (a segment per 10 s of realistic traffic); with --backlog-records 10000 "
+                             "(benchmarks/ingest.py's default)")
     parser.add_argument("--poll-seconds", type=float, default=0.5, help="how often the committed offsets are read")
     parser.add_argument("--single-topic-records-per-second", type=float, default=None,
                         help="benchmarks/ingest.py's records/s on this machine, to compare the aggregate with")
+    parser.add_argument("--backlog-records", type=int, default=0,
+                        help="saturating mode: this many records in all, spread over the topics' partitions, are "
+                             "written before the deployment starts; measured: the time until all are visible "
+                             "(landed records/s). 0 (default): realistic traffic for --duration")
+    parser.add_argument("--single-topic", action="store_true",
+                        help="with --backlog-records: first land the same records as one topic with "
+                             "benchmarks/ingest.py's code path on the same engine (the single-topic figure)")
+    parser.add_argument("--single-topic-partitions", type=int, default=4,
+                        help="partitions of that one topic (4, as benchmarks/ingest.py's default)")
+    parser.add_argument("--backlog-timeout", type=float, default=900,
+                        help="seconds to wait for the backlog after dagster dev started")
+    parser.add_argument("--phase-log", action="store_true",
+                        help="the run workers log the engine's phases to files of their own (a sitecustomize on "
+                             "PYTHONPATH): prepare, Spark job, commits and checks per land_tables run")
     parser.add_argument("--no-proxy", dest="proxy", action="store_false",
                         help="S3 straight to SeaweedFS, not through the counting proxy (S3 requests not counted): "
                              "what the proxy costs is the difference")
@@ -796,6 +1199,8 @@ def parse_args() -> argparse.Namespace:
         given = " ".join(sys.argv)
         args.duration = args.duration if "--duration" in given else 60
         args.drain_seconds = args.drain_seconds if "--drain-seconds" in given else 60
+    if args.records_per_segment is None:
+        args.records_per_segment = 10_000 if args.backlog_records else 40
     args.poll_interval_label = "processor.poll_interval_seconds (default 5 s)"
     return args
 
