@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from kafscale_lakehouse.engine.ingestion import WatchSources, scan_namespace
 from kafscale_lakehouse.engine.ingestion.topic_scan import PARTITION_DISCOVERY_SECONDS, NamespaceWatchMemory
-from kafscale_lakehouse.storage import partition_prefix, topic_prefix
+from kafscale_lakehouse.storage import ObjectKind, partition_prefix, topic_prefix
 from kafscale_lakehouse.testing.leases import held_leases
+from kafscale_lakehouse.testing.servers import S3_BUCKET
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import NamespaceWorld, TopicWorld
 from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables, publish_watermarks
 
@@ -139,3 +140,25 @@ def test_pending_bytes_add_up_over_the_ticks_that_listed_them_and_after_a_restar
     again = scan_namespace(restarted, tables, {topic: scan.cursors for topic, scan in third.topics.items()})
     assert again.pending_bytes[orders.topic] == {0: sum(sizes[2:])}
     assert partition_of(orders, 0) in listed
+
+
+def test_a_partition_waiting_behind_an_incomplete_segment_is_listed_and_reported_every_tick(
+        namespace_world: NamespaceWorld):
+    world = namespace_world
+    orders = world.topics["orders"]
+    tables = {t.topic: t.table_name for t in world.topics.values()}
+    orders.write_segments(0, 50, records_per_segment=10)
+    orders.write_segments(0, 10, records_per_segment=10, base_offset=50)
+    orders.seaweedfs.s3_client().delete_object(Bucket=S3_BUCKET, Key=orders.segment_object_key(0, 50, ObjectKind.INDEX))
+    orders.write_segments(0, 10, records_per_segment=10, base_offset=60)
+    sources = world.sources()
+    sources.orphan_grace_seconds = 0
+    publish_watermarks(world, sources)  # 70: beyond the segments before the orphan, which end at 50
+    scan = scan_namespace(sources, tables)
+    for _ in range(2):  # the first scan from the committed offset, then from the cursor
+        state = scan.topics[orders.topic].partitions[0]
+        assert state.segments_end == 50
+        assert state.error is not None and orders.segment_object_key(0, 50) in state.error
+        listed = record_listings(sources)
+        scan = scan_namespace(sources, tables, {topic: s.cursors for topic, s in scan.topics.items()})
+        assert partition_of(orders, 0) in listed
