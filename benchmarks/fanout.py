@@ -21,7 +21,15 @@ committed) and whether a table starved (max > 3 x p90); runs launched per minute
 durations from the instance's tick records (per sensor kind); S3 requests per sensor tick (the code server's, by
 kind); CPU seconds and peak RSS of the daemon, the code server(s), the webserver, the run workers and the engine
 (JVM and Python workers; sampled from /proc every second); aggregate records/s landed, against the single-topic
-figure of benchmarks/ingest.py when `--single-topic-records-per-second` gives it (measured on the same machine).
+figure of benchmarks/ingest.py when `--single-topic-records-per-second` gives it (measured on the same machine);
+each land_tables run's milestones from its event log.
+
+`--backlog-records N` measures throughput instead (realistic traffic offers far less than one topic can land): N
+records spread over the topics' partitions are written before the deployment starts, and the time until every one
+is visible (from dagster dev's start and from the first run's start) gives the landed records/s. `--single-topic`
+first lands the same records as one topic with benchmarks/ingest.py's code path on the same engine, the figure the
+aggregate is compared with. `--phase-log` adds the engine's phases per land_tables run (prepare, Spark job, commits,
+checks) from the run workers.
 """
 
 from __future__ import annotations
@@ -908,7 +916,8 @@ def measure_single_topic(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: E
     producer = FanoutProducer(config, ["single"], args.single_topic_partitions, args.records_per_segment)
     landings = Landings()
     producer.write_backlog(args.backlog_records, landings)
-    context = IngestContext.from_config(config, get_spark_session(remote=remote, app_name="fanout-single-topic"))
+    spark = get_spark_session(remote=remote, app_name="fanout-single-topic")
+    context = IngestContext.from_config(config, spark)
     try:
         started = time.perf_counter()
         ingest_all(context, "warmup", 200)
@@ -921,6 +930,9 @@ def measure_single_topic(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: E
         seconds = time.perf_counter() - started
     finally:
         context.close()
+        # While the engine is up: a Connect session left open retries releasing its executions at exit, for minutes
+        # once the engine is gone. Stopping a client session does not stop the engine.
+        spark.stop()
     return SingleTopic(args.backlog_records, args.single_topic_partitions, len(landings.landed),
                        producer.kfs_bytes / 1e6, seconds, warmup_seconds, runs, load, dict(timer.seconds))
 
