@@ -20,8 +20,10 @@ from kafscale_lakehouse.engine.ingestion.run import (
 )
 from kafscale_lakehouse.engine.ingestion.topic_patterns import discover_topics, with_pattern_topics
 from kafscale_lakehouse.engine.ingestion.topic_scan import (
+    PARTITION_DISCOVERY_SECONDS,
     TABLE_OFFSETS_MAX_AGE_SECONDS,
     NamespaceScan,
+    NamespaceWatchMemory,
     PartitionCursor,
     PartitionState,
     TableOffsetsReader,
@@ -36,11 +38,13 @@ __all__ = [
     "BATCH_TABLE_THREADS",
     "ERROR_DECODE",
     "ERROR_RESOLVE",
+    "PARTITION_DISCOVERY_SECONDS",
     "TABLE_OFFSETS_MAX_AGE_SECONDS",
     "IngestContext",
     "IngestFailedError",
     "IngestResult",
     "NamespaceScan",
+    "NamespaceWatchMemory",
     "PartitionCursor",
     "PartitionOutcome",
     "PartitionState",

@@ -5,8 +5,12 @@ namespace keeps; new topics and partitions are still found, and the pending byte
 
 from __future__ import annotations
 
-from kafscale_lakehouse.engine.ingestion import WatchSources, scan_namespace
-from kafscale_lakehouse.engine.ingestion.topic_scan import PARTITION_DISCOVERY_SECONDS, NamespaceWatchMemory
+from kafscale_lakehouse.engine.ingestion import (
+    PARTITION_DISCOVERY_SECONDS,
+    NamespaceWatchMemory,
+    WatchSources,
+    scan_namespace,
+)
 from kafscale_lakehouse.storage import ObjectKind, partition_prefix, topic_prefix
 from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse.testing.servers import S3_BUCKET
