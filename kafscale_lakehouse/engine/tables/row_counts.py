@@ -13,7 +13,8 @@ one value counts by its record count; any other file is read (that column only).
 
 from __future__ import annotations
 
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -59,8 +60,31 @@ def count_rows_by_value(table: Table, column: str, values: Iterable[int],
     return counts
 
 
-def files_added_by(table: Table, snapshot: Snapshot) -> list[DataFile] | None:
+# What a snapshot added never changes: the data files of the latest snapshots read, by (table uuid, snapshot id), so
+# a run's row count and its integrity checks read the manifest list and manifests of its commit once, not each.
+_ADDED_FILES_CACHED_SNAPSHOTS = 1024
+_ADDED_FILES_CACHED_MAX_FILES = 1000  # a larger snapshot (a compaction) is read again when asked again
+_added_files: OrderedDict[tuple[str, int], tuple[DataFile, ...] | None] = OrderedDict()
+_added_files_lock = threading.Lock()
+
+
+def files_added_by(table: Table, snapshot: Snapshot) -> tuple[DataFile, ...] | None:
     """The data files `snapshot` added, from the manifests it wrote; None when it wrote a delete manifest."""
+    key = (str(table.metadata.table_uuid), snapshot.snapshot_id)
+    with _added_files_lock:
+        if key in _added_files:
+            _added_files.move_to_end(key)
+            return _added_files[key]
+    files = _read_files_added_by(table, snapshot)
+    if files is None or len(files) <= _ADDED_FILES_CACHED_MAX_FILES:
+        with _added_files_lock:
+            _added_files[key] = files
+            while len(_added_files) > _ADDED_FILES_CACHED_SNAPSHOTS:
+                _added_files.popitem(last=False)
+    return files
+
+
+def _read_files_added_by(table: Table, snapshot: Snapshot) -> tuple[DataFile, ...] | None:
     files: list[DataFile] = []
     for manifest in snapshot.manifests(table.io):
         if manifest.added_snapshot_id != snapshot.snapshot_id:
@@ -69,7 +93,7 @@ def files_added_by(table: Table, snapshot: Snapshot) -> list[DataFile] | None:
             return None
         files.extend(entry.data_file for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
                      if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id)
-    return files
+    return tuple(files)
 
 
 def _carry_forward(table: Table, field: NestedField, current: Snapshot,
