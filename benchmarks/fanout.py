@@ -299,6 +299,9 @@ class ProxyCounts:
     reopened: int = 0
     failed: Counter[str] = field(default_factory=Counter)
     client_resets: int = 0
+    cpu_seconds: float = 0.0  # of the proxy process, all its life
+    connections: int = 0
+    owner_seconds: float = 0.0  # finding the connections' owners
 
     def between(self, start: float, end: float) -> Counter[tuple[str, str]]:
         return Counter((owner, kind) for at, owner, kind in self.requests if start <= at < end)
@@ -322,7 +325,11 @@ class CountingProxy:
 
             def setup(self) -> None:
                 super().setup()
+                started = time.perf_counter()
                 self.owner = proxy.owners.kind(self.client_address[1], self.server.server_address[1])
+                with proxy.lock:
+                    proxy.counts.connections += 1
+                    proxy.counts.owner_seconds += time.perf_counter() - started
                 self.upstream = proxy.connect()
 
             def finish(self) -> None:
@@ -423,6 +430,7 @@ def serve_counting_proxy(upstream_port: int, roots: Sequence[int], channel: Conn
     proxy.server.shutdown()
     proxy.server.server_close()
     with proxy.lock:
+        proxy.counts.cpu_seconds = time.process_time()
         channel.send(proxy.counts)
 
 
@@ -1162,7 +1170,9 @@ def print_s3_requests(proxy_counts: ProxyCounts, ticks: Counter[str], label: str
              f"{sensor_requests.get('LIST', 0) / ingest_ticks:.1f} lists" if ingest_ticks else ""))
     print(f"S3 requests by process kind {label}: " + ", ".join(
         f"{owner}/{kind} {count}" for (owner, kind), count in s3.most_common()))
-    print(f"S3 proxy (a process of its own): {len(proxy_counts.requests)} requests in all, {proxy_counts.reopened} "
+    print(f"S3 proxy (a process of its own): {len(proxy_counts.requests)} requests in all, CPU "
+          f"{proxy_counts.cpu_seconds:.1f} s; {proxy_counts.connections} client connections, their owners found in "
+          f"{proxy_counts.owner_seconds:.1f} s; {proxy_counts.reopened} "
           f"upstream connections SeaweedFS had closed reopened (request sent again), "
           + (", ".join(f"{count} {name}" for name, count in proxy_counts.failed.items()) or "0")
           + f" requests failed (502 to the client); {proxy_counts.client_resets} connections reset by their client "
