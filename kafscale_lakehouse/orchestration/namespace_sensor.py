@@ -15,10 +15,19 @@ A tick:
    (its newest new segments are not even read: their footers wait for the tick after its run);
    and each table whose unchanged pending state was requested already and is not due again (`sensors.retry_wait`:
    the same backoff, per table, after the batch that carried it failed to land it);
-4. packs the other tables with pending segments, the longest waiting first, into `land_tables` runs of at most
-   `processor.max_bytes_per_batch_run` pending segment bytes each (a table larger than that is a run of its own), and
-   requests them. Each run writes its tables in one Spark job and commits each on its own (land_tables.py); tables
-   whose run did not land them are retried apart from the others, in halves per attempt (`pack_batches`).
+4. packs the other tables with pending segments, the longest waiting first, into as many `land_tables` runs as
+   there are free batch-run slots (`processor.max_batch_runs` less the `land_tables` runs queued or running), of at
+   most `processor.max_bytes_per_batch_run` pending segment bytes each (a table larger than that is a run of its own)
+   and at least `MIN_TABLES_PER_BATCH_RUN` tables each when there are that many, and requests them; the tables that
+   fit in no run wait for a slot, and none waits behind a newer one (`pack_batches`). Runs over disjoint tables so
+   overlap: a batch's time is mostly round trips (catalog, S3, etcd, event log), not CPU, so one batch of every
+   table at a time left new segments waiting for it although the instance runs several runs at once. Each run
+   writes its tables in one Spark job and commits each on its own (land_tables.py); tables whose run did not land
+   them are retried apart from the others, in halves per attempt.
+
+A table's `pending_since` (the cursor) is when its oldest pending segment was first seen: kept across ticks while
+its segments wait, and moved to the time of its last request once that request's segments landed (what is pending
+then was not listed at that request), so a table that just landed does not go before tables waiting longer.
 """
 
 from __future__ import annotations
@@ -67,6 +76,10 @@ SKIP_REASONS_SHOWN = 10  # tables whose reason to wait a skipped tick names
 # every tick, and the daemon stored 200 observations per tick at 200 topics one by one (11-16 s of an 18-23 s tick on
 # the loaded 2-core machine). At 200 topics and a 5 s interval a topic's lag is reported every 100 s or so.
 OBSERVATIONS_PER_TICK = 10
+# The fewest tables a tick puts in a `land_tables` run of its own when it could spread them over more free slots: each
+# run is a process launch (1-2 s of CPU) and a Spark job, so a handful of tables is not split. Chosen by measurement
+# (benchmarks/fanout.py at 50 and 200 topics).
+MIN_TABLES_PER_BATCH_RUN = 10
 
 
 @dataclass
@@ -118,6 +131,11 @@ class _Candidate:
     pending_bytes: int
     attempt: int
     since: float
+    last_requested: float  # when the table was last requested (0: never): of two waiting as long, the other goes first
+
+    @property
+    def waiting_order(self) -> tuple[float, float, str]:
+        return self.since, self.last_requested, self.mapping.table
 
 
 def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchSources] | None = None,
@@ -141,6 +159,7 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Lists the new segments of the {len(tables)} mapped topics each tick and requests "
                     f"{LAND_TABLES_JOB} runs over the tables with pending segments, at most "
+                    f"{config.processor.max_batch_runs} at once over disjoint tables, at most "
                     f"{config.processor.max_bytes_per_batch_run} bytes each; registers new partitions; observes lag.",
     )
     def watch_namespace(context: dg.SensorEvaluationContext) -> dg.SensorResult:
@@ -150,7 +169,7 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
         cursor.tables = {t: c for t, c in cursor.tables.items() if t in mapped}
         cursor.pending_since = {t: s for t, s in cursor.pending_since.items() if t in mapped}
         cursor.observed_at = {t: s for t, s in cursor.observed_at.items() if t in mapped}
-        busy = _tables_in_flight(context.instance, config.mappings)
+        busy, batch_runs = _tables_in_flight(context.instance, config.mappings)
         # A table with a run in flight takes no new segment this tick: its newest ones' footers wait for a later tick.
         scan = scan_namespace(get_sources(), tables, {m.topic: cursor.table(m.table).partitions
                                                       for m in config.mappings},
@@ -176,12 +195,22 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
             elif reason is not None:
                 skipped[mapping.table] = reason
         asset_events = _observe_longest_unobserved(moved, cursor, now)
-        batches = pack_batches(candidates, config.processor.max_bytes_per_batch_run)
+        free_slots = config.processor.max_batch_runs - batch_runs
+        batches = pack_batches(candidates, config.processor.max_bytes_per_batch_run, free_slots,
+                               batch_tables_cap(len(tables), config.processor.max_batch_runs))
         run_requests = [_batch_request(context, batch, cursor, now) for batch in batches]
+        requested = {c.mapping.table for batch in batches for c in batch}
         context.log.info("namespace %s: %d partitions listed (%d list requests), %d topics, %d tables pending, %d runs "
                          "requested over %d tables", get_sources().store.namespace, scan.partitions_listed,
                          scan.list_requests, len(tables),
-                         len(candidates) + len(skipped), len(run_requests), len(candidates))
+                         len(candidates) + len(skipped), len(run_requests), len(requested))
+        for candidate in candidates:
+            if candidate.mapping.table not in requested:
+                skipped[candidate.mapping.table] = (
+                    f"waiting for a batch run slot: {batch_runs} {LAND_TABLES_JOB} runs queued or running "
+                    f"(processor.max_batch_runs {config.processor.max_batch_runs})" if free_slots <= 0 else
+                    f"waiting for a batch run slot: the {len(batches)} runs requested now are full (their tables "
+                    f"or processor.max_bytes_per_batch_run) and take the tables waiting longer")
         skip_reason = None
         if not run_requests:
             reasons = [f"{t}: {r}" for t, r in skipped.items()]
@@ -220,30 +249,85 @@ def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topi
     if table in busy:
         return None, busy[table]
     table_cursor = cursor.table(table)
+    request = table_cursor.request
+    if request is not None and request.requested_at > since and _landed(table_cursor.requested, planned):
+        # Its last request landed: what is pending now arrived after it (it was not listed then).
+        since = cursor.pending_since[table] = request.requested_at
     attempt = 1
     if {p: (r.start, r.end) for p, r in planned.items()} == table_cursor.requested and table_cursor.request is not None:
         wait, attempt = retry_wait(context, LAND_TABLES_JOB, table_cursor.request, poll_interval_seconds, now,
                                    table_asset_key(table), runs)
         if wait is not None:
             return None, wait
-    return _Candidate(mapping, planned, scan.topic_pending_bytes(mapping.topic), attempt, since), None
+    return _Candidate(mapping, planned, scan.topic_pending_bytes(mapping.topic), attempt, since,
+                      request.requested_at if request is not None else 0.0), None
 
 
-def pack_batches(candidates: Iterable[_Candidate], max_bytes: int) -> list[list[_Candidate]]:
-    """The candidates, longest waiting first, in runs of at most `max_bytes` pending bytes (at least one table).
+def _landed(requested: dict[int, tuple[int, int]], planned: dict[int, OffsetRange]) -> bool:
+    """Whether the pending ranges `planned` start where the `requested` ones ended, or beyond (they landed)."""
+    return bool(requested) and all(p not in planned or planned[p].start >= end for p, (_, end) in requested.items())
+
+
+def batch_tables_cap(tables: int, max_batch_runs: int) -> int:
+    """The most tables a tick puts in one `land_tables` run: an even share of the mapped tables over the batch-run
+    slots (at least `MIN_TABLES_PER_BATCH_RUN`). Without it a slot that frees while many tables wait takes them all,
+    and that run, long, holds most tables while the few others cycle in short ones; with it the runs settle into
+    even shares."""
+    return max(MIN_TABLES_PER_BATCH_RUN, -(-tables // max_batch_runs))
+
+
+def pack_batches(candidates: Iterable[_Candidate], max_bytes: int, slots: int,
+                 max_tables: int) -> list[list[_Candidate]]:
+    """The `land_tables` runs to request over the candidates: at most `slots`, each of at most `max_bytes` pending bytes
+    (a larger table is a run of its own) and `max_tables` tables, the longest waiting first
+    (`_Candidate.waiting_order`). A candidate that fits in none waits for a later tick, and so does every newer one: a
+    table never waits behind newer ones.
 
     A batch's tables share one Spark job, so one table whose data fails that job fails all of them. Tables requested
     again because their run did not land them (attempt > 1) therefore never share a run with the others, and those
     of attempt `a` are split into up to 2^(a-1) runs: a table that keeps failing takes a half, then a quarter... of
-    its former neighbours down with it on each backoff, until it fails alone, instead of all of them forever."""
-    ordered = sorted(candidates, key=lambda c: (c.since, c.mapping.table))
-    batches = _by_budget([c for c in ordered if c.attempt == 1], max_bytes)
+    its former neighbours down with it on each backoff, until it fails alone, instead of all of them forever.
+    Each such run takes a slot; the tables of a first attempt take the slots left (`_spread`). The retried runs and
+    the first attempts (as one) are served in the order of their longest waiting table."""
+    if slots <= 0:
+        return []
+    ordered = sorted(candidates, key=lambda c: c.waiting_order)
+    fresh = [c for c in ordered if c.attempt == 1]
+    units: list[list[_Candidate]] = [fresh] if fresh else []  # each a slot, but the first attempts take those left
     for attempt in sorted({c.attempt for c in ordered if c.attempt > 1}):
         again = [c for c in ordered if c.attempt == attempt]
         shares = min(len(again), 2 ** min(attempt - 1, 16))
         for share in range(shares):
-            batches += _by_budget(again[share::shares], max_bytes)
+            units += _by_budget(again[share::shares], max_bytes)
+    chosen = sorted(units, key=lambda unit: unit[0].waiting_order)[:slots]
+    batches: list[list[_Candidate]] = []
+    for unit in chosen:
+        batches += _spread(unit, max_bytes, slots - len(chosen) + 1, max_tables) if unit is fresh else [unit]
     return batches
+
+
+def _spread(candidates: list[_Candidate], max_bytes: int, slots: int, max_tables: int) -> list[list[_Candidate]]:
+    """`candidates` (in waiting order) over at most `slots` runs: one per `MIN_TABLES_PER_BATCH_RUN` tables, and one
+    more for a candidate that fits in none (`max_bytes`, `max_tables`) while slots are left; the runs balanced by
+    table count (a table's fixed cost in a run, its leases, plan, commit, checks and events, outweighs its segments'
+    at a tick's usual sizes), then by bytes. Stops at the first candidate that fits in no run and finds no slot left:
+    it and the newer ones wait."""
+    batches: list[list[_Candidate]] = [[] for _ in range(max(1, min(slots, -(-len(candidates)
+                                                                             // MIN_TABLES_PER_BATCH_RUN))))]
+    sizes = [0] * len(batches)
+    for candidate in candidates:
+        fits = [i for i, batch in enumerate(batches) if not batch or (
+            sizes[i] + candidate.pending_bytes <= max_bytes and len(batch) < max_tables)]
+        if not fits and len(batches) < slots:
+            batches.append([])
+            sizes.append(0)
+            fits = [len(batches) - 1]
+        if not fits:
+            break
+        run = min(fits, key=lambda i: (len(batches[i]), sizes[i], i))
+        batches[run].append(candidate)
+        sizes[run] += candidate.pending_bytes
+    return [batch for batch in batches if batch]
 
 
 def _by_budget(candidates: list[_Candidate], max_bytes: int) -> list[list[_Candidate]]:
@@ -279,18 +363,22 @@ def _batch_request(context: dg.SensorEvaluationContext, batch: list[_Candidate],
                          tags={SENSOR_REQUEST_TAG: request_id, BATCH_TABLES_TAG: ",".join(tables)})
 
 
-def _tables_in_flight(instance: dg.DagsterInstance, mappings: Iterable[MappingConfig]) -> dict[str, str]:
-    """`{table: why}` for each table a queued or running run is landing: its own ingest job's, or a batch's."""
+def _tables_in_flight(instance: dg.DagsterInstance,
+                      mappings: Iterable[MappingConfig]) -> tuple[dict[str, str], int]:
+    """`{table: why}` for each table a queued or running run is landing (its own ingest job's, or a batch's), and how
+    many `land_tables` runs are queued or running."""
     by_job = {ingest_job_name(m.table): m.table for m in mappings}
     busy: dict[str, str] = {}
+    batch_runs = 0
     for run in instance.get_runs(dg.RunsFilter(statuses=ACTIVE_RUN_STATUSES)):
         status = run.status.value.lower()
         if run.job_name == LAND_TABLES_JOB:
+            batch_runs += 1
             for table in filter(None, run.tags.get(BATCH_TABLES_TAG, "").split(",")):
                 busy[table] = f"run {run.run_id} of {LAND_TABLES_JOB} landing it is {status}"
         elif run.job_name in by_job:
             busy[by_job[run.job_name]] = f"run {run.run_id} of {run.job_name} is {status}"
-    return busy
+    return busy, batch_runs
 
 
 def _new_partitions(instance: dg.DagsterInstance, topic: str,
