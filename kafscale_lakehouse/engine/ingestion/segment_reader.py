@@ -40,8 +40,11 @@ planned end, so reading it as it is now could skip offsets silently.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,6 +79,12 @@ INVALID_SCHEMA_PATH_COLUMN = "_kafscale_invalid_schema_path"
 # Columns that describe a record rather than belong to it: never written to the table.
 SOURCE_STATUS_COLUMNS = (INVALID_REASON_COLUMN, INVALID_SCHEMA_PATH_COLUMN)
 MAX_ROWS_PER_BATCH = 65_536
+# A run's next segments are fetched and decoded while the current one is handled: a segment is one GET, and a run of
+# small segments fetched one after another waited a round trip each (at 200 topics, most of a batch's Spark job).
+# At most READ_AHEAD_SEGMENTS at once and, beyond the current one, READ_AHEAD_BYTES of `.kfs` (a large segment is
+# fetched alone, as before: bounded memory).
+READ_AHEAD_SEGMENTS = 4
+READ_AHEAD_BYTES = 16 << 20
 
 
 class KafscaleSourceError(EngineError):
@@ -207,9 +216,9 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
     lfs_columns = resolver is not None and resolver.settings.config.store_metadata
     coercer = JsonColumnCoercer(columns[:-len(LFS_METADATA_COLUMNS)] if lfs_columns else columns,
                                 numeric_timestamp_unit=unit)
-    for segment in partition.segments:
+    for segment, fetched in _fetched_ahead(store, partition):
         try:
-            records = fetch_segment_records(store, segment, partition.offsets)
+            records = fetched()
         except (SegmentFormatError, StorageError) as exc:
             next_offset = max(segment.base_offset, partition.offsets.start)
             log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
@@ -232,6 +241,35 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
                     log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
                               handled.stop.offset, handled.stop.describe())
                     raise SegmentReadError(_lfs_failure(segment, handled.stop))
+
+
+def _fetched_ahead(store: SegmentStore,
+                   partition: SegmentRunPartition) -> Iterator[tuple[SegmentRef, Callable[[], pa.Table]]]:
+    """Each segment of `partition` in order with what returns its records (`fetch_segment_records`), the next ones
+    fetched ahead on threads (`READ_AHEAD_SEGMENTS`, `READ_AHEAD_BYTES`). A fetch's error is raised when its
+    segment's records are asked for, so a segment fails where it comes, after the segments before it; what is still
+    ahead when the caller stops is cancelled."""
+    segments = list(partition.segments)
+    if len(segments) <= 1:
+        for segment in segments:
+            yield segment, lambda segment=segment: fetch_segment_records(store, segment, partition.offsets)
+        return
+    pool = ThreadPoolExecutor(min(READ_AHEAD_SEGMENTS, len(segments)), thread_name_prefix="segment-fetch")
+    ahead: deque[tuple[SegmentRef, Future[pa.Table]]] = deque()
+    submitted = 0
+    try:
+        while ahead or submitted < len(segments):
+            while submitted < len(segments) and len(ahead) < READ_AHEAD_SEGMENTS:
+                beyond_current = sum(s.kfs_size for s, _ in islice(ahead, 1, None))
+                if ahead and beyond_current + segments[submitted].kfs_size > READ_AHEAD_BYTES:
+                    break
+                segment = segments[submitted]
+                ahead.append((segment, pool.submit(fetch_segment_records, store, segment, partition.offsets)))
+                submitted += 1
+            segment, future = ahead.popleft()
+            yield segment, future.result
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _lfs_failure(segment: SegmentRef, failure: LfsFailure) -> SegmentReadFailure:
