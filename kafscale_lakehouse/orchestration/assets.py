@@ -60,24 +60,24 @@ from kafscale_lakehouse.orchestration.resources import (
     ingest_context,
 )
 from kafscale_lakehouse.orchestration.sensors import PLANNED_RANGES_TAG, topic_observation_metadata
-from kafscale_lakehouse.storage import DiscoveryMode, SegmentStore
+from kafscale_lakehouse.storage import DiscoveryMode
 
 ICEBERG_IO_MANAGER_KEY = "iceberg_io_manager"
 ASSET_GROUP = "kafscale"
 
 
 def scan_topic_now(config: LakehouseConfig, mapping: MappingConfig, segment_store: SegmentStoreResource,
-                   offset_store: OffsetStoreResource, iceberg_catalog: IcebergCatalogResource,
-                   store: SegmentStore | None = None) -> TopicScan:
+                   offset_store: OffsetStoreResource, iceberg_catalog: IcebergCatalogResource, *,
+                   lag_only: bool = False) -> TopicScan:
     """The mapping's topic partitions now: committed offsets (the table's where it holds them, else the store's),
     broker offsets, completed segments. Without cursors each partition is listed from its committed next offset on,
-    so the cost is that of the pending segments. `store`: where to list instead of `segment_store` (a namespace
-    listing shared by the tables of a `land_tables` run)."""
-    sources = WatchSources(store=store or segment_store.open_store(), offsets=offset_store.offset_store(),
+    so the cost is that of the pending segments; with `lag_only` (the freshness check) only the partitions without a
+    broker watermark are (`scan_topic`)."""
+    sources = WatchSources(store=segment_store.open_store(), offsets=offset_store.offset_store(),
                            discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=offset_store.etcd_client(),
                            tables=TableOffsetsReader(iceberg_catalog.settings()),
                            orphan_grace_seconds=config.processor.orphan_segment_grace_seconds)
-    return scan_topic(sources, mapping.topic, table=mapping.table)
+    return scan_topic(sources, mapping.topic, table=mapping.table, lag_only=lag_only)
 
 
 def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.AssetsDefinition:

@@ -412,7 +412,7 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
     def freshness(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
                   iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
         # The table's offsets win over the store's: after a rollback of the table its lag shows.
-        scan = scan_topic_now(config, mapping, segment_store, offset_store, iceberg_catalog)
+        scan = scan_topic_now(config, mapping, segment_store, offset_store, iceberg_catalog, lag_only=True)
         return evaluate_freshness(scan.partitions, max_lag_records, scan.table_error)
 
     if mapping.publish == "audited":  # the asset evaluates these on the audited snapshot (assets.audited_check_specs)

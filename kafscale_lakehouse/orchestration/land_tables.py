@@ -26,7 +26,7 @@ per-partition leases keep a manual run of the same table from committing beside 
 # No `from __future__ import annotations`: Dagster reads the context and config parameter annotations at runtime.
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -77,7 +77,7 @@ from kafscale_lakehouse.orchestration.resources import (
     SparkResource,
     ingest_context,
 )
-from kafscale_lakehouse.storage import DiscoveryMode, NamespaceListing
+from kafscale_lakehouse.storage import DiscoveryMode, discover_partitions
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,8 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
             for _, _, run in prepared:
                 run.release_leases()  # commit_ingests releases them on every path; releasing is idempotent
         checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog,
-                              {run.mapping.table: run.table for _, _, run in prepared}, context.instance)
+                              {run.mapping.table: run.table for _, _, run in prepared},
+                              {run.mapping.topic for _, _, run in prepared}, context.instance)
         with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="checks") as pool:
             events = list(pool.map(lambda landed: _outcome(_table_events, *landed, checks),
                                    [(mapping, entry, run, outcome)
@@ -249,17 +250,21 @@ def _table_events(mapping: MappingConfig, entry: TableToLand, run: PreparedInges
 
 class _BatchChecks:
     """The checks of the tables a batch landed: the resources they read, the tables as their commits left them
-    (read again only when the commit did not leave them current), and one listing of the namespace shared by the
-    freshness checks of the batch, instead of a listing per partition per table. Safe on several threads."""
+    (read again only when the commit did not leave them current), and the partitions of the batch's topics,
+    discovered once for all. The freshness checks list no segment of a partition with a broker watermark (its lag is
+    measured against it, `scan_topic(lag_only=True)`); they used to share a listing of the whole namespace, whose
+    cost grew with every segment the namespace keeps. Safe on several threads."""
 
     def __init__(self, lakehouse: LakehouseConfig, segment_store: SegmentStoreResource,
                  offset_store: OffsetStoreResource, catalog: IcebergCatalogResource,
-                 tables: Mapping[str, Table], instance: dg.DagsterInstance) -> None:
+                 tables: Mapping[str, Table], topics: Iterable[str], instance: dg.DagsterInstance) -> None:
         self.lakehouse, self.segment_store, self.offset_store, self.catalog = (lakehouse, segment_store,
                                                                                offset_store, catalog)
         self.instance = instance  # the checks' latest evaluations tell what they read (integrity_scope)
         self._tables = dict(tables)
+        self._topics = sorted(topics)
         self._sources: WatchSources | None = None
+        self._partitions: dict[str, list[int]] = {}
         self._lock = threading.Lock()
 
     def landed_table(self, result: IngestResult) -> Table:
@@ -276,16 +281,19 @@ class _BatchChecks:
                     metadata: Mapping[str, dg.MetadataValue] | None) -> list[dg.AssetCheckEvaluation]:
         """The table's four checks (build_table_checks) on what the run landed (`table` after its commit, `metadata`
         its materialization's), as evaluations of the table's checks."""
-        with self._lock:  # the listing is taken once, at the first table's checks (after every commit)
+        with self._lock:  # the partitions are discovered once, at the first table's checks (after every commit)
             if self._sources is None:
-                self._sources = WatchSources(
-                    store=NamespaceListing.from_store(self.segment_store.open_store()),
-                    offsets=self.offset_store.offset_store(),
+                sources = WatchSources(
+                    store=self.segment_store.open_store(), offsets=self.offset_store.offset_store(),
                     discovery_mode=DiscoveryMode.parse(self.lakehouse.discovery.mode),
                     etcd=self.offset_store.etcd_client(), tables=_LandedTableOffsets(self._tables, self.catalog),
                     orphan_grace_seconds=self.lakehouse.processor.orphan_segment_grace_seconds)
+                self._partitions = discover_partitions(sources.discovery_mode, sources.store, sources.etcd,
+                                                       topics=self._topics).partitions
+                self._sources = sources
             sources = self._sources
-        scan = scan_topic(sources, mapping.topic, table=mapping.table)
+        scan = scan_topic(sources, mapping.topic, table=mapping.table,
+                          partitions=self._partitions.get(mapping.topic, []), lag_only=True)
         scope = integrity_scope(self.instance, table_asset_key(mapping.table))
         return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan, scope))
 

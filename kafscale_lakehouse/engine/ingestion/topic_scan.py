@@ -7,12 +7,13 @@ holds the partition, else the offsets store's (a hand-over from the Go processor
 is a cache the next run repairs from the table, so after an operator rolls the table back the scan sees the rolled-back
 offsets as pending. Reading the table costs one catalog load per scan (a REST `loadTable` is one request).
 
-`scan_namespace` scans many topics at once for the namespace watch: ONE listing of the namespace
-(`storage.NamespaceListing`) serves every topic's `scan_topic`, partitions are discovered once, the offsets store's
-offsets and watermarks of every topic are two prefix reads, and the tables' offsets (one catalog load each, 9-41 ms on
-a REST catalog; reused while the store's offsets stay put, up to `TABLE_OFFSETS_MAX_AGE_SECONDS`) and the new segments'
-footers (the newest per partition) are read on `NAMESPACE_SCAN_THREADS` threads, so a tick over 200 topics costs a few
-listing pages, two etcd reads, and the slowest few loads, not 200 sequential ones.
+`scan_namespace` scans many topics at once for the namespace watch: only the partitions whose broker watermark moved
+past what is known of them are listed, each from its cursor (`skip_settled`), partitions are discovered once, the
+offsets store's offsets and watermarks of every topic are two prefix reads, and the tables' offsets (one catalog load
+each, 9-41 ms on a REST catalog; reused while the store's offsets stay put, up to `TABLE_OFFSETS_MAX_AGE_SECONDS`), the
+listings and the new segments' footers (the newest per partition) are read on `NAMESPACE_SCAN_THREADS` threads, so a
+tick over 200 topics costs a listing per partition with new data, two etcd reads, and the slowest few loads, not 200
+sequential ones. A freshness check lists nothing of a partition with a watermark (`lag_only`).
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
                table: str | None = None, partitions: Sequence[int] | None = None,
                offsets: TopicOffsets | None = None, table_offsets_max_age_seconds: float = 0,
                read_newest_footers: bool = True,
-               skip_settled: bool = False, held: bool = False) -> TopicScan:
+               skip_settled: bool = False, held: bool = False, lag_only: bool = False) -> TopicScan:
     """Discover the partitions of `topic`, list their new completed segments and read offsets and watermarks.
 
     `cursors` (from the previous scan) resume each partition's listing; a partition without one is listed from its
@@ -237,7 +238,9 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
     The namespace watch's rules, where a partition is not listed at all (no stall is looked for; its cursor keeps its
     place, at the committed next offset when it had none): `skip_settled`, a partition whose broker watermark is where
     what is known of it ends (its committed next offset, or the completed segments its cursor saw), since no segment
-    holds offsets the broker has not assigned; `held` (the table has a run in flight), a partition with a cursor."""
+    holds offsets the broker has not assigned; `held` (the table has a run in flight), a partition with a cursor.
+    `lag_only` (a freshness check): a partition with a broker watermark is not listed either, since its lag is measured
+    against the watermark (`lag.lag_and_reference`); its completed segments are not known then, nor a stall."""
     cursors = cursors or {}
     if partitions is None:
         discovered = discover_partitions(sources.discovery_mode, sources.store, sources.etcd, topics=[topic])
@@ -266,7 +269,8 @@ def scan_topic(sources: WatchSources, topic: str, cursors: Mapping[int, Partitio
             previous = None
         watermark = watermarks.get(partition)
         known_end = max(next_offset or 0, (previous.segments_end or 0) if previous is not None else 0)
-        if (held and previous is not None) or (skip_settled and watermark == known_end):
+        if ((held and previous is not None) or (skip_settled and watermark == known_end)
+                or (lag_only and watermark is not None)):
             if previous is None:  # settled: nothing to list, now or before the committed next offset
                 from_committed.add(partition)
                 listed[partition] = []

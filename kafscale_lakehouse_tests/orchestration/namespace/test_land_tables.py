@@ -4,6 +4,7 @@ and checks; a table whose commit fails leaves the others landed and is requested
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections import Counter
 from dataclasses import replace
@@ -19,9 +20,11 @@ from kafscale_lakehouse.engine.ingestion import run as ingest_run
 from kafscale_lakehouse.engine.ingestion.spark_job import _BatchTasks, ingestion_task_spec
 from kafscale_lakehouse.engine.tables import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
+from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.naming import table_asset_key
+from kafscale_lakehouse.storage import S3SegmentStore, topic_prefix
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import POLL_INTERVAL_SECONDS
-from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables
+from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables, publish_watermarks
 
 CHECKS = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS)
 
@@ -211,3 +214,53 @@ def test_a_packed_spark_task_that_fails_leaves_no_file_of_the_runs_it_had_finish
             for run in runs:
                 run.release_leases()
                 run.forget_run()
+
+
+def test_a_batchs_freshness_checks_list_no_segments_of_partitions_with_a_broker_watermark(namespace_world, spark,
+                                                                                        monkeypatch):
+    """The freshness check measures lag against the broker watermark where the broker publishes one, so a batch's
+    checks list none of those partitions' segments (they used to list the whole namespace once per batch, a cost
+    that grew with every segment the namespace keeps); with S3 discovery they list each topic's partitions once."""
+    world = namespace_world
+    topics = list(world.topics.values())
+    for topic in topics:
+        for partition in (0, 1):
+            topic.write_segments(partition, 40, records_per_segment=20)
+    sources = world.sources()
+    publish_watermarks(world, sources)
+    first = world.tick(sources)
+    [request] = first.run_requests
+    assert world.land(request).success
+    for topic in topics:
+        for partition in (0, 1):
+            topic.write_segments(partition, 20, records_per_segment=20, base_offset=40)
+    publish_watermarks(world, sources)
+    second = world.tick(sources, first.cursor)
+    [request] = second.run_requests
+    for topic in topics:  # the brokers went on: 7 records per partition not in a completed segment yet
+        for partition in (0, 1):
+            sources.etcd.put(broker_next_offset_key(topic.topic, partition), "67")
+
+    check_listings: list[tuple[str, str | None]] = []  # (prefix, delimiter) listed on the checks' threads
+    list_page = S3SegmentStore._list_page
+
+    def recorded(self, prefix, *, start_after, delimiter, token):
+        if threading.current_thread().name.startswith("checks"):
+            check_listings.append((prefix, delimiter))
+        return list_page(self, prefix, start_after=start_after, delimiter=delimiter, token=token)
+
+    monkeypatch.setattr(S3SegmentStore, "_list_page", recorded)
+    result = world.land(request)
+    monkeypatch.undo()
+
+    assert result.success
+    namespace = topics[0].name
+    assert sorted(check_listings) == sorted((topic_prefix(namespace, t.topic), "/") for t in topics)
+    for topic in topics:
+        [freshness] = world.instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(table_asset_key(topic.table_name), FRESHNESS), limit=1)
+        evaluation = freshness.event.dagster_event.event_specific_data
+        assert evaluation.passed and evaluation.metadata["max_lag"].value == 7
+        lags = {row.data["partition"]: (row.data["lag"], row.data["measured_against"])
+                for row in evaluation.metadata["lag_by_partition"].value.records}
+        assert lags == {0: (7, "broker watermark"), 1: (7, "broker watermark")}
