@@ -156,7 +156,7 @@ class ConfigModel(BaseModel):
 _SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class ConfigYamlLoader(_SAFE_LOADER):  # type: ignore[valid-type,misc]
+class ConfigYamlLoader(_SAFE_LOADER):
     """SafeLoader with YAML 1.2 booleans (only true/false, so `off`/`yes` stay strings) that rejects duplicate keys and
     keeps the text of plain numbers, booleans and dates (`YamlScalar`) for the keys Go reads as strings."""
 

@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 
 import pyarrow as pa
@@ -252,7 +253,7 @@ def _fetched_ahead(store: SegmentStore,
     segments = list(partition.segments)
     if len(segments) <= 1:
         for segment in segments:
-            yield segment, lambda segment=segment: fetch_segment_records(store, segment, partition.offsets)
+            yield segment, partial(fetch_segment_records, store, segment, partition.offsets)
         return
     pool = ThreadPoolExecutor(min(READ_AHEAD_SEGMENTS, len(segments)), thread_name_prefix="segment-fetch")
     ahead: deque[tuple[SegmentRef, Future[pa.Table]]] = deque()
