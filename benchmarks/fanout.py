@@ -480,7 +480,8 @@ def mapping_document(topic: str, table: str) -> dict:
             "schema": {"columns": [asdict(column) for column in PIZZA_COLUMNS]}}
 
 
-def config_document(seaweedfs: SeaweedFS, etcd: Etcd, s3_endpoint: str, topics: int, watch: str) -> dict:
+def config_document(seaweedfs: SeaweedFS, etcd: Etcd, s3_endpoint: str, topics: int, watch: str,
+                    max_batch_runs: int | None = None) -> dict:
     mappings = [mapping_document(topic_name(i), f"fanout.t{i:03d}") for i in range(topics)]
     return {
         "s3": {"bucket": S3_BUCKET, "namespace": KEY_PREFIX, "endpoint": s3_endpoint, "region": REGION,
@@ -490,7 +491,7 @@ def config_document(seaweedfs: SeaweedFS, etcd: Etcd, s3_endpoint: str, topics: 
         "offsets": {"backend": "etcd", "key_prefix": KEY_PREFIX},
         "etcd": {"endpoints": [etcd.endpoint]},
         "discovery": {"mode": "s3"},
-        "processor": {"watch": watch},
+        "processor": {"watch": watch, **({"max_batch_runs": max_batch_runs} if max_batch_runs else {})},
         "mappings": mappings,
     }
 
@@ -771,7 +772,7 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
         if args.proxy:
             proxy = ProxyProcess(int(seaweedfs.s3_endpoint.rsplit(":", 1)[1]))
         document = config_document(seaweedfs, etcd, proxy.endpoint if proxy else seaweedfs.s3_endpoint, topics,
-                                   args.watch)
+                                   args.watch, args.max_batch_runs)
         config_path = workdir / "lakehouse.yaml"
         config_path.write_text(json.dumps(document))  # JSON is YAML
         dagster_home = workdir / "dagster_home"
@@ -1186,6 +1187,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--topics", type=int, nargs="+", default=[10, 50, 200], help="values of N, one run each")
     parser.add_argument("--watch", choices=("per_table", "namespace"), default="per_table",
                         help="processor.watch: a sensor per table (default) or one namespace watch")
+    parser.add_argument("--max-batch-runs", type=int, default=None,
+                        help="processor.max_batch_runs of the namespace watch (default: the config's default, 4)")
     parser.add_argument("--duration", type=float, default=300, help="seconds of producing (default 300)")
     parser.add_argument("--drain-seconds", type=float, default=180)
     parser.add_argument("--partitions", type=int, default=2)
