@@ -40,6 +40,28 @@ def latest_check_runs(instance: dg.DagsterInstance, table: str) -> dict[str, tup
     return latest
 
 
+def second_batch(world, *, watermarks: bool = False):
+    """Every topic's two partitions: 40 records landed by a first batch (which creates the tables), then 20 more in
+    segments of 20, listed by a tick; returns the sources and the second batch's run request. `watermarks`: the
+    brokers publish their watermarks at the end of the segments written."""
+    topics = list(world.topics.values())
+    sources = world.sources()
+    cursor = None
+    for base_offset, records in ((0, 40), (40, 20)):
+        for topic in topics:
+            for partition in (0, 1):
+                topic.write_segments(partition, records, records_per_segment=20, base_offset=base_offset)
+        if watermarks:
+            publish_watermarks(world, sources)
+        tick = world.tick(sources, cursor)
+        [request] = tick.run_requests
+        if cursor is None:
+            assert world.land(request).success
+        cursor = tick.cursor
+    assert set(batch_tables(request)) == {topic.table_name for topic in topics}
+    return sources, request
+
+
 def test_a_batch_lands_each_table_as_its_own_asset_and_a_failed_commit_is_retried_alone(namespace_world, spark,
                                                                                       monkeypatch):
     world = namespace_world
@@ -131,19 +153,7 @@ def test_a_batch_packs_small_partitions_into_few_spark_tasks_and_loads_each_tabl
     task per slot of the engine, and a table is loaded once to prepare and refreshed once to commit."""
     world = namespace_world
     topics = list(world.topics.values())
-    for topic in topics:
-        for partition in (0, 1):
-            topic.write_segments(partition, 40, records_per_segment=20)
-    sources = world.sources()
-    first = world.tick(sources)
-    [request] = first.run_requests
-    assert world.land(request).success  # creates the three tables
-    for topic in topics:
-        for partition in (0, 1):
-            topic.write_segments(partition, 20, records_per_segment=20, base_offset=40)
-    second = world.tick(sources, first.cursor)
-    [request] = second.run_requests
-    assert set(batch_tables(request)) == {topic.table_name for topic in topics}
+    _, request = second_batch(world)
 
     spark_tasks: list[int | None] = []
     spark_range = type(spark).range
@@ -223,20 +233,7 @@ def test_a_batchs_freshness_checks_list_no_segments_of_partitions_with_a_broker_
     that grew with every segment the namespace keeps); with S3 discovery they list each topic's partitions once."""
     world = namespace_world
     topics = list(world.topics.values())
-    for topic in topics:
-        for partition in (0, 1):
-            topic.write_segments(partition, 40, records_per_segment=20)
-    sources = world.sources()
-    publish_watermarks(world, sources)
-    first = world.tick(sources)
-    [request] = first.run_requests
-    assert world.land(request).success
-    for topic in topics:
-        for partition in (0, 1):
-            topic.write_segments(partition, 20, records_per_segment=20, base_offset=40)
-    publish_watermarks(world, sources)
-    second = world.tick(sources, first.cursor)
-    [request] = second.run_requests
+    sources, request = second_batch(world, watermarks=True)
     for topic in topics:  # the brokers went on: 7 records per partition not in a completed segment yet
         for partition in (0, 1):
             sources.etcd.put(broker_next_offset_key(topic.topic, partition), "67")
