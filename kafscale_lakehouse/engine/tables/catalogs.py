@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import requests
@@ -38,6 +40,7 @@ from kafscale_lakehouse.redaction import redact_url
 from kafscale_lakehouse.storage.s3_store import SSE_TYPES
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CATALOG_TYPES = tuple(catalog_type.value for catalog_type in CatalogType)  # rest, hive, glue, dynamodb, sql, ...
 # Partition field ids start at 1000 by Iceberg convention; the catalog re-assigns them on create anyway.
@@ -210,7 +213,8 @@ def open_table(
         raise TableDefinitionError(f"table identifier {identifier!r} needs a namespace (e.g. 'prod.orders')")
     with catalog_errors(endpoint):
         try:
-            return catalog.load_table(identifier)
+            return _retrying_server_errors(lambda: catalog.load_table(identifier), f"loading table {identifier}",
+                                           endpoint)
         except (NoSuchTableError, NoSuchNamespaceError):
             if not create_if_missing:
                 raise TableNotFoundError(
@@ -221,14 +225,39 @@ def open_table(
         raise ValueError(f"creating table {identifier} needs a schema")
     table_properties = _creation_properties(identifier, properties or {})
     spec = build_partition_spec(identifier, schema, partition_fields)
-    with catalog_errors(endpoint):
+
+    def create() -> Table:  # "if not exists" both: a create the server made before failing its answer is found
         catalog.create_namespace_if_not_exists(namespace)
-        table = catalog.create_table_if_not_exists(
+        return catalog.create_table_if_not_exists(
             identifier, schema, partition_spec=spec, properties=table_properties,
             location=_unused_location(catalog, identifier),
         )
+
+    with catalog_errors(endpoint):
+        table = _retrying_server_errors(create, f"creating table {identifier}", endpoint)
     log.info("table %s ready at %s (catalog %s)", identifier, table.location(), endpoint)
     return table
+
+
+# A catalog's 5xx on loading or creating a table is retried this many times in all, after these pauses: a REST
+# catalog under load (SeaweedFS's, 50 tables created at once by a land_tables batch) fails a few requests and
+# answers the next. Both calls are safe to repeat; commits are not retried here (appends.py settles those).
+CATALOG_SERVER_ERROR_ATTEMPTS = 3
+CATALOG_SERVER_ERROR_PAUSES_SECONDS = (0.5, 2.0)
+
+
+def _retrying_server_errors(call: Callable[[], T], what: str, endpoint: str) -> T:
+    for attempt in range(1, CATALOG_SERVER_ERROR_ATTEMPTS + 1):
+        try:
+            return call()
+        except (ServerError, ServiceUnavailableError) as exc:
+            if attempt == CATALOG_SERVER_ERROR_ATTEMPTS:
+                raise
+            pause = CATALOG_SERVER_ERROR_PAUSES_SECONDS[min(attempt, len(CATALOG_SERVER_ERROR_PAUSES_SECONDS)) - 1]
+            log.warning("%s: the Iceberg catalog at %s answered %s (attempt %d of %d); again in %.1f s", what,
+                        endpoint, type(exc).__name__, attempt, CATALOG_SERVER_ERROR_ATTEMPTS, pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def build_partition_spec(identifier: str, schema: Schema, fields: Sequence[PartitionFieldSpec]) -> PartitionSpec:

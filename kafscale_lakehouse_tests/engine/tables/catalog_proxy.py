@@ -10,13 +10,16 @@ from urllib.parse import urlsplit
 
 # POST /v1/[prefix/]namespaces/<ns>/tables/<table> is a table commit (create is POST .../tables).
 _COMMIT_PATH = re.compile(r"/namespaces/[^/]+/tables/[^/]+$")
+_SERVER_ERROR = b'{"error": {"message": "injected by the test proxy", "type": "InternalServerError", "code": 500}}'
 
 
 class CommitProxy:
     """Forwards everything to `upstream`. For the first `misbehave_commits` table commits, `mode` says what happens:
     - `retry`: the POST is forwarded twice (a load balancer retrying after a slow answer); the client gets the
       second answer (409: the first one already moved the table);
-    - `502`: the POST is forwarded once and the client gets 502 Bad Gateway whatever the catalog answered."""
+    - `502`: the POST is forwarded once and the client gets 502 Bad Gateway whatever the catalog answered.
+    `load-500` and `create-500` misbehave on the first `misbehave_commits` table loads (GET, not forwarded) or table
+    creations (POST .../tables, forwarded: the table is created) instead, answering 500 (a catalog under load)."""
 
     def __init__(self, upstream: str, mode: str, misbehave_commits: int = 1):
         self.upstream = urlsplit(upstream)
@@ -59,12 +62,20 @@ class CommitProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                is_commit = method == "POST" and _COMMIT_PATH.search(self.path.split("?")[0]) is not None
+                path = self.path.split("?")[0]
+                is_commit = method == "POST" and _COMMIT_PATH.search(path) is not None
+                targeted = {"load-500": method == "GET" and _COMMIT_PATH.search(path) is not None,
+                            "create-500": method == "POST" and path.endswith("/tables")}.get(proxy.mode, is_commit)
                 with proxy._lock:
-                    misbehave = is_commit and proxy.remaining > 0
+                    misbehave = targeted and proxy.remaining > 0
                     if misbehave:
                         proxy.remaining -= 1
-                status, response_headers, payload = proxy._forward(method, self.path, headers, body)
+                if misbehave and proxy.mode == "load-500":
+                    status, response_headers, payload = 500, [("Content-Type", "application/json")], _SERVER_ERROR
+                else:
+                    status, response_headers, payload = proxy._forward(method, self.path, headers, body)
+                if misbehave and proxy.mode == "create-500":
+                    status, response_headers, payload = 500, [("Content-Type", "application/json")], _SERVER_ERROR
                 if is_commit:
                     proxy.commits_forwarded += 1
                 if misbehave and proxy.mode == "retry":

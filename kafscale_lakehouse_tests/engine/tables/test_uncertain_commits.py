@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from kafscale_lakehouse.engine.tables import catalogs
 from kafscale_lakehouse.engine.tables.appends import TableChangedDuringRunError, commit_append
-from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+from kafscale_lakehouse.engine.tables.catalogs import CatalogUnavailableError, load_catalog, open_table
 from kafscale_lakehouse.engine.tables.summary import COMMIT_ID_PROPERTY, read_topic_offsets
 from kafscale_lakehouse_tests.engine.tables.catalog_proxy import CommitProxy
 from kafscale_lakehouse_tests.engine.tables.helpers import lakehouse_schema, rest_settings, start_end, write_batch
@@ -50,3 +51,29 @@ def test_a_partition_spec_changed_during_the_run_is_refused_before_the_commit(sp
     table.refresh()
     assert read_topic_offsets(table, "t") == {0: 5}, "the offsets did not move: the next run reads them again"
     assert not any(table.io.new_input(f.file_path).exists() for f in files)
+
+
+@pytest.mark.parametrize("mode", ["load-500", "create-500"])
+def test_a_table_load_or_creation_answered_with_a_server_error_is_tried_again(seaweedfs, namespace, monkeypatch,
+                                                                            mode):
+    """A REST catalog under load answers a few requests with a 5xx (SeaweedFS's, while a land_tables batch created 50
+    tables at once): loading and creating a table are safe to repeat, so they are tried again, and a creation the
+    server made before failing its answer is found, not made twice."""
+    monkeypatch.setattr(catalogs, "CATALOG_SERVER_ERROR_PAUSES_SECONDS", (0.0, 0.0), raising=False)
+    with CommitProxy(seaweedfs.rest_uri, mode, misbehave_commits=2 if mode == "load-500" else 1) as proxy:
+        catalog = load_catalog(rest_settings(seaweedfs, uri=proxy.uri))
+        table = open_table(catalog, f"{namespace}.busy_{mode.replace('-', '_')}", schema=lakehouse_schema(),
+                           create_if_missing=True)
+        assert proxy.remaining == 0
+
+    fresh = load_catalog(rest_settings(seaweedfs)).load_table(table.name())
+    assert fresh.metadata.table_uuid == table.metadata.table_uuid
+
+
+def test_a_catalog_that_keeps_failing_a_table_load_is_named(seaweedfs, namespace, monkeypatch):
+    monkeypatch.setattr(catalogs, "CATALOG_SERVER_ERROR_PAUSES_SECONDS", (0.0, 0.0), raising=False)
+    with CommitProxy(seaweedfs.rest_uri, "load-500", misbehave_commits=10) as proxy:
+        catalog = load_catalog(rest_settings(seaweedfs, uri=proxy.uri))
+        with pytest.raises(CatalogUnavailableError, match=f"Iceberg catalog at {proxy.uri} answered ServerError"):
+            open_table(catalog, f"{namespace}.down", schema=lakehouse_schema(), create_if_missing=True)
+        assert proxy.remaining == 10 - getattr(catalogs, "CATALOG_SERVER_ERROR_ATTEMPTS", 1)
