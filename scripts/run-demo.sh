@@ -26,21 +26,11 @@ import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 os.execv(sys.argv[1], sys.argv[1:])' "$bin/dagster" dev -h 127.0.0.1 -p "$dagster_port" & dev=$!
 
-# Started when stopping begins, as importing Dagster takes seconds: once imported, it reads one line; `cancel` marks
-# the runs in flight as canceling (Dagster then records them canceled, not failed, when the interrupt reaches them)
-# and cancels the queued ones; anything else (end of input) leaves the runs alone.
+# Started when stopping begins, as importing Dagster takes seconds: scripts/cancel_demo_runs.py reads one line;
+# `cancel` cancels the runs in flight (those executing through canceling, so Dagster records them canceled, not
+# failed) and the queued ones; anything else (end of input) leaves the runs alone.
 start_canceller() {
-  exec {canceller}> >("$bin/python" -c '
-import sys
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-
-if sys.stdin.readline().strip() == "cancel":
-    instance = DagsterInstance.get()
-    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])):
-        instance.report_run_canceling(run, message="make demo is stopping")
-    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED])):
-        instance.report_run_canceled(run, message="make demo is stopping")
-')
+  exec {canceller}> >("$bin/python" "$(dirname "$0")/cancel_demo_runs.py")
   canceller_pid=$!
 }
 
