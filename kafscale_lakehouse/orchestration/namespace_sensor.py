@@ -19,9 +19,9 @@ A tick:
    there are free batch-run slots (`processor.max_batch_runs` less the `land_tables` runs queued or running), of at
    most `processor.max_bytes_per_batch_run` pending segment bytes each (a table larger than that is a run of its own)
    and at least `MIN_TABLES_PER_BATCH_RUN` tables each when there are that many, and requests them; the tables that
-   fit in no run wait for a slot, and none waits behind a newer one (`pack_batches`). Runs over disjoint tables so
-   overlap: a batch's time is mostly round trips (catalog, S3, etcd, event log), not CPU, so one batch of every
-   table at a time left new segments waiting for it although the instance runs several runs at once. Each run
+   fit in no run wait for a slot, and none waits behind a newer one (`pack_batches`). Runs over disjoint tables
+   overlap where the machine has cores to spare (a batch's time is then mostly round trips: catalog, S3, etcd, event
+   log); on a CPU-bound one fewer, larger runs cost less (benchmarks/README.md, fanout.py). Each run
    writes its tables in one Spark job and commits each on its own (land_tables.py); tables whose run did not land
    them are retried apart from the others, in halves per attempt.
 

@@ -239,25 +239,23 @@ def open_table(
     return table
 
 
-# A catalog's 5xx on loading or creating a table is retried this many times in all, after these pauses: a REST
+# A catalog's 5xx on loading or creating a table is tried again after each of these pauses (3 attempts in all): a REST
 # catalog under load (SeaweedFS's, 50 tables created at once by a land_tables batch) fails a few requests and
 # answers the next. Both calls are safe to repeat; commits are not retried here (appends.py settles those).
-CATALOG_SERVER_ERROR_ATTEMPTS = 3
 CATALOG_SERVER_ERROR_PAUSES_SECONDS = (0.5, 2.0)
+CATALOG_SERVER_ERROR_ATTEMPTS = len(CATALOG_SERVER_ERROR_PAUSES_SECONDS) + 1
 
 
 def _retrying_server_errors(call: Callable[[], T], what: str, endpoint: str) -> T:
-    for attempt in range(1, CATALOG_SERVER_ERROR_ATTEMPTS + 1):
+    pauses = CATALOG_SERVER_ERROR_PAUSES_SECONDS
+    for attempt, pause in enumerate(pauses, start=1):
         try:
             return call()
         except (ServerError, ServiceUnavailableError) as exc:
-            if attempt == CATALOG_SERVER_ERROR_ATTEMPTS:
-                raise
-            pause = CATALOG_SERVER_ERROR_PAUSES_SECONDS[min(attempt, len(CATALOG_SERVER_ERROR_PAUSES_SECONDS)) - 1]
             log.warning("%s: the Iceberg catalog at %s answered %s (attempt %d of %d); again in %.1f s", what,
-                        endpoint, type(exc).__name__, attempt, CATALOG_SERVER_ERROR_ATTEMPTS, pause)
+                        endpoint, type(exc).__name__, attempt, len(pauses) + 1, pause)
             time.sleep(pause)
-    raise AssertionError("unreachable")
+    return call()  # the last attempt: its error is the caller's
 
 
 def build_partition_spec(identifier: str, schema: Schema, fields: Sequence[PartitionFieldSpec]) -> PartitionSpec:
