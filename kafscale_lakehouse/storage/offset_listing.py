@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kafscale_lakehouse.format.errors import SegmentFormatError
 from kafscale_lakehouse.storage.errors import OffsetBeyondSegmentsError
 from kafscale_lakehouse.storage.keys import ObjectKind, parse_segment_key, partition_prefix, segment_key
-from kafscale_lakehouse.storage.store import SegmentListing, SegmentStore
+from kafscale_lakehouse.storage.store import SegmentListing, SegmentRef, SegmentStore
 
 
 def segments_from(store: SegmentStore, topic: str, partition: int, next_offset: int | None, *,
@@ -19,7 +20,8 @@ def segments_from(store: SegmentStore, topic: str, partition: int, next_offset: 
     segment re-cut by the broker), also the newest one: then the partition's keys are listed (no footer reads) to
     find the segment holding it, and the listing resumes there, so that segment is never skipped. `limit` caps
     the segments (and footer reads) of one call; `newest_footer_only` as for `SegmentStore.list_segments` (a segment
-    followed by a complete one ends where it begins, which is what finding the holder of `next_offset` needs).
+    followed by a complete one ends where it begins), except that the segment holding `next_offset` has its footer
+    read: a partition stopped at a gap after that segment resumes past its real end, where the gap shows.
 
     `OffsetBeyondSegmentsError` when every completed segment ends before `next_offset` (runs commit whole segments,
     so the newest one ends exactly at it): reading on would silently wait for offsets that will never come.
@@ -37,7 +39,7 @@ def segments_from(store: SegmentStore, topic: str, partition: int, next_offset: 
         return listing  # nothing below `next_offset`: what was listed is all there is (after a gap, if any)
     listing = store.list_segments(topic, partition, after=_key_before(store, topic, partition, holder), limit=limit,
                                   newest_footer_only=newest_footer_only)
-    segments = [s for s in listing.segments if s.last_offset >= next_offset]
+    segments = [s for s in _holder_end_read(store, listing.segments) if s.last_offset >= next_offset]
     if not segments and listing.segments and not listing.incomplete:
         newest = listing.segments[-1]
         if newest.last_offset + 1 < next_offset:
@@ -48,6 +50,20 @@ def segments_from(store: SegmentStore, topic: str, partition: int, next_offset: 
                 "offset was committed; nothing is read from it until the committed offset is set right",
                 location=store.location, key=newest.kfs_key)
     return replace(listing, segments=segments)
+
+
+def _holder_end_read(store: SegmentStore, segments: list[SegmentRef]) -> list[SegmentRef]:
+    """`segments` with the first one's end read from its footer when it was inferred from its successor: `next_offset`
+    lies inside it or past its real end (a partition stopped at a gap after it), and only its footer tells which.
+    An unreadable footer leaves the inferred end: reading the segment then stops the partition naming the object."""
+    if not segments or segments[0].end_from_footer:
+        return segments
+    first = segments[0]
+    try:
+        footer = store.read_footer(first.kfs_key, first.kfs_size)
+    except SegmentFormatError:
+        return segments
+    return [replace(first, last_offset=footer.last_offset, end_from_footer=True), *segments[1:]]
 
 
 def _key_before(store: SegmentStore, topic: str, partition: int, offset: int) -> str | None:

@@ -66,6 +66,9 @@ class SegmentRef:
     kfs_key: str
     index_key: str
     kfs_size: int
+    # False: `last_offset` is the next complete segment's base offset - 1 (`newest_footer_only`), not this segment's
+    # footer, which is read only with its records; the reader then checks it (a gap or an overlap after it).
+    end_from_footer: bool = True
 
 
 @dataclass(frozen=True)
@@ -311,7 +314,8 @@ class SegmentStore(ABC):
                     kfs.size - FOOTER_SIZE + 4,
                     f"footer last offset {last_offset} is below the key's base offset {base_offset}",
                 )
-            segments.append(SegmentRef(topic, partition, base_offset, last_offset, kfs.key, index.key, kfs.size))
+            segments.append(SegmentRef(topic, partition, base_offset, last_offset, kfs.key, index.key, kfs.size,
+                                       end_from_footer=not isinstance(end, int)))
         for item in incomplete:
             log.info(
                 "incomplete segment in %s, not returned: %s / %s: %s",

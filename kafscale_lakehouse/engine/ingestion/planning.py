@@ -2,7 +2,10 @@
 
 `positions.py` decides where the partition starts; here that start becomes whole completed segments (listed from the
 start offset, so the cost follows new data) up to the run's byte budget, stopping before a gap: data deleted before
-ingestion is never skipped silently (only with `allow_gaps`, and then recorded in the commit). The sensor's own plan
+ingestion is never skipped silently (only with `allow_gaps`, and then recorded in the commit). Only the newest
+segment's footer is read (and that of the segment holding the start, when it lies inside one): the others end where
+their successors begin, so a gap after one of them is found by the reader, which stops the partition at it
+(`segment_reader.SEGMENT_GAP_ERROR_TYPE`); the next run's plan starts there and reports or skips it. The sensor's own plan
 (from the offsets store) is only re-checked against the table's start, never used in its place. A partition whose
 segments cannot be planned (`PARTITION_PLANNING_ERRORS`: overlapping segments, two keys for one base offset, a start
 beyond the newest segment) stops alone, naming the objects; the run's other partitions go on. So does a partition
@@ -56,7 +59,7 @@ class PartitionPlanning:
     error: str | None = None
 
 
-@timed("plan (list segments, footers)")
+@timed("plan (list segments, newest footers)")
 def plan_partition(
     store: SegmentStore,
     topic: str,
@@ -71,7 +74,9 @@ def plan_partition(
     `budget` bytes of `.kfs` (at least one), stopping before a gap; a gap right at the start is skipped only with
     `allow_gaps` (and recorded), else the partition reports it (from the first run that sees it), as it reports an
     incomplete segment it waits behind for longer than `orphan_grace_seconds`."""
-    listing = segments_from(store, topic, partition, start)
+    # Only the newest segment's footer is read (and the one holding `start`, when it lies inside one): the segments
+    # in between end where their successors begin, and the reader checks each footer against that end.
+    listing = segments_from(store, topic, partition, start, newest_footer_only=True)
     stalled = find_stalled_segment(store, listing, grace_seconds=orphan_grace_seconds)
     stall_error = None if stalled is None else stalled.describe()
     segments = listing.segments
@@ -98,10 +103,7 @@ def plan_partition(
     if gaps:
         gap = gaps[0]
         if not allow_gaps:  # reported from the first run that sees it, not only once the partition reaches it
-            error = (
-                f"gap: offsets {gap.expected_offset}..{gap.found_offset - 1} are missing before "
-                f"{gap.kfs_key} (deleted before ingestion?); set allow_gaps to skip them"
-            )
+            error = gap_error(gap.expected_offset, gap.found_offset, gap.kfs_key)
         if gap.expected_offset == read_start:
             return PartitionPlanning(skipped=skipped, error=_either(error, stall_error))
         segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
@@ -114,6 +116,12 @@ def plan_partition(
         used += segment.kfs_size
     read = OffsetRange(partition, read_start, chosen[-1].last_offset + 1)
     return PartitionPlanning(SegmentPlan(commit_start, read, chosen), skipped, _either(error, stall_error))
+
+
+def gap_error(start: int, end: int, following_key: str) -> str:
+    """A partition's error for offsets `start..end - 1` missing before the segment `following_key`."""
+    return (f"gap: offsets {start}..{end - 1} are missing before {following_key} (deleted before ingestion?); set "
+            "allow_gaps to skip them")
 
 
 def _either(*errors: str | None) -> str | None:

@@ -45,11 +45,17 @@ from kafscale_lakehouse.connections import (
 )
 from kafscale_lakehouse.engine.ingestion.lag import lag
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, lfs_read_settings
-from kafscale_lakehouse.engine.ingestion.planning import PARTITION_PLANNING_ERRORS, plan_partition, recheck_planned
+from kafscale_lakehouse.engine.ingestion.planning import (
+    PARTITION_PLANNING_ERRORS,
+    gap_error,
+    plan_partition,
+    recheck_planned,
+)
 from kafscale_lakehouse.engine.ingestion.positions import acquire_partition_leases, partition_starts, table_identity
 from kafscale_lakehouse.engine.ingestion.rows import DeadLetterFileWriter, InvalidRecord
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
+    SEGMENT_GAP_ERROR_TYPE,
     SegmentReadFailure,
     SegmentRunPartition,
     segment_run_partitions,
@@ -129,6 +135,7 @@ from kafscale_lakehouse.schema.registered_tables import RegisteredValueSchemas
 from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
+    SegmentOverlapError,
     SegmentRef,
     SegmentStore,
     discover_partitions,
@@ -463,7 +470,7 @@ def commit_ingest(prepared: PreparedIngest, written: _Written | None = None) -> 
 def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange], identity: TableIdentity | None) -> None:
     context, mapping, topic = prepared.context, prepared.mapping, prepared.mapping.topic
     starts = partition_starts(prepared.table, topic, context.offsets, prepared.leases, identity)
-    allow_gaps = mapping.allow_gaps if mapping.allow_gaps is not None else context.config.processor.allow_gaps
+    allow_gaps = _allow_gaps(mapping, context.config)
     budget = max(1, context.config.processor.max_bytes_per_run // len(prepared.leases))
     for position in starts:
         partition, start = position.partition, position.next_offset
@@ -685,11 +692,8 @@ def _select_commit(prepared: PreparedIngest, written: _Written) -> _CommitSelect
     ends = {p: plan.read.end for p, plan in plans.items()}
     for partition, failure in failures.items():
         ends[partition] = min(ends[partition], failure.next_offset)
-        plans[partition].outcome.error = (
-            failure.message
-            if failure.error_type == LFS_ERROR_TYPE
-            else f"segment {failure.key} could not be read: {failure.message}"
-        )
+        plans[partition].outcome.error = _failure_error(failure, plans[partition].segments,
+                                                        _allow_gaps(prepared.mapping, context.config))
     committing = {p: plan for p, plan in plans.items() if ends[p] > plan.commit_start}
     for p in list(committing):
         try:
@@ -707,6 +711,30 @@ def _select_commit(prepared: PreparedIngest, written: _Written) -> _CommitSelect
     if not committing:
         return None
     return _CommitSelection(committing, ends, keep, dead_letter_files)
+
+
+def _failure_error(failure: SegmentReadFailure, planned: Sequence[SegmentRef], allow_gaps: bool) -> str | None:
+    """The partition's error for where its read stopped. A gap found by the reader (after a segment whose end was
+    planned from its successor) is an error as the plan's gaps are, named after the segment that follows it; with
+    `allow_gaps` none: the next run's plan starts at it and skips it, recorded."""
+    if failure.error_type == LFS_ERROR_TYPE:
+        return failure.message
+    following = next((s for s in planned if s.base_offset > failure.base_offset), None)
+    if failure.error_type == SegmentOverlapError.__name__ and following is not None:
+        return f"segment {failure.key} could not be read: {failure.message} ({following.kfs_key})"
+    if failure.error_type != SEGMENT_GAP_ERROR_TYPE:
+        return f"segment {failure.key} could not be read: {failure.message}"
+    if allow_gaps:
+        log.warning("topic %s partition %d: %s; the next run skips them (allow_gaps)", failure.topic,
+                    failure.partition, failure.message)
+        return None
+    if following is None:  # the run's byte budget ended its plan at that segment
+        return f"gap: {failure.message} (deleted before ingestion?); set allow_gaps to skip them"
+    return gap_error(failure.next_offset, following.base_offset, following.kfs_key)
+
+
+def _allow_gaps(mapping: MappingConfig, config: LakehouseConfig) -> bool:
+    return mapping.allow_gaps if mapping.allow_gaps is not None else config.processor.allow_gaps
 
 
 def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelection) -> int:

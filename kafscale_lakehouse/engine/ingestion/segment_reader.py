@@ -46,6 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,7 +72,7 @@ from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import JsonColumnCoercer, NumericTimestampUnit, record_arrow_schema
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema, ValidationResult, validate_values
-from kafscale_lakehouse.storage import SegmentRef, SegmentStore, StorageError
+from kafscale_lakehouse.storage import SegmentOverlapError, SegmentRef, SegmentStore, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ MAX_ROWS_PER_BATCH = 65_536
 # fetched alone, as before: bounded memory).
 READ_AHEAD_SEGMENTS = 4
 READ_AHEAD_BYTES = 16 << 20
+
+
+# A segment planned to end where its successor begins ended before it (`SegmentEndsEarly`): its partition stops there.
+SEGMENT_GAP_ERROR_TYPE = "SegmentGap"
 
 
 class KafscaleSourceError(EngineError):
@@ -171,6 +176,25 @@ class SegmentChangedError(SegmentMismatchError):
                    f"{segment.kfs_size} bytes, found {found} (replaced after planning)")
 
 
+class SegmentEndsEarly(NamedTuple):
+    """A segment whose planned end was its successor's base offset - 1 (`SegmentRef.end_from_footer` False) ends
+    before it, as its footer says: offsets `next_offset..planned_end - 1` exist in no segment (a gap)."""
+
+    next_offset: int  # the footer's last offset + 1
+    planned_end: int  # the next segment's base offset
+
+    def describe(self, segment: SegmentRef) -> str:
+        return (f"{segment.kfs_key} ends at offset {self.next_offset - 1}, the next segment begins at "
+                f"{self.planned_end}: offsets {self.next_offset}..{self.planned_end - 1} are missing")
+
+
+class SegmentRecords(NamedTuple):
+    """What `fetch_segment_records` returns: the records asked for, and whether the segment ends before its plan."""
+
+    records: pa.Table
+    ends_early: SegmentEndsEarly | None = None
+
+
 class SegmentReadError(KafscaleSourceError):
     """A segment of an input partition could not be read; `failure` says where its Kafka partition stops."""
 
@@ -219,7 +243,7 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
                                 numeric_timestamp_unit=unit)
     for segment, fetched in _fetched_ahead(store, partition):
         try:
-            records = fetched()
+            records, ends_early = fetched()
         except (SegmentFormatError, StorageError) as exc:
             next_offset = max(segment.base_offset, partition.offsets.start)
             log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
@@ -242,10 +266,20 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
                     log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
                               handled.stop.offset, handled.stop.describe())
                     raise SegmentReadError(_lfs_failure(segment, handled.stop))
+        if ends_early is not None:
+            # Its records are delivered; the partition stops at the gap after them, which the next run's plan starts
+            # at and reports (or skips, `allow_gaps`): only the footer of the segment holding its start is read there.
+            log.warning("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
+                        ends_early.next_offset, ends_early.describe(segment))
+            raise SegmentReadError(SegmentReadFailure(
+                topic=segment.topic, partition=segment.partition, kfs_key=segment.kfs_key, key=segment.kfs_key,
+                position=segment.kfs_size - FOOTER_SIZE, error_type=SEGMENT_GAP_ERROR_TYPE,
+                message=ends_early.describe(segment), base_offset=segment.base_offset,
+                next_offset=ends_early.next_offset))
 
 
 def _fetched_ahead(store: SegmentStore,
-                   partition: SegmentRunPartition) -> Iterator[tuple[SegmentRef, Callable[[], pa.Table]]]:
+                   partition: SegmentRunPartition) -> Iterator[tuple[SegmentRef, Callable[[], SegmentRecords]]]:
     """Each segment of `partition` in order with what returns its records (`fetch_segment_records`), the next ones
     fetched ahead on threads (`READ_AHEAD_SEGMENTS`, `READ_AHEAD_BYTES`). A fetch's error is raised when its
     segment's records are asked for, so a segment fails where it comes, after the segments before it; what is still
@@ -256,7 +290,7 @@ def _fetched_ahead(store: SegmentStore,
             yield segment, partial(fetch_segment_records, store, segment, partition.offsets)
         return
     pool = ThreadPoolExecutor(min(READ_AHEAD_SEGMENTS, len(segments)), thread_name_prefix="segment-fetch")
-    ahead: deque[tuple[SegmentRef, Future[pa.Table]]] = deque()
+    ahead: deque[tuple[SegmentRef, Future[SegmentRecords]]] = deque()
     submitted = 0
     try:
         while ahead or submitted < len(segments):
@@ -281,16 +315,18 @@ def _lfs_failure(segment: SegmentRef, failure: LfsFailure) -> SegmentReadFailure
         message=failure.describe(), base_offset=segment.base_offset, next_offset=failure.offset)
 
 
-def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange) -> pa.Table:
+def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange) -> SegmentRecords:
     """The records of `segment` within `offsets` (BASE_SCHEMA), fetched once and decoded with CRC checks.
 
     When `offsets.start` falls mid-way, only the bytes from the index entry at or before it are fetched; then the
     batch CRCs are verified but not the footer's body CRC, which covers bytes that were not fetched.
 
-    Invariant: records are delivered only from the segment planned (`segment`: base offset, last offset, `.kfs`
-    size), since the run commits up to the planned end. An object replaced after planning raises
-    `SegmentChangedError` before any of its records are decoded (`_check_planned`); in a range read a shorter
-    object fails the exact-length read and a different one the footer check at the planned end.
+    Invariant: records are delivered only from the segment planned (`segment`: base offset, `.kfs` size, and its
+    last offset when planned from its footer), since the run commits up to the planned end. An object replaced
+    after planning raises `SegmentChangedError` before any of its records are decoded (`_check_planned`); in a range
+    read a shorter object fails the exact-length read and a different one the footer check at the planned end. A
+    segment planned to end where its successor begins may end before (`SegmentRecords.ends_early`: a gap) but not
+    after (an overlap: `SegmentOverlapError`).
     """
     if offsets.start > segment.base_offset:
         entries = parse_index(store.read(segment.index_key), key=segment.index_key)
@@ -299,27 +335,45 @@ def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: Off
             entry_position = INDEX_HEADER_SIZE + entries.index(entry) * INDEX_ENTRY_SIZE
             return _decode_from_index_entry(store, segment, offsets, entry.offset, entry.position, entry_position)
     data = store.read(segment.kfs_key)
-    _check_planned(segment, data)
+    ends_early = _check_planned(segment, data)
     decoded = decode_segment(data, key=segment.kfs_key, topic=segment.topic, partition=segment.partition,
                              start_offset=offsets.start, end_offset=offsets.end)
-    return decoded.records
+    return SegmentRecords(decoded.records, ends_early)
 
 
-def _check_planned(segment: SegmentRef, data: bytes) -> None:
+def _check_planned(segment: SegmentRef, data: bytes) -> SegmentEndsEarly | None:
     """`data` (the whole `.kfs` fetched) is `segment` as planned: same size, header base offset and footer last
-    offset; else `SegmentChangedError` naming both. A malformed header or footer raises its `SegmentFormatError`."""
+    offset (`_check_planned_end`); else `SegmentChangedError` naming both. A malformed header or footer raises its
+    `SegmentFormatError`."""
     if len(data) < HEADER_SIZE + FOOTER_SIZE:
-        return  # not a segment at all: decode_segment names what is wrong with it
+        return None  # not a segment at all: decode_segment names what is wrong with it
     footer_position = len(data) - FOOTER_SIZE
     base_offset = parse_header(data, segment.kfs_key).base_offset
     last_offset = parse_footer(data[footer_position:], segment.kfs_key, footer_position).last_offset
-    if (len(data), base_offset, last_offset) != (segment.kfs_size, segment.base_offset, segment.last_offset):
+    if ((len(data), base_offset) != (segment.kfs_size, segment.base_offset)
+            or (segment.end_from_footer and last_offset != segment.last_offset)):
         raise SegmentChangedError.of(segment, footer_position,
                                      f"offsets {base_offset}..{last_offset} in {len(data)} bytes")
+    return _check_planned_end(segment, last_offset, footer_position)
+
+
+def _check_planned_end(segment: SegmentRef, last_offset: int, footer_position: int) -> SegmentEndsEarly | None:
+    """The footer's `last_offset` against the planned one: equal, or (an end inferred from the successor) below it."""
+    if last_offset == segment.last_offset:
+        return None
+    if segment.end_from_footer:
+        raise SegmentChangedError.of(segment, footer_position,
+                                     f"last offset {last_offset} in the footer at byte {footer_position}")
+    if last_offset > segment.last_offset:
+        raise SegmentOverlapError(f"{segment.kfs_key} holds offsets up to {last_offset} (its footer at byte "
+                                  f"{footer_position}), but the next segment begins at offset "
+                                  f"{segment.last_offset + 1}: two segments claim offsets "
+                                  f"{segment.last_offset + 1}..{last_offset}", key=segment.kfs_key)
+    return SegmentEndsEarly(last_offset + 1, segment.last_offset + 1)
 
 
 def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange, entry_offset: int,
-                             byte_position: int, entry_position: int) -> pa.Table:
+                             byte_position: int, entry_position: int) -> SegmentRecords:
     """Range-read and decode the batches from `byte_position` (an index entry for `entry_offset`) to the footer."""
     footer_position = segment.kfs_size - FOOTER_SIZE
     if byte_position >= footer_position:
@@ -328,9 +382,8 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
                             f"of {segment.kfs_key} (byte {footer_position})")
     data = store.read_range(segment.kfs_key, byte_position, segment.kfs_size - byte_position)
     footer = parse_footer(data[-FOOTER_SIZE:], segment.kfs_key, footer_position)
-    if footer.last_offset != segment.last_offset:  # the size matched no further than the exact-length read shows
-        raise SegmentChangedError.of(segment, footer_position,
-                                     f"last offset {footer.last_offset} in the footer at byte {footer_position}")
+    # The size matched no further than the exact-length read shows: the footer says whether it is the segment planned.
+    ends_early = _check_planned_end(segment, footer.last_offset, footer_position)
     decoded = decode_batches(memoryview(data)[:-FOOTER_SIZE], key=segment.kfs_key, position=byte_position,
                              topic=segment.topic, partition=segment.partition, start_offset=offsets.start,
                              end_offset=offsets.end)
@@ -343,7 +396,7 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
         raise SegmentMismatchError(segment.kfs_key, footer_position + 4,
                                    f"footer last offset is {footer.last_offset}, the last batch ends at offset "
                                    f"{last_batch.last_offset}")
-    return decoded.records
+    return SegmentRecords(decoded.records, ends_early)
 
 
 def _with_mapped_columns(batch: pa.RecordBatch, coercer: JsonColumnCoercer, schema: pa.Schema,

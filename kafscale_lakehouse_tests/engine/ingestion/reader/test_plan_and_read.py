@@ -7,6 +7,7 @@ workers (see test_spark_ingestion.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 
@@ -20,6 +21,7 @@ from kafscale_lakehouse.engine.ingestion.planning import plan_partition
 from kafscale_lakehouse.engine.ingestion.segment_reader import (
     INVALID_REASON_COLUMN,
     MAX_ROWS_PER_BATCH,
+    SEGMENT_GAP_ERROR_TYPE,
     SegmentReadError,
     read_input_partition,
     segment_run_partitions,
@@ -136,34 +138,95 @@ def delete_segment(store, partition: int, base_offset: int) -> None:
         segment_path(store, partition, base_offset, kind).unlink()
 
 
-# The planned read is the offsets before the gap (None: nothing this run); with `allow_gaps` a gap at the next
-# offset is skipped and the read starts after it.
-@pytest.mark.parametrize(("start", "missing", "before_base", "read", "allowed_skip", "allowed_read"), [
-    (150, "200..299", 300, (150, 200), None, (150, 200)),  # gap inside the pending offsets
-    (250, "250..299", 300, None, (250, 300), (300, 400)),  # the next offset lies inside the gap
-    (50, "50..99", 100, None, (50, 100), (100, 200)),  # the next offset is before the first segment
-    (None, "200..299", 300, (100, 200), None, (100, 200)),  # nothing committed: from the oldest segment
+def land_runs(store, start: int | None, allow_gaps: bool) -> tuple[list[int], list[str], list[OffsetRange]]:
+    """Consecutive runs of partition 0 from `start`, as the ingestion run chains them: plan, read until the
+    partition stops, commit what was read, the next run from there; until a run has nothing to read. Returns the
+    offsets delivered, the partition's errors (the plans' and the reads' stops at a gap), the ranges skipped."""
+    delivered: list[int] = []
+    errors: list[str] = []
+    skipped: list[OffsetRange] = []
+    for _ in range(5):
+        plan, outcome = plan_run(store, 0, start, allow_gaps=allow_gaps)
+        skipped += [outcome.skipped] if outcome.skipped else []
+        errors += [outcome.error] if outcome.error else []
+        if plan is None:
+            return delivered, errors, skipped
+        batches: list[pa.RecordBatch] = []
+        start = plan.read.end
+        try:
+            for run in segment_run_partitions(TOPIC, plan.read, plan.segments, 1 << 40):
+                batches.extend(read_input_partition(store, run, ()))
+        except SegmentReadError as exc:
+            assert exc.failure.error_type == SEGMENT_GAP_ERROR_TYPE, exc
+            errors.append(exc.failure.message)
+            start = exc.failure.next_offset
+        delivered += pa.Table.from_batches(batches, schema=batches[0].schema)["offset"].to_pylist()
+    raise AssertionError(f"still reading after 5 runs: {delivered}, {errors}")
+
+
+# Segments 100..199, 200..299 (deleted), 300..399. Only the footers of the newest segment and of the one holding the
+# next offset are planned from: a gap after any other segment is found by the read, which stops there, and the
+# next run's plan from that offset reports it (or skips it with `allow_gaps`). Nothing is read past a gap unless it
+# is skipped, and every offset that exists is read once.
+@pytest.mark.parametrize(("start", "missing", "before_base", "read_first"), [
+    (150, "200..299", 300, range(150, 200)),  # gap inside the pending offsets
+    (250, "250..299", 300, range(0)),  # the next offset lies inside the gap
+    (50, "50..99", 100, range(0)),  # the next offset is before the first segment
+    (None, "200..299", 300, range(100, 200)),  # nothing committed: from the oldest segment
 ])
 def test_a_gap_in_the_pending_offsets_fails_the_partition_naming_the_missing_offsets(
-        local_store, start, missing, before_base, read, allowed_skip, allowed_read):
+        local_store, start, missing, before_base, read_first):
     write_pizza_segments(local_store, 0, [100, 100, 100], first_offset=100)
     delete_segment(local_store, 0, 200)
     before_key = segment_key(local_store.namespace, TOPIC, 0, before_base, ObjectKind.SEGMENT)
 
-    plan, outcome = plan_run(local_store, 0, start)
+    delivered, errors, skipped = land_runs(local_store, start, allow_gaps=False)
 
-    assert f"offsets {missing} are missing before {before_key}" in outcome.error
-    if read is None:
-        assert plan is None  # nothing to read before the gap
-    else:
-        assert (plan.read.start, plan.read.end) == read  # read up to the gap, commit that, report the gap
-        assert_pizza_rows(read_run(local_store, 0, plan), 0, *read)
+    assert f"offsets {missing} are missing before {before_key}" in errors[-1]
+    assert delivered == list(read_first)  # up to the gap, and never past it
 
-    allowed, outcome = plan_run(local_store, 0, start, allow_gaps=True)
-    assert outcome.error is None
-    assert outcome.skipped == (None if allowed_skip is None else OffsetRange(0, *allowed_skip))
-    assert (allowed.read.start, allowed.read.end) == allowed_read
-    assert_pizza_rows(read_run(local_store, 0, allowed), 0, *allowed_read)
+    delivered, errors, skipped = land_runs(local_store, start, allow_gaps=True)
+    first = 100 if start is None else start
+    gaps = [OffsetRange(0, max(first, 50), 100)] if first < 100 else []
+    gaps.append(OffsetRange(0, max(first, 200), 300))
+    assert skipped == gaps
+    assert delivered == [*range(max(first, 100), 200), *range(300, 400)]  # every offset that exists, once
+    assert all("are missing" in error for error in errors)
+
+
+def test_a_gap_after_a_segment_planned_from_its_successor_is_found_by_the_read(local_store):
+    """The plan reads no footer of a segment followed by a complete one; the read checks it and stops at the gap
+    after its last offset, its records delivered; a segment claiming offsets past its successor's base is an
+    overlap, nothing of it delivered."""
+    write_pizza_segments(local_store, 0, [50, 50, 50])
+    delete_segment(local_store, 0, 100)
+    write_pizza_segments(local_store, 0, [50], first_offset=110)  # 100..109 are gone
+    plan, outcome = plan_run(local_store, 0, None)
+    assert outcome.error is None and (plan.read.start, plan.read.end) == (0, 160)
+    assert [(s.base_offset, s.last_offset, s.end_from_footer) for s in plan.segments] == [
+        (0, 49, False), (50, 109, False), (110, 159, True)]
+    delivered: list[pa.RecordBatch] = []
+
+    with pytest.raises(SegmentReadError) as raised:
+        for run in segment_run_partitions(TOPIC, plan.read, plan.segments, 1 << 40):
+            delivered.extend(read_input_partition(local_store, run, ()))
+
+    assert_pizza_rows(pa.Table.from_batches(delivered), 0, 0, 100)
+    failure = raised.value.failure
+    key_50 = segment_key(local_store.namespace, TOPIC, 0, 50, ObjectKind.SEGMENT)
+    assert (failure.error_type, failure.kfs_key, failure.base_offset, failure.next_offset) == (
+        SEGMENT_GAP_ERROR_TYPE, key_50, 50, 100)
+    assert failure.message == (f"{key_50} ends at offset 99, the next segment begins at 110: offsets 100..109 are "
+                               "missing")
+
+    overlapping = dataclasses.replace(plan.segments[0], last_offset=39)  # as if its successor began at 40
+    [run] = segment_run_partitions(TOPIC, OffsetRange(0, 0, 40), [overlapping], 1 << 40)
+    delivered.clear()
+    with pytest.raises(SegmentReadError) as raised:
+        delivered.extend(read_input_partition(local_store, run, ()))
+    assert delivered == [] and raised.value.failure.next_offset == 0
+    assert raised.value.failure.error_type == "SegmentOverlapError"
+    assert "two segments claim offsets 40..49" in raised.value.failure.message
 
 
 def test_a_gap_below_the_next_offset_does_not_matter(local_store):
