@@ -137,6 +137,12 @@ def _proc_stat(pid: int) -> tuple[int, int, int] | None:
     return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE_SIZE
 
 
+def _machine_busy_ticks() -> int:
+    """CPU ticks of every core spent not idle (user, nice, system, irq, softirq, steal) since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return sum(fields) - fields[3] - fields[4]  # less idle and iowait
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -149,6 +155,9 @@ class ProcessSampler:
     """Every second: the processes under `roots` (dagster dev, the engine), their kind, CPU and RSS."""
 
     roots: list[int]
+    # Processes outside those trees, counted under a kind of their own (not their children): the servers and this
+    # benchmark (producer, offsets poller, this sampler), which share the machine with the deployment.
+    labelled: dict[int, str] = field(default_factory=dict)
     kinds: dict[int, str] = field(default_factory=dict)
     cpu_ticks: dict[int, int] = field(default_factory=dict)
     baseline_ticks: dict[int, int] = field(default_factory=dict)
@@ -156,6 +165,8 @@ class ProcessSampler:
     peak_process_rss: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     lock: threading.Lock = field(default_factory=threading.Lock)
     measuring: bool = False
+    baseline_machine_ticks: int = 0  # every core's non-idle time (/proc/stat), at the start and the last sample
+    machine_ticks: int = 0
 
     def sample(self) -> None:
         parents: dict[int, int] = {}
@@ -177,7 +188,8 @@ class ProcessSampler:
                     changed = True
         rss_by_kind: Counter[str] = Counter()
         with self.lock:
-            for pid in ours:
+            self.kinds.update(self.labelled)
+            for pid in ours | set(self.labelled):
                 if pid not in stats:
                     continue
                 kind = self.kinds.get(pid)
@@ -190,6 +202,10 @@ class ProcessSampler:
                 rss_by_kind[kind] += rss
                 if self.measuring:
                     self.peak_process_rss[kind] = max(self.peak_process_rss[kind], rss)
+            busy = _machine_busy_ticks()
+            if not self.measuring:
+                self.baseline_machine_ticks = busy
+            self.machine_ticks = busy
             if self.measuring:
                 for kind, rss in rss_by_kind.items():
                     self.peak_rss[kind] = max(self.peak_rss[kind], rss)
@@ -752,7 +768,10 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
     proxy: ProxyProcess | None = None
     proxy_counts: ProxyCounts | None = None
     stop = threading.Event()
-    sampler = ProcessSampler([])
+    sampler = ProcessSampler([], labelled={os.getpid(): "benchmark (producer, poller)"})
+    for server, label in ((seaweedfs, "SeaweedFS (S3, catalog)"), (etcd, "etcd")):
+        if server.proc is not None:
+            sampler.labelled[server.proc.pid] = label
     landings = Landings()
     single: SingleTopic | None = None
     phase_directory: Path | None = None
@@ -842,7 +861,7 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
                        read_phase_log(phase_directory) if phase_directory else None)
     else:
         report(args, topics, landings, figures, proxy_counts, sampler, measuring_from, producing_ended,
-               measured_until, load_samples)
+               measured_until, load_samples, read_phase_log(phase_directory) if phase_directory else None)
 
 
 def stream(args: argparse.Namespace, producer: FanoutProducer, dagster_dev: subprocess.Popen, workdir: Path,
@@ -957,7 +976,7 @@ def measure_single_topic(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: E
 
 def report(args: argparse.Namespace, topics: int, landings: Landings, figures: InstanceFigures,
            proxy_counts: ProxyCounts | None, sampler: ProcessSampler, start: float, producing_ended: float,
-           measured_until: float, load_samples: list[float]) -> None:
+           measured_until: float, load_samples: list[float], phases: list[PhaseLine] | None = None) -> None:
     minutes = (producing_ended - start) / 60
     with landings.lock:
         landed, visible, records = dict(landings.landed), dict(landings.visible), dict(landings.records)
@@ -998,7 +1017,7 @@ def report(args: argparse.Namespace, topics: int, landings: Landings, figures: I
           + ", ".join(f"{job}: {count}" for job, count in by_job.most_common()) + "); statuses of all runs at the end: "
           + ", ".join(f"{status.lower()} {count}" for status, count in statuses.most_common()))
 
-    print_batches(figures.batches, start, measured_until, None)
+    print_batches(figures.batches, start, measured_until, phases)
     counts = print_ticks(figures, "while producing", start, producing_ended)
     if proxy_counts is None:
         print("S3 requests: not counted (--no-proxy)")
@@ -1163,6 +1182,9 @@ def print_processes(sampler: ProcessSampler, label: str, seconds: float) -> None
         print(f"  {kind:<24} CPU {cpu.get(kind, 0.0):7.1f} s ({cpu.get(kind, 0.0) / seconds:.2f} "
               f"cores)  peak RSS {sampler.peak_rss.get(kind, 0) / 2**20:7.0f} MB (largest process "
               f"{sampler.peak_process_rss.get(kind, 0) / 2**20:.0f} MB)")
+    with sampler.lock:
+        busy = (sampler.machine_ticks - sampler.baseline_machine_ticks) / CLOCK_TICKS
+    print(f"  the machine in all: {busy:.1f} CPU-s busy = {busy / seconds:.2f} of {os.cpu_count()} cores")
     daemon_code = sampler.peak_rss.get("daemon", 0) + sampler.peak_rss.get("code server", 0)
     print(f"  daemon + code server peak RSS {daemon_code / 2**20:.0f} MB (target < 1536 MB)")
 
