@@ -7,8 +7,9 @@ launch, one Spark session and one set of clients for the batch):
    offsets, its planned segments);
 2. writes every table's segments in ONE Spark job, then commits each table on its own (`commit_ingests`: one Iceberg
    commit per table, each re-checking its own offsets, so a table's failed commit undoes nothing of another's);
-3. logs for each table what the asset's run records: an `AssetMaterialization` per Kafka partition with the same
-   metadata (assets.py), then the table's check results as `AssetCheckEvaluation`s (checks.py's evaluations).
+3. logs for each table, as soon as its checks are done, what the asset's run records: an `AssetMaterialization` per
+   Kafka partition with the same metadata (assets.py), then the table's check results as `AssetCheckEvaluation`s
+   (checks.py's evaluations).
 Dagster files them under the table's asset, its partitions and its checks, so the table's partition status,
 freshness, metadata plots and check history read the same whichever run landed it; the asset's lineage is its
 definition's and stays the same.
@@ -27,7 +28,7 @@ per-partition leases keep a manual run of the same table from committing beside 
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, TypeVar
 
 import dagster as dg
@@ -148,24 +149,27 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
                               {run.mapping.table: run.table for _, _, run in prepared},
                               {run.mapping.topic for _, _, run in prepared}, context.instance)
         with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="checks") as pool:
-            events = list(pool.map(lambda landed: _outcome(_table_events, *landed, checks),
-                                   [(mapping, entry, run, outcome)
-                                    for (mapping, entry, run), outcome in zip(prepared, outcomes, strict=True)]))
-        for (mapping, _, _), table_events in zip(prepared, events, strict=True):
-            if isinstance(table_events, _NotLanded):
-                yield from table_events.events
-                if isinstance(table_events.error, IngestFailedError):  # what its partial commit landed
-                    yield from partial_commit_materializations(table_asset_key(mapping.table),
-                                                               table_events.error.result, iceberg_catalog,
-                                                               context.log, context.instance)
-                context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic,
-                                  table_events.error)
-                failed[mapping.table] = str(table_events.error)
-            elif isinstance(table_events, Exception):  # one table's failure must not stop the others
-                context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic, table_events)
-                failed[mapping.table] = str(table_events)
-            else:
-                yield from table_events
+            # Each table's events are recorded as soon as its checks are done, while the others' still run: the
+            # event-log writes (one per event; on sqlite the slowest part of a batch) overlap the checks.
+            checking = {pool.submit(_outcome, _table_events, mapping, entry, run, outcome, checks): mapping
+                        for (mapping, entry, run), outcome in zip(prepared, outcomes, strict=True)}
+            for future in as_completed(checking):
+                mapping, table_events = checking[future], future.result()
+                if isinstance(table_events, _NotLanded):
+                    yield from table_events.events
+                    if isinstance(table_events.error, IngestFailedError):  # what its partial commit landed
+                        yield from partial_commit_materializations(table_asset_key(mapping.table),
+                                                                   table_events.error.result, iceberg_catalog,
+                                                                   context.log, context.instance)
+                    context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic,
+                                      table_events.error)
+                    failed[mapping.table] = str(table_events.error)
+                elif isinstance(table_events, Exception):  # one table's failure must not stop the others
+                    context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic,
+                                      table_events)
+                    failed[mapping.table] = str(table_events)
+                else:
+                    yield from table_events
         if failed:
             raise dg.Failure(
                 description=f"{len(failed)} of {len(config.tables)} tables did not land: "

@@ -5,6 +5,7 @@ and checks; a table whose commit fails leaves the others landed and is requested
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import replace
@@ -21,6 +22,7 @@ from kafscale_lakehouse.engine.ingestion.spark_job import _BatchTasks, ingestion
 from kafscale_lakehouse.engine.tables import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
+from kafscale_lakehouse.orchestration import land_tables
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 from kafscale_lakehouse.storage import S3SegmentStore, topic_prefix
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import POLL_INTERVAL_SECONDS
@@ -261,3 +263,36 @@ def test_a_batchs_freshness_checks_list_no_segments_of_partitions_with_a_broker_
         lags = {row.data["partition"]: (row.data["lag"], row.data["measured_against"])
                 for row in evaluation.metadata["lag_by_partition"].value.records}
         assert lags == {0: (7, "broker watermark"), 1: (7, "broker watermark")}
+
+
+def test_a_tables_events_are_recorded_while_another_tables_checks_still_run(namespace_world, spark, monkeypatch):
+    """The event-log writes (one per materialization and check result: on sqlite the slowest part of a batch of
+    hundreds of tables) overlap the other tables' checks instead of waiting for all of them."""
+    world = namespace_world
+    orders, refunds = world.topics["orders"], world.topics["refunds"]
+    _, request = second_batch(world)
+    refunds_key = table_asset_key(refunds.table_name)
+    first_run = world.instance.get_latest_materialization_event(refunds_key).run_id
+    seen_while_checking: list[bool] = []
+    table_events = land_tables._table_events
+
+    def orders_waits_for_refunds(mapping, *args):
+        if mapping.table == orders.table_name:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if world.instance.get_latest_materialization_event(refunds_key).run_id != first_run:
+                    seen_while_checking.append(True)
+                    break
+                time.sleep(0.2)
+            else:
+                seen_while_checking.append(False)
+        return table_events(mapping, *args)
+
+    monkeypatch.setattr(land_tables, "_table_events", orders_waits_for_refunds)
+    result = world.land(request)
+    monkeypatch.undo()
+
+    assert result.success
+    assert seen_while_checking == [True]  # refunds' events were in the instance before orders' checks ended
+    for topic in world.topics.values():
+        assert latest_check_runs(world.instance, topic.table_name) == dict.fromkeys(CHECKS, (result.run_id, True))
