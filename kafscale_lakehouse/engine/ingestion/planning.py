@@ -5,11 +5,12 @@ start offset, so the cost follows new data) up to the run's byte budget, stoppin
 ingestion is never skipped silently (only with `allow_gaps`, and then recorded in the commit). Only the newest
 segment's footer is read (and that of the segment holding the start, when it lies inside one): the others end where
 their successors begin, so a gap after one of them is found by the reader, which stops the partition at it
-(`segment_reader.SEGMENT_GAP_ERROR_TYPE`); the next run's plan starts there and reports or skips it. The sensor's own plan
-(from the offsets store) is only re-checked against the table's start, never used in its place. A partition whose
-segments cannot be planned (`PARTITION_PLANNING_ERRORS`: overlapping segments, two keys for one base offset, a start
-beyond the newest segment) stops alone, naming the objects; the run's other partitions go on. So does a partition
-waiting behind an incomplete segment (an orphan `.kfs` or `.index`) for longer than
+(`segment_reader.SEGMENT_GAP_ERROR_TYPE`); the next run's plan starts there and reports or skips it.
+
+The sensor's own plan (from the offsets store) is only re-checked against the table's start, never used in its place.
+A partition whose segments cannot be planned (`PARTITION_PLANNING_ERRORS`: overlapping segments, two keys for one base
+offset, a start beyond the newest segment) stops alone, naming the objects; the run's other partitions go on. So does
+a partition waiting behind an incomplete segment (an orphan `.kfs` or `.index`) for longer than
 `processor.orphan_segment_grace_seconds` (storage/stalls.py): it reads up to that segment and reports it, naming the
 object and its offsets, until an operator skips them (`offsets skip`).
 """

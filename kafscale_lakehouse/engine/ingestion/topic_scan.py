@@ -154,14 +154,23 @@ class TableOffsetsReader:
                      max_age_seconds: float) -> dict[int, int] | None:
         """`read`, or the offsets the last read found when the offsets store's (`store_offsets`) have not moved
         since and that read is younger than its reuse age: between 1/2 and 1 x `max_age_seconds`, drawn per read so
-        that many tables' reloads spread over ticks instead of all falling due on one. Our runs move the store when
-        they commit, so what is reused is a table nobody committed to since; a table changed without the store (an
-        operator's rollback) is seen within `max_age_seconds`."""
+        that many tables' reloads spread over ticks instead of all falling due on one. Our runs move the store right
+        after they commit, so what is reused is a table nobody committed to since, or (the table held what the store
+        did, and the store only moved forward since) the store's offsets, as the run that moved both left them: at
+        hundreds of tables every batch's tables were loaded again on the tick after it. A table changed without the
+        store (an operator's rollback) is seen within `max_age_seconds`."""
         key = (table, topic)
         now = self._clock()
         kept = self._kept.get(key)
-        if kept is not None and kept.store_offsets == store_offsets and now < kept.until:
-            return kept.offsets
+        if kept is not None and now < kept.until:
+            if kept.store_offsets == store_offsets:
+                return kept.offsets
+            if kept.in_sync and _moved_forward(kept.store_offsets, store_offsets):
+                # Our runs write the store right after their table commit: a table that was where the store was
+                # has moved with it (what else moved the table shows when its reuse age ends, as above).
+                followed = {p: o for p, o in store_offsets.items() if o is not None}
+                self._kept[key] = _KeptTableOffsets(dict(store_offsets), followed, kept.until)
+                return followed
         offsets = self.read(table, topic)
         self._kept[key] = _KeptTableOffsets(dict(store_offsets), offsets,
                                             now + max_age_seconds * random.uniform(0.5, 1.0))  # noqa: S311
@@ -187,6 +196,16 @@ class _KeptTableOffsets:
     store_offsets: dict[int, int | None]  # the offsets store's next offsets when the table was read
     offsets: dict[int, int] | None
     until: float  # reused up to this clock reading
+
+    @property
+    def in_sync(self) -> bool:
+        """The table held exactly what the store did (both having something)."""
+        return bool(self.offsets) and self.offsets == {p: o for p, o in self.store_offsets.items() if o is not None}
+
+
+def _moved_forward(before: Mapping[int, int | None], after: Mapping[int, int | None]) -> bool:
+    """No partition of `before` is gone or went back in `after`."""
+    return all((moved := after.get(p)) is not None and moved >= o for p, o in before.items() if o is not None)
 
 
 @dataclass(frozen=True)
