@@ -768,6 +768,8 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
     proxy: ProxyProcess | None = None
     proxy_counts: ProxyCounts | None = None
     stop = threading.Event()
+    # The sampler's own: the producer stops at the end of --duration, the CPU figures cover the drain too.
+    stop_sampling = threading.Event()
     sampler = ProcessSampler([], labelled={os.getpid(): "benchmark (producer, poller)"})
     for server, label in ((seaweedfs, "SeaweedFS (S3, catalog)"), (etcd, "etcd")):
         if server.proc is not None:
@@ -822,7 +824,7 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
         sampler.sample()  # CPU is counted from here (the single-topic run's is not)
         with sampler.lock:
             sampler.measuring = bool(args.backlog_records)  # a backlog is measured from dagster dev's start
-        sampling = threading.Thread(target=run_sampler, args=(sampler, stop), name="sampler", daemon=True)
+        sampling = threading.Thread(target=run_sampler, args=(sampler, stop_sampling), name="sampler", daemon=True)
         sampling.start()
         wait_until_ready(engine, engine_address, log_path=workdir / "engine.log")
         wait_for_webserver(url, ingest_job_name(document["mappings"][0]["table"]), dagster_dev,
@@ -844,9 +846,11 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
                 sampler.measuring = True
             load_samples, producing_ended = stream(args, producer, dagster_dev, workdir, etcd, landings, stop)
         measured_until = time.time()
+        stop_sampling.set()
         figures = read_instance(dagster_home)  # before stopping: runs in flight are not yet interrupted
     finally:
         stop.set()
+        stop_sampling.set()
         if dagster_dev is not None:
             stop_process_group(dagster_dev)
         if engine is not None:
