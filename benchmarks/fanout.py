@@ -1218,7 +1218,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--watch", choices=("per_table", "namespace"), default="per_table",
                         help="processor.watch: a sensor per table (default) or one namespace watch")
     parser.add_argument("--max-batch-runs", type=int, default=None,
-                        help="processor.max_batch_runs of the namespace watch (default: the config's default, 4)")
+                        help="processor.max_batch_runs of the namespace watch (default: the config's default, 2)")
     parser.add_argument("--duration", type=float, default=300, help="seconds of producing (default 300)")
     parser.add_argument("--drain-seconds", type=float, default=180)
     parser.add_argument("--partitions", type=int, default=2)

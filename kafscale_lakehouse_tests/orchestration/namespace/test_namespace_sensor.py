@@ -132,7 +132,7 @@ def test_the_byte_budget_splits_the_pending_tables_into_runs_the_longest_waiting
     payments.write_segments(0, 60, records_per_segment=30)
     refunds.write_segments(0, 40, records_per_segment=40)
     budget = kfs_bytes(world, "payments") + kfs_bytes(world, "refunds") - 1  # both do not fit in one run
-    config = world.config(max_bytes_per_batch_run=budget)
+    config = world.config(max_bytes_per_batch_run=budget, max_batch_runs=4)  # slots to spare: the budget splits
     # The orders' run is still going: orders stays out of the batches, the other two split by the budget.
     world.instance.add_run(dg.DagsterRun(job_name="land_tables", run_id="0" * 36, tags=dict(alone.tags),
                                          status=dg.DagsterRunStatus.STARTED))
@@ -202,13 +202,14 @@ def test_tables_of_a_failed_batch_are_retried_in_halves_so_one_failing_table_doe
         world.instance.add_run(dg.DagsterRun(job_name=LAND_TABLES_JOB, run_id=f"{number:036d}", tags=dict(request.tags),
                                              status=dg.DagsterRunStatus.FAILURE))
 
-    first = world.tick(sources, at=started)
+    config = world.config(max_batch_runs=4)  # a slot for each table when the halves are down to one table each
+    first = world.tick(sources, at=started, config=config)
     [batch] = first.run_requests
     assert len(batch_tables(batch)) == 3
     fail(batch, 1)
 
     # After the backoff (one poll interval), the three come back on their second attempt in two runs, not one.
-    second = world.tick(sources, first.cursor, at=started + POLL_INTERVAL_SECONDS + 1)
+    second = world.tick(sources, first.cursor, at=started + POLL_INTERVAL_SECONDS + 1, config=config)
     halves = [set(batch_tables(r)) for r in second.run_requests]
     assert sorted(map(len, halves)) == [1, 2]
     assert set().union(*halves) == {t.table_name for t in world.topics.values()}
@@ -216,7 +217,7 @@ def test_tables_of_a_failed_batch_are_retried_in_halves_so_one_failing_table_doe
         fail(request, number)
 
     # Failing again (third attempt, after twice the backoff): each table alone.
-    third = world.tick(sources, second.cursor, at=started + 3 * POLL_INTERVAL_SECONDS + 2)
+    third = world.tick(sources, second.cursor, at=started + 3 * POLL_INTERVAL_SECONDS + 2, config=config)
     assert sorted(len(batch_tables(r)) for r in third.run_requests) == [1, 1, 1]
 
 
