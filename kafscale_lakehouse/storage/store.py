@@ -57,7 +57,8 @@ class ListPage:
 
 @dataclass(frozen=True)
 class SegmentRef:
-    """A complete segment: both objects exist and the `.kfs` ends with a valid footer."""
+    """A complete segment: both objects exist and the `.kfs` ends with a valid footer (read unless
+    `end_from_footer` is False: then the reader checks it)."""
 
     topic: str
     partition: int

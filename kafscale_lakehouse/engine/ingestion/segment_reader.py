@@ -89,7 +89,8 @@ READ_AHEAD_SEGMENTS = 4
 READ_AHEAD_BYTES = 16 << 20
 
 
-# A segment planned to end where its successor begins ended before it (`SegmentEndsEarly`): its partition stops there.
+# A segment planned to end where its successor begins ended before it (`SegmentRecords.ends_early_at`): its partition
+# stops there.
 SEGMENT_GAP_ERROR_TYPE = "SegmentGap"
 
 
@@ -176,23 +177,19 @@ class SegmentChangedError(SegmentMismatchError):
                    f"{segment.kfs_size} bytes, found {found} (replaced after planning)")
 
 
-class SegmentEndsEarly(NamedTuple):
-    """A segment whose planned end was its successor's base offset - 1 (`SegmentRef.end_from_footer` False) ends
-    before it, as its footer says: offsets `next_offset..planned_end - 1` exist in no segment (a gap)."""
-
-    next_offset: int  # the footer's last offset + 1
-    planned_end: int  # the next segment's base offset
-
-    def describe(self, segment: SegmentRef) -> str:
-        return (f"{segment.kfs_key} ends at offset {self.next_offset - 1}, the next segment begins at "
-                f"{self.planned_end}: offsets {self.next_offset}..{self.planned_end - 1} are missing")
-
-
 class SegmentRecords(NamedTuple):
     """What `fetch_segment_records` returns: the records asked for, and whether the segment ends before its plan."""
 
     records: pa.Table
-    ends_early: SegmentEndsEarly | None = None
+    # A segment planned to end where its successor begins (`SegmentRef.end_from_footer` False) whose footer ends
+    # before: the offset after its footer's last one; offsets from there to the successor exist in no segment.
+    ends_early_at: int | None = None
+
+
+def _gap_after(segment: SegmentRef, next_offset: int) -> str:
+    """What is missing after `segment`, whose footer ends at `next_offset - 1`, before its planned successor."""
+    return (f"{segment.kfs_key} ends at offset {next_offset - 1}, the next segment begins at "
+            f"{segment.last_offset + 1}: offsets {next_offset}..{segment.last_offset} are missing")
 
 
 class SegmentReadError(KafscaleSourceError):
@@ -243,7 +240,7 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
                                 numeric_timestamp_unit=unit)
     for segment, fetched in _fetched_ahead(store, partition):
         try:
-            records, ends_early = fetched()
+            records, ends_early_at = fetched()
         except (SegmentFormatError, StorageError) as exc:
             next_offset = max(segment.base_offset, partition.offsets.start)
             log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
@@ -266,16 +263,16 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
                     log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
                               handled.stop.offset, handled.stop.describe())
                     raise SegmentReadError(_lfs_failure(segment, handled.stop))
-        if ends_early is not None:
+        if ends_early_at is not None:
             # Its records are delivered; the partition stops at the gap after them, which the next run's plan starts
             # at and reports (or skips, `allow_gaps`): only the footer of the segment holding its start is read there.
+            message = _gap_after(segment, ends_early_at)
             log.warning("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
-                        ends_early.next_offset, ends_early.describe(segment))
+                        ends_early_at, message)
             raise SegmentReadError(SegmentReadFailure(
                 topic=segment.topic, partition=segment.partition, kfs_key=segment.kfs_key, key=segment.kfs_key,
-                position=segment.kfs_size - FOOTER_SIZE, error_type=SEGMENT_GAP_ERROR_TYPE,
-                message=ends_early.describe(segment), base_offset=segment.base_offset,
-                next_offset=ends_early.next_offset))
+                position=segment.kfs_size - FOOTER_SIZE, error_type=SEGMENT_GAP_ERROR_TYPE, message=message,
+                base_offset=segment.base_offset, next_offset=ends_early_at))
 
 
 def _fetched_ahead(store: SegmentStore,
@@ -325,7 +322,7 @@ def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: Off
     last offset when planned from its footer), since the run commits up to the planned end. An object replaced
     after planning raises `SegmentChangedError` before any of its records are decoded (`_check_planned`); in a range
     read a shorter object fails the exact-length read and a different one the footer check at the planned end. A
-    segment planned to end where its successor begins may end before (`SegmentRecords.ends_early`: a gap) but not
+    segment planned to end where its successor begins may end before (`SegmentRecords.ends_early_at`: a gap) but not
     after (an overlap: `SegmentOverlapError`).
     """
     if offsets.start > segment.base_offset:
@@ -335,13 +332,13 @@ def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: Off
             entry_position = INDEX_HEADER_SIZE + entries.index(entry) * INDEX_ENTRY_SIZE
             return _decode_from_index_entry(store, segment, offsets, entry.offset, entry.position, entry_position)
     data = store.read(segment.kfs_key)
-    ends_early = _check_planned(segment, data)
+    ends_early_at = _check_planned(segment, data)
     decoded = decode_segment(data, key=segment.kfs_key, topic=segment.topic, partition=segment.partition,
                              start_offset=offsets.start, end_offset=offsets.end)
-    return SegmentRecords(decoded.records, ends_early)
+    return SegmentRecords(decoded.records, ends_early_at)
 
 
-def _check_planned(segment: SegmentRef, data: bytes) -> SegmentEndsEarly | None:
+def _check_planned(segment: SegmentRef, data: bytes) -> int | None:
     """`data` (the whole `.kfs` fetched) is `segment` as planned: same size, header base offset and footer last
     offset (`_check_planned_end`); else `SegmentChangedError` naming both. A malformed header or footer raises its
     `SegmentFormatError`."""
@@ -357,8 +354,9 @@ def _check_planned(segment: SegmentRef, data: bytes) -> SegmentEndsEarly | None:
     return _check_planned_end(segment, last_offset, footer_position)
 
 
-def _check_planned_end(segment: SegmentRef, last_offset: int, footer_position: int) -> SegmentEndsEarly | None:
-    """The footer's `last_offset` against the planned one: equal, or (an end inferred from the successor) below it."""
+def _check_planned_end(segment: SegmentRef, last_offset: int, footer_position: int) -> int | None:
+    """The footer's `last_offset` against the planned one: equal (None), or (an end inferred from the successor) below
+    it: the offset after the footer's last one."""
     if last_offset == segment.last_offset:
         return None
     if segment.end_from_footer:
@@ -369,7 +367,7 @@ def _check_planned_end(segment: SegmentRef, last_offset: int, footer_position: i
                                   f"{footer_position}), but the next segment begins at offset "
                                   f"{segment.last_offset + 1}: two segments claim offsets "
                                   f"{segment.last_offset + 1}..{last_offset}", key=segment.kfs_key)
-    return SegmentEndsEarly(last_offset + 1, segment.last_offset + 1)
+    return last_offset + 1
 
 
 def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange, entry_offset: int,
@@ -383,7 +381,7 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
     data = store.read_range(segment.kfs_key, byte_position, segment.kfs_size - byte_position)
     footer = parse_footer(data[-FOOTER_SIZE:], segment.kfs_key, footer_position)
     # The size matched no further than the exact-length read shows: the footer says whether it is the segment planned.
-    ends_early = _check_planned_end(segment, footer.last_offset, footer_position)
+    ends_early_at = _check_planned_end(segment, footer.last_offset, footer_position)
     decoded = decode_batches(memoryview(data)[:-FOOTER_SIZE], key=segment.kfs_key, position=byte_position,
                              topic=segment.topic, partition=segment.partition, start_offset=offsets.start,
                              end_offset=offsets.end)
@@ -396,7 +394,7 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
         raise SegmentMismatchError(segment.kfs_key, footer_position + 4,
                                    f"footer last offset is {footer.last_offset}, the last batch ends at offset "
                                    f"{last_batch.last_offset}")
-    return SegmentRecords(decoded.records, ends_early)
+    return SegmentRecords(decoded.records, ends_early_at)
 
 
 def _with_mapped_columns(batch: pa.RecordBatch, coercer: JsonColumnCoercer, schema: pa.Schema,

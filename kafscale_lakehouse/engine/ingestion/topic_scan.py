@@ -168,7 +168,7 @@ class TableOffsetsReader:
             if kept.in_sync and _moved_forward(kept.store_offsets, store_offsets):
                 # Our runs write the store right after their table commit: a table that was where the store was
                 # has moved with it (what else moved the table shows when its reuse age ends, as above).
-                followed = {p: o for p, o in store_offsets.items() if o is not None}
+                followed = _committed(store_offsets)
                 self._kept[key] = _KeptTableOffsets(dict(store_offsets), followed, kept.until)
                 return followed
         offsets = self.read(table, topic)
@@ -200,12 +200,17 @@ class _KeptTableOffsets:
     @property
     def in_sync(self) -> bool:
         """The table held exactly what the store did (both having something)."""
-        return bool(self.offsets) and self.offsets == {p: o for p, o in self.store_offsets.items() if o is not None}
+        return bool(self.offsets) and self.offsets == _committed(self.store_offsets)
+
+
+def _committed(offsets: Mapping[int, int | None]) -> dict[int, int]:
+    """The partitions of `offsets` with a committed next offset."""
+    return {p: o for p, o in offsets.items() if o is not None}
 
 
 def _moved_forward(before: Mapping[int, int | None], after: Mapping[int, int | None]) -> bool:
     """No partition of `before` is gone or went back in `after`."""
-    return all((moved := after.get(p)) is not None and moved >= o for p, o in before.items() if o is not None)
+    return all((moved := after.get(p)) is not None and moved >= o for p, o in _committed(before).items())
 
 
 @dataclass(frozen=True)
