@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from kafscale_lakehouse.apps.warm_cli import WARM_CLI_VARIABLE, stop_warm_processes
 from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, PIZZA_TOPIC, write_partition_segments
 from kafscale_lakehouse.engine.spark.local_engine import (
     AUTO_ENGINE_VARIABLE,
@@ -212,6 +213,30 @@ def whole_process_runs(topic: Topic, config_path: Path, env: dict[str, str], log
     return runs
 
 
+def warm_series(topic: Topic, config_path: Path, env: dict[str, str], logs: Path, repeat: int, label: str,
+                engines: Path, title: str, target: float) -> None:
+    """The default: each run handed to the warm process (apps/warm_cli.py). The run that starts it is printed
+    apart; every measured run must have been served by it (its log names each command it ran)."""
+    warm_env = {**env, WARM_CLI_VARIABLE: "1"}
+    stop_warm_processes(engines)  # another series' warm process has other variables: not this series' key
+    topic.land()
+    starting = run_once(config_path, warm_env, logs / f"{label}-warm-first.log")
+    deadline = time.monotonic() + 120
+    while not list(engines.glob("*.cli.sock")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print(f"{title}, first run (runs in its own process, starts the warm process): {starting.seconds:.2f} s (not "
+          f"counted)")
+    served_before = warm_commands_served(engines)
+    runs = whole_process_runs(topic, config_path, warm_env, logs, repeat, f"{label}-warm")
+    served = warm_commands_served(engines) - served_before
+    print_runs(f"{title}, handed to the warm process ({served} of {len(runs)} served by it)", runs, target)
+
+
+def warm_commands_served(engines: Path) -> int:
+    return sum(path.read_text().count("INFO kafscale_lakehouse.apps.warm_cli: running `")
+               for path in engines.glob("*.cli.log"))
+
+
 def print_runs(label: str, runs: list[ProcessRun], target: float) -> None:
     seconds = [run.seconds for run in runs]
     started = sum(run.started_engine for run in runs)
@@ -327,12 +352,13 @@ def main() -> None:
             document = config_document(seaweedfs, etcd, namespace, f"tiny_{run}.pizzas")
             config_path = workdir / "lakehouse.yaml"
             config_path.write_text(json.dumps(document))  # JSON is YAML
-            env = {**base_env, "KAFSCALE_LAKEHOUSE_LOG_LEVEL": "INFO", AUTO_ENGINE_VARIABLE: "0"}
-            env.pop("SPARK_REMOTE", None)
             # A fixed code version, as a deployment of one release has: in a working tree that others edit while
             # this runs, the sources' hash would give nearly every run a new engine (measured: 3 of 3 at 00:57).
-            local_env = {**env, AUTO_ENGINE_VARIABLE: "1", ENGINE_DIR_VARIABLE: str(engines),
-                         CODE_VERSION_VARIABLE: "tiny-run"}
+            # Each run in its own process unless a series says otherwise.
+            env = {**base_env, "KAFSCALE_LAKEHOUSE_LOG_LEVEL": "INFO", AUTO_ENGINE_VARIABLE: "0",
+                   ENGINE_DIR_VARIABLE: str(engines), CODE_VERSION_VARIABLE: "tiny-run", WARM_CLI_VARIABLE: "0"}
+            env.pop("SPARK_REMOTE", None)
+            local_env = {**env, AUTO_ENGINE_VARIABLE: "1"}
             logs = workdir / "logs"
             logs.mkdir()
             # The first run creates the table: not a tiny run's cost, so not measured.
@@ -347,8 +373,10 @@ def main() -> None:
                 starting = run_once(config_path, local_env, logs / "local-first.log")
                 print(f"no engine configured, first run (starts the local engine): {starting.seconds:.2f} s "
                       f"(not counted)")
-                print_runs("ingest --once, no engine configured (the local engine)",
+                print_runs("ingest --once, no engine configured (the local engine), each in its own process",
                            whole_process_runs(topic, config_path, local_env, logs, args.repeat, "local"), 5.0)
+                warm_series(topic, config_path, local_env, logs, args.repeat, "local", engines,
+                            "ingest --once, no engine configured (the local engine)", 5.0)
 
             from kafscale_lakehouse.engine.spark.engine import ConnectAddress, wait_until_ready
 
@@ -366,8 +394,10 @@ def main() -> None:
             warm = run_once(config_path, remote_env, logs / "engine-first.log")
             print(f"Spark engine: port open after {engine_seconds:.1f} s; first run on it {warm.seconds:.2f} s "
                   f"(not counted)")
-            print_runs("ingest --once, Spark engine (SPARK_REMOTE)",
+            print_runs("ingest --once, Spark engine (SPARK_REMOTE), each in its own process",
                        whole_process_runs(topic, config_path, remote_env, logs, args.repeat, "engine"), 1.5)
+            warm_series(topic, config_path, remote_env, logs, args.repeat, "engine", engines,
+                        "ingest --once, Spark engine (SPARK_REMOTE)", 1.5)
 
             phases, trips, session_seconds, context_seconds = in_process_breakdown(document, engine_url, topic)
             print(f"in this process against the engine: Connect session {session_seconds:.2f} s, IngestContext "
@@ -378,6 +408,7 @@ def main() -> None:
             for kind, count in sorted(trips.items()):
                 print(f"    {kind:<52} {count:4d}")
         finally:
+            stop_warm_processes(engines)
             for record_path in engines.glob("*.json"):
                 stop_engine(EngineRecord(**json.loads(record_path.read_text())))
             if engine is not None and engine.poll() is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kafscale_lakehouse.apps.warm_cli import WARM_CLI_VARIABLE
 from kafscale_lakehouse.engine.spark.engine import ConnectAddress, start_connect_server, stop_connect_server
 from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
 from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
@@ -17,6 +18,8 @@ from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
 # Tests choose their Spark (the `spark` session, the `spark_engine`); the CLI and Dagster runs they start would
 # otherwise start local engines that outlive the test (engine/spark/local_engine.py; its own tests turn it on).
 os.environ[AUTO_ENGINE_VARIABLE] = "0"
+# Nor the warm `ingest --once` process (apps/warm_cli.py; its own tests turn it on).
+os.environ[WARM_CLI_VARIABLE] = "0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("KAFSCALE_SHARED_DIR", REPO_ROOT.parent / "shared"))

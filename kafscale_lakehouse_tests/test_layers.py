@@ -17,7 +17,7 @@ ROOT = "kafscale_lakehouse"
 
 # Lowest first. A module belongs to the longest prefix listed; each layer may import its own and lower layers.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("format", "redaction"),
+    ("format", "redaction", "local_processes"),
     ("etcd",),
     ("storage",),
     ("offsets",),

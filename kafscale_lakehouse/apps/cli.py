@@ -668,6 +668,16 @@ def main(argv: list[str] | None = None) -> int:
             return inspect_segment(
                 args.location, records=args.records, out=sys.stdout, topic=args.topic, partition=args.partition
             )
+        if args.command == "ingest" and own_process and args.once:
+            with startup_without_collections(own_process):
+                from kafscale_lakehouse.apps import warm_cli
+
+                if not warm_cli.in_warm_child and warm_cli.enabled():
+                    # Handed to the warm process: none of the run's imports here (benchmarks/tiny_run.py); None:
+                    # no warm process took it (one starts for the next command), it runs here.
+                    end.status = warm_cli.run_warm(sys.argv[1:])
+            if end.status is not None:
+                return end.status
         if args.command == "ingest":
             end.status = run_ingest(args.config, topics=args.topic, once=args.once, own_process=own_process)
             return end.status

@@ -25,16 +25,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import signal
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -49,16 +46,23 @@ from kafscale_lakehouse.engine.spark.engine import (
     serve,
     wait_until_ready,
 )
+from kafscale_lakehouse.local_processes import (
+    CODE_VERSION_VARIABLE,
+    DEFAULT_IDLE_SECONDS,
+    DIRECTORY_VARIABLE,
+    PACKAGE_ROOT,
+    LocalProcessError,
+    code_version,
+    digest,
+    idle_seconds,
+    records_directory,
+    start_ticks,
+)
 
 log = logging.getLogger(__name__)
 
 AUTO_ENGINE_VARIABLE = "KAFSCALE_SPARK_AUTO_ENGINE"  # 0/false/no/off: never; 1/true/yes/on: even if the config says no
-ENGINE_DIR_VARIABLE = "KAFSCALE_SPARK_ENGINE_DIR"
-IDLE_SECONDS_VARIABLE = "KAFSCALE_SPARK_ENGINE_IDLE_SECONDS"
-# The code's version (an image tag, a release): engines of another version are not used. Unset, a hash of the
-# package's source files stands for it, so an edit in a working tree gets a new engine.
-CODE_VERSION_VARIABLE = "KAFSCALE_SPARK_ENGINE_CODE_VERSION"
-DEFAULT_IDLE_SECONDS = 600
+ENGINE_DIR_VARIABLE = DIRECTORY_VARIABLE
 # A live engine answers the HTTP/2 handshake in milliseconds; a stopped (SIGSTOP, swapped-out) one never does.
 PROBE_TIMEOUT_SECONDS = 10.0
 # RFC 9113 3.4 and 6.5: the client's connection preface, an empty SETTINGS frame (length 0, type 4, no flags, stream
@@ -70,7 +74,6 @@ HTTP2_FRAME_HEADER_BYTES = 9
 # The variables the engine's JVM and Python workers inherit from the process that starts it and that change what
 # they do: an engine started with other credentials or another Java is not shared.
 INHERITED_PREFIXES = ("AWS_", "PYSPARK_", "SPARK_HOME", "JAVA_HOME", "KAFSCALE_SPARK_CONF_", "KAFSCALE_SPARK_MASTER")
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # kafscale_lakehouse/
 # The engine process (not `-m`: the package imports this module before running it as __main__).
 ENGINE_PROCESS_CODE = f"import sys; from {__name__} import main; sys.exit(main(sys.argv[1:]))"
 
@@ -105,10 +108,10 @@ def local_engine_request(warm_modules: Sequence[str] = (), environ: Mapping[str,
         return None
     if value not in ("1", "true", "yes", "on", ""):
         raise SparkEngineError(f"{AUTO_ENGINE_VARIABLE}: {value!r} is neither 1/true/yes/on nor 0/false/no/off")
-    idle = environ.get(IDLE_SECONDS_VARIABLE, str(DEFAULT_IDLE_SECONDS)).strip()
-    if not idle.isdigit() or int(idle) == 0:
-        raise SparkEngineError(f"{IDLE_SECONDS_VARIABLE}: {idle!r} is not a positive number of seconds")
-    return LocalEngine(int(idle), tuple(warm_modules))
+    try:
+        return LocalEngine(idle_seconds(environ), tuple(warm_modules))
+    except LocalProcessError as err:
+        raise SparkEngineError(str(err)) from None
 
 
 def local_engine_url(master: str, conf: Mapping[str, str], request: LocalEngine, *,
@@ -137,40 +140,22 @@ def local_engine_url(master: str, conf: Mapping[str, str], request: LocalEngine,
 
 
 def engine_directory(environ: Mapping[str, str] = os.environ) -> Path:
-    """This user's directory of engine records; refused when another user owns it or may write to it (a record
-    there decides where runs send their data)."""
-    configured = environ.get(ENGINE_DIR_VARIABLE)
-    if configured:
-        directory = Path(configured)
-    else:
-        base = environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-        directory = Path(base) / f"kafscale-lakehouse-{os.getuid()}" / "spark-engines"
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # The default's parent is ours too (in /tmp, another user could have made it first and swap what is inside).
-    for checked in (directory,) if configured else (directory, directory.parent):
-        status = checked.stat()
-        if status.st_uid != os.getuid() or status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise SparkEngineError(f"{checked} (the local Spark engines' records, {ENGINE_DIR_VARIABLE}) is not this "
-                                   "user's alone: owned by another user or writable by others")
-    return directory
+    """This user's directory of engine records (`local_processes.records_directory`)."""
+    try:
+        return records_directory(environ)
+    except LocalProcessError as err:
+        raise SparkEngineError(str(err)) from None
 
 
 def engine_key(master: str, conf: Mapping[str, str], environ: Mapping[str, str] = os.environ, *,
                package_root: Path = PACKAGE_ROOT) -> str:
     """`<settings>-<code>`: a hash of what the engine runs with, and one of the code's version
-    (`KAFSCALE_SPARK_ENGINE_CODE_VERSION`, else this package's source files: names, sizes, modification times)."""
+    (`local_processes.code_version`)."""
     inherited = {name: value for name, value in environ.items()
                  if name.startswith(INHERITED_PREFIXES) and name != CODE_VERSION_VARIABLE}
     settings = json.dumps({"master": master, "conf": dict(conf), "python": sys.executable, "env": inherited},
                           sort_keys=True)
-    version = environ.get(CODE_VERSION_VARIABLE) or json.dumps(sorted(
-        (str(path.relative_to(package_root)), path.stat().st_mtime_ns, path.stat().st_size)
-        for path in package_root.rglob("*.py")))
-    return f"{_digest(settings, 16)}-{_digest(version, 8)}"
-
-
-def _digest(text: str, length: int) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
+    return f"{digest(settings, 16)}-{code_version(environ, package_root=package_root)}"
 
 
 def _supersede(directory: Path, key: str) -> None:
@@ -188,7 +173,7 @@ def _supersede(directory: Path, key: str) -> None:
 
 def engine_problem(record: EngineRecord) -> str | None:
     """Why the recorded engine cannot serve a run (None: it can)."""
-    if _start_ticks(record.pid) != record.start_ticks:
+    if start_ticks(record.pid) != record.start_ticks:
         return "its process is gone"
     if not port_open(record.address):
         return f"nothing accepts connections on port {record.port}"
@@ -241,7 +226,7 @@ def start_engine(key: str, master: str, conf: Mapping[str, str], request: LocalE
         _signal_group(process.pid, signal.SIGKILL)
         raise
     log.info("local Spark engine ready on %s after %.1f s", address.url, time.monotonic() - started)
-    ticks = _start_ticks(process.pid)
+    ticks = start_ticks(process.pid)
     if ticks is None:
         raise SparkEngineError(f"the local Spark engine on {address.url} exited after starting; log {log_path}")
     return EngineRecord(process.pid, ticks, port, key)
@@ -259,7 +244,7 @@ def stop_engine(record: EngineRecord, grace_seconds: float = 5.0) -> None:
     """SIGTERM to the recorded engine process and to its Spark server (continued, should either be stopped), SIGKILL
     to both when the engine process is not gone after `grace_seconds`; only the process recorded, never a pid reused
     since."""
-    if _start_ticks(record.pid) != record.start_ticks:
+    if start_ticks(record.pid) != record.start_ticks:
         return
     groups = [record.pid, *_children(record.pid)]  # the Spark server runs in a process group of its own
     for sig in (signal.SIGTERM, signal.SIGCONT):  # a stopped process acts on SIGTERM only once continued
@@ -267,7 +252,7 @@ def stop_engine(record: EngineRecord, grace_seconds: float = 5.0) -> None:
             _signal_group(group, sig)
     deadline = time.monotonic() + grace_seconds
     while time.monotonic() < deadline:
-        if _start_ticks(record.pid) != record.start_ticks:
+        if start_ticks(record.pid) != record.start_ticks:
             return
         time.sleep(0.1)
     for group in groups:
@@ -287,18 +272,6 @@ def _children(pid: int) -> list[int]:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The start time of process `pid` (None when there is none, or it is a zombie)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
 
 
 def _read_record(path: Path) -> EngineRecord | None:

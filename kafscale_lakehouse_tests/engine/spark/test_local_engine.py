@@ -20,16 +20,15 @@ from kafscale_lakehouse.engine.spark.local_engine import (
     AUTO_ENGINE_VARIABLE,
     CODE_VERSION_VARIABLE,
     ENGINE_DIR_VARIABLE,
-    IDLE_SECONDS_VARIABLE,
     EngineRecord,
     IdleWatch,
     SparkEngineError,
-    _start_ticks,
     engine_directory,
     engine_key,
     local_engine_request,
     stop_engine,
 )
+from kafscale_lakehouse.local_processes import IDLE_SECONDS_VARIABLE, start_ticks
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 
@@ -114,16 +113,16 @@ def test_runs_share_one_local_engine_and_a_dead_or_hung_one_is_replaced(embedded
                "gRPC handshake" in fourth, fourth[-3000:]
         world.assert_exactly_once(runs=4)
         deadline = time.monotonic() + 60
-        while (_start_ticks(records[1].pid) is not None or _start_ticks(jvm) is not None) \
+        while (start_ticks(records[1].pid) is not None or start_ticks(jvm) is not None) \
                 and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _start_ticks(records[1].pid) is None and _start_ticks(jvm) is None, "the hung engine is still there"
+        assert start_ticks(records[1].pid) is None and start_ticks(jvm) is None, "the hung engine is still there"
 
         # Idle: with no client for IDLE_SECONDS the engine stops and takes its record with it.
         deadline = time.monotonic() + IDLE_SECONDS + 60
-        while _start_ticks(records[2].pid) is not None and time.monotonic() < deadline:
+        while start_ticks(records[2].pid) is not None and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _start_ticks(records[2].pid) is None, "the idle engine did not stop"
+        assert start_ticks(records[2].pid) is None, "the idle engine did not stop"
         assert not list(engines.glob("*.json"))
         print(f"second run on the shared engine: {second_seconds:.2f} s")
     finally:

@@ -1,0 +1,82 @@
+"""Processes this package leaves running for the next command of the same user on this machine: the local Spark
+engine (engine/spark/local_engine.py) and the warm `ingest --once` process (apps/warm_cli.py). Standard library
+only: a command asks for them before it imports anything heavy.
+
+Both are found through files in one directory of this user's (`$KAFSCALE_SPARK_ENGINE_DIR`, else `$XDG_RUNTIME_DIR`
+or the temporary directory), keyed by what they run with, the code's version included; both stop by themselves
+after `KAFSCALE_SPARK_ENGINE_IDLE_SECONDS` (default 600) without a client."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+DIRECTORY_VARIABLE = "KAFSCALE_SPARK_ENGINE_DIR"
+IDLE_SECONDS_VARIABLE = "KAFSCALE_SPARK_ENGINE_IDLE_SECONDS"
+DEFAULT_IDLE_SECONDS = 600
+# The code's version (an image tag, a release): processes of another version are not used. Unset, a hash of the
+# package's source files stands for it, so an edit in a working tree gets a new process.
+CODE_VERSION_VARIABLE = "KAFSCALE_SPARK_ENGINE_CODE_VERSION"
+PACKAGE_ROOT = Path(__file__).resolve().parent  # kafscale_lakehouse/
+
+
+class LocalProcessError(OSError):
+    """The directory of the local processes cannot be used, or a variable of theirs holds a value they cannot use."""
+
+
+def records_directory(environ: Mapping[str, str] = os.environ) -> Path:
+    """This user's directory of local processes' records; refused when another user owns it or may write to it (a
+    record there decides where runs send their data, a socket there runs commands as this user)."""
+    configured = environ.get(DIRECTORY_VARIABLE)
+    if configured:
+        directory = Path(configured)
+    else:
+        base = environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+        directory = Path(base) / f"kafscale-lakehouse-{os.getuid()}" / "spark-engines"
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The default's parent is ours too (in /tmp, another user could have made it first and swap what is inside).
+    for checked in (directory,) if configured else (directory, directory.parent):
+        status = checked.stat()
+        if status.st_uid != os.getuid() or status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise LocalProcessError(f"{checked} (the local Spark engines' records, {DIRECTORY_VARIABLE}) is not this "
+                                    "user's alone: owned by another user or writable by others")
+    return directory
+
+
+def idle_seconds(environ: Mapping[str, str] = os.environ) -> int:
+    """`KAFSCALE_SPARK_ENGINE_IDLE_SECONDS`, a positive number of seconds; another value names the variable."""
+    idle = environ.get(IDLE_SECONDS_VARIABLE, str(DEFAULT_IDLE_SECONDS)).strip()
+    if not idle.isdigit() or int(idle) == 0:
+        raise LocalProcessError(f"{IDLE_SECONDS_VARIABLE}: {idle!r} is not a positive number of seconds")
+    return int(idle)
+
+
+def code_version(environ: Mapping[str, str] = os.environ, *, package_root: Path = PACKAGE_ROOT) -> str:
+    """A short hash of the code's version: `KAFSCALE_SPARK_ENGINE_CODE_VERSION`, else this package's source files
+    (names, sizes, modification times)."""
+    version = environ.get(CODE_VERSION_VARIABLE) or json.dumps(sorted(
+        (str(path.relative_to(package_root)), path.stat().st_mtime_ns, path.stat().st_size)
+        for path in package_root.rglob("*.py")))
+    return digest(version, 8)
+
+
+def digest(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def start_ticks(pid: int) -> int | None:
+    """The start time of process `pid` (None when there is none, or it is a zombie): with the pid, it names one
+    process (a pid reused by another process does not match)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])

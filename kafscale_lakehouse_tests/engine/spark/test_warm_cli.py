@@ -1,0 +1,137 @@
+"""The warm `ingest --once` process (apps/warm_cli.py): the first command starts it, the next ones run in a child
+of it as they would in a process of their own: the caller's directory, environment, streams and exit status, its
+signals forwarded, and a caller that dies takes its command down. Real processes: the CLI, the warm process, a
+Spark engine, SeaweedFS S3 + REST catalog, etcd."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kafscale_lakehouse.apps.warm_cli import CONSOLE_SCRIPT, WARM_CLI_VARIABLE, stop_warm_processes, warm_key
+from kafscale_lakehouse.local_processes import (
+    CODE_VERSION_VARIABLE,
+    DIRECTORY_VARIABLE,
+    IDLE_SECONDS_VARIABLE,
+    start_ticks,
+)
+from kafscale_lakehouse.testing.servers import SECRET_KEY
+from kafscale_lakehouse_tests.conftest import REPO_ROOT
+from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
+
+pytestmark = pytest.mark.integration
+
+SECRET_VARIABLE = "WARM_CLI_TEST_S3_SECRET"
+
+
+def served(engines: Path) -> list[tuple[str, int]]:
+    """The commands the warm process ran: (command line, pid)."""
+    text = "".join(path.read_text() for path in engines.glob("*.cli.log"))
+    return [(match[1], int(match[2])) for match in re.finditer(r"running `([^`]*)` in \S+ as pid (\d+)", text)]
+
+
+def exit_logged(engines: Path, pid: int) -> int | None:
+    text = "".join(path.read_text() for path in engines.glob("*.cli.log"))
+    match = re.search(rf"pid {pid} exited with status (-?\d+)", text)
+    return int(match[1]) if match else None
+
+
+def wait_for(condition, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"{what} within {seconds:.0f} s"
+        time.sleep(0.1)
+    return found
+
+
+def test_ingest_once_runs_in_the_warm_process_as_in_its_own(production_world: IngestWorld, spark_engine, tmp_path):
+    world = production_world
+    engines = tmp_path / "engines"
+    env = {**world.subprocess_env(), WARM_CLI_VARIABLE: "1", DIRECTORY_VARIABLE: str(engines),
+           CODE_VERSION_VARIABLE: "test-warm-cli", IDLE_SECONDS_VARIABLE: "120"}
+    document = world.config_document()
+    document["spark"] = {"remote": spark_engine.url}
+    world.write_config_file(document)  # lakehouse.yaml, named relative to the caller's directory below
+    document["s3"]["secret_access_key"] = f"${{{SECRET_VARIABLE}}}"
+    (world.root / "from-env.yaml").write_text(yaml.safe_dump(document))
+
+    def ingest(config: str, run_env: dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run([str(CLI), "ingest", "--once", "--config", config], cwd=world.root, env=run_env,
+                              capture_output=True, text=True, timeout=240)
+
+    try:
+        # The first runs in its own process and leaves the warm process behind.
+        world.write_segments(0, 60, records_per_segment=20, codecs=("zstd",))
+        first = ingest("lakehouse.yaml", env)
+        assert first.returncode == 0, first.stderr[-4000:]
+        world.assert_exactly_once(runs=1)
+        wait_for(lambda: list(engines.glob("*.cli.sock")), 120, "the warm process listens")
+        assert served(engines) == []
+
+        # The next runs in the warm process, with the caller's directory (a relative config path), environment (a
+        # variable only this caller has) and stderr (the run's last log line).
+        world.write_segments(1, 40, records_per_segment=20, codecs=("lz4",))
+        second = ingest("from-env.yaml", {**env, SECRET_VARIABLE: SECRET_KEY})
+        assert second.returncode == 0, second.stderr[-4000:]
+        assert re.search(r"topic orders-\S+ → \S+: 40 records", second.stderr.splitlines()[-1]), second.stderr
+        [(command, _pid)] = served(engines)
+        assert command == "ingest --once --config from-env.yaml"
+        world.assert_exactly_once(runs=2)
+
+        # Its exit status and its error reach the caller: without the variable, the config names it.
+        third = ingest("from-env.yaml", env)
+        assert third.returncode == 2
+        assert f"environment variable {SECRET_VARIABLE} is not set" in third.stderr
+        assert len(served(engines)) == 2
+
+        # SIGTERM to the caller is forwarded: the command unwinds (leases released) and its status is the caller's.
+        world.write_segments(0, 400, records_per_segment=100, base_offset=60, codecs=("gzip",))
+        caller = subprocess.Popen([str(CLI), "ingest", "--once", "--config", "lakehouse.yaml"], cwd=world.root,
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: len(served(engines)) == 3, 60, "the warm process runs the command")
+        caller.send_signal(signal.SIGTERM)
+        _, stderr = caller.communicate(timeout=120)
+        [*_, (_, terminated)] = served(engines)
+        assert caller.returncode == 128 + signal.SIGTERM, stderr[-4000:]
+        assert wait_for(lambda: exit_logged(engines, terminated), 30, "its exit logged") == 128 + signal.SIGTERM
+
+        # SIGKILL to the caller (nothing to forward): the warm process sees it gone and ends its command.
+        caller = subprocess.Popen([str(CLI), "ingest", "--once", "--config", "lakehouse.yaml"], cwd=world.root,
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: len(served(engines)) == 4, 60, "the warm process runs the command")
+        caller.kill()
+        caller.wait(30)
+        [*_, (_, orphaned)] = served(engines)
+        assert wait_for(lambda: exit_logged(engines, orphaned), 60, "the orphaned command ended") \
+            == 128 + signal.SIGTERM
+        assert "the caller of pid" in "".join(path.read_text() for path in engines.glob("*.cli.log"))
+
+        # Nothing of the two ended commands landed twice or got lost: the next run lands the rest exactly once.
+        fifth = ingest("lakehouse.yaml", env)
+        assert fifth.returncode == 0, fifth.stderr[-4000:]
+        world.assert_exactly_once(runs=3)
+    finally:
+        stopped = stop_warm_processes(engines)
+    assert len(stopped) == 1
+    wait_for(lambda: start_ticks(stopped[0]) is None, 30, "the warm process stopped")
+    assert not list(engines.glob("*.cli.sock"))
+
+
+def test_another_interpreter_setting_or_code_version_gets_another_warm_process():
+    base = {CODE_VERSION_VARIABLE: "1"}
+    assert warm_key(base) == warm_key({**base, "HOME": "/elsewhere", "AWS_REGION": "xx"})  # read at run time
+    assert warm_key(base) != warm_key({**base, CODE_VERSION_VARIABLE: "2"})
+    assert warm_key(base) != warm_key({**base, "PYTHONPATH": "/other/site"})
+    assert warm_key(base) != warm_key({**base, "SPARK_HOME": "/opt/spark"})
+
+
+def test_a_child_runs_the_console_script_the_package_installs():
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["kafscale-lakehouse"] == CONSOLE_SCRIPT
