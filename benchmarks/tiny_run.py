@@ -12,9 +12,11 @@ partition, so each run lands records (a run with nothing pending skips the Spark
    of engine/spark/local_engine.py: the first run starts it, shown apart, the later runs reuse it; its records in
    the temporary directory, `KAFSCALE_SPARK_ENGINE_CODE_VERSION` fixed), then with a Spark engine
    (`kafscale-lakehouse spark-engine` on a loopback port, `SPARK_REMOTE`; its own start and first warm-up are shown
-   apart). Each run's log lines
-   (timestamps) split it into: start to the first log line (interpreter, imports, config), Spark session, the run
-   (planning, Spark job, commit), and exit;
+   apart). The local engine and the Spark engine are each measured twice: every run in its own process
+   (`KAFSCALE_WARM_CLI=0`), then as a user's shell runs them by default, handed to the warm process of
+   apps/warm_cli.py (the run that starts it is shown apart; the series says how many runs it served). Each run's
+   log lines (timestamps) split it into: start to the first log line (interpreter, imports, config), Spark session,
+   the run (planning, Spark job, commit), and exit;
 3. in this process, against the engine: the run's phases (`engine.phases.phase_listener`) and its round trips
    (etcd calls, Iceberg REST requests, S3 requests by kind).
 

@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from kafscale_lakehouse.local_processes import (
     CODE_VERSION_VARIABLE,
@@ -76,21 +77,22 @@ SERVER_PROCESS_CODE = f"import sys; from {__name__} import serve_main; sys.exit(
 
 @dataclass(frozen=True)
 class WarmCommand:
-    """What a caller hands the warm process: the command line (without the program name), its working directory
-    and environment."""
+    """What a caller hands the warm process: the command line (without the program name), its working directory,
+    environment and umask."""
 
     argv: list[str]
     cwd: str
     env: dict[str, str]
+    umask: int
 
     def encode(self) -> bytes:
-        payload = json.dumps({"argv": self.argv, "cwd": self.cwd, "env": self.env}).encode()
+        payload = json.dumps({"argv": self.argv, "cwd": self.cwd, "env": self.env, "umask": self.umask}).encode()
         return LENGTH.pack(len(payload)) + payload
 
     @classmethod
     def decode(cls, payload: bytes) -> WarmCommand:
         document = json.loads(payload)
-        return cls(list(document["argv"]), str(document["cwd"]), dict(document["env"]))
+        return cls(list(document["argv"]), str(document["cwd"]), dict(document["env"]), int(document["umask"]))
 
 
 # True in a child of the warm process: the command it runs is not handed on again.
@@ -107,11 +109,20 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def warm_key(environ: Mapping[str, str] = os.environ) -> str:
-    """`<settings>-<code>`: the interpreter and the variables its imports read, and the code's version."""
+    """`<settings>-<code>`: the interpreter, its import path (and when each of its directories last changed: a
+    package installed, upgraded or removed there), the variables its imports read, and the code's version."""
     keyed = {name: value for name, value in environ.items()
              if name.startswith(KEYED_PREFIXES) and name != CODE_VERSION_VARIABLE}
-    settings = json.dumps({"python": sys.executable, "path": sys.path, "env": keyed}, sort_keys=True)
+    path = [(entry, _changed_ns(entry)) for entry in sys.path]
+    settings = json.dumps({"python": sys.executable, "path": path, "env": keyed}, sort_keys=True)
     return f"{digest(settings, 16)}-{code_version(environ)}"
+
+
+def _changed_ns(entry: str) -> int | None:
+    try:
+        return os.stat(entry or ".").st_mtime_ns
+    except OSError:
+        return None
 
 
 def socket_path(environ: Mapping[str, str] = os.environ) -> Path:
@@ -133,9 +144,12 @@ def run_warm(argv: Sequence[str]) -> int | None:
     try:
         with socket_address(path) as address:
             connection.connect(address)
-        socket.send_fds(connection, [WarmCommand(list(argv), os.getcwd(), dict(os.environ)).encode()],
-                        _standard_stream_fds())
-        started = _read_message(connection)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        command = WarmCommand(list(argv), os.getcwd(), dict(os.environ), umask)
+        socket.send_fds(connection, [command.encode()], _standard_stream_fds())
+        messages = connection.makefile("rb")
+        started = _read_message(messages)
     except OSError as err:
         connection.close()
         log.debug("no warm process at %s (%s): running in this process", path, err)
@@ -145,7 +159,8 @@ def run_warm(argv: Sequence[str]) -> int | None:
         connection.close()
         log.debug("the warm process at %s did not start the command: running in this process", path)
         return None
-    return _wait_for(connection, int(started["pid"]))
+    with connection, messages:
+        return _wait_for(messages, int(started["pid"]), path)
 
 
 def _standard_stream_fds() -> list[int]:
@@ -160,7 +175,7 @@ def _standard_stream_fds() -> list[int]:
     return fds
 
 
-def _wait_for(connection: socket.socket, pid: int) -> int:
+def _wait_for(messages: BinaryIO, pid: int, path: Path) -> int:
     """Forward the signals that end a command to the child running it and wait for its exit status."""
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -168,27 +183,18 @@ def _wait_for(connection: socket.socket, pid: int) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, forward)
-    with connection:
-        ended = _read_message(connection)
+    ended = _read_message(messages)
     if ended is None or "status" not in ended:
         print(f"error: the warm process ended while it ran this command (pid {pid}); its log: "
-              f"{socket_path().with_suffix('.log')}", file=sys.stderr)
+              f"{path.with_suffix('.log')}", file=sys.stderr)
         return 1
     return int(ended["status"])
 
 
-def _read_message(connection: socket.socket) -> dict | None:
+def _read_message(messages: BinaryIO) -> dict | None:
     """One JSON line from the warm process (None: it closed the connection first)."""
-    received = b""
-    while not received.endswith(b"\n"):
-        try:
-            chunk = connection.recv(4096)
-        except InterruptedError:
-            continue
-        if not chunk:
-            return None
-        received += chunk
-    return json.loads(received)
+    line = messages.readline()
+    return json.loads(line) if line.endswith(b"\n") else None
 
 
 @contextlib.contextmanager
@@ -396,12 +402,14 @@ def _run_child(command: WarmCommand, fds: list[int]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for handler in list(logging.root.handlers):  # the warm process's log file; the command configures its own
         logging.root.removeHandler(handler)
-    os.chdir(command.cwd)
     os.environ.clear()
     os.environ.update(command.env)
+    time.tzset()  # the caller's TZ for its log lines' times
+    os.umask(command.umask)
     sys.argv = ["kafscale-lakehouse", *command.argv]
     status: int
     try:
+        os.chdir(command.cwd)
         module, function = CONSOLE_SCRIPT.split(":")
         status = getattr(importlib.import_module(module), function)()
     except SystemExit as exit_:

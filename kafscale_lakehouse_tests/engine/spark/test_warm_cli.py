@@ -5,6 +5,7 @@ Spark engine, SeaweedFS S3 + REST catalog, etcd."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -130,6 +131,16 @@ def test_another_interpreter_setting_or_code_version_gets_another_warm_process()
     assert warm_key(base) != warm_key({**base, CODE_VERSION_VARIABLE: "2"})
     assert warm_key(base) != warm_key({**base, "PYTHONPATH": "/other/site"})
     assert warm_key(base) != warm_key({**base, "SPARK_HOME": "/opt/spark"})
+
+
+def test_a_package_installed_or_upgraded_gets_another_warm_process(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    before = warm_key({CODE_VERSION_VARIABLE: "1"})
+    (site / "pyiceberg-9.9.dist-info").mkdir()  # what pip does to the directory
+    os.utime(site, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    assert warm_key({CODE_VERSION_VARIABLE: "1"}) != before
 
 
 def test_a_child_runs_the_console_script_the_package_installs():
