@@ -20,6 +20,7 @@ rolling writer that closes a file at its on-disk target size is what `write_file
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import uuid
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyiceberg.io import FileIO, OutputFile, load_file_io
+from pyiceberg.io.fileformat import DataFileStatistics
 from pyiceberg.io.pyarrow import (
     FileFormatFactory,
     ParquetFormatWriter,
@@ -123,7 +125,22 @@ class SinkJob:
 
     def file_io(self) -> FileIO:
         location = TableMetadataUtil.parse_raw(self.table_metadata_json).location
-        return load_file_io(dict(self.file_io_properties), location)
+        return executor_file_io(self.file_io_properties, location)
+
+
+def executor_file_io(properties: Mapping[str, str], location: str) -> FileIO:
+    """The FileIO of these settings for a table at `location`, one per settings and bucket in a process: the tasks
+    of an engine's Python worker share it (and its S3 filesystem, whose creation was ~4% of a batch's task time at
+    50 tables, benchmarks/fanout.py) instead of each creating its own. Rotated or vended credentials are other
+    settings, so another FileIO."""
+    scheme, _, rest = location.partition("://")
+    bucket = f"{scheme}://{rest.split('/', 1)[0]}" if rest else location
+    return _file_io(tuple(sorted(properties.items())), bucket)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_io(properties: tuple[tuple[str, str], ...], bucket: str) -> FileIO:
+    return load_file_io(dict(properties), bucket)
 
 
 def write_batches_as_data_files(job: SinkJob, batches: Iterable[pa.RecordBatch], task_id: int) -> list[DataFile]:
@@ -153,10 +170,20 @@ ROW_GROUP_ARROW_BYTES = 64 * 1024 * 1024
 
 
 class _SizedParquetWriter(ParquetFormatWriter):
-    """pyiceberg's Parquet writer (field ids, column statistics), telling how many bytes it has written so far."""
+    """pyiceberg's Parquet writer (field ids, column statistics), telling how many bytes it has written so far, and
+    after `close` the file's size: the stream's position once the footer is written, so no HEAD request asks the
+    object store for it (`len(OutputFile)`, one per data file)."""
+
+    file_size: int | None = None
 
     def bytes_written(self) -> int:
         return 0 if self._fos is None else self._fos.tell()
+
+    def close(self) -> DataFileStatistics:
+        if self._writer is not None and self._fos is not None and self.file_size is None:
+            self._writer.close()  # writes the footer (pyiceberg's close closes it again: a no-op once closed)
+            self.file_size = self._fos.tell()
+        return super().close()
 
 
 @dataclass
@@ -174,7 +201,7 @@ class RollingDataFiles:
     def __init__(self, job: SinkJob, task_id: int) -> None:
         self._job = job
         self._metadata = TableMetadataUtil.parse_raw(job.table_metadata_json)
-        self._io = load_file_io(dict(job.file_io_properties), self._metadata.location)
+        self._io = executor_file_io(job.file_io_properties, self._metadata.location)
         self._schema = self._metadata.schema()
         sanitized = sanitize_column_names(self._schema)
         self._file_schema = sanitized if sanitized != self._schema else self._schema
@@ -262,7 +289,8 @@ class RollingDataFiles:
             file_path=data_file.path,
             file_format=FileFormat.PARQUET,
             partition=data_file.partition_key.partition if data_file.partition_key else Record(),
-            file_size_in_bytes=len(data_file.output),
+            file_size_in_bytes=data_file.writer.file_size if data_file.writer.file_size is not None
+            else len(data_file.output),
             sort_order_id=None,
             spec_id=self._metadata.default_spec_id,
             equality_ids=None,

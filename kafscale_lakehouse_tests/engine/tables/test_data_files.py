@@ -87,6 +87,30 @@ def test_files_have_field_ids_and_stats_and_commit_as_one_snapshot(make_table):
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_a_files_size_comes_from_its_writer_not_from_the_object_store(make_table, monkeypatch):
+    table = make_table()
+
+    def asked(self):  # a HEAD request of the object store (or a stat of a local file)
+        raise AssertionError(f"asked the store for the size of {self.location}")
+
+    output_file_type = type(table.io.new_output(f"{table.location()}/data/probe.parquet"))  # this catalog's FileIO's
+    monkeypatch.setattr(output_file_type, "__len__", asked)
+    data_files = write_batch(table, "orders", {0: (0, 40), 1: (100, 130)}, run_id="run-size", tasks=2)
+
+    monkeypatch.undo()
+    for data_file in data_files:
+        assert data_file.file_size_in_bytes == len(table.io.new_input(data_file.file_path))
+
+
+def test_the_tasks_of_a_process_share_a_file_io_per_settings_and_bucket(make_table):
+    first, second = make_table(), make_table()
+    jobs = [SinkJob.for_table(table, "run-io", 1 << 20) for table in (first, second)]
+    assert jobs[0].file_io() is jobs[1].file_io()
+    rotated = SinkJob(jobs[0].table_name, jobs[0].table_metadata_json,
+                      {**jobs[0].file_io_properties, "s3.session-token": "rotated"}, "run-io", 1 << 20)
+    assert rotated.file_io() is not jobs[0].file_io()
+
+
 def test_target_file_size_rolls_over_to_more_files(make_table):
     table = make_table()
     target = 16 * 1024
