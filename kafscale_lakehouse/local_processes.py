@@ -48,6 +48,16 @@ def records_directory(environ: Mapping[str, str] = os.environ) -> Path:
     return directory
 
 
+def switched_on(environ: Mapping[str, str], variable: str) -> bool:
+    """A switch that is on unless set to 0/false/no/off; another value than those or 1/true/yes/on names it."""
+    value = environ.get(variable, "1").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value not in ("1", "true", "yes", "on", ""):
+        raise LocalProcessError(f"{variable}: {value!r} is neither 1/true/yes/on nor 0/false/no/off")
+    return True
+
+
 def idle_seconds(environ: Mapping[str, str] = os.environ) -> int:
     """`KAFSCALE_SPARK_ENGINE_IDLE_SECONDS`, a positive number of seconds; another value names the variable."""
     idle = environ.get(IDLE_SECONDS_VARIABLE, str(DEFAULT_IDLE_SECONDS)).strip()

@@ -46,6 +46,7 @@ from kafscale_lakehouse.local_processes import (
     digest,
     idle_seconds,
     records_directory,
+    switched_on,
 )
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,9 @@ WARM_CLI_VARIABLE = "KAFSCALE_WARM_CLI"  # 0/false/no/off: every command in its 
 # Read by the modules the warm process imports (or by the interpreter) when they are imported: another value needs
 # another warm process.
 KEYED_PREFIXES = ("PYTHON", "PYSPARK_", "SPARK_", "JAVA_HOME", "PYICEBERG_", "PYARROW_", "GRPC_", "PYDANTIC_")
+CONSOLE_SCRIPT = "kafscale_lakehouse.apps.cli:main"  # pyproject.toml's [project.scripts]: what a child runs
 # What `ingest --once` imports beyond the command line: its own modules, then what the run loads on the way (the
 # Spark Connect client, the REST catalog, pyiceberg's Arrow IO with pandas).
-CONSOLE_SCRIPT = "kafscale_lakehouse.apps.cli:main"  # pyproject.toml's [project.scripts]: what a child runs
 PRELOADED_MODULES = (
     "kafscale_lakehouse.apps.cli",
     "kafscale_lakehouse.config",
@@ -100,12 +101,7 @@ in_warm_child = False
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    value = environ.get(WARM_CLI_VARIABLE, "1").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return False
-    if value not in ("1", "true", "yes", "on", ""):
-        raise LocalProcessError(f"{WARM_CLI_VARIABLE}: {value!r} is neither 1/true/yes/on nor 0/false/no/off")
-    return True
+    return switched_on(environ, WARM_CLI_VARIABLE)
 
 
 def warm_key(environ: Mapping[str, str] = os.environ) -> str:

@@ -57,6 +57,7 @@ from kafscale_lakehouse.local_processes import (
     idle_seconds,
     records_directory,
     start_ticks,
+    switched_on,
 )
 
 log = logging.getLogger(__name__)
@@ -103,12 +104,9 @@ def local_engine_request(warm_modules: Sequence[str] = (), environ: Mapping[str,
                          ) -> LocalEngine | None:
     """The local engine for a run (None: `KAFSCALE_SPARK_AUTO_ENGINE` opts out), idle timeout from
     `KAFSCALE_SPARK_ENGINE_IDLE_SECONDS`; a value that is not one of these names its variable."""
-    value = environ.get(AUTO_ENGINE_VARIABLE, "1").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return None
-    if value not in ("1", "true", "yes", "on", ""):
-        raise SparkEngineError(f"{AUTO_ENGINE_VARIABLE}: {value!r} is neither 1/true/yes/on nor 0/false/no/off")
     try:
+        if not switched_on(environ, AUTO_ENGINE_VARIABLE):
+            return None
         return LocalEngine(idle_seconds(environ), tuple(warm_modules))
     except LocalProcessError as err:
         raise SparkEngineError(str(err)) from None

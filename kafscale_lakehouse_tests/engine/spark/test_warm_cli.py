@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kafscale_lakehouse.apps.warm_cli import CONSOLE_SCRIPT, WARM_CLI_VARIABLE, stop_warm_processes, warm_key
+from kafscale_lakehouse.apps.warm_cli import CONSOLE_SCRIPT, WARM_CLI_VARIABLE, enabled, stop_warm_processes, warm_key
 from kafscale_lakehouse.local_processes import (
     CODE_VERSION_VARIABLE,
     DIRECTORY_VARIABLE,
     IDLE_SECONDS_VARIABLE,
+    LocalProcessError,
     start_ticks,
 )
 from kafscale_lakehouse.testing.servers import SECRET_KEY
@@ -146,3 +147,10 @@ def test_a_package_installed_or_upgraded_gets_another_warm_process(tmp_path, mon
 def test_a_child_runs_the_console_script_the_package_installs():
     scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["kafscale-lakehouse"] == CONSOLE_SCRIPT
+
+
+def test_the_switch_opts_out_and_names_itself():
+    assert enabled({}) and enabled({WARM_CLI_VARIABLE: "on"})
+    assert not enabled({WARM_CLI_VARIABLE: "0"}) and not enabled({WARM_CLI_VARIABLE: "Off"})
+    with pytest.raises(LocalProcessError, match=f"{WARM_CLI_VARIABLE}: 'maybe' is neither"):
+        enabled({WARM_CLI_VARIABLE: "maybe"})
