@@ -7,11 +7,13 @@ the console script would, writing to the caller's terminal or pipes. The caller 
 to that child, waits for it and exits with its status; when the caller dies first, the child gets SIGTERM (and
 unwinds, releasing its leases, as a killed `ingest` does).
 
-Only a fork of a single-threaded process that has imported modules and opened nothing else: no Spark session, no
-gRPC channel, no catalog, no etcd client exists before the child makes its own from the caller's config and
-environment. The warm process stops after `KAFSCALE_SPARK_ENGINE_IDLE_SECONDS` without a request; it is keyed like
-the local engine (the interpreter, the code's version, the variables read at import time), so edited code or another
-interpreter gets another one. `KAFSCALE_WARM_CLI=0` runs every command in its own process and starts none.
+Only a fork of a process with one Python thread that has imported modules and opened nothing else: no Spark session,
+no gRPC channel, no catalog, no etcd client exists before the child makes its own from the caller's config and
+environment. (The imports leave two native threads, numpy's OpenBLAS pool and pyarrow's jemalloc background thread;
+both libraries register at-fork handlers for that.) The warm process stops after
+`KAFSCALE_SPARK_ENGINE_IDLE_SECONDS` without a request; it is keyed like the local engine (the interpreter, the code's
+version, the variables read at import time), so edited code or another interpreter gets another one.
+`KAFSCALE_WARM_CLI=0` runs every command in its own process and starts none.
 
 Files, in `local_processes.records_directory()`: `<key>.cli.sock` (the socket; the directory is this user's alone
 and the peer's uid is checked), `<key>.cli.lock` (held by the warm process while it lives: one per key) and
