@@ -51,11 +51,10 @@ from kafscale_lakehouse.apps.warm_cli import WARM_CLI_VARIABLE, stop_warm_proces
 from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, PIZZA_TOPIC, write_partition_segments
 from kafscale_lakehouse.engine.spark.local_engine import (
     AUTO_ENGINE_VARIABLE,
-    CODE_VERSION_VARIABLE,
-    ENGINE_DIR_VARIABLE,
     EngineRecord,
     stop_engine,
 )
+from kafscale_lakehouse.local_processes import CODE_VERSION_VARIABLE, DIRECTORY_VARIABLE
 from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
     REGION,
@@ -358,7 +357,7 @@ def main() -> None:
             # this runs, the sources' hash would give nearly every run a new engine (measured: 3 of 3 at 00:57).
             # Each run in its own process unless a series says otherwise.
             env = {**base_env, "KAFSCALE_LAKEHOUSE_LOG_LEVEL": "INFO", AUTO_ENGINE_VARIABLE: "0",
-                   ENGINE_DIR_VARIABLE: str(engines), CODE_VERSION_VARIABLE: "tiny-run", WARM_CLI_VARIABLE: "0"}
+                   DIRECTORY_VARIABLE: str(engines), CODE_VERSION_VARIABLE: "tiny-run", WARM_CLI_VARIABLE: "0"}
             env.pop("SPARK_REMOTE", None)
             local_env = {**env, AUTO_ENGINE_VARIABLE: "1"}
             logs = workdir / "logs"

@@ -49,7 +49,6 @@ from kafscale_lakehouse.engine.spark.engine import (
 from kafscale_lakehouse.local_processes import (
     CODE_VERSION_VARIABLE,
     DEFAULT_IDLE_SECONDS,
-    DIRECTORY_VARIABLE,
     PACKAGE_ROOT,
     LocalProcessError,
     code_version,
@@ -63,7 +62,6 @@ from kafscale_lakehouse.local_processes import (
 log = logging.getLogger(__name__)
 
 AUTO_ENGINE_VARIABLE = "KAFSCALE_SPARK_AUTO_ENGINE"  # 0/false/no/off: never; 1/true/yes/on: even if the config says no
-ENGINE_DIR_VARIABLE = DIRECTORY_VARIABLE
 # A live engine answers the HTTP/2 handshake in milliseconds; a stopped (SIGSTOP, swapped-out) one never does.
 PROBE_TIMEOUT_SECONDS = 10.0
 # RFC 9113 3.4 and 6.5: the client's connection preface, an empty SETTINGS frame (length 0, type 4, no flags, stream

@@ -18,8 +18,6 @@ import pytest
 from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE
 from kafscale_lakehouse.engine.spark.local_engine import (
     AUTO_ENGINE_VARIABLE,
-    CODE_VERSION_VARIABLE,
-    ENGINE_DIR_VARIABLE,
     EngineRecord,
     IdleWatch,
     SparkEngineError,
@@ -28,7 +26,12 @@ from kafscale_lakehouse.engine.spark.local_engine import (
     local_engine_request,
     stop_engine,
 )
-from kafscale_lakehouse.local_processes import IDLE_SECONDS_VARIABLE, start_ticks
+from kafscale_lakehouse.local_processes import (
+    CODE_VERSION_VARIABLE,
+    DIRECTORY_VARIABLE,
+    IDLE_SECONDS_VARIABLE,
+    start_ticks,
+)
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 
@@ -65,7 +68,7 @@ def test_runs_share_one_local_engine_and_a_dead_or_hung_one_is_replaced(embedded
     world = embedded_world
     engines = tmp_path / "engines"
     # A fixed code version: other engineers' edits of the shared working tree must not give a run a new engine.
-    env = {**world.subprocess_env(), AUTO_ENGINE_VARIABLE: "1", ENGINE_DIR_VARIABLE: str(engines),
+    env = {**world.subprocess_env(), AUTO_ENGINE_VARIABLE: "1", DIRECTORY_VARIABLE: str(engines),
            IDLE_SECONDS_VARIABLE: str(IDLE_SECONDS), CODE_VERSION_VARIABLE: "test-local-engine"}
     env.pop(SPARK_REMOTE_VARIABLE, None)
     document = world.config_document()
@@ -181,8 +184,8 @@ def test_a_records_directory_others_may_write_to_is_refused(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # another user could plant a record sending runs' data to an engine of theirs
-    with pytest.raises(SparkEngineError, match=f"{shared} .*{ENGINE_DIR_VARIABLE}.* writable by others"):
-        engine_directory({ENGINE_DIR_VARIABLE: str(shared)})
+    with pytest.raises(SparkEngineError, match=f"{shared} .*{DIRECTORY_VARIABLE}.* writable by others"):
+        engine_directory({DIRECTORY_VARIABLE: str(shared)})
     # The default directory's parent too: whoever made it first could swap the directory inside.
     parent = tmp_path / "runtime" / f"kafscale-lakehouse-{os.getuid()}"
     parent.mkdir(parents=True)
