@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,7 @@ FIXTURE_SEGMENTS = SHARED / "fixtures" / "segments"
 # Fixtures that start a real server (or need one): a test that uses any of them, directly or through another
 # fixture, is an integration test. Modules that start servers of their own mark themselves.
 SERVER_FIXTURES = frozenset({"seaweedfs", "etcd_server", "spark", "private_etcd", "registry", "store",
-                               "spark_engine"})
+                               "spark_engine", "spark_engine_server"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -94,18 +96,24 @@ def _close_connect_clients() -> None:
 
 
 @pytest.fixture(scope="session")
-def spark_engine(tmp_path_factory) -> ConnectAddress:
-    """A real Spark engine (Spark Connect server) for the test run: loopback, a free port, stopped at the end."""
+def spark_engine_server(tmp_path_factory) -> Iterator[tuple[ConnectAddress, subprocess.Popen]]:
+    """A real Spark engine (Spark Connect server) for the test run: loopback, a free port, stopped at the end. Its
+    process for the tests that hang it (SIGSTOP to its group); the others take `spark_engine`."""
     [port] = free_ports(1)
     address = ConnectAddress("127.0.0.1", port)
     log_path = tmp_path_factory.mktemp("spark-engine") / "engine.log"
     server = start_connect_server(address, "local[2]", {"spark.sql.shuffle.partitions": "2"}, ui_enabled=False,
                                   log_path=log_path)
-    yield address
+    yield address, server
     _close_connect_clients()
     stop_connect_server(server)
     with pytest.raises(ProcessLookupError):  # JVM and Python workers are gone, nothing left listening
         os.killpg(server.pid, 0)
+
+
+@pytest.fixture(scope="session")
+def spark_engine(spark_engine_server) -> ConnectAddress:
+    return spark_engine_server[0]
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -12,6 +12,7 @@ without either, `engine.spark.get_spark_session` builds the embedded session fro
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
@@ -31,6 +32,7 @@ import pyarrow as pa
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
 
 from kafscale_lakehouse.config.spark_remote import DEFAULT_CONNECT_PORT, ConnectAddress
 from kafscale_lakehouse.engine.errors import EngineError
@@ -252,9 +254,21 @@ def open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tu
     builder = ConnectSparkSession.builder.remote(url).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
+    before = ConnectSparkSession.getActiveSession()
     with warnings.catch_warnings(record=True) as refused:
         warnings.simplefilter("always")
-        session = builder.create()  # not getOrCreate: that would hand back a session that just failed
+        try:
+            session = builder.create()  # not getOrCreate: that would hand back a session that just failed
+        except BaseException:
+            # create() makes the session active before its first call to the engine: a call that failed, or that
+            # SIGTERM interrupted while the engine hangs, leaves a client whose exit hook would call the engine again.
+            failed = ConnectSparkSession.getActiveSession()
+            if failed is not None and failed is not before:
+                close_connect_client(failed)
+            raise
+    # At exit, pyspark's own hook calls the engine (its ML cache's clean-up) with no deadline: a process told to stop
+    # while its engine hangs would never exit. Closed first (atexit runs the last registered first), it makes none.
+    atexit.register(close_connect_client, session)
     for warning in refused:
         # A static setting (spark.ui.*, spark.executor.*) is the engine's from its start; pyspark warns on every run.
         static = STATIC_SETTING_REFUSED.search(str(warning.message))
@@ -266,6 +280,12 @@ def open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tu
     session.release_session_on_close = False  # other runs share it
     # The Connect session serves the classic session's API (pyspark 4 types them apart).
     return cast("SparkSession", session), session.version  # the first round trip: fails here if the engine cannot serve
+
+
+def close_connect_client(session: ConnectSparkSession) -> None:
+    """Close a Spark Connect client without a call to the engine: its server-side session stays (runs share it)."""
+    session.release_session_on_close = False
+    session.stop()
 
 
 def _die_with_parent() -> None:

@@ -142,3 +142,32 @@ def test_spark_engine_command_serves_warm_workers_and_stops_cleanly(tmp_path):
         if engine.poll() is None:
             os.killpg(engine.pid, signal.SIGKILL)
     assert not port_open(ConnectAddress("127.0.0.1", port)), "the Spark Connect server outlived the command"
+
+
+def test_a_run_told_to_stop_while_its_engine_hangs_exits(production_world, spark_engine_server, tmp_path):
+    """SIGTERM (Kubernetes, `kill`) ends a run whose engine accepts and never answers: pyspark's exit hook would call
+    that engine again with no deadline (its ML cache's clean-up), so the process never exited."""
+    world = production_world
+    address, engine = spark_engine_server
+    world.write_segments(0, 40, records_per_segment=20, codecs=("zstd",))
+    config_path = world.write_config_file(engine_config_document(world, address.url))
+    os.killpg(engine.pid, signal.SIGSTOP)
+    try:
+        run = subprocess.Popen([str(CLI), "ingest", "--config", str(config_path), "--once"],
+                               env=world.subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # at its engine's first call, or before it: the run cannot end by itself either way
+        assert run.poll() is None
+        run.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = run.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            raise
+    finally:
+        os.killpg(engine.pid, signal.SIGCONT)
+    assert run.returncode == 128 + signal.SIGTERM, stderr[-4000:]
+
+    done = subprocess.run([str(CLI), "ingest", "--config", str(config_path), "--once"], env=world.subprocess_env(),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    world.assert_exactly_once(runs=1)

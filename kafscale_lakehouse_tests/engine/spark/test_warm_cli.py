@@ -5,12 +5,14 @@ Spark engine, SeaweedFS S3 + REST catalog, etcd."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,16 @@ def exit_logged(engines: Path, pid: int) -> int | None:
     return int(match[1]) if match else None
 
 
+@contextlib.contextmanager
+def hung(engine: subprocess.Popen) -> Iterator[None]:
+    """The Spark engine stopped (SIGSTOP to its group: it accepts connections and never answers), continued after."""
+    os.killpg(engine.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(engine.pid, signal.SIGCONT)
+
+
 def wait_for(condition, seconds: float, what: str):
     deadline = time.monotonic() + seconds
     while not (found := condition()):
@@ -53,8 +65,10 @@ def wait_for(condition, seconds: float, what: str):
     return found
 
 
-def test_ingest_once_runs_in_the_warm_process_as_in_its_own(production_world: IngestWorld, spark_engine, tmp_path):
+def test_ingest_once_runs_in_the_warm_process_as_in_its_own(production_world: IngestWorld, spark_engine_server,
+                                                            tmp_path):
     world = production_world
+    spark_engine, engine_process = spark_engine_server
     engines = tmp_path / "engines"
     env = {**world.subprocess_env(), WARM_CLI_VARIABLE: "1", DIRECTORY_VARIABLE: str(engines),
            CODE_VERSION_VARIABLE: "test-warm-cli", IDLE_SECONDS_VARIABLE: "120"}
@@ -94,25 +108,28 @@ def test_ingest_once_runs_in_the_warm_process_as_in_its_own(production_world: In
         assert len(served(engines)) == 2
 
         # SIGTERM to the caller is forwarded: the command unwinds (leases released) and its status is the caller's.
+        # The engine hangs meanwhile, so the command cannot finish before the signal comes (a race, otherwise).
         world.write_segments(0, 400, records_per_segment=100, base_offset=60, codecs=("gzip",))
-        caller = subprocess.Popen([str(CLI), "ingest", "--once", "--config", "lakehouse.yaml"], cwd=world.root,
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: len(served(engines)) == 3, 60, "the warm process runs the command")
-        caller.send_signal(signal.SIGTERM)
-        _, stderr = caller.communicate(timeout=120)
+        with hung(engine_process):
+            caller = subprocess.Popen([str(CLI), "ingest", "--once", "--config", "lakehouse.yaml"], cwd=world.root,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            wait_for(lambda: len(served(engines)) == 3, 60, "the warm process runs the command")
+            caller.send_signal(signal.SIGTERM)
+            _, stderr = caller.communicate(timeout=120)
         [*_, (_, terminated)] = served(engines)
         assert caller.returncode == 128 + signal.SIGTERM, stderr[-4000:]
         assert wait_for(lambda: exit_logged(engines, terminated), 30, "its exit logged") == 128 + signal.SIGTERM
 
         # SIGKILL to the caller (nothing to forward): the warm process sees it gone and ends its command.
-        caller = subprocess.Popen([str(CLI), "ingest", "--once", "--config", "lakehouse.yaml"], cwd=world.root,
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: len(served(engines)) == 4, 60, "the warm process runs the command")
-        caller.kill()
-        caller.wait(30)
-        [*_, (_, orphaned)] = served(engines)
-        assert wait_for(lambda: exit_logged(engines, orphaned), 60, "the orphaned command ended") \
-            == 128 + signal.SIGTERM
+        with hung(engine_process):
+            caller = subprocess.Popen([str(CLI), "ingest", "--once", "--config", "lakehouse.yaml"], cwd=world.root,
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_for(lambda: len(served(engines)) == 4, 60, "the warm process runs the command")
+            caller.kill()
+            caller.wait(30)
+            [*_, (_, orphaned)] = served(engines)
+            assert wait_for(lambda: exit_logged(engines, orphaned), 60, "the orphaned command ended") \
+                == 128 + signal.SIGTERM
         assert "the caller of pid" in "".join(path.read_text() for path in engines.glob("*.cli.log"))
 
         # Nothing of the two ended commands landed twice or got lost: the next run lands the rest exactly once.
