@@ -16,7 +16,7 @@ from kafscale_lakehouse.config import parse_config
 from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config
 from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_catalog, open_table
 from kafscale_lakehouse.engine.tables.data_files import file_io_properties
-from kafscale_lakehouse.engine.tables.file_io import WHOLE_METADATA_READS_FILE_IO
+from kafscale_lakehouse.engine.tables.file_io import TABLES_FILE_IO
 from kafscale_lakehouse.storage import S3SegmentStore
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, SeaweedFS
 from kafscale_lakehouse_tests.security.conftest import SecuredRun
@@ -73,7 +73,7 @@ def test_an_embedded_catalog_on_s3_writes_metadata_and_data_files_encrypted(seaw
 def test_without_sse_the_pyarrow_file_io_is_kept_and_nothing_is_requested():
     properties = CatalogSettings(type="rest", uri="http://catalog", s3_endpoint="http://s3:9000").catalog_properties()
     assert not any(key.startswith(("s3.server-side-encryption", "s3.sse")) for key in properties)
-    assert properties["py-io-impl"] == WHOLE_METADATA_READS_FILE_IO  # pyiceberg's PyArrow FileIO, fewer HEADs
+    assert properties["py-io-impl"] == TABLES_FILE_IO  # pyiceberg's PyArrow FileIO, a small file one PUT
 
 
 def test_kms_settings_become_file_io_properties_that_s3fs_sends_with_every_write(tmp_path):

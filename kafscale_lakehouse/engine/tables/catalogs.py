@@ -35,7 +35,7 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform, UnknownTransform, parse_transform
 from pyiceberg.types import IcebergType
 
-from kafscale_lakehouse.engine.tables.file_io import WHOLE_METADATA_READS_FILE_IO
+from kafscale_lakehouse.engine.tables.file_io import TABLES_FILE_IO
 from kafscale_lakehouse.redaction import redact_url
 from kafscale_lakehouse.storage.s3_store import SSE_TYPES
 
@@ -131,8 +131,8 @@ class CatalogSettings:
             # for s3:// ignores them (pyarrow's S3FileSystem has no SSE-S3/SSE-KMS option) and would write plain.
             props[PY_IO_IMPL] = FSSPEC_FILE_IO
         else:
-            # pyiceberg's PyArrow FileIO with no HEAD before each metadata file's GET (file_io.py)
-            props[PY_IO_IMPL] = WHOLE_METADATA_READS_FILE_IO
+            # pyiceberg's PyArrow FileIO, small files in one PUT each (file_io.py)
+            props[PY_IO_IMPL] = TABLES_FILE_IO
         props.update(self.extra_properties)
         return props
 

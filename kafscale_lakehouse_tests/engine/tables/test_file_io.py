@@ -1,96 +1,143 @@
-"""Our tables' FileIO opens the metadata files pyiceberg reads whole (manifest lists, manifests, table metadata) as
-streams: on S3 a GET each, where pyarrow's random-access open first sends a HEAD for the size (issue 22: a HEAD
-before every GET, a few per table and run). A table is written and read back through it on a local warehouse whose
-filesystem counts the opens; data files are still opened for random access."""
+"""Our tables' FileIO on S3 (SeaweedFS behind a proxy that records the requests): a small file (a manifest, a data
+file of a few seconds of traffic) is one PUT, not a multipart upload of three requests; a large one is still written
+in parts as it goes; a store's refusal still reaches the writer; our catalogs use it unless told otherwise."""
 
 from __future__ import annotations
 
-from collections import Counter
+import http.client
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
-import pyarrow.fs as pafs
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.expressions import EqualTo
-from pyiceberg.io import PY_IO_IMPL
+from pyiceberg.io import PY_IO_IMPL, load_file_io
 
 from kafscale_lakehouse.engine.tables import CatalogSettings
-from kafscale_lakehouse.engine.tables.file_io import WHOLE_METADATA_READS_FILE_IO, WholeMetadataReadsFileIO
-from kafscale_lakehouse.schema import table_schema
-from kafscale_lakehouse_tests.orchestration.core.test_check_logic import append
-
-
-class CountingHandler(pafs.FileSystemHandler):
-    """The local filesystem, counting `(open kind, file kind)`: `input_file` is the random-access open (S3: a HEAD
-    then GETs), `input_stream` the sequential one (S3: a GET)."""
-
-    def __init__(self) -> None:
-        self.local = pafs.LocalFileSystem()
-        self.opens: Counter[tuple[str, str]] = Counter()
-
-    @staticmethod
-    def kind(path: str) -> str:
-        return path.rsplit(".", 1)[-1]
-
-    def open_input_file(self, path):
-        self.opens["input_file", self.kind(path)] += 1
-        return self.local.open_input_file(path)
-
-    def open_input_stream(self, path):
-        self.opens["input_stream", self.kind(path)] += 1
-        return self.local.open_input_stream(path)
-
-    def __eq__(self, other): return self is other
-    def __ne__(self, other): return self is not other
-    def get_type_name(self): return "counting"
-    def normalize_path(self, path): return path
-    def get_file_info(self, paths): return self.local.get_file_info(paths)
-    def get_file_info_selector(self, selector): return self.local.get_file_info(selector)
-    def create_dir(self, path, recursive): self.local.create_dir(path, recursive=recursive)
-    def delete_dir(self, path): self.local.delete_dir(path)
-    def delete_dir_contents(self, path, missing_dir_ok=False): self.local.delete_dir_contents(path, missing_dir_ok)
-    def delete_root_dir_contents(self): raise NotImplementedError
-    def delete_file(self, path): self.local.delete_file(path)
-    def move(self, src, dest): self.local.move(src, dest)
-    def copy_file(self, src, dest): self.local.copy_file(src, dest)
-    def open_output_stream(self, path, metadata):
-        self.local.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        return self.local.open_output_stream(path, metadata=metadata)
-    def open_append_stream(self, path, metadata): return self.local.open_append_stream(path, metadata=metadata)
-
-
-@pytest.fixture
-def counting(monkeypatch) -> CountingHandler:
-    handler = CountingHandler()
-    filesystem = pafs.PyFileSystem(handler)
-    init = WholeMetadataReadsFileIO.__init__
-
-    def counted_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.fs_by_scheme = lambda scheme, netloc: filesystem
-
-    monkeypatch.setattr(WholeMetadataReadsFileIO, "__init__", counted_init)
-    return handler
-
-
-def test_metadata_files_are_read_as_streams_and_data_files_for_random_access(tmp_path, counting):
-    catalog = SqlCatalog("io", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=(tmp_path / "wh").as_uri(),
-                         **{PY_IO_IMPL: WHOLE_METADATA_READS_FILE_IO})
-    catalog.create_namespace("shop")
-    table = catalog.create_table("shop.orders", table_schema([]))
-    assert isinstance(table.io, WholeMetadataReadsFileIO)
-    for n in range(3):
-        append(table, 0, range(10 * n, 10 * (n + 1)), next_offsets={0: 10 * (n + 1)})
-    counting.opens.clear()
-
-    table = catalog.load_table("shop.orders")  # the metadata json
-    rows = table.scan(row_filter=EqualTo("partition", 0)).to_arrow()  # the manifest list, manifests, data files
-
-    assert rows.num_rows == 30
-    assert counting.opens == {("input_stream", "json"): 1, ("input_stream", "avro"): 4, ("input_file", "parquet"): 3}
+from kafscale_lakehouse.engine.tables.file_io import TABLES_FILE_IO
+from kafscale_lakehouse.testing.servers import ACCESS_KEY, S3_BUCKET, SECRET_KEY
 
 
 def test_our_catalogs_use_it_unless_told_otherwise():
     assert CatalogSettings(type="rest", uri="http://catalog").catalog_properties()[PY_IO_IMPL] == \
-        WHOLE_METADATA_READS_FILE_IO
+        TABLES_FILE_IO
     told = CatalogSettings(type="rest", uri="http://catalog", extra_properties={PY_IO_IMPL: "mine.FileIO"})
     assert told.catalog_properties()[PY_IO_IMPL] == "mine.FileIO"
+
+
+class RecordingS3Proxy:
+    """Forwards every request to `upstream` as it came (its Host header too: S3 signs it) and records `(method, the
+    query's parameter names)` of each."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urlsplit(upstream)
+        self.requests: list[tuple[str, str]] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _relay(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                chunked = "chunked" in self.headers.get("Transfer-Encoding", "")
+                body = self._raw_chunked() if chunked else self.rfile.read(length) if length else None
+                query = urlsplit(self.path).query
+                proxy.requests.append((self.command, ",".join(sorted(p.split("=")[0] for p in query.split("&")
+                                                                     if p))))
+                upstream = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=60)
+                try:
+                    upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                    for name, value in self.headers.items():
+                        if name.lower() != "expect":  # this proxy answered it (100 Continue), and has the body
+                            upstream.putheader(name, value)
+                    upstream.endheaders(body)
+                    response = upstream.getresponse()
+                    payload = response.read()
+                finally:
+                    upstream.close()
+                self.send_response(response.status)
+                for name, value in response.getheaders():
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                # A HEAD's length is the object's (no body follows)
+                self.send_header("Content-Length", response.getheader("Content-Length", "0") if self.command == "HEAD"
+                                 else str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+
+            def _raw_chunked(self) -> bytes:
+                """A chunked body as it came (aws-chunked PUTs: chunks, then a checksum trailer)."""
+                raw = b""
+                while True:
+                    line = self.rfile.readline()
+                    raw += line
+                    size = int(line.split(b";")[0], 16)
+                    if size == 0:
+                        while (trailer := self.rfile.readline()) not in (b"\r\n", b"\n", b""):
+                            raw += trailer
+                        return raw + b"\r\n"
+                    raw += self.rfile.read(size + 2)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _relay  # noqa: N815 - http.server's names
+
+        return Handler
+
+    def __enter__(self) -> RecordingS3Proxy:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def s3_proxy(seaweedfs) -> Iterator[RecordingS3Proxy]:
+    with RecordingS3Proxy(seaweedfs.s3_endpoint) as proxy:
+        yield proxy
+
+
+def s3_file_io(endpoint: str, secret_key: str = SECRET_KEY):
+    return load_file_io({PY_IO_IMPL: TABLES_FILE_IO, "s3.endpoint": endpoint, "s3.region": "us-east-1",
+                         "s3.access-key-id": ACCESS_KEY, "s3.secret-access-key": secret_key}, f"s3://{S3_BUCKET}")
+
+
+def test_a_small_file_is_one_put_and_a_large_one_a_multipart_upload(s3_proxy):
+    io = s3_file_io(s3_proxy.endpoint)
+    small = f"s3://{S3_BUCKET}/file-io/{uuid.uuid4().hex}/small.avro"
+    payload = bytes(range(256)) * 120  # 30 KB: a manifest, or a data file of a table's few seconds of traffic
+    with io.new_output(small).create(overwrite=True) as stream:
+        stream.write(payload)
+    writes = [request for request in s3_proxy.requests if request[0] in ("PUT", "POST")]
+    assert writes == [("PUT", "")]
+    assert io.new_input(small).open().read() == payload
+
+    s3_proxy.requests.clear()
+    large = f"s3://{S3_BUCKET}/file-io/{uuid.uuid4().hex}/large.parquet"
+    big = payload * 400  # 12 MB: more than a part, still written in parts as it goes
+    with io.new_output(large).create(overwrite=True) as stream:
+        stream.write(big)
+    writes = [request for request in s3_proxy.requests if request[0] in ("PUT", "POST")]
+    assert writes[0] == ("POST", "uploads") and writes[-1] == ("POST", "uploadId"), writes
+    assert len(io.new_input(large).open().read()) == len(big)
+
+
+def test_an_error_of_the_store_reaches_the_writer_of_a_small_file(seaweedfs):
+    """Opened without a request, the file's refusal (here a wrong secret key) comes with its one PUT, at the close."""
+    io = s3_file_io(seaweedfs.s3_endpoint, secret_key="not-the-secret")
+    refused = f"s3://{S3_BUCKET}/file-io/{uuid.uuid4().hex}/small.parquet"
+    with pytest.raises(OSError, match=r"small\.parquet"), io.new_output(refused).create(overwrite=True) as stream:
+        stream.write(b"x" * 1000)
+    assert not s3_file_io(seaweedfs.s3_endpoint).new_input(refused).exists()
