@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -114,6 +116,16 @@ def spark_engine_server(tmp_path_factory) -> Iterator[tuple[ConnectAddress, subp
 @pytest.fixture(scope="session")
 def spark_engine(spark_engine_server) -> ConnectAddress:
     return spark_engine_server[0]
+
+
+@contextlib.contextmanager
+def hung(engine: subprocess.Popen) -> Iterator[None]:
+    """The Spark engine stopped (SIGSTOP to its group: it accepts connections and never answers), continued after."""
+    os.killpg(engine.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(engine.pid, signal.SIGCONT)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

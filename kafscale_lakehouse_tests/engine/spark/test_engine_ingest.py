@@ -17,7 +17,7 @@ from kafscale_lakehouse.engine.ingestion.run import ingest
 from kafscale_lakehouse.engine.spark.engine import SHARED_SESSION_ID, SPARK_REMOTE_VARIABLE, ConnectAddress, port_open
 from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.testing.servers import free_ports
-from kafscale_lakehouse_tests.conftest import REPO_ROOT
+from kafscale_lakehouse_tests.conftest import REPO_ROOT, hung
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 
 pytestmark = pytest.mark.integration
@@ -151,8 +151,7 @@ def test_a_run_told_to_stop_while_its_engine_hangs_exits(production_world, spark
     address, engine = spark_engine_server
     world.write_segments(0, 40, records_per_segment=20, codecs=("zstd",))
     config_path = world.write_config_file(engine_config_document(world, address.url))
-    os.killpg(engine.pid, signal.SIGSTOP)
-    try:
+    with hung(engine):
         run = subprocess.Popen([str(CLI), "ingest", "--config", str(config_path), "--once"],
                                env=world.subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(3)  # at its engine's first call, or before it: the run cannot end by itself either way
@@ -163,8 +162,6 @@ def test_a_run_told_to_stop_while_its_engine_hangs_exits(production_world, spark
         except subprocess.TimeoutExpired:
             run.kill()
             raise
-    finally:
-        os.killpg(engine.pid, signal.SIGCONT)
     assert run.returncode == 128 + signal.SIGTERM, stderr[-4000:]
 
     done = subprocess.run([str(CLI), "ingest", "--config", str(config_path), "--once"], env=world.subprocess_env(),

@@ -5,14 +5,12 @@ Spark engine, SeaweedFS S3 + REST catalog, etcd."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
 import subprocess
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,7 @@ from kafscale_lakehouse.local_processes import (
     start_ticks,
 )
 from kafscale_lakehouse.testing.servers import SECRET_KEY
-from kafscale_lakehouse_tests.conftest import REPO_ROOT
+from kafscale_lakehouse_tests.conftest import REPO_ROOT, hung
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 
 pytestmark = pytest.mark.integration
@@ -45,16 +43,6 @@ def exit_logged(engines: Path, pid: int) -> int | None:
     text = "".join(path.read_text() for path in engines.glob("*.cli.log"))
     match = re.search(rf"pid {pid} exited with status (-?\d+)", text)
     return int(match[1]) if match else None
-
-
-@contextlib.contextmanager
-def hung(engine: subprocess.Popen) -> Iterator[None]:
-    """The Spark engine stopped (SIGSTOP to its group: it accepts connections and never answers), continued after."""
-    os.killpg(engine.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.killpg(engine.pid, signal.SIGCONT)
 
 
 def wait_for(condition, seconds: float, what: str):
