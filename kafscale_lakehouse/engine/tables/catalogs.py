@@ -34,6 +34,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.transforms import IdentityTransform, UnknownTransform, parse_transform
 from pyiceberg.types import IcebergType
+from requests.adapters import HTTPAdapter
 
 from kafscale_lakehouse.engine.tables.file_io import TABLES_FILE_IO
 from kafscale_lakehouse.redaction import redact_url
@@ -157,7 +158,9 @@ def load_catalog(settings: CatalogSettings) -> Catalog:
             raise ValueError("uri: is required for a rest catalog")
         endpoint = redact_url(settings.uri)
         with catalog_errors(endpoint, _rest_auth_hint(settings)):
-            catalog: Catalog = RestCatalog(settings.name, **props)
+            rest = RestCatalog(settings.name, **props)
+        _keep_more_connections(rest)
+        catalog: Catalog = rest
     elif settings.type != "sql":
         # glue, hive, dynamodb, bigquery, in-memory: pyiceberg's own constructor, with the properties as given.
         if settings.warehouse:
@@ -178,6 +181,24 @@ def load_catalog(settings: CatalogSettings) -> Catalog:
             catalog = SqlCatalog(settings.name, **props)
     log.info("Iceberg %s catalog %r at %s", settings.type, settings.name, endpoint)
     return catalog
+
+
+# The REST catalog's HTTP connections kept open per host. A namespace scan loads tables on up to 32 threads
+# (`NAMESPACE_SCAN_THREADS`) and a batch prepares and commits tables on 8: with requests' default of 10, each request
+# over it opened a connection and threw it away, logging "Connection pool is full, discarding connection".
+REST_POOL_CONNECTIONS = 32
+
+
+def _keep_more_connections(catalog: RestCatalog) -> None:
+    """Widen the pools of the HTTP adapters pyiceberg mounted on the catalog's session (its own and the SigV4 one);
+    pyiceberg has no setting for it. Its session is not a public attribute: a version without it is left as it is."""
+    session = getattr(catalog, "_session", None)
+    if not isinstance(session, requests.Session):
+        return
+    for adapter in session.adapters.values():
+        if isinstance(adapter, HTTPAdapter) and adapter._pool_maxsize < REST_POOL_CONNECTIONS:
+            adapter._pool_maxsize = REST_POOL_CONNECTIONS  # kept by the adapter's pickling and proxy managers
+            adapter.init_poolmanager(adapter._pool_connections, REST_POOL_CONNECTIONS, block=adapter._pool_block)
 
 
 def _construct_catalog(catalog_type: str, name: str, props: dict[str, str], endpoint: str) -> Catalog:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 
@@ -117,3 +121,24 @@ def test_settings_repr_and_uri_redaction_hide_secrets():
     assert redact_url("https://api-token@registry.example/schemas") == "https://***@registry.example/schemas"
     with pytest.raises(ValueError, match="type: must be one of"):  # pyiceberg's types only (hive is one)
         load_catalog(CatalogSettings(type="nessie", uri="http://h"))
+
+
+def test_a_rest_catalog_used_by_many_threads_keeps_its_connections(seaweedfs, namespace, caplog):
+    """The namespace watch loads tables on 32 threads: with requests' default pool of 10 connections each load over it
+    opened a connection and threw it away, with a warning per connection ("Connection pool is full")."""
+    catalog = load_catalog(rest_settings(seaweedfs))
+    catalog.create_namespace_if_not_exists(namespace)
+    identifiers = [f"{namespace}.t{number}" for number in range(4)]
+    for identifier in identifiers:
+        open_table(catalog, identifier, schema=lakehouse_schema(), create_if_missing=True)
+    start = threading.Barrier(32)
+
+    def load(number: int) -> str:
+        start.wait()
+        return ".".join(catalog.load_table(identifiers[number % len(identifiers)]).name())
+
+    with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"), ThreadPoolExecutor(32) as pool:
+        for _ in range(3):
+            assert sorted(set(pool.map(load, range(32)))) == identifiers
+            start.reset()
+    assert not [r.getMessage() for r in caplog.records if "Connection pool is full" in r.getMessage()]
