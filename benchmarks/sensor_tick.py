@@ -423,11 +423,9 @@ def benchmark_namespace(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Et
     print_namespace_ticks(ticks)
 
 
-def scan_namespace_by_listing(sources: WatchSources, tables, cursors=None, *, unread_newest=(), listed_at=None,
-                              max_partitions_listed=None) -> NamespaceScan:
+def scan_namespace_by_listing(sources: WatchSources, tables, cursors=None, *, unread_newest=()) -> NamespaceScan:
     """The namespace scan as it was before it listed partitions by watermark (commit 970ff59): every tick lists the
-    whole namespace (`NamespaceListing`) and every partition is scanned from that listing; kept here for A/B (it has
-    no listing budget: `listed_at` and `max_partitions_listed` are not used)."""
+    whole namespace (`NamespaceListing`) and every partition is scanned from that listing; kept here for A/B."""
     cursors = cursors or {}
     before = sources.store.request_counts["list"]
     listing = NamespaceListing.from_store(sources.store)

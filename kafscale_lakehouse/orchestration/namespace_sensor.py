@@ -90,7 +90,6 @@ class NamespaceCursor:
     tables: dict[str, SensorCursor] = field(default_factory=dict)
     pending_since: dict[str, float] = field(default_factory=dict)
     observed_at: dict[str, float] = field(default_factory=dict)  # when each table's topic was last observed
-    listed_at: dict[str, float] = field(default_factory=dict)  # when each table's topic was last listed (a budget)
 
     def table(self, table: str) -> SensorCursor:
         return self.tables.setdefault(table, SensorCursor())
@@ -99,8 +98,7 @@ class NamespaceCursor:
         return json.dumps({"version": CURSOR_VERSION, "watch": "namespace",
                            "tables": {t: c.to_document() for t, c in sorted(self.tables.items())},
                            "pending_since": dict(sorted(self.pending_since.items())),
-                           "observed_at": dict(sorted(self.observed_at.items())),
-                           "listed_at": dict(sorted(self.listed_at.items()))}, separators=(",", ":"))
+                           "observed_at": dict(sorted(self.observed_at.items()))}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | None, sensor: str) -> NamespaceCursor:
@@ -113,8 +111,7 @@ class NamespaceCursor:
                                  f"{CURSOR_VERSION} of watch 'namespace'")
             return cls(tables={t: SensorCursor.from_document(c) for t, c in document["tables"].items()},
                        pending_since={t: float(s) for t, s in document["pending_since"].items()},
-                       observed_at={t: float(s) for t, s in document.get("observed_at", {}).items()},
-                       listed_at={t: float(s) for t, s in document.get("listed_at", {}).items()})
+                       observed_at={t: float(s) for t, s in document.get("observed_at", {}).items()})
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SensorCursorError(
                 f"sensor {sensor}: cursor {text[:200]!r} is not readable ({exc}); reset the cursor in the Dagster UI "
@@ -172,17 +169,11 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
         cursor.tables = {t: c for t, c in cursor.tables.items() if t in mapped}
         cursor.pending_since = {t: s for t, s in cursor.pending_since.items() if t in mapped}
         cursor.observed_at = {t: s for t, s in cursor.observed_at.items() if t in mapped}
-        cursor.listed_at = {t: s for t, s in cursor.listed_at.items() if t in mapped}
         busy, batch_runs = _tables_in_flight(context.instance, config.mappings)
         # A table with a run in flight takes no new segment this tick: its newest ones' footers wait for a later tick.
         scan = scan_namespace(get_sources(), tables, {m.topic: cursor.table(m.table).partitions
                                                       for m in config.mappings},
-                              unread_newest={m.topic for m in config.mappings if m.table in busy},
-                              listed_at={m.topic: cursor.listed_at[m.table] for m in config.mappings
-                                         if m.table in cursor.listed_at})
-        for mapping in config.mappings:
-            if mapping.topic in scan.listed_topics:
-                cursor.listed_at[mapping.table] = now
+                              unread_newest={m.topic for m in config.mappings if m.table in busy})
         partition_requests: list[dg.AddDynamicPartitionsRequest] = []
         moved: list[tuple[MappingConfig, dg.AssetObservation, TopicScan]] = []
         runs = RequestedRuns(context.instance, LAND_TABLES_JOB)
@@ -198,8 +189,7 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
             if observation is not None:
                 moved.append((mapping, observation, topic_scan))
             _log_problems(context, mapping, topic_scan)
-            candidate, reason = _candidate(context, mapping, topic_scan, scan, cursor, busy, runs, poll, now,
-                                           deferred=mapping.topic in scan.deferred_topics)
+            candidate, reason = _candidate(context, mapping, topic_scan, scan, cursor, busy, runs, poll, now)
             if candidate is not None:
                 candidates.append(candidate)
             elif reason is not None:
@@ -210,10 +200,9 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
                                batch_tables_cap(len(tables), config.processor.max_batch_runs))
         run_requests = [_batch_request(context, batch, cursor, now) for batch in batches]
         requested = {c.mapping.table for batch in batches for c in batch}
-        context.log.info("namespace %s: %d partitions listed (%d list requests; %d topics wait for a later tick's, "
-                         "over this tick's budget), %d topics, %d tables pending, %d runs requested over %d tables",
-                         get_sources().store.namespace, scan.partitions_listed, scan.list_requests,
-                         len(scan.deferred_topics), len(tables),
+        context.log.info("namespace %s: %d partitions listed (%d list requests), %d topics, %d tables pending, %d runs "
+                         "requested over %d tables", get_sources().store.namespace, scan.partitions_listed,
+                         scan.list_requests, len(tables),
                          len(candidates) + len(skipped), len(run_requests), len(requested))
         for candidate in candidates:
             if candidate.mapping.table not in requested:
@@ -248,14 +237,12 @@ def _observe_longest_unobserved(moved: list[tuple[MappingConfig, dg.AssetObserva
 
 def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topic_scan: TopicScan,
                scan: NamespaceScan, cursor: NamespaceCursor, busy: dict[str, str], runs: RequestedRuns,
-               poll_interval_seconds: float, now: float, *, deferred: bool = False
-               ) -> tuple[_Candidate | None, str | None]:
-    """The table as a candidate for a batch now, or why not (None, None: nothing pending). `deferred`: its topic's
-    listing waits for a later tick (`scan_namespace`'s budget)."""
+               poll_interval_seconds: float, now: float) -> tuple[_Candidate | None, str | None]:
+    """The table as a candidate for a batch now, or why not (None, None: nothing pending)."""
     table = mapping.table
     planned = {p: r for p, s in topic_scan.partitions.items() if (r := s.pending_range) is not None}
     if not planned:
-        if table not in busy and not deferred:  # else its new segments are left unread (`scan_namespace`), not absent
+        if table not in busy:  # a busy table's new segments are left unread (`scan_namespace`), not absent
             cursor.pending_since.pop(table, None)
         return None, None
     since = cursor.pending_since.setdefault(table, now)

@@ -20,7 +20,6 @@ from kafscale_lakehouse.engine.ingestion.run import (
 )
 from kafscale_lakehouse.engine.ingestion.topic_patterns import discover_topics, with_pattern_topics
 from kafscale_lakehouse.engine.ingestion.topic_scan import (
-    MAX_PARTITIONS_LISTED_PER_SCAN,
     PARTITION_DISCOVERY_SECONDS,
     TABLE_OFFSETS_MAX_AGE_SECONDS,
     NamespaceScan,
@@ -39,7 +38,6 @@ __all__ = [
     "BATCH_TABLE_THREADS",
     "ERROR_DECODE",
     "ERROR_RESOLVE",
-    "MAX_PARTITIONS_LISTED_PER_SCAN",
     "PARTITION_DISCOVERY_SECONDS",
     "TABLE_OFFSETS_MAX_AGE_SECONDS",
     "IngestContext",

@@ -70,12 +70,6 @@ NAMESPACE_SCAN_THREADS = 32
 # With S3 discovery, how often a namespace scan lists a topic's partitions again (a watermark in etcd shows a new
 # partition at once; a partition the broker publishes none for is found within this).
 PARTITION_DISCOVERY_SECONDS = 60.0
-# The partitions with a cursor one namespace scan lists at most (each a list request and, with new segments, a footer
-# read: ~6 ms of botocore's CPU on this 2-core machine); those past it wait for a later scan, the ones listed longest
-# ago first. So a tick's cost is bounded whatever the number of busy topics (200 topics of 2 partitions with a segment
-# every 10 s took a tick of 1.6-2 s, now about half; a tick that grows with the topics is Dagster's sensor timeout
-# at a thousand), at the price of a few seconds before a new segment is seen while more partitions than this move.
-MAX_PARTITIONS_LISTED_PER_SCAN = 100
 # How long a namespace scan may reuse a table's offsets while the offsets store's stay put (a catalog load per table
 # per tick was most of an idle tick at 200 topics); also how late it sees a table rolled back behind the store's back.
 TABLE_OFFSETS_MAX_AGE_SECONDS = 60.0
@@ -350,9 +344,6 @@ class NamespaceScan:
     pending_bytes: dict[str, dict[int, int]]
     partitions_listed: int  # partitions whose segments were listed (the others had nothing new to list)
     list_requests: int  # listing requests of this scan (pages; partition discovery included)
-    # Topics with partitions to list that this scan listed, and those it left for a later one (over its budget).
-    listed_topics: frozenset[str] = frozenset()
-    deferred_topics: frozenset[str] = frozenset()
 
     def topic_pending_bytes(self, topic: str) -> int:
         return sum(self.pending_bytes.get(topic, {}).values())
@@ -421,8 +412,7 @@ class NamespaceWatchMemory:
 
 def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
                    cursors: Mapping[str, Mapping[int, PartitionCursor]] | None = None, *,
-                   unread_newest: Collection[str] = (), listed_at: Mapping[str, float] | None = None,
-                   max_partitions_listed: int | None = None) -> NamespaceScan:
+                   unread_newest: Collection[str] = ()) -> NamespaceScan:
     """`scan_topic` of every topic of `tables` (`{topic: table}`), listing only the partitions that may hold a
     completed segment not seen yet: those whose broker watermark (etcd) is not where their completed segments seen
     end, or that publish none, or have no cursor yet; each from its cursor (`StartAfter`), so a listing returns the
@@ -445,12 +435,6 @@ def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
     segments never reach the watermark). `cursors`: `{topic: partition cursors}` of the previous scan;
     `unread_newest`: topics whose tables have a run in flight: their partitions with a cursor are not listed (their
     segments wait for the tick after).
-
-    At most `max_partitions_listed` (default `MAX_PARTITIONS_LISTED_PER_SCAN`) partitions with a cursor are listed:
-    the topics with partitions to list (as the offsets store tells: an estimate when a table disagrees with it),
-    those listed longest ago first (`listed_at`, `{topic: when last listed}`), until the budget is spent (a topic
-    over it alone when it is the first); the others are scanned as `unread_newest` ones are and listed by a later
-    scan (`NamespaceScan.deferred_topics`). A partition without a cursor is always listed.
     """
     cursors = cursors or {}
     topics = list(tables)
@@ -459,26 +443,14 @@ def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
     partitions = _partitions_of(sources, topics)
     committed = sources.offsets.committed_offsets_by_topic(tables)
     watermarks = sources.offsets.broker_watermarks_by_topic(tables)
-    known = {topic: {p: c for p, c in cursors.get(topic, {}).items() if memory.knows(topic, p)} for topic in topics}
-    to_list = {topic: count for topic in topics if topic not in unread_newest
-               and (count := _partitions_to_list(known[topic], partitions.get(topic, []), committed[topic],
-                                                 watermarks[topic]))}
-    listed_topics: list[str] = []
-    budget = MAX_PARTITIONS_LISTED_PER_SCAN if max_partitions_listed is None else max_partitions_listed
-    for topic in sorted(to_list, key=lambda t: ((listed_at or {}).get(t, 0.0), t)):
-        if to_list[topic] > budget and listed_topics:
-            break
-        listed_topics.append(topic)
-        budget -= to_list[topic]
-    deferred = frozenset(to_list) - frozenset(listed_topics)
 
     def scan(topic: str) -> TopicScan:
         previous = cursors.get(topic, {})
-        scanned = scan_topic(sources, topic, known[topic],
+        scanned = scan_topic(sources, topic, {p: c for p, c in previous.items() if memory.knows(topic, p)},
                              table=tables[topic], partitions=partitions.get(topic, []),
                              offsets=TopicOffsets(committed[topic], watermarks[topic]),
                              table_offsets_max_age_seconds=TABLE_OFFSETS_MAX_AGE_SECONDS, skip_settled=True,
-                             held=topic in unread_newest or topic in deferred)
+                             held=topic in unread_newest)
         memory.record(topic, scanned)
         return replace(scanned, cursors={**previous, **scanned.cursors})
 
@@ -493,24 +465,7 @@ def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
                        if (r := state.pending_range) is not None}
                for topic, scan in by_topic.items()}
     return NamespaceScan(by_topic, pending, sum(len(scan.listed) for scan in scans),
-                         sources.store.request_counts["list"] - before, frozenset(listed_topics), deferred)
-
-
-def _partitions_to_list(cursors: Mapping[int, PartitionCursor], partitions: Sequence[int],
-                        committed: Mapping[int, CommittedOffset], watermarks: Mapping[int, int]) -> int:
-    """How many partitions with a cursor `scan_topic(skip_settled=True)` would list, by the offsets store's offsets
-    (a table's may differ: an estimate, for `scan_namespace`'s budget): those moved back behind their cursor and
-    those whose watermark is not where their known segments or committed offset end."""
-    count = 0
-    for partition in set(partitions) | set(watermarks):
-        previous = cursors.get(partition)
-        if previous is None:
-            continue  # listed from its committed next offset whatever the budget
-        stored = committed[partition].next_offset if partition in committed else None
-        moved_back = previous.next_offset is not None and (stored or 0) < previous.next_offset
-        if moved_back or watermarks.get(partition) != max(stored or 0, previous.segments_end or 0):
-            count += 1
-    return count
+                         sources.store.request_counts["list"] - before)
 
 
 def _partitions_of(sources: WatchSources, topics: list[str]) -> dict[str, list[int]]:

@@ -10,7 +10,6 @@ from kafscale_lakehouse.engine.ingestion import (
     NamespaceWatchMemory,
     WatchSources,
     scan_namespace,
-    topic_scan,
 )
 from kafscale_lakehouse.storage import ObjectKind, partition_prefix, topic_prefix
 from kafscale_lakehouse.testing.leases import held_leases
@@ -167,40 +166,3 @@ def test_a_partition_waiting_behind_an_incomplete_segment_is_listed_and_reported
         listed = record_listings(sources)
         scan = scan_namespace(sources, tables, {topic: s.cursors for topic, s in scan.topics.items()})
         assert partition_of(orders, 0) in listed
-
-
-def test_a_tick_lists_at_most_its_budget_of_partitions_and_the_others_on_the_next_ticks(
-        namespace_world: NamespaceWorld, monkeypatch):
-    """With hundreds of busy topics a tick that lists every partition with new data grows with them (a list request
-    and a footer read each, ~6 ms of CPU): a tick lists at most `MAX_PARTITIONS_LISTED_PER_SCAN` partitions with a
-    cursor, the topics listed longest ago first, and leaves the others for the next ticks; nothing is lost on the
-    way."""
-    world = namespace_world
-    topics = sorted(world.topics.values(), key=lambda t: t.topic)
-    sources = world.sources()
-    for topic in topics:
-        for partition in (0, 1):
-            topic.write_segments(partition, 20, records_per_segment=20)
-    publish_watermarks(world, sources)
-    tick = world.tick(sources)  # no cursor yet: every partition is listed from its committed offset
-    assert all(world.cursor_of(tick).tables[t.table_name].partitions[p].segments_end == 20
-               for t in topics for p in (0, 1))
-
-    monkeypatch.setattr(topic_scan, "MAX_PARTITIONS_LISTED_PER_SCAN", 2)
-    for topic in topics:
-        for partition in (0, 1):
-            topic.write_segments(partition, 20, records_per_segment=20, base_offset=20)
-    publish_watermarks(world, sources)
-    listed = record_listings(sources)
-    for turn, topic in enumerate(topics):  # one topic's two partitions a tick, each topic once
-        listed.clear()
-        tick = world.tick(sources, tick.cursor)
-        assert sorted(listed) == [partition_of(topic, 0), partition_of(topic, 1)], (turn, listed)
-        ends = {t.topic: {p: c.segments_end for p, c in world.cursor_of(tick).tables[t.table_name].partitions.items()}
-                for t in topics}
-        assert ends == {t.topic: dict.fromkeys((0, 1), 40 if n <= turn else 20) for n, t in enumerate(topics)}
-        [request] = tick.run_requests  # the listed table, for all it has pending now
-        assert batch_tables(request)[topic.table_name]["planned_ranges"] == '{"0":[0,40],"1":[0,40]}'
-    listed.clear()
-    world.tick(sources, tick.cursor)
-    assert listed == [], "every partition's new segment was seen: nothing left to list"
