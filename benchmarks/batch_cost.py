@@ -50,8 +50,6 @@ from kafscale_lakehouse.orchestration.land_tables import LAND_TABLES_JOB
 from kafscale_lakehouse.orchestration.namespace_sensor import NAMESPACE_SENSOR_NAME
 from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
 
-log = logging.getLogger("benchmarks.batch_cost")
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECORDS_PER_SEGMENT = 40  # fanout.py's realistic traffic: a segment of 40 records per partition
 
