@@ -71,13 +71,13 @@ def run_cycle(producer: FanoutProducer, sensor: dg.SensorDefinition, job: dg.Job
     producer.round_once()
     started, cpu_started = time.perf_counter(), time.process_time()
     result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor))
-    for request in result.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    for partitions in result.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(partitions.partitions_def_name, list(partitions.partition_keys))
     tick_seconds, tick_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     requests = result.run_requests or []
     if len(requests) != 1:
         raise SystemExit(f"the tick requested {len(requests)} runs, expected one land_tables run: "
-                         f"{result.skip_reason or ''}")
+                         f"{result.skip_message or ''}")
     request = requests[0]
     tables = len(request.run_config["ops"]["land_listed_tables"]["config"]["tables"])
     with sampler.lock:
