@@ -12,12 +12,12 @@ inflates far less than wall time.
 In a temporary directory: SeaweedFS (S3 + Iceberg REST catalog), etcd and the Spark engine (as `make demo`), a config
 of `--tables` mappings as `fanout.py`'s (pizza columns, 2 partitions, `processor.watch: namespace`,
 `max_batch_runs: 1`, so one run takes every table), and a sqlite Dagster instance with the repository's dagster.yaml
-(as `dagster dev`'s). A cycle writes one segment of 40 realistic records per partition (fanout.py's producer, not
-measured), ticks the namespace sensor once and executes the `land_tables` run it requests in this process (no run
-worker start: that cost is per run, `tiny_run.py` measures it). The first cycle creates the tables and warms the engine
-and is not counted. Printed per counted cycle and as medians: tables landed, the tick's and the run's wall time, and
-per table the CPU of this process (the run's op and its threads; the tick apart), of the engine (JVM and Python
-workers), of SeaweedFS and of etcd.
+(as `dagster dev`'s). A cycle writes `--segments` segments (default 1) of 40 realistic records per partition
+(fanout.py's producer, not measured), ticks the namespace sensor once and executes the `land_tables` run it requests in
+this process (no run worker start: that cost is per run, `tiny_run.py` measures it). The first cycle creates the
+tables and warms the engine and is not counted. Printed per counted cycle and as medians: tables landed, the tick's
+and the run's wall time, and per table the CPU of this process (the run's op and its threads; the tick apart), of the
+engine (JVM and Python workers), of SeaweedFS and of etcd.
 
 To see where this process's CPU goes, attach a sampling profiler to the pid it prints (py-spy record -p PID).
 """
@@ -67,8 +67,10 @@ class Cycle:
 
 
 def run_cycle(producer: FanoutProducer, sensor: dg.SensorDefinition, job: dg.JobDefinition,
-              instance: dg.DagsterInstance, cursor: str | None, sampler: ProcessSampler) -> tuple[Cycle, str | None]:
-    producer.round_once()
+              instance: dg.DagsterInstance, cursor: str | None, sampler: ProcessSampler,
+              segments: int) -> tuple[Cycle, str | None]:
+    for _ in range(segments):
+        producer.round_once()
     started, cpu_started = time.perf_counter(), time.process_time()
     result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor))
     for partitions in result.dynamic_partitions_requests or []:
@@ -99,6 +101,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=100, help="mappings (topics of 2 partitions), default 100")
     parser.add_argument("--cycles", type=int, default=4, help="counted cycles after the first (default 4)")
+    parser.add_argument("--segments", type=int, default=1,
+                        help="segments per partition per cycle (default 1; a 200-topic fanout.py run carries ~13)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
@@ -135,13 +139,14 @@ def main() -> None:
         sampler = ProcessSampler([engine.pid], labelled={os.getpid(): "this process (the run)",
                                                          seaweedfs.proc.pid: "SeaweedFS",  # type: ignore[union-attr]
                                                          etcd.proc.pid: "etcd"})  # type: ignore[union-attr]
-        print(f"{args.tables} tables; definitions built in {definitions_cpu:.2f} CPU-s; pid {os.getpid()}; load "
+        print(f"{args.tables} tables, {args.segments} segments per partition per cycle; definitions built in "
+              f"{definitions_cpu:.2f} CPU-s; pid {os.getpid()}; load "
               f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}", flush=True)
         cursor: str | None = None
         cycles: list[Cycle] = []
         with dg.DagsterInstance.get() as instance:
             for number in range(args.cycles + 1):
-                cycle, cursor = run_cycle(producer, sensor, job, instance, cursor, sampler)
+                cycle, cursor = run_cycle(producer, sensor, job, instance, cursor, sampler, args.segments)
                 label = "warm-up (not counted)" if number == 0 else f"cycle {number}"
                 print(f"{label}: {cycle.tables} tables, tick {cycle.tick_seconds:.2f} s ({cycle.tick_cpu:.2f} CPU-s), "
                       f"run {cycle.run_seconds:.1f} s; CPU-s per table: "

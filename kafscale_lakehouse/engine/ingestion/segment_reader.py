@@ -87,6 +87,10 @@ MAX_ROWS_PER_BATCH = 65_536
 # fetched alone, as before: bounded memory).
 READ_AHEAD_SEGMENTS = 4
 READ_AHEAD_BYTES = 16 << 20
+# The records of consecutive segments are mapped (coerced, validated) together up to this many Arrow bytes: mapping
+# costs a fixed ~1 ms per batch (JSON parsing set-up, a few dozen Arrow kernels), as much as its 40 records cost at
+# a segment per 10 s of realistic traffic (benchmarks/batch_cost.py --segments 13). A larger segment is mapped alone.
+MAPPED_TOGETHER_BYTES = 4 << 20
 
 
 # A segment planned to end where its successor begins ended before it (`SegmentRecords.ends_early_at`): its partition
@@ -238,10 +242,20 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
     lfs_columns = resolver is not None and resolver.settings.config.store_metadata
     coercer = JsonColumnCoercer(columns[:-len(LFS_METADATA_COLUMNS)] if lfs_columns else columns,
                                 numeric_timestamp_unit=unit)
+    unmapped: list[pa.Table] = []  # records of the segments read, not mapped yet (`MAPPED_TOGETHER_BYTES`)
+
+    def mapped() -> Iterator[pa.RecordBatch]:
+        together = pa.concat_tables(unmapped).combine_chunks() if len(unmapped) > 1 else unmapped[0]
+        unmapped.clear()
+        for batch in together.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
+            yield _with_mapped_columns(batch, coercer, schema, json_schema)
+
     for segment, fetched in _fetched_ahead(store, partition):
         try:
             records, ends_early_at = fetched()
         except (SegmentFormatError, StorageError) as exc:
+            if unmapped:  # the records of the segments before it are delivered first
+                yield from mapped()
             next_offset = max(segment.base_offset, partition.offsets.start)
             log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
                       next_offset, exc)
@@ -251,18 +265,20 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
                 position=exc.position if isinstance(exc, SegmentFormatError) else None,
                 error_type=type(exc).__name__, message=str(exc), base_offset=segment.base_offset,
                 next_offset=next_offset)) from exc
-        for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
-            if resolver is None:
-                yield _with_mapped_columns(batch, coercer, schema, json_schema)
-                continue
-            for handled in resolver.process(batch):
-                if handled.batch.num_rows:
-                    yield _with_mapped_columns(handled.batch, coercer, schema, json_schema, handled.metadata,
-                                               handled.invalid_reasons)
-                if handled.stop is not None:
-                    log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
-                              handled.stop.offset, handled.stop.describe())
-                    raise SegmentReadError(_lfs_failure(segment, handled.stop))
+        if resolver is None:
+            unmapped.append(records)
+            if ends_early_at is not None or sum(t.nbytes for t in unmapped) >= MAPPED_TOGETHER_BYTES:
+                yield from mapped()
+        else:  # envelopes are resolved per segment: a record that fails stops its partition in that segment
+            for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
+                for handled in resolver.process(batch):
+                    if handled.batch.num_rows:
+                        yield _with_mapped_columns(handled.batch, coercer, schema, json_schema, handled.metadata,
+                                                   handled.invalid_reasons)
+                    if handled.stop is not None:
+                        log.error("topic %s partition %d stops at offset %d: %s", partition.topic,
+                                  partition.partition, handled.stop.offset, handled.stop.describe())
+                        raise SegmentReadError(_lfs_failure(segment, handled.stop))
         if ends_early_at is not None:
             # Its records are delivered; the partition stops at the gap after them, which the next run's plan starts
             # at and reports (or skips, `allow_gaps`): only the footer of the segment holding its start is read there.
@@ -273,6 +289,8 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
                 topic=segment.topic, partition=segment.partition, kfs_key=segment.kfs_key, key=segment.kfs_key,
                 position=segment.kfs_size - FOOTER_SIZE, error_type=SEGMENT_GAP_ERROR_TYPE, message=message,
                 base_offset=segment.base_offset, next_offset=ends_early_at))
+    if unmapped:
+        yield from mapped()
 
 
 def _fetched_ahead(store: SegmentStore,
