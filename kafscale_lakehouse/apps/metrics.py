@@ -85,7 +85,14 @@ from kafscale_lakehouse.connections import (
     offset_store_from_config,
     segment_store_from_config,
 )
-from kafscale_lakehouse.engine.ingestion import ERROR_DECODE, ERROR_RESOLVE, stalled_partitions, with_pattern_topics
+from kafscale_lakehouse.engine.ingestion import (
+    ERROR_DECODE,
+    ERROR_RESOLVE,
+    NamespaceWatchMemory,
+    TopicOffsets,
+    stalled_partitions,
+    with_pattern_topics,
+)
 from kafscale_lakehouse.engine.ingestion.lag import lag as partition_lag
 from kafscale_lakehouse.engine.tables import (
     LFS_DURATION_BUCKETS_SECONDS,
@@ -99,12 +106,11 @@ from kafscale_lakehouse.engine.tables import (
     parse_commit,
 )
 from kafscale_lakehouse.etcd import EtcdClient, EtcdError, EtcdUnavailableError
-from kafscale_lakehouse.offsets import CommittedOffset, OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
+from kafscale_lakehouse.offsets import OffsetStore, OffsetStoreError, OffsetStoreUnavailableError
 from kafscale_lakehouse.storage import (
     METADATA_SNAPSHOT_KEY,
     DiscoveryMode,
     MetadataSnapshotError,
-    NamespaceListing,
     StalledSegment,
     parse_metadata_snapshot,
 )
@@ -196,14 +202,6 @@ def describe_failure(exc: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------------------ state
-
-
-@dataclass(frozen=True)
-class TopicOffsets:
-    """What etcd (or the local offsets store) holds for one topic."""
-
-    committed: dict[int, CommittedOffset]
-    log_ends: dict[int, int]  # the broker's `next_offset` watermark per partition
 
 
 @dataclass
@@ -308,6 +306,7 @@ class LakehouseStateCollector:
             self._errors[STAGE_DISCOVER] = 0
         self._errors_lock = threading.Lock()
         self._stalled: tuple[float, dict[str, dict[int, StalledSegment]]] | None = None  # (listed at, result)
+        self._partitions = NamespaceWatchMemory()  # each topic's partition "directories", listed about once a minute
         self._topics_listed_at: float | None = None
         self._discovery_caller = _BoundedCaller(f"topic discovery of {self._segments.location}",
                                                 min(source_timeout_seconds, SEGMENTS_TIMEOUT_SECONDS))
@@ -413,19 +412,24 @@ class LakehouseStateCollector:
     def _read_stalled(self, offsets: dict[str, TopicOffsets]) -> dict[str, dict[int, StalledSegment]]:
         """Per topic (of those whose offsets were read), the partitions waiting behind an incomplete segment past the
         grace period: listed from the committed next offset, or from the start for partitions nothing is committed
-        of."""
+        of. A partition whose broker watermark is at its committed next offset holds no pending segment (a segment
+        only holds offsets the broker assigned) and is not listed. So a refresh costs a few requests per partition
+        with data to land, whatever the namespace keeps (a listing of the whole namespace, as this did with the
+        namespace watch, grew with the retained segments: ~7M objects a day at 200 topics and a segment per 10 s).
+        A topic's partitions are those etcd holds offsets or watermarks of and those the store holds segments of
+        (listed per topic about once a minute, as the namespace watch does: `NamespaceWatchMemory.s3_partitions`)."""
         grace = self._config.processor.orphan_segment_grace_seconds
-        # With the namespace watch, the namespace is listed once (as its sensor does) and each partition is listed
-        # from memory: one request instead of a few per partition (its docstring: when that is the cheaper one).
-        store = (NamespaceListing.from_store(self._segments) if self._config.processor.watch == "namespace"
-                 else self._segments)
+        in_store = self._partitions.s3_partitions(self._segments, sorted(offsets))
 
         def read(topic: str) -> dict[int, StalledSegment] | None:
             if topic not in offsets:
                 return None
-            next_offsets: dict[int, int | None] = dict.fromkeys(store.list_partitions(topic))
+            watermarks = offsets[topic].watermarks
+            next_offsets: dict[int, int | None] = dict.fromkeys(sorted({*in_store[topic], *watermarks}))
             next_offsets.update({p: c.next_offset for p, c in offsets[topic].committed.items()})
-            return stalled_partitions(store, topic, next_offsets, grace_seconds=grace)
+            pending = {p: next_offset for p, next_offset in next_offsets.items()
+                       if watermarks.get(p) is None or watermarks[p] != (next_offset or 0)}
+            return stalled_partitions(self._segments, topic, pending, grace_seconds=grace)
 
         return {topic: stalled for topic, stalled in self._each_topic(read) if stalled is not None}
 
@@ -663,7 +667,7 @@ def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTo
             watermark_offset.add_metric(partition_labels, committed.offset)
             if partition in timestamps:
                 watermark_timestamp.add_metric(partition_labels, timestamps[partition])
-        for partition, log_end in sorted(topic_offsets.log_ends.items()):
+        for partition, log_end in sorted(topic_offsets.watermarks.items()):
             partition_committed = topic_offsets.committed.get(partition)
             next_offset = partition_committed.next_offset if partition_committed is not None else None
             # `lag` is None only for an unknown log end; this one is known.
