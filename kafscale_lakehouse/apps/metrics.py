@@ -91,6 +91,7 @@ from kafscale_lakehouse.engine.ingestion import (
     NamespaceWatchMemory,
     TopicOffsets,
     stalled_partitions,
+    watched_partitions,
     with_pattern_topics,
 )
 from kafscale_lakehouse.engine.ingestion.lag import lag as partition_lag
@@ -306,7 +307,7 @@ class LakehouseStateCollector:
             self._errors[STAGE_DISCOVER] = 0
         self._errors_lock = threading.Lock()
         self._stalled: tuple[float, dict[str, dict[int, StalledSegment]]] | None = None  # (listed at, result)
-        self._partitions = NamespaceWatchMemory()  # each topic's partition "directories", listed about once a minute
+        self._partitions = NamespaceWatchMemory()  # with S3 discovery: each topic's partition prefixes
         self._topics_listed_at: float | None = None
         self._discovery_caller = _BoundedCaller(f"topic discovery of {self._segments.location}",
                                                 min(source_timeout_seconds, SEGMENTS_TIMEOUT_SECONDS))
@@ -416,16 +417,22 @@ class LakehouseStateCollector:
         only holds offsets the broker assigned) and is not listed. So a refresh costs a few requests per partition
         with data to land, whatever the namespace keeps (a listing of the whole namespace, as this did with the
         namespace watch, grew with the retained segments: ~7M objects a day at 200 topics and a segment per 10 s).
-        A topic's partitions are those etcd holds offsets or watermarks of and those the store holds segments of
-        (listed per topic about once a minute, as the namespace watch does: `NamespaceWatchMemory.s3_partitions`)."""
+        A topic's partitions are those etcd holds offsets or watermarks of and those `discovery.mode` finds, as the
+        namespace watch finds them (`watched_partitions`: the broker's metadata snapshot, or each topic's partition
+        prefixes in the store, listed about once a minute)."""
         grace = self._config.processor.orphan_segment_grace_seconds
-        in_store = self._partitions.s3_partitions(self._segments, sorted(offsets))
+        try:
+            in_store = watched_partitions(self._discovery_mode, self._segments, self._etcd, self._partitions,
+                                          sorted(offsets))
+        except (EtcdError, MetadataSnapshotError) as exc:  # counted as `discover` errors by the offsets' read
+            log.debug("stalled segments: the partitions etcd holds offsets or watermarks of only (%s)", exc)
+            in_store = {}
 
         def read(topic: str) -> dict[int, StalledSegment] | None:
             if topic not in offsets:
                 return None
             watermarks = offsets[topic].watermarks
-            next_offsets: dict[int, int | None] = dict.fromkeys(sorted({*in_store[topic], *watermarks}))
+            next_offsets: dict[int, int | None] = dict.fromkeys(sorted({*in_store.get(topic, []), *watermarks}))
             next_offsets.update({p: c.next_offset for p, c in offsets[topic].committed.items()})
             pending = {p: next_offset for p, next_offset in next_offsets.items()
                        if watermarks.get(p) is None or watermarks[p] != (next_offset or 0)}

@@ -32,6 +32,7 @@ from kafscale_lakehouse.engine.ingestion.topic_scan import (
     WatchSources,
     scan_namespace,
     scan_topic,
+    watched_partitions,
 )
 from kafscale_lakehouse.engine.ingestion.validation import resolve_record_validation
 
@@ -76,5 +77,6 @@ __all__ = [
     "scan_namespace",
     "scan_topic",
     "stalled_partitions",
+    "watched_partitions",
     "with_pattern_topics",
 ]

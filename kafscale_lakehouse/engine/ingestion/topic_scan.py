@@ -440,7 +440,7 @@ def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
     topics = list(tables)
     memory = sources.memory
     before = sources.store.request_counts["list"]
-    partitions = _partitions_of(sources, topics)
+    partitions = watched_partitions(sources.discovery_mode, sources.store, sources.etcd, memory, topics)
     committed = sources.offsets.committed_offsets_by_topic(tables)
     watermarks = sources.offsets.broker_watermarks_by_topic(tables)
 
@@ -468,20 +468,21 @@ def scan_namespace(sources: WatchSources, tables: Mapping[str, str],
                          sources.store.request_counts["list"] - before)
 
 
-def _partitions_of(sources: WatchSources, topics: list[str]) -> dict[str, list[int]]:
-    """Each topic's partitions by `discovery.mode`, without listing the namespace: the broker's metadata snapshot,
-    else (`s3`, or `auto` without etcd or when the snapshot cannot be read) `NamespaceWatchMemory.s3_partitions`."""
-    mode = sources.discovery_mode
-    if mode is not DiscoveryMode.S3 and sources.etcd is not None:
+def watched_partitions(mode: DiscoveryMode, store: SegmentStore, etcd: EtcdClient | None,
+                       memory: NamespaceWatchMemory, topics: Sequence[str]) -> dict[str, list[int]]:
+    """Each topic's partitions by `discovery.mode`, without listing the namespace: the broker's metadata snapshot
+    (one etcd read), else (`s3`, or `auto` without etcd or when the snapshot cannot be read)
+    `memory.s3_partitions` (each topic's partition prefixes, listed about once a minute)."""
+    if mode is not DiscoveryMode.S3 and etcd is not None:
         try:
-            return discover_partitions(DiscoveryMode.ETCD, sources.store, sources.etcd, topics=topics).partitions
+            return discover_partitions(DiscoveryMode.ETCD, store, etcd, topics=topics).partitions
         except (EtcdError, MetadataSnapshotError) as exc:
             if mode is DiscoveryMode.ETCD:
                 raise
-            log.warning("discovery.mode auto: listing the partitions of %s because %s", sources.store.location, exc)
+            log.warning("discovery.mode auto: listing the partitions of %s because %s", store.location, exc)
     elif mode is DiscoveryMode.ETCD:
         raise ValueError("discovery mode etcd needs an etcd client")
-    return sources.memory.s3_partitions(sources.store, topics)
+    return memory.s3_partitions(store, topics)
 
 
 def _table_offsets(sources: WatchSources, table: str | None, topic: str, stored: Mapping[int, int | None],
