@@ -137,14 +137,15 @@ ETCD_RPC_TIMEOUT_SECONDS = 1.5
 # Per source, topics are read this many at a time: at 200 tables, serial `loadTable`s (10-40 ms each) alone took
 # seconds. Below the 10 connections the REST catalog's and boto3's HTTP pools keep.
 READ_THREADS = 8
-# The stalled-segment listing (a few S3 requests per partition: 3 s for 400 partitions) is kept between scrapes: it
-# is listed again in the background once older than STALLED_REFRESH_SECONDS, and served with its ages advanced while
-# younger than STALLED_MAX_AGE_SECONDS (a segment is only reported stalled after processor.orphan_segment_grace_seconds,
-# 300 s by default, so a listing this old says the same). Only the first scrape of the process waits for it.
-STALLED_REFRESH_SECONDS = 20.0
+# The stalled-segment listing (a few S3 requests per partition with data to land: 3 s for 400 partitions, ~2-3 CPU-s
+# of botocore) is kept between scrapes: it is listed again in the background once older than STALLED_REFRESH_SECONDS,
+# and served with its ages advanced while younger than STALLED_MAX_AGE_SECONDS (a segment is only reported stalled
+# after processor.orphan_segment_grace_seconds, 300 s by default, so a listing this old says the same). Only the first
+# scrape of the process waits for it. Once a minute: every 20 s, its CPU slowed the scrapes beside it at 200 tables.
+STALLED_REFRESH_SECONDS = 60.0
 # `topic_pattern` mappings: the topics are listed again (one discovery request) at most this often.
 TOPICS_REFRESH_SECONDS = 30.0
-STALLED_MAX_AGE_SECONDS = 120.0
+STALLED_MAX_AGE_SECONDS = 180.0
 
 
 class SourceTimeoutError(RuntimeError):
