@@ -28,6 +28,7 @@ from kafscale_lakehouse.engine.tables.commits import (
     delete_uncommitted,
     find_commit_after_refresh,
 )
+from kafscale_lakehouse.engine.tables.row_counts import remember_files_added
 from kafscale_lakehouse.engine.tables.summary import (
     COMMIT_ID_PROPERTY,
     RUN_ID_PROPERTY,
@@ -185,6 +186,7 @@ def commit_append(
             log.warning("table %s: commit of run %s reported %r but landed", table_name, run_id, exc)
             snapshot_id = found
         break
+    remember_files_added(table, snapshot_id, data_files)
     topic_offsets = {**committed.get(topic, {}), **end_offsets}
     log.info(
         "table %s: run %s committed snapshot %d with %d data files, %s offsets %s",

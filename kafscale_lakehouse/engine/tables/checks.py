@@ -4,7 +4,7 @@ offset ranges, and rows beyond the committed offsets. `orchestration/checks.py` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
@@ -15,12 +15,14 @@ from pyiceberg.expressions import (
     And,
     BooleanExpression,
     EqualTo,
+    GreaterThan,
     GreaterThanOrEqual,
     In,
     LessThan,
     NotIn,
     Or,
 )
+from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
@@ -112,9 +114,13 @@ def new_data_files(table: Table, topic: str, snapshot_id: int) -> AddedDataFiles
 
 def _read_files(table: Table, files: Sequence[DataFile], row_filter: BooleanExpression,
                 columns: tuple[str, ...]) -> pa.Table:
-    """The rows of `files` (no delete files: `new_data_files` gives None when there are) that match `row_filter`."""
-    scan = ArrowScan(table.metadata, table.io, table.schema().select(*columns), row_filter)
-    return scan.to_table([FileScanTask(f) for f in files])
+    """The rows of `files` (no delete files: `new_data_files` gives None when there are) that match `row_filter`.
+    A file whose column statistics rule the filter out is not read (pyiceberg's planning rule, which `files` did not
+    go through): a run's new files never hold rows beyond the offsets it committed, so that check reads none."""
+    might_match = _InclusiveMetricsEvaluator(table.schema(), row_filter).eval
+    schema = table.schema().select(*columns)
+    scan = ArrowScan(table.metadata, table.io, schema, row_filter)
+    return scan.to_table([FileScanTask(f) for f in files if might_match(f)])
 
 
 # ------------------------------------------------------------------------------------------ duplicates
@@ -258,13 +264,27 @@ def rows_beyond_committed(table: Table, topic: str, next_offsets: Mapping[int, i
         return []
     clauses: list[BooleanExpression] = [_and_all(EqualTo("partition", p), GreaterThanOrEqual("offset", o))
                                         for p, o in sorted(next_offsets.items())]
-    clauses.append(NotIn("partition", sorted(next_offsets)) if next_offsets else EqualTo("topic", topic))
+    clauses.append(_not_in_integers("partition", next_offsets) if next_offsets else EqualTo("topic", topic))
     row_filter = And(EqualTo("topic", topic), _or_all(clauses))
     if files is not None:
         rows = _read_files(table, files, row_filter, ("record_id",)).slice(0, SAMPLE_SIZE)
     else:
         rows = table.scan(row_filter=row_filter, selected_fields=("record_id",), limit=SAMPLE_SIZE).to_arrow()
     return sorted(rows["record_id"].to_pylist())
+
+
+def _not_in_integers(column: str, values: Iterable[int]) -> BooleanExpression:
+    """`column NOT IN values` for an integer column, written as ranges and the holes between them: the same rows, but
+    files can be ruled out by their statistics (pyiceberg never prunes on NOT IN)."""
+    ordered = sorted(set(values))
+    low, high = ordered[0], ordered[-1]
+    clauses: list[BooleanExpression] = [LessThan(column, low), GreaterThan(column, high)]
+    holes = sorted(set(range(low, high + 1)) - set(ordered)) if high - low < 10_000 else None
+    if holes is None:  # sparse values far apart: too many holes to list
+        return NotIn(column, ordered)
+    if holes:
+        clauses.append(In(column, holes))
+    return _or_all(clauses)
 
 
 def _and_all(*clauses: BooleanExpression) -> BooleanExpression:

@@ -8,11 +8,15 @@ from collections import Counter
 
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import ManifestFile
 
+from kafscale_lakehouse.engine.tables import count_rows_by_value
+from kafscale_lakehouse.engine.tables.appends import commit_append
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.orchestration.checks import evaluate_offsets_contiguous, evaluate_record_id_unique
 from kafscale_lakehouse.schema import table_schema
+from kafscale_lakehouse_tests.engine.tables.helpers import lakehouse_schema, start_end, write_batch
 from kafscale_lakehouse_tests.orchestration.core.test_check_logic import TOPIC, append, committed_run
 
 COMMITS = 12
@@ -84,3 +88,43 @@ def test_rows_beyond_the_committed_offsets_added_after_our_commit_are_found(tabl
 
     assert not contiguous.passed
     assert contiguous.metadata["rows_beyond_committed_samples"].value == [f"{TOPIC}:0:40", f"{TOPIC}:0:41"]
+
+
+def test_a_commit_of_ours_is_counted_and_checked_without_reading_back_what_it_wrote(tmp_path, manifests_read,
+                                                                                    monkeypatch):
+    """After `commit_append` the run knows what its snapshot added (its own data files): the row counts and the
+    checks read none of its manifests, and only the record_id check opens its data files; the contiguity check rules
+    them out by their offset statistics (none holds an offset at or past the committed next offsets)."""
+    catalog = SqlCatalog("ours", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=(tmp_path / "wh").as_uri())
+    catalog.create_namespace("shop")
+    table = catalog.create_table("shop.orders", lakehouse_schema())
+    for n in range(4):
+        ranges = {0: (10 * n, 10 * (n + 1)), 1: (5 * n, 5 * (n + 1))}
+        commit_append(table, write_batch(table, TOPIC, ranges, f"run-{n}"), TOPIC, *start_end(ranges), f"run-{n}")
+    counted = count_rows_by_value(table, "partition", (0, 1))
+    ranges = {0: (40, 50), 1: (20, 25)}
+    # A file per Kafka partition, as the Spark job's tasks write them (a task reads one partition's segments).
+    files = [f for p, r in ranges.items() for f in write_batch(table, TOPIC, {p: r}, "run-4", tasks=1)]
+    commit_append(table, files, TOPIC, *start_end(ranges), "run-4")
+    run = committed_run(table, "run-4", [OffsetRange(p, s, e) for p, (s, e) in ranges.items()])
+    opened: Counter[str] = Counter()
+    new_input = PyArrowFileIO.new_input
+
+    def counted_input(self, location):
+        if location.endswith(".parquet"):
+            opened[location] += 1
+        return new_input(self, location)
+
+    monkeypatch.setattr(PyArrowFileIO, "new_input", counted_input)
+    manifests_read.clear()
+
+    rows = count_rows_by_value(table, "partition", (0, 1), previous=counted)
+    unique = evaluate_record_id_unique(table, TOPIC, run)
+    contiguous = evaluate_offsets_contiguous(table, TOPIC)
+
+    assert {p: c.rows for p, c in rows.items()} == {0: 50, 1: 25}
+    assert unique.passed and contiguous.passed, (unique.description, contiguous.description)
+    assert unique.metadata["rows_scanned"].value == 15
+    assert sum(manifests_read.values()) == 0, manifests_read  # was: the commit's manifest, read back
+    assert set(opened) == {f.file_path for f in files}, opened  # was: each file twice, once per check
+    assert all(n == 1 for n in opened.values()), opened
