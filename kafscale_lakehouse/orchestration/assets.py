@@ -40,6 +40,8 @@ from kafscale_lakehouse.orchestration.metadata import (
     landed_partition_metadata,
     partition_metadata,
     partition_row_counts,
+    row_counts_from,
+    row_counts_metadata,
     run_metadata,
     table_metadata,
 )
@@ -239,18 +241,22 @@ def landed_table_events(context: dg.AssetExecutionContext, result: IngestResult,
     context.log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table,
                      result.run_id, result.records, result.topic, result.snapshot_id)
     yield dg.MaterializeResult(metadata={**run_metadata(result), **table_metadata(table, result.table),
-                                         **audit_metadata(result)}, check_results=check_results)
+                                         **row_counts_metadata(counts), **audit_metadata(result)},
+                               check_results=check_results)
 
 
 def landed_materializations(asset_key: dg.AssetKey, partition_keys: Sequence[str], result: IngestResult,
-                            table: Table, instance: dg.DagsterInstance) -> list[dg.AssetMaterialization]:
+                            table: Table, instance: dg.DagsterInstance, latest: dg.EventLogEntry | None,
+                            ) -> list[dg.AssetMaterialization]:
     """What `landed_table_events` records for a committed run (`table` loaded after its commit), as one
     materialization per partition key: for a run that lands several tables (`land_tables.py`), where no asset body
-    returns a `MaterializeResult`. `instance`: where the partitions' previous row counts are recorded."""
-    shared = {**run_metadata(result), **table_metadata(table, result.table)}
+    returns a `MaterializeResult`. `latest`: the asset's latest materialization before the run, read with the
+    batch's others (the previous row counts; `instance` holds older ones)."""
     outcomes = {key: outcome for key in partition_keys
                 if (outcome := result.partitions.get(kafka_partition_id(key))) is not None}
-    counts = partition_row_counts(instance, asset_key, table, [outcome.partition for outcome in outcomes.values()])
+    counts = row_counts_from(instance, asset_key, table, [outcome.partition for outcome in outcomes.values()],
+                             latest)
+    shared = {**run_metadata(result), **table_metadata(table, result.table), **row_counts_metadata(counts)}
     materializations = []
     for partition_key in partition_keys:
         outcome = outcomes.get(partition_key)
@@ -275,7 +281,8 @@ def partial_commit_materializations(asset_key: dg.AssetKey, result: IngestResult
     except Exception as exc:  # noqa: BLE001 - the run's failure is what the step reports; this must not replace it
         log.warning("table %s: could not load it or count its rows for the metadata of the partitions committed in "
                     "snapshot %s: %s", result.table, result.snapshot_id, exc)
-    shared = {**run_metadata(result), **(table_metadata(table, result.table) if table is not None else {})}
+    shared = {**run_metadata(result), **(table_metadata(table, result.table) if table is not None else {}),
+              **row_counts_metadata(counts)}
     for outcome in landed:
         count = counts.get(outcome.partition)
         own = landed_partition_metadata(outcome, count) if count is not None else partition_metadata(outcome)

@@ -148,10 +148,14 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
         checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog,
                               {run.mapping.table: run.table for _, _, run in prepared},
                               {run.mapping.topic for _, _, run in prepared}, context.instance)
+        # The tables' latest materializations (their previous row counts) in one event-log read, not two each.
+        latest = context.instance.get_latest_materialization_events(
+            [table_asset_key(run.mapping.table) for _, _, run in prepared])
         with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="checks") as pool:
             # Each table's events are recorded as soon as its checks are done, while the others' still run: the
             # event-log writes (one per event; on sqlite the slowest part of a batch) overlap the checks.
-            checking = {pool.submit(_outcome, _table_events, mapping, entry, run, outcome, checks): mapping
+            checking = {pool.submit(_outcome, _table_events, mapping, entry, run, outcome, checks,
+                                    latest.get(table_asset_key(mapping.table))): mapping
                         for (mapping, entry, run), outcome in zip(prepared, outcomes, strict=True)}
             for future in as_completed(checking):
                 mapping, table_events = checking[future], future.result()
@@ -231,17 +235,17 @@ class _NotLanded(Exception):  # noqa: N818 - a table's outcome, not raised out o
 
 
 def _table_events(mapping: MappingConfig, entry: TableToLand, run: PreparedIngest,
-                  outcome: IngestResult | Exception,
-                  checks: "_BatchChecks") -> list[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+                  outcome: IngestResult | Exception, checks: "_BatchChecks", latest: dg.EventLogEntry | None,
+                  ) -> list[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
     """One table of the batch after its commit (on a worker thread): its materializations and its check results;
-    `_NotLanded` when it did not land."""
+    `_NotLanded` when it did not land. `latest`: the table asset's latest materialization before the run."""
     if isinstance(outcome, Exception):
         raise _NotLanded(outcome)
     asset_key = table_asset_key(mapping.table)
     result = run.result
     table = checks.landed_table(result)
     partition_keys = [kafka_partition_key(p) for p in sorted(entry.partitions)]
-    materializations = landed_materializations(asset_key, partition_keys, result, table, checks.instance)
+    materializations = landed_materializations(asset_key, partition_keys, result, table, checks.instance, latest)
     log.info("table %s: run %s committed %d records of topic %s in snapshot %s", result.table, result.run_id,
              result.records, result.topic, result.snapshot_id)
     metadata = materializations[0].metadata if materializations else None

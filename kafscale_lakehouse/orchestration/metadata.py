@@ -38,6 +38,10 @@ TOPIC_KEY = "kafscale/topic"
 PARTITION_ROW_COUNT_KEY = "dagster/partition_row_count"
 # The table snapshot `dagster/partition_row_count` counts: the next count starts from it.
 ROW_COUNT_SNAPSHOT_KEY = "partition_row_count_snapshot_id"
+# `{"snapshot_id": S, "rows": {"<partition>": rows}}`: the rows of every Kafka partition the table held at snapshot S,
+# on each partition's materialization, so the next count starts from the asset's latest materialization alone (one
+# event-log read for all the tables of a batch, `row_counts_from`).
+PARTITION_ROW_COUNTS_KEY = "kafscale/partition_row_counts"
 
 TableValue = str | int | float | bool | None  # a cell of a `dg.TableRecord`
 
@@ -171,10 +175,41 @@ def landed_partition_metadata(outcome: PartitionOutcome, count: RowCount) -> dic
 
 def partition_row_counts(instance: dg.DagsterInstance, asset_key: dg.AssetKey, table: Table,
                          partitions: Sequence[int]) -> dict[int, RowCount]:
-    """The rows `table` (a landed table, as it is now) holds of each Kafka partition: each partition's latest
-    materialization's count carried forward when that holds exactly, else counted (`count_rows_by_value`)."""
-    return count_rows_by_value(table, "partition", partitions,
-                               previous=recorded_row_counts(instance, asset_key, partitions))
+    """`row_counts_from` the asset's latest materialization, read here."""
+    return row_counts_from(instance, asset_key, table, partitions, instance.get_latest_materialization_event(asset_key))
+
+
+def row_counts_from(instance: dg.DagsterInstance, asset_key: dg.AssetKey, table: Table, partitions: Sequence[int],
+                    latest: dg.EventLogEntry | None) -> dict[int, RowCount]:
+    """The rows `table` (a landed table, as it is now) holds of each Kafka partition of `partitions` and of those
+    `latest` (the asset's latest materialization) counted: its counts carried forward when that holds exactly, else
+    counted (`count_rows_by_value`). A materialization without `PARTITION_ROW_COUNTS_KEY` (recorded before it
+    existed): each partition's latest count, read from the event log (`recorded_row_counts`)."""
+    previous = _row_counts_of(latest)
+    if previous is None:
+        previous = recorded_row_counts(instance, asset_key, partitions)
+    return count_rows_by_value(table, "partition", sorted({*partitions, *previous}), previous=previous)
+
+
+def row_counts_metadata(counts: Mapping[int, RowCount]) -> dict[str, dg.MetadataValue]:
+    """`PARTITION_ROW_COUNTS_KEY` of `counts` (`row_counts_from`'s: all at the table's current snapshot)."""
+    snapshots = {count.snapshot_id for count in counts.values()}
+    if len(snapshots) != 1:
+        return {}
+    return {PARTITION_ROW_COUNTS_KEY: dg.MetadataValue.json(
+        {"snapshot_id": snapshots.pop(), "rows": {str(p): count.rows for p, count in sorted(counts.items())}})}
+
+
+def _row_counts_of(entry: dg.EventLogEntry | None) -> dict[int, RowCount] | None:
+    materialization = entry.asset_materialization if entry is not None else None
+    value = materialization.metadata.get(PARTITION_ROW_COUNTS_KEY) if materialization is not None else None
+    if not isinstance(value, dg.JsonMetadataValue) or not isinstance(value.value, dict):
+        return None
+    snapshot_id, rows = value.value.get("snapshot_id"), value.value.get("rows")
+    if not isinstance(rows, dict) or not (snapshot_id is None or isinstance(snapshot_id, int)) \
+            or not all(isinstance(n, int) and str(p).isdigit() for p, n in rows.items()):
+        return None  # not ours to trust: count as if there were none
+    return {int(p): RowCount(n, snapshot_id) for p, n in rows.items()}
 
 
 def recorded_row_counts(instance: dg.DagsterInstance, asset_key: dg.AssetKey,

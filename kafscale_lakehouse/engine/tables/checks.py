@@ -23,7 +23,7 @@ from pyiceberg.expressions import (
     Or,
 )
 from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator
-from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
@@ -119,8 +119,10 @@ def _read_files(table: Table, files: Sequence[DataFile], row_filter: BooleanExpr
     go through): a run's new files never hold rows beyond the offsets it committed, so that check reads none."""
     might_match = _InclusiveMetricsEvaluator(table.schema(), row_filter).eval
     schema = table.schema().select(*columns)
-    scan = ArrowScan(table.metadata, table.io, schema, row_filter)
-    return scan.to_table([FileScanTask(f) for f in files if might_match(f)])
+    tasks = [FileScanTask(f) for f in files if might_match(f)]
+    if not tasks:  # an ArrowScan costs ~1 ms to set up (pyiceberg reads its configuration files again)
+        return schema_to_pyarrow(schema, include_field_ids=False).empty_table()
+    return ArrowScan(table.metadata, table.io, schema, row_filter).to_table(tasks)
 
 
 # ------------------------------------------------------------------------------------------ duplicates

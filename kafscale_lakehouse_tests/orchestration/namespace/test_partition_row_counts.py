@@ -8,11 +8,16 @@ from __future__ import annotations
 from collections import Counter
 
 import dagster as dg
+from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from pyiceberg.expressions import And, EqualTo, LessThan
 from pyiceberg.manifest import ManifestFile
 
 from kafscale_lakehouse.engine.maintenance import compact
-from kafscale_lakehouse.orchestration.metadata import PARTITION_ROW_COUNT_KEY, ROW_COUNT_SNAPSHOT_KEY
+from kafscale_lakehouse.orchestration.metadata import (
+    PARTITION_ROW_COUNT_KEY,
+    PARTITION_ROW_COUNTS_KEY,
+    ROW_COUNT_SNAPSHOT_KEY,
+)
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 
 PARTITIONS = (0, 1)
@@ -44,6 +49,15 @@ def test_partition_row_counts_read_what_each_run_added_and_stay_exact_after_a_de
         return fetch(self, io, discard_deleted=discard_deleted)
 
     monkeypatch.setattr(ManifestFile, "fetch_manifest_entry", counted)
+    partition_reads: list[dg.AssetKey] = []  # event-log reads of each partition's latest materialization
+    latest_by_partition = SqlEventLogStorage.get_latest_storage_id_by_partition
+
+    def counted_partition_read(self, asset_key, *args, **kwargs):
+        partition_reads.append(asset_key)
+        return latest_by_partition(self, asset_key, *args, **kwargs)
+
+    monkeypatch.setattr(SqlEventLogStorage, "get_latest_storage_id_by_partition", counted_partition_read)
+    partition_reads_per_run: list[int] = []
     cursor: str | None = None
     written = 0
 
@@ -57,7 +71,9 @@ def test_partition_row_counts_read_what_each_run_added_and_stay_exact_after_a_de
         cursor = tick.cursor
         [request] = tick.run_requests
         manifests_read.clear()
+        partition_reads.clear()
         assert world.land(request).success
+        partition_reads_per_run.append(len(partition_reads))
         return sum(manifests_read.values())
 
     def assert_counts_exact() -> None:
@@ -66,9 +82,15 @@ def test_partition_row_counts_read_what_each_run_added_and_stay_exact_after_a_de
                   .num_rows for p in PARTITIONS}
         assert recorded_counts(world.instance, orders.table_name) == {
             p: (actual[p], table.current_snapshot().snapshot_id) for p in PARTITIONS}
+        latest = world.instance.get_latest_materialization_event(table_asset_key(orders.table_name))
+        assert latest.asset_materialization.metadata[PARTITION_ROW_COUNTS_KEY].value == {
+            "snapshot_id": table.current_snapshot().snapshot_id, "rows": {str(p): actual[p] for p in PARTITIONS}}
 
     reads = [land_a_run() for _ in range(5)]
     assert_counts_exact()
+    # The previous counts come from the asset's latest materialization (every partition's count, read with the
+    # batch's other tables'), not from each partition's latest: only the first run, with none, looks for those.
+    assert partition_reads_per_run == [1, 0, 0, 0, 0], partition_reads_per_run
     assert recorded_counts(world.instance, orders.table_name)[0][0] == 5 * RECORDS
     # Flat as the history grows (a manifest per run): none; the run's commit knows the data files its snapshot added
     # (`row_counts.remember_files_added`), so neither its count nor its two integrity checks read its manifest (they
@@ -88,6 +110,7 @@ def test_partition_row_counts_read_what_each_run_added_and_stay_exact_after_a_de
     # And carried over the appends again after it.
     assert land_a_run() == reads[4]
     assert_counts_exact()
+    assert partition_reads_per_run[5:] == [0, 0, 0], partition_reads_per_run
     assert recorded_counts(world.instance, orders.table_name) == {
         0: (8 * RECORDS - 10, orders.table().current_snapshot().snapshot_id),
         1: (8 * RECORDS, orders.table().current_snapshot().snapshot_id)}
