@@ -5,6 +5,7 @@ from kafscale_lakehouse.storage.discovery import (
     Discovery,
     DiscoveryMode,
     discover_partitions,
+    list_partitions_of,
     parse_metadata_snapshot,
 )
 from kafscale_lakehouse.storage.errors import (
@@ -75,6 +76,7 @@ __all__ = [
     "discover_partitions",
     "find_gaps",
     "find_stalled_segment",
+    "list_partitions_of",
     "namespace_prefix",
     "parse_metadata_snapshot",
     "parse_segment_key",

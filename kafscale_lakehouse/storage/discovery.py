@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -86,8 +87,21 @@ def discover_partitions(mode: DiscoveryMode, store: SegmentStore, etcd: EtcdClie
 
 def _from_store(store: SegmentStore, wanted: set[str] | None) -> dict[str, list[int]]:
     names = store.list_topics() if wanted is None else sorted(wanted)
-    found = {topic: store.list_partitions(topic) for topic in names}
-    return {topic: partitions for topic, partitions in found.items() if partitions}
+    return {topic: partitions for topic, partitions in list_partitions_of(store, names).items() if partitions}
+
+
+# Listing is a round trip per topic: at hundreds of topics, one after another took seconds (a batch's checks wait
+# for it).
+PARTITION_LISTING_THREADS = 16
+
+
+def list_partitions_of(store: SegmentStore, topics: Sequence[str],
+                       threads: int = PARTITION_LISTING_THREADS) -> dict[str, list[int]]:
+    """Each topic's partition "directories" in the store (one list request per topic, on `threads` threads)."""
+    if len(topics) <= 1 or threads <= 1:
+        return {topic: store.list_partitions(topic) for topic in topics}
+    with ThreadPoolExecutor(max_workers=min(threads, len(topics)), thread_name_prefix="partition-listing") as pool:
+        return dict(zip(topics, pool.map(store.list_partitions, topics), strict=True))
 
 
 def parse_metadata_snapshot(raw: bytes, where: str = METADATA_SNAPSHOT_KEY) -> dict[str, list[int]]:

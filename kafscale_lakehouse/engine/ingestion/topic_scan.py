@@ -57,6 +57,7 @@ from kafscale_lakehouse.storage import (
     SegmentStore,
     discover_partitions,
     find_stalled_segment,
+    list_partitions_of,
     segment_key,
     segments_from,
 )
@@ -399,9 +400,7 @@ class NamespaceWatchMemory:
             due = [topic for topic in topics
                    if not self._partitions.get(topic) or now >= self._partitions_due.get(topic, now)]
         if due:
-            with ThreadPoolExecutor(max_workers=min(NAMESPACE_SCAN_THREADS, len(due)),
-                                    thread_name_prefix="partition-discovery") as pool:
-                found = dict(zip(due, pool.map(store.list_partitions, due), strict=True))
+            found = list_partitions_of(store, due, NAMESPACE_SCAN_THREADS)
             with self._lock:
                 for topic, partitions in found.items():
                     self._partitions[topic] = partitions
