@@ -27,7 +27,7 @@ per-partition leases keep a manual run of the same table from committing beside 
 # No `from __future__ import annotations`: Dagster reads the context and config parameter annotations at runtime.
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, TypeVar
 
@@ -148,9 +148,7 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
         checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog,
                               {run.mapping.table: run.table for _, _, run in prepared},
                               {run.mapping.topic for _, _, run in prepared}, context.instance)
-        # The tables' latest materializations (their previous row counts) in one event-log read, not two each.
-        latest = context.instance.get_latest_materialization_events(
-            [table_asset_key(run.mapping.table) for _, _, run in prepared])
+        latest = _latest_materializations(context, [table_asset_key(run.mapping.table) for _, _, run in prepared])
         with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="checks") as pool:
             # Each table's events are recorded as soon as its checks are done, while the others' still run: the
             # event-log writes (one per event; on sqlite the slowest part of a batch) overlap the checks.
@@ -189,6 +187,19 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
 
 
 _T = TypeVar("_T")
+
+
+def _latest_materializations(context: dg.OpExecutionContext, asset_keys: Sequence[dg.AssetKey]
+                             ) -> Mapping[dg.AssetKey, dg.EventLogEntry | None]:
+    """The tables' latest materializations (their previous row counts) in one event-log read, not two to four each.
+    When that read fails, none: each table then reads its partitions' latest counts on its own thread, where a
+    failure is that table's (its commit landed; the others go on)."""
+    try:
+        return context.instance.get_latest_materialization_events(asset_keys)
+    except Exception as exc:  # noqa: BLE001 - each table's own reads report it, if they fail too
+        context.log.warning("could not read the latest materializations of %d tables at once (%s); each table reads "
+                            "its own", len(asset_keys), exc)
+        return {}
 
 
 def _outcome(function: Callable[..., _T], *args: Any) -> _T | Exception:
