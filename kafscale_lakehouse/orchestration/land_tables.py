@@ -42,6 +42,7 @@ from kafscale_lakehouse.engine.ingestion import (
     IngestResult,
     PreparedIngest,
     TableOffsetsReader,
+    TopicOffsets,
     TopicScan,
     WatchSources,
     commit_ingests,
@@ -269,8 +270,8 @@ def _table_events(mapping: MappingConfig, entry: TableToLand, run: PreparedInges
 
 class _BatchChecks:
     """The checks of the tables a batch landed: the resources they read, the tables as their commits left them
-    (read again only when the commit did not leave them current), and the partitions of the batch's topics,
-    discovered once for all. The freshness checks list no segment of a partition with a broker watermark (its lag is
+    (read again only when the commit did not leave them current), and the partitions, offsets and broker watermarks
+    of the batch's topics, read once for all. The freshness checks list no segment of a partition with a broker watermark (its lag is
     measured against it, `scan_topic(lag_only=True)`); they used to share a listing of the whole namespace, whose
     cost grew with every segment the namespace keeps. Safe on several threads."""
 
@@ -284,6 +285,7 @@ class _BatchChecks:
         self._topics = sorted(topics)
         self._sources: WatchSources | None = None
         self._partitions: dict[str, list[int]] = {}
+        self._offsets: dict[str, TopicOffsets] = {}
         self._lock = threading.Lock()
 
     def landed_table(self, result: IngestResult) -> Table:
@@ -309,10 +311,16 @@ class _BatchChecks:
                     orphan_grace_seconds=self.lakehouse.processor.orphan_segment_grace_seconds)
                 self._partitions = discover_partitions(sources.discovery_mode, sources.store, sources.etcd,
                                                        topics=self._topics).partitions
+                # Every topic's offsets and watermarks in two etcd reads (after all the batch's commits), as the
+                # namespace watch reads them, not two per table.
+                committed = sources.offsets.committed_offsets_by_topic(self._topics)
+                watermarks = sources.offsets.broker_watermarks_by_topic(self._topics)
+                self._offsets = {topic: TopicOffsets(committed[topic], watermarks[topic]) for topic in self._topics}
                 self._sources = sources
             sources = self._sources
         scan = scan_topic(sources, mapping.topic, table=mapping.table,
-                          partitions=self._partitions.get(mapping.topic, []), lag_only=True)
+                          partitions=self._partitions.get(mapping.topic, []), offsets=self._offsets.get(mapping.topic),
+                          lag_only=True)
         scope = integrity_scope(self.instance, table_asset_key(mapping.table))
         return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan, scope))
 

@@ -22,6 +22,7 @@ from kafscale_lakehouse.engine.ingestion.spark_job import _BatchTasks, ingestion
 from kafscale_lakehouse.engine.tables import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
+from kafscale_lakehouse.offsets.store import OffsetStore
 from kafscale_lakehouse.orchestration import land_tables
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 from kafscale_lakehouse.storage import S3SegmentStore, topic_prefix
@@ -234,7 +235,9 @@ def test_a_batchs_freshness_checks_list_no_segments_of_partitions_with_a_broker_
                                                                                         monkeypatch):
     """The freshness check measures lag against the broker watermark where the broker publishes one, so a batch's
     checks list none of those partitions' segments (they used to list the whole namespace once per batch, a cost
-    that grew with every segment the namespace keeps); with S3 discovery they list each topic's partitions once."""
+    that grew with every segment the namespace keeps); with S3 discovery they list each topic's partitions once.
+    The offsets and watermarks of all the batch's topics are read once, not per table (two etcd reads per table
+    before)."""
     world = namespace_world
     topics = list(world.topics.values())
     sources, request = second_batch(world, watermarks=True)
@@ -246,15 +249,30 @@ def test_a_batchs_freshness_checks_list_no_segments_of_partitions_with_a_broker_
     list_page = S3SegmentStore._list_page
 
     def recorded(self, prefix, *, start_after, delimiter, token):
-        if threading.current_thread().name.startswith("checks"):
+        if threading.current_thread().name.startswith(("checks", "partition-listing")):
             check_listings.append((prefix, delimiter))
         return list_page(self, prefix, start_after=start_after, delimiter=delimiter, token=token)
 
+    check_offset_reads: Counter[str] = Counter()  # the offsets store's reads on the checks' threads
+
+    def counting(name: str):
+        read = getattr(OffsetStore, name)
+
+        def counted(self, *args, **kwargs):
+            if threading.current_thread().name.startswith("checks"):
+                check_offset_reads[name] += 1
+            return read(self, *args, **kwargs)
+        return counted
+
+    for name in ("committed_offsets", "broker_watermarks", "committed_offsets_by_topic", "broker_watermarks_by_topic"):
+        monkeypatch.setattr(OffsetStore, name, counting(name))
     monkeypatch.setattr(S3SegmentStore, "_list_page", recorded)
     result = world.land(request)
     monkeypatch.undo()
 
     assert result.success
+    assert check_offset_reads == {"committed_offsets_by_topic": 1, "broker_watermarks_by_topic": 1}, \
+        check_offset_reads
     namespace = topics[0].name
     assert sorted(check_listings) == sorted((topic_prefix(namespace, t.topic), "/") for t in topics)
     for topic in topics:
