@@ -271,9 +271,9 @@ def _table_events(mapping: MappingConfig, entry: TableToLand, run: PreparedInges
 class _BatchChecks:
     """The checks of the tables a batch landed: the resources they read, the tables as their commits left them
     (read again only when the commit did not leave them current), and the partitions, offsets and broker watermarks
-    of the batch's topics, read once for all. The freshness checks list no segment of a partition with a broker watermark (its lag is
-    measured against it, `scan_topic(lag_only=True)`); they used to share a listing of the whole namespace, whose
-    cost grew with every segment the namespace keeps. Safe on several threads."""
+    of the batch's topics, read once for all. The freshness checks list no segment of a partition with a broker
+    watermark (its lag is measured against it, `scan_topic(lag_only=True)`); they used to share a listing of the
+    whole namespace, whose cost grew with every segment the namespace keeps. Safe on several threads."""
 
     def __init__(self, lakehouse: LakehouseConfig, segment_store: SegmentStoreResource,
                  offset_store: OffsetStoreResource, catalog: IcebergCatalogResource,

@@ -38,9 +38,10 @@ TOPIC_KEY = "kafscale/topic"
 PARTITION_ROW_COUNT_KEY = "dagster/partition_row_count"
 # The table snapshot `dagster/partition_row_count` counts: the next count starts from it.
 ROW_COUNT_SNAPSHOT_KEY = "partition_row_count_snapshot_id"
-# `{"snapshot_id": S, "rows": {"<partition>": rows}}`: the rows of every Kafka partition the table held at snapshot S,
-# on each partition's materialization, so the next count starts from the asset's latest materialization alone (one
-# event-log read for all the tables of a batch, `row_counts_from`).
+# `{"snapshot_id": "S", "rows": {"<partition>": rows}}`: the rows of every Kafka partition the table held at snapshot
+# S, on each partition's materialization, so the next count starts from the asset's latest materialization alone (one
+# event-log read for all the tables of a batch, `row_counts_from`). The snapshot id is a string: the UI shows JSON
+# numbers as JavaScript doubles, and a snapshot id (64 bits) would show rounded.
 PARTITION_ROW_COUNTS_KEY = "kafscale/partition_row_counts"
 
 TableValue = str | int | float | bool | None  # a cell of a `dg.TableRecord`
@@ -196,8 +197,10 @@ def row_counts_metadata(counts: Mapping[int, RowCount]) -> dict[str, dg.Metadata
     snapshots = {count.snapshot_id for count in counts.values()}
     if len(snapshots) != 1:
         return {}
+    snapshot_id = snapshots.pop()
     return {PARTITION_ROW_COUNTS_KEY: dg.MetadataValue.json(
-        {"snapshot_id": snapshots.pop(), "rows": {str(p): count.rows for p, count in sorted(counts.items())}})}
+        {"snapshot_id": None if snapshot_id is None else str(snapshot_id),
+         "rows": {str(p): count.rows for p, count in sorted(counts.items())}})}
 
 
 def _row_counts_of(entry: dg.EventLogEntry | None) -> dict[int, RowCount] | None:
@@ -206,10 +209,11 @@ def _row_counts_of(entry: dg.EventLogEntry | None) -> dict[int, RowCount] | None
     if not isinstance(value, dg.JsonMetadataValue) or not isinstance(value.value, dict):
         return None
     snapshot_id, rows = value.value.get("snapshot_id"), value.value.get("rows")
-    if not isinstance(rows, dict) or not (snapshot_id is None or isinstance(snapshot_id, int)) \
+    if not isinstance(rows, dict) or not (snapshot_id is None or (isinstance(snapshot_id, str)
+                                                                   and snapshot_id.lstrip("-").isdigit())) \
             or not all(isinstance(n, int) and str(p).isdigit() for p, n in rows.items()):
         return None  # not ours to trust: count as if there were none
-    return {int(p): RowCount(n, snapshot_id) for p, n in rows.items()}
+    return {int(p): RowCount(n, None if snapshot_id is None else int(snapshot_id)) for p, n in rows.items()}
 
 
 def recorded_row_counts(instance: dg.DagsterInstance, asset_key: dg.AssetKey,

@@ -84,7 +84,7 @@ def test_partition_row_counts_read_what_each_run_added_and_stay_exact_after_a_de
             p: (actual[p], table.current_snapshot().snapshot_id) for p in PARTITIONS}
         latest = world.instance.get_latest_materialization_event(table_asset_key(orders.table_name))
         assert latest.asset_materialization.metadata[PARTITION_ROW_COUNTS_KEY].value == {
-            "snapshot_id": table.current_snapshot().snapshot_id, "rows": {str(p): actual[p] for p in PARTITIONS}}
+            "snapshot_id": str(table.current_snapshot().snapshot_id), "rows": {str(p): actual[p] for p in PARTITIONS}}
 
     reads = [land_a_run() for _ in range(5)]
     assert_counts_exact()
