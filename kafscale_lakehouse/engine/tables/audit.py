@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
-from pyiceberg.table.refs import MAIN_BRANCH
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors
@@ -32,7 +31,13 @@ from kafscale_lakehouse.engine.tables.checks import (
     find_duplicate_ids,
     find_duplicate_record_ids,
 )
-from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY, read_topic_offsets, summary_properties
+from kafscale_lakehouse.engine.tables.summary import (  # branch_head, ref_view: imported from here too
+    RUN_ID_PROPERTY,
+    branch_head,
+    read_topic_offsets,
+    ref_view,
+    summary_properties,
+)
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 
 log = logging.getLogger(__name__)
@@ -96,24 +101,6 @@ class PendingAudit:
     main_snapshot_id: int | None
     based_on_main: bool  # main's head is the snapshot's parent: the fast-forward moves main by this snapshot alone
     run_id: str | None
-
-
-def branch_head(table: Table, branch: str) -> int | None:
-    ref = table.metadata.refs.get(branch)
-    return ref.snapshot_id if ref is not None else None
-
-
-def ref_view(table: Table, branch: str) -> Table:
-    """`table` as of `branch`: a `Table` whose current snapshot (and `main`) is the branch's head, for reading
-    (offsets, ancestry, scans, checks) with the functions that read a table's current state. A commit through it
-    would require `main` to be the branch's head, which the catalog refuses while the two differ."""
-    head = branch_head(table, branch)
-    if branch == MAIN_BRANCH or head is None or head == table.metadata.current_snapshot_id:
-        return table
-    refs = {**table.metadata.refs, MAIN_BRANCH: table.metadata.refs[branch]}
-    metadata = table.metadata.model_copy(update={"current_snapshot_id": head, "refs": refs})
-    return Table(identifier=table.name(), metadata=metadata, metadata_location=table.metadata_location,
-                 io=table.io, catalog=table.catalog)
 
 
 def _in_main(table: Table, snapshot_id: int) -> bool:

@@ -22,11 +22,11 @@ from pyiceberg.expressions import (
     NotIn,
     Or,
 )
-from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator
 from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
+from kafscale_lakehouse.engine.tables.commits import rows_might_match
 from kafscale_lakehouse.engine.tables.row_counts import files_added_by
 from kafscale_lakehouse.engine.tables.summary import (
     OFFSETS_PROPERTY_PREFIX,
@@ -117,7 +117,7 @@ def _read_files(table: Table, files: Sequence[DataFile], row_filter: BooleanExpr
     """The rows of `files` (no delete files: `new_data_files` gives None when there are) that match `row_filter`.
     A file whose column statistics rule the filter out is not read (pyiceberg's planning rule, which `files` did not
     go through): a run's new files never hold rows beyond the offsets it committed, so that check reads none."""
-    might_match = _InclusiveMetricsEvaluator(table.schema(), row_filter).eval
+    might_match = rows_might_match(table.schema(), row_filter)
     schema = table.schema().select(*columns)
     tasks = [FileScanTask(f) for f in files if might_match(f)]
     if not tasks:  # an ArrowScan costs ~1 ms to set up (pyiceberg reads its configuration files again)

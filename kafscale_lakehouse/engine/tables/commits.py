@@ -21,7 +21,7 @@ import pyiceberg.io.pyarrow as _pyiceberg_pyarrow
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import BooleanExpression
-from pyiceberg.expressions.visitors import _StrictMetricsEvaluator
+from pyiceberg.expressions.visitors import _InclusiveMetricsEvaluator, _StrictMetricsEvaluator
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     ArrowProjectionVisitor,
@@ -40,8 +40,7 @@ from pyiceberg.types import ListType
 from pyiceberg.utils.datetime import datetime_to_millis
 
 from kafscale_lakehouse.engine.errors import EngineError
-from kafscale_lakehouse.engine.tables.audit import ref_view
-from kafscale_lakehouse.engine.tables.summary import find_commit
+from kafscale_lakehouse.engine.tables.summary import find_commit, ref_view
 
 log = logging.getLogger(__name__)
 
@@ -254,3 +253,9 @@ def rows_must_match(schema: Schema, expression: BooleanExpression) -> Callable[[
     """Whether the file's column statistics prove that every row matches `expression` (pyiceberg's strict
     metrics evaluator; True only when proven)."""
     return _StrictMetricsEvaluator(schema, expression).eval
+
+
+def rows_might_match(schema: Schema, expression: BooleanExpression) -> Callable[[DataFile], bool]:
+    """Whether the file's column statistics allow a row that matches `expression` (pyiceberg's inclusive metrics
+    evaluator, the rule its scan planning prunes files by; False only when ruled out)."""
+    return _InclusiveMetricsEvaluator(schema, expression).eval

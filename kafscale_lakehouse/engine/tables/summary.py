@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import ADDED_RECORDS, Snapshot, ancestors_of
 
 log = logging.getLogger(__name__)
@@ -352,3 +353,21 @@ def find_commit(table: Table, commit_id: str, *, since: int | None = None) -> Ka
         if summary_properties(snapshot).get(COMMIT_ID_PROPERTY) == commit_id:
             return parse_commit(snapshot, table_name=table_name)
     return None
+
+
+def branch_head(table: Table, branch: str) -> int | None:
+    ref = table.metadata.refs.get(branch)
+    return ref.snapshot_id if ref is not None else None
+
+
+def ref_view(table: Table, branch: str) -> Table:
+    """`table` as of `branch`: a `Table` whose current snapshot (and `main`) is the branch's head, for reading
+    (offsets, ancestry, scans, checks) with the functions that read a table's current state. A commit through it
+    would require `main` to be the branch's head, which the catalog refuses while the two differ."""
+    head = branch_head(table, branch)
+    if branch == MAIN_BRANCH or head is None or head == table.metadata.current_snapshot_id:
+        return table
+    refs = {**table.metadata.refs, MAIN_BRANCH: table.metadata.refs[branch]}
+    metadata = table.metadata.model_copy(update={"current_snapshot_id": head, "refs": refs})
+    return Table(identifier=table.name(), metadata=metadata, metadata_location=table.metadata_location,
+                 io=table.io, catalog=table.catalog)
