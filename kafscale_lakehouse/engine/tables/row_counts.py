@@ -76,21 +76,21 @@ def files_added_by(table: Table, snapshot: Snapshot) -> tuple[DataFile, ...] | N
             _added_files.move_to_end(key)
             return _added_files[key]
     files = _read_files_added_by(table, snapshot)
-    if files is None or len(files) <= _ADDED_FILES_CACHED_MAX_FILES:
-        with _added_files_lock:
-            _added_files[key] = files
-            while len(_added_files) > _ADDED_FILES_CACHED_SNAPSHOTS:
-                _added_files.popitem(last=False)
+    _cache_added_files(key, files)
     return files
 
 
 def remember_files_added(table: Table, snapshot_id: int, data_files: Sequence[DataFile]) -> None:
     """Record that our commit `snapshot_id` (a fast append, nothing else) added exactly `data_files`, as its manifests
     say: the run's row counts and checks that follow need not read back what it just wrote."""
-    if len(data_files) > _ADDED_FILES_CACHED_MAX_FILES:
+    _cache_added_files((str(table.metadata.table_uuid), snapshot_id), tuple(data_files))
+
+
+def _cache_added_files(key: tuple[str, int], files: tuple[DataFile, ...] | None) -> None:
+    if files is not None and len(files) > _ADDED_FILES_CACHED_MAX_FILES:
         return
     with _added_files_lock:
-        _added_files[(str(table.metadata.table_uuid), snapshot_id)] = tuple(data_files)
+        _added_files[key] = files
         while len(_added_files) > _ADDED_FILES_CACHED_SNAPSHOTS:
             _added_files.popitem(last=False)
 
