@@ -27,8 +27,7 @@ install-test: $(BIN)/python
 SPARK_ENGINE_PORT ?= 15002
 DAGSTER_PORT ?= 3000
 demo: install
-	mkdir -p $(DAGSTER_HOME)
-	cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
+	$(BIN)/kafscale-lakehouse dagster-home $(DAGSTER_HOME)  # dagster.yaml with the kept-connection sqlite storage
 	$(BIN)/kafscale-lakehouse demo-producer --lfs --avro --cdc --rounds 1  # segments before the first sensor tick
 	DAGSTER_HOME=$(DAGSTER_HOME) scripts/run-demo.sh $(BIN) $(SPARK_ENGINE_PORT) $(DAGSTER_PORT)
 

@@ -48,6 +48,7 @@ from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
 from kafscale_lakehouse.orchestration.component import build_definitions
 from kafscale_lakehouse.orchestration.land_tables import LAND_TABLES_JOB
 from kafscale_lakehouse.orchestration.namespace_sensor import NAMESPACE_SENSOR_NAME
+from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
 from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +124,7 @@ def main() -> None:
         producer = FanoutProducer(config, [topic_name(t) for t in range(args.tables)], 2, RECORDS_PER_SEGMENT)
         dagster_home = workdir / "dagster_home"
         dagster_home.mkdir()
-        shutil.copy(REPO_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+        write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
         os.environ["DAGSTER_HOME"] = str(dagster_home)
         os.environ[AUTO_ENGINE_VARIABLE] = "0"
         (engine_port,) = free_ports(1)

@@ -83,6 +83,7 @@ from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.format import EncodedSegment, encode_segment
 from kafscale_lakehouse.offsets.records import decode_offset
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
+from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
 from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
     REGION,
@@ -799,7 +800,7 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
         config_path.write_text(json.dumps(document))  # JSON is YAML
         dagster_home = workdir / "dagster_home"
         dagster_home.mkdir()
-        shutil.copy(REPO_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+        write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
         # Bytecode caches as an installed package has them (PYTHONDONTWRITEBYTECODE, set in some shells, would have
         # every run worker compile this project's modules again: ~0.6 CPU-s a run).
         env = with_bytecode_cache({**os.environ, "DAGSTER_HOME": str(dagster_home),

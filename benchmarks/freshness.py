@@ -61,6 +61,7 @@ from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
+from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
 from kafscale_lakehouse.testing.servers import free_ports
 
 log = logging.getLogger("benchmarks.freshness")
@@ -382,7 +383,7 @@ def benchmark(args: argparse.Namespace, workdir: Path) -> None:
     shutil.copy(REPO_ROOT / "lakehouse.yaml", workdir / "lakehouse.yaml")  # relative paths resolve in workdir
     dagster_home = workdir / "dagster_home"
     dagster_home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
     config = load_config(workdir / "lakehouse.yaml")
     mapping = config.mappings[0]
     job = ingest_job_name(mapping.table)

@@ -628,6 +628,14 @@ def _build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT to listen on (default: $KAFSCALE_SPARK_ENGINE_ADDR, then 127.0.0.1:15002; 0.0.0.0:15002 in a "
         "pod)",
     )
+    dagster_home = commands.add_parser(
+        "dagster-home",
+        help="make DIR a Dagster instance directory (DAGSTER_HOME) for local use: its dagster.yaml is the template "
+        "with Dagster's sqlite storage keeping its connections open (an existing dagster.yaml stays as it is)",
+    )
+    dagster_home.add_argument("directory", help="the DAGSTER_HOME directory (created if missing)")
+    dagster_home.add_argument("--template", default="dagster.yaml",
+                              help="the instance settings to start from (default: ./dagster.yaml, the repository's)")
     return parser
 
 
@@ -707,6 +715,11 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve_metrics_command(args.config, address=args.address)
         if args.command == "spark-engine":
             return run_spark_engine_command(args.config, address=args.address)
+        if args.command == "dagster-home":
+            from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
+
+            print(write_dagster_home(Path(args.directory), Path(args.template)))
+            return 0
     except _reported_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -9,6 +9,11 @@ stays open (3-4 ms per event): the same files, schema, migrations and config (`b
 moves between the two freely. Sqlite's write-ahead log (Dagster creates every file in WAL mode) lets the daemon, the
 webserver, the code server and the runs read and write the same files beside each other's open connections, as
 before. A deployment of hundreds of topics in production uses Postgres (README).
+
+It needs DAGSTER_HOME (or `base_dir`), which `dagster dev` and `dg` run in the repository's folder without one do not
+have (they make a temporary instance from the folder's dagster.yaml): so the repository's dagster.yaml keeps Dagster's
+default storage, and `write_dagster_home` (`kafscale-lakehouse dagster-home`, `make demo`) adds this one to the
+dagster.yaml of a DAGSTER_HOME.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import yaml
 from dagster._config import Field, StringSource
 from dagster._config.config_schema import UserConfigSchema
 from dagster._core.errors import DagsterInvalidConfigError
@@ -37,6 +44,15 @@ from dagster._serdes import ConfigurableClassData
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, StaticPool
+
+STORAGE_SECTION = f"""
+# Dagster's sqlite files under $DAGSTER_HOME with their connections kept open: ~2.4x less CPU per event written
+# ({__name__}; added by `kafscale-lakehouse dagster-home`). Production: Postgres.
+storage:
+  custom:
+    module: {__name__}
+    class: KeptConnectionsSqliteStorage
+"""
 
 # Run shards' engines a process keeps (the event log has one file per run): a run writes its own and the index; the
 # webserver and the daemon read a few at a time. The least recently used one is dropped beyond this.
@@ -218,3 +234,19 @@ class KeptConnectionsSqliteStorage(DagsterSqliteStorage):
                 "set: set DAGSTER_HOME to the instance's directory (`make demo` does), or remove the `storage` section "
                 "to let `dagster dev` use a temporary instance", [], None)
         return cls.from_local(inst_data=inst_data, base_dir=base_dir)
+
+
+def write_dagster_home(dagster_home: Path, template: Path) -> Path:
+    """Make `dagster_home` a Dagster instance directory: its dagster.yaml is `template` (the repository's) with the
+    kept-connection storage, unless `template` sets a storage of its own. An existing dagster.yaml is the operator's
+    and stays as it is. Returns its path."""
+    config_path = dagster_home / "dagster.yaml"
+    if config_path.exists():
+        return config_path
+    text = template.read_text(encoding="utf-8")
+    own = yaml.safe_load(text) or {}
+    if not any(key in own for key in ("storage", "run_storage", "event_log_storage", "schedule_storage")):
+        text = text.rstrip("\n") + "\n" + STORAGE_SECTION
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(text, encoding="utf-8")
+    return config_path

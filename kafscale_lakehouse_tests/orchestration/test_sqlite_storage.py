@@ -1,4 +1,5 @@
-"""The repository's dagster.yaml storage (`KeptConnectionsSqliteStorage`): Dagster's sqlite files, fewer connections.
+"""The storage `make demo` puts in its DAGSTER_HOME (`KeptConnectionsSqliteStorage`): Dagster's sqlite files, fewer
+connections.
 
 Real sqlite files and real processes: what the daemon, the webserver and the runs of `make demo` share."""
 
@@ -6,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -18,16 +18,19 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.events.log import EventLogEntry
 from dagster._core.instance.ref import InstanceRef
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
+from kafscale_lakehouse.apps.cli import main
 from kafscale_lakehouse.orchestration.sqlite_storage import (
     KeptConnectionsEventLogStorage,
     KeptConnectionsRunStorage,
     KeptConnectionsScheduleStorage,
+    write_dagster_home,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
-    home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    assert main(["dagster-home", str(home), "--template", str(REPO_ROOT / "dagster.yaml")]) == 0  # as `make demo`
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     return home
 
@@ -57,7 +59,7 @@ def _latest_rows(instance: dg.DagsterInstance, key: str) -> int | None:
     return None if event is None else event.asset_materialization.metadata["rows"].value
 
 
-def test_the_repository_instance_keeps_dagsters_sqlite_files(instance: dg.DagsterInstance, dagster_home: Path):
+def test_the_demos_instance_keeps_dagsters_sqlite_files(instance: dg.DagsterInstance, dagster_home: Path):
     assert isinstance(instance.event_log_storage, KeptConnectionsEventLogStorage)
     assert isinstance(instance.run_storage, KeptConnectionsRunStorage)
     assert isinstance(instance.schedule_storage, KeptConnectionsScheduleStorage)
@@ -141,11 +143,31 @@ def test_wipe_leaves_no_connection_on_deleted_files(instance: dg.DagsterInstance
     assert _latest_rows(instance, "orders") == 5
 
 
+def test_the_repository_folder_keeps_dagsters_temporary_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`dagster dev` or `dg` run in the repository's folder without DAGSTER_HOME: a temporary instance configured by
+    the folder's dagster.yaml, which must not need DAGSTER_HOME."""
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path), config_dir=str(REPO_ROOT))) as instance:
+        assert type(instance.event_log_storage).__name__ == "SqliteEventLogStorage"
+        _materialize(instance, "orders", 3)
+        assert _latest_rows(instance, "orders") == 3
+
+
+def test_dagster_home_keeps_an_existing_config_and_a_templates_own_storage(tmp_path: Path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    write_dagster_home(home, REPO_ROOT / "dagster.yaml")
+    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"  # the operator's
+    template = tmp_path / "postgres.yaml"
+    template.write_text("storage:\n  postgres:\n    postgres_url: postgresql://dagster@db/dagster\n")
+    write_dagster_home(tmp_path / "other", template)
+    assert yaml.safe_load((tmp_path / "other" / "dagster.yaml").read_text()) == yaml.safe_load(template.read_text())
+
+
 def test_without_base_dir_or_dagster_home_the_error_says_what_to_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     config_dir = tmp_path / "project"
-    config_dir.mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", config_dir / "dagster.yaml")
+    write_dagster_home(config_dir, REPO_ROOT / "dagster.yaml")  # the storage section, read without DAGSTER_HOME
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    # What `dagster dev` does without DAGSTER_HOME: a temporary instance configured by the dagster.yaml of its folder.
     with pytest.raises(DagsterInvalidConfigError, match="DAGSTER_HOME"):
         dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path / "tmp_home"), config_dir=str(config_dir)))

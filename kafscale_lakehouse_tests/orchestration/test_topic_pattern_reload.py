@@ -7,13 +7,13 @@ The topics hold no segment, so no ingest run (and no Spark) is launched: only th
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import urllib.error
 
 import pytest
 import yaml
 
+from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
 from kafscale_lakehouse.orchestration.topic_patterns import WEBSERVER_URL_ENV_VAR
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.orchestration.smoke.test_dagster_dev import (
@@ -48,7 +48,7 @@ def test_a_topic_created_while_dagster_dev_runs_gets_its_asset_through_a_reload(
     }))
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
     [port] = free_ports(1)
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home),

@@ -25,6 +25,7 @@ from kafscale_lakehouse.apps.workload import PIZZA_TOPIC
 from kafscale_lakehouse.engine.tables.checks import CHECK_NAMES
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
 from kafscale_lakehouse.orchestration.sensors import PARTITION_RANGE_END_TAG, PARTITION_RANGE_START_TAG, sensor_name
+from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
 from kafscale_lakehouse.testing.servers import free_ports
 
 pytestmark = pytest.mark.integration
@@ -122,7 +123,7 @@ def demo(tmp_path):
     shutil.copy(REPO_ROOT / "lakehouse.yaml", tmp_path / "lakehouse.yaml")
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
+    write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home),
            "KAFSCALE_LAKEHOUSE_CONFIG": str(tmp_path / "lakehouse.yaml"),
            "KAFSCALE_SPARK_CONF_UI": "spark.ui.enabled=false"}
