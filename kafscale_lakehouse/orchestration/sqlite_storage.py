@@ -4,11 +4,12 @@ Dagster's sqlite run, event-log and schedule storages create a SQLAlchemy engine
 every read and write (`NullPool`), and closing the last connection of a database file checkpoints its write-ahead log:
 ~11 ms of CPU per event written (benchmarks/README.md). A `land_tables` run writes ~6 events per table it lands and
 the namespace watch an observation per topic, so at hundreds of topics that is a large part of the run's and the
-daemon's CPU. `KeptConnectionsSqliteStorage` is `storage: sqlite` with one engine per database file whose connection
-stays open (3-4 ms per event): the same files, schema, migrations and config (`base_dir`), so an instance directory
-moves between the two freely. Sqlite's write-ahead log (Dagster creates every file in WAL mode) lets the daemon, the
-webserver, the code server and the runs read and write the same files beside each other's open connections, as
-before. A deployment of hundreds of topics in production uses Postgres (README).
+daemon's CPU. `KeptConnectionsSqliteStorage` is `storage: sqlite` with one engine per database file and the
+connections of the event log's index, the runs and the schedules kept open (4-5 ms per event): the same files,
+schema, migrations and config (`base_dir`), so an instance directory moves between the two freely. Sqlite's
+write-ahead log (Dagster creates every file in WAL mode) lets the daemon, the webserver, the code server and the runs
+read and write the same files beside each other's open connections, as before. A deployment of hundreds of topics in
+production uses Postgres (README).
 
 It needs DAGSTER_HOME (or `base_dir`), which `dagster dev` and `dg` run in the repository's folder without one do not
 have (they make a temporary instance from the folder's dagster.yaml): so the repository's dagster.yaml keeps Dagster's
@@ -18,6 +19,7 @@ dagster.yaml of a DAGSTER_HOME.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -64,7 +66,9 @@ def _engine(conn_string: str, *, single_connection: bool) -> Engine:
     connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False}
     if single_connection:
         return create_engine(conn_string, poolclass=StaticPool, connect_args=connect_args)
-    return create_engine(conn_string, connect_args=connect_args)  # SQLAlchemy's QueuePool: a connection per thread
+    # SQLAlchemy's QueuePool: a connection per thread at a time, 5 kept; no bound beyond (NullPool had none): a busy
+    # webserver's threads never wait for one.
+    return create_engine(conn_string, connect_args=connect_args, pool_size=5, max_overflow=-1)
 
 
 class _ProcessEngine:
@@ -246,7 +250,10 @@ def write_dagster_home(dagster_home: Path, template: Path) -> Path:
     text = template.read_text(encoding="utf-8")
     own = yaml.safe_load(text) or {}
     if not any(key in own for key in ("storage", "run_storage", "event_log_storage", "schedule_storage")):
-        text = text.rstrip("\n") + "\n" + STORAGE_SECTION
+        # base_dir written out: a process that opens the directory without DAGSTER_HOME set
+        # (`DagsterInstance.from_config(dir)`) finds its files too.
+        text = (text.rstrip("\n") + "\n" + STORAGE_SECTION
+                + f"    config:\n      base_dir: {json.dumps(str(dagster_home.resolve()))}\n")
     dagster_home.mkdir(parents=True, exist_ok=True)
     config_path.write_text(text, encoding="utf-8")
     return config_path

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 
 from kafscale_lakehouse.apps.cli import main
 from kafscale_lakehouse.orchestration.sqlite_storage import (
+    STORAGE_SECTION,
     KeptConnectionsEventLogStorage,
     KeptConnectionsRunStorage,
     KeptConnectionsScheduleStorage,
@@ -165,9 +166,20 @@ def test_dagster_home_keeps_an_existing_config_and_a_templates_own_storage(tmp_p
     assert yaml.safe_load((tmp_path / "other" / "dagster.yaml").read_text()) == yaml.safe_load(template.read_text())
 
 
+def test_the_home_opens_without_dagster_home_set(dagster_home: Path, monkeypatch: pytest.MonkeyPatch):
+    """`DagsterInstance.from_config(dir)` (benchmarks/fanout.py reads its instance so) with DAGSTER_HOME unset."""
+    with dg.DagsterInstance.get() as instance:
+        _materialize(instance, "orders", 4)
+    monkeypatch.delenv("DAGSTER_HOME")
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        assert isinstance(instance.event_log_storage, KeptConnectionsEventLogStorage)
+        assert _latest_rows(instance, "orders") == 4
+
+
 def test_without_base_dir_or_dagster_home_the_error_says_what_to_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     config_dir = tmp_path / "project"
-    write_dagster_home(config_dir, REPO_ROOT / "dagster.yaml")  # the storage section, read without DAGSTER_HOME
+    config_dir.mkdir()
+    (config_dir / "dagster.yaml").write_text(STORAGE_SECTION)  # a hand-written section without base_dir
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     with pytest.raises(DagsterInvalidConfigError, match="DAGSTER_HOME"):
         dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path / "tmp_home"), config_dir=str(config_dir)))
