@@ -98,38 +98,35 @@ class _ProcessEngine:
             yield conn
 
 
-class KeptConnectionsRunStorage(SqliteRunStorage):
+class _KeptConnections:
+    """`connect` and `dispose` of a one-file sqlite storage (runs, schedules) through its kept engine."""
+
+    _kept: _ProcessEngine
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        with self._kept.transaction() as conn:
+            yield conn
+
+    def dispose(self) -> None:
+        self._kept.dispose()
+        super().dispose()  # type: ignore[misc]  # the Dagster storage after this class in the MRO
+
+
+class KeptConnectionsRunStorage(_KeptConnections, SqliteRunStorage):
     """`SqliteRunStorage` whose `connect` reuses the file's engine and pooled connections."""
 
     def __init__(self, conn_string: str, inst_data: ConfigurableClassData | None = None) -> None:
         super().__init__(conn_string, inst_data)
         self._kept = _ProcessEngine(conn_string)
 
-    @contextmanager
-    def connect(self) -> Iterator[Connection]:
-        with self._kept.transaction() as conn:
-            yield conn
 
-    def dispose(self) -> None:
-        self._kept.dispose()
-        super().dispose()
-
-
-class KeptConnectionsScheduleStorage(SqliteScheduleStorage):
+class KeptConnectionsScheduleStorage(_KeptConnections, SqliteScheduleStorage):
     """`SqliteScheduleStorage` whose `connect` reuses the file's engine and pooled connections."""
 
     def __init__(self, conn_string: str, inst_data: ConfigurableClassData | None = None) -> None:
         super().__init__(conn_string, inst_data)
         self._kept = _ProcessEngine(conn_string)
-
-    @contextmanager
-    def connect(self) -> Iterator[Connection]:
-        with self._kept.transaction() as conn:
-            yield conn
-
-    def dispose(self) -> None:
-        self._kept.dispose()
-        super().dispose()
 
 
 class KeptConnectionsEventLogStorage(SqliteEventLogStorage):
