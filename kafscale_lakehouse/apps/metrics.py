@@ -135,7 +135,7 @@ SEGMENTS_TIMEOUT_SECONDS = 2.0
 ETCD_RETRY_SECONDS = 1.0
 ETCD_RPC_TIMEOUT_SECONDS = 1.5
 # Per source, topics are read this many at a time: at 200 tables, serial `loadTable`s (10-40 ms each) alone took
-# seconds. Below the 10 connections the REST catalog's and boto3's HTTP pools keep.
+# seconds. Below the 10 connections the REST catalog's HTTP pool keeps.
 READ_THREADS = 8
 # The stalled-segment listing (a few S3 requests per partition with data to land: 3 s for 400 partitions, ~2-3 CPU-s
 # of botocore) is kept between scrapes: it is listed again in the background once older than STALLED_REFRESH_SECONDS,

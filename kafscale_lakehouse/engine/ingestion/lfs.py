@@ -112,7 +112,7 @@ class LfsBlobFetchError(EngineError):
 
 
 class BlobReader:
-    """Reads blobs with the segment store's settings, from any bucket. Thread-safe (one boto3 client per bucket)."""
+    """Reads blobs with the segment store's settings, from any bucket. Thread-safe (a store per bucket)."""
 
     def __init__(self, store: SegmentStore) -> None:
         self._store = store
