@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
@@ -193,9 +194,10 @@ class S3SegmentStore(SegmentStore):
             if self._objects is None:
                 settings: dict[str, Any] = {}
                 if self._access_key_id is not None:
-                    settings.update(access_key_id=self._access_key_id, secret_access_key=self._secret_access_key)
-                    if self._session_token is not None:
-                        settings["token"] = self._session_token
+                    # A provider, not keys: object_store would add an AWS_SESSION_TOKEN of the environment to keys
+                    # given (boto3 takes given keys alone).
+                    settings["credential_provider"] = _StaticCredentials(
+                        self._access_key_id, self._secret_access_key or "", self._session_token)
                 else:
                     settings["credential_provider"] = Boto3CredentialProvider(self._boto_session())
                 endpoint = self.endpoint
@@ -344,6 +346,19 @@ class S3SegmentStore(SegmentStore):
             if self.sse_kms_key_id is not None:
                 params["SSEKMSKeyId"] = self.sse_kms_key_id
         return params
+
+
+@dataclass(frozen=True)
+class _StaticCredentials:
+    """The configured keys as an obstore credential provider (never expire)."""
+
+    access_key_id: str
+    secret_access_key: str
+    session_token: str | None
+
+    def __call__(self) -> dict[str, Any]:
+        return {"access_key_id": self.access_key_id, "secret_access_key": self.secret_access_key,
+                "token": self.session_token, "expires_at": None}
 
 
 def _object_info(meta: Any) -> ObjectInfo:

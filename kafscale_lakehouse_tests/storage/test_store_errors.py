@@ -49,6 +49,17 @@ def test_credentials_from_the_environment_chain(seaweedfs, unique_prefix, monkey
         rejected.list_topics()
 
 
+def test_configured_keys_are_used_alone_whatever_session_token_the_environment_has(seaweedfs, unique_prefix,
+                                                                                   monkeypatch):
+    # A shell with temporary AWS credentials: their token must not be sent with the keys the config names.
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-token-of-other-credentials")
+    store = make_s3_store(seaweedfs, unique_prefix)
+    write_segments(store, "orders", 0, [0])
+    listing = store.list_segments("orders", 0)
+    assert [s.base_offset for s in listing.segments] == [0]
+    assert store.read(listing.segments[0].kfs_key)[:8]
+
+
 def test_missing_bucket(seaweedfs, unique_prefix):
     store = S3SegmentStore(f"{unique_prefix}-absent", endpoint=seaweedfs.s3_endpoint, region=REGION,
                            path_style=True, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
