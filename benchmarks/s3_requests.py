@@ -1,6 +1,6 @@
 """What one S3 read costs the process that makes it: CPU and wall milliseconds per request, of the segment store
 (`S3SegmentStore`: obstore for reads) against a plain boto3 client making the same requests (what the store used
-before), on SeaweedFS.
+before), on SeaweedFS; and what each request costs SeaweedFS (its process's CPU).
 
 Run from the repository root: `.venv/bin/python benchmarks/s3_requests.py [--objects 200] [--rounds 3]`.
 
@@ -38,6 +38,14 @@ def main() -> None:
             measure(seaweedfs, args.objects, args.rounds)
         finally:
             seaweedfs.stop()
+
+
+def server_cpu_seconds(seaweedfs: SeaweedFS) -> float:
+    """CPU seconds (user + system) SeaweedFS's `weed mini` process has used."""
+    assert seaweedfs.proc is not None
+    stat = Path(f"/proc/{seaweedfs.proc.pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(seaweedfs: SeaweedFS, objects: int, rounds: int) -> None:
@@ -88,21 +96,25 @@ def measure(seaweedfs: SeaweedFS, objects: int, rounds: int) -> None:
         ("listing page (StartAfter)", boto_list, store_list, len(folders) * 10),
     ]
     print(f"{objects} objects of {OBJECT_BYTES} bytes on SeaweedFS; load {os.getloadavg()[0]:.1f}", flush=True)
-    print(f"{'request':30s} {'boto3 CPU':>10s} {'store CPU':>10s} {'boto3 wall':>11s} {'store wall':>11s}  (ms)")
+    print(f"{'request':30s} {'boto3 CPU':>10s} {'store CPU':>10s} {'boto3 wall':>11s} {'store wall':>11s} "
+          f"{'server, boto3':>14s} {'server, store':>14s}  (ms)")
     for name, with_boto, with_store, requests in kinds:
         with_boto()
         with_store()
         cpu = {"boto3": 0.0, "store": 0.0}
         wall = {"boto3": 0.0, "store": 0.0}
+        server = {"boto3": 0.0, "store": 0.0}
         for _ in range(rounds):
             for client, call in (("boto3", with_boto), ("store", with_store)):
-                started, started_cpu = time.perf_counter(), time.process_time()
+                started, started_cpu, started_server = time.perf_counter(), time.process_time(), server_cpu_seconds(
+                    seaweedfs)
                 call()
                 wall[client] += time.perf_counter() - started
                 cpu[client] += time.process_time() - started_cpu
+                server[client] += server_cpu_seconds(seaweedfs) - started_server
         per = 1000 / (rounds * requests)
         print(f"{name:30s} {cpu['boto3'] * per:10.2f} {cpu['store'] * per:10.2f} {wall['boto3'] * per:11.2f} "
-              f"{wall['store'] * per:11.2f}", flush=True)
+              f"{wall['store'] * per:11.2f} {server['boto3'] * per:14.2f} {server['store'] * per:14.2f}", flush=True)
 
 
 if __name__ == "__main__":
