@@ -2,7 +2,7 @@
 
 Reads (listings, GETs, ranged footer GETs, streams, HEADs) go through obstore (the Rust `object_store` crate): they
 are the hot path, every segment a run reads and every listing and footer a sensor tick makes, and obstore spends
-0.25 ms of CPU per GET and 0.9 ms per listing page where boto3 spends 3.2 and 4.8 (benchmarks/README.md), with the
+0.3 ms of CPU per GET and 1.3 ms per listing page where boto3 spent 4.6 and 5.4 (benchmarks/s3_requests.py), with the
 GIL released while it waits. Writes (segments a producer or a test uploads) go through boto3, with the server-side
 encryption parameters of `s3.sse`. Both use the same settings and credentials (without static keys, boto3's chain:
 environment, profile, instance or pod role, which obstore asks through `Boto3CredentialProvider`)."""
