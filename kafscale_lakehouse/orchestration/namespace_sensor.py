@@ -2,7 +2,8 @@
 hundreds of topics, where a sensor per mapping would list S3 once per partition per mapping every tick and request a
 run (a process, a pod) per table.
 
-A tick:
+A tick while every batch-run slot is taken (`processor.max_batch_runs` `land_tables` runs queued or running) could
+request nothing and scans nothing (`_slots_taken`). Any other tick:
 1. scans every mapped topic (`engine.ingestion.scan_namespace`: only the partitions whose broker watermark moved past
    the segments seen are listed, each from its cursor, so an idle partition costs no request and nothing grows with
    the segments the namespace keeps; the topics' offsets, the stores' and the tables' (one catalog load each), are read
@@ -90,6 +91,9 @@ class NamespaceCursor:
     tables: dict[str, SensorCursor] = field(default_factory=dict)
     pending_since: dict[str, float] = field(default_factory=dict)
     observed_at: dict[str, float] = field(default_factory=dict)  # when each table's topic was last observed
+    # The first tick since the last scan that did not scan (every batch-run slot taken, `_slots_taken`): the segments
+    # the next scan finds pending for the first time may have landed any time since, so they are pending since then.
+    unscanned_since: float | None = None
 
     def table(self, table: str) -> SensorCursor:
         return self.tables.setdefault(table, SensorCursor())
@@ -98,7 +102,9 @@ class NamespaceCursor:
         return json.dumps({"version": CURSOR_VERSION, "watch": "namespace",
                            "tables": {t: c.to_document() for t, c in sorted(self.tables.items())},
                            "pending_since": dict(sorted(self.pending_since.items())),
-                           "observed_at": dict(sorted(self.observed_at.items()))}, separators=(",", ":"))
+                           "observed_at": dict(sorted(self.observed_at.items())),
+                           **({"unscanned_since": self.unscanned_since} if self.unscanned_since is not None else {})},
+                          separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | None, sensor: str) -> NamespaceCursor:
@@ -111,7 +117,9 @@ class NamespaceCursor:
                                  f"{CURSOR_VERSION} of watch 'namespace'")
             return cls(tables={t: SensorCursor.from_document(c) for t, c in document["tables"].items()},
                        pending_since={t: float(s) for t, s in document["pending_since"].items()},
-                       observed_at={t: float(s) for t, s in document.get("observed_at", {}).items()})
+                       observed_at={t: float(s) for t, s in document.get("observed_at", {}).items()},
+                       unscanned_since=(float(document["unscanned_since"])
+                                        if document.get("unscanned_since") is not None else None))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SensorCursorError(
                 f"sensor {sensor}: cursor {text[:200]!r} is not readable ({exc}); reset the cursor in the Dagster UI "
@@ -170,6 +178,11 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
         cursor.pending_since = {t: s for t, s in cursor.pending_since.items() if t in mapped}
         cursor.observed_at = {t: s for t, s in cursor.observed_at.items() if t in mapped}
         busy, batch_runs = _tables_in_flight(context.instance, config.mappings)
+        free_slots = config.processor.max_batch_runs - batch_runs
+        if free_slots <= 0:
+            return _slots_taken(cursor, batch_runs, config.processor.max_batch_runs, now)
+        first_seen = cursor.unscanned_since if cursor.unscanned_since is not None else now
+        cursor.unscanned_since = None
         # A table with a run in flight takes no new segment this tick: its newest ones' footers wait for a later tick.
         scan = scan_namespace(get_sources(), tables, {m.topic: cursor.table(m.table).partitions
                                                       for m in config.mappings},
@@ -189,13 +202,13 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
             if observation is not None:
                 moved.append((mapping, observation, topic_scan))
             _log_problems(context, mapping, topic_scan)
-            candidate, reason = _candidate(context, mapping, topic_scan, scan, cursor, busy, runs, poll, now)
+            candidate, reason = _candidate(context, mapping, topic_scan, scan, cursor, busy, runs, poll, now,
+                                           first_seen)
             if candidate is not None:
                 candidates.append(candidate)
             elif reason is not None:
                 skipped[mapping.table] = reason
         asset_events = _observe_longest_unobserved(moved, cursor, now)
-        free_slots = config.processor.max_batch_runs - batch_runs
         batches = pack_batches(candidates, config.processor.max_bytes_per_batch_run, free_slots,
                                batch_tables_cap(len(tables), config.processor.max_batch_runs))
         run_requests = [_batch_request(context, batch, cursor, now) for batch in batches]
@@ -207,8 +220,6 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
         for candidate in candidates:
             if candidate.mapping.table not in requested:
                 skipped[candidate.mapping.table] = (
-                    f"waiting for a batch run slot: {batch_runs} {LAND_TABLES_JOB} runs queued or running "
-                    f"(processor.max_batch_runs {config.processor.max_batch_runs})" if free_slots <= 0 else
                     f"waiting for a batch run slot: the {len(batches)} runs requested now are full (their tables "
                     f"or processor.max_bytes_per_batch_run) and take the tables waiting longer")
         skip_reason = None
@@ -237,15 +248,16 @@ def _observe_longest_unobserved(moved: list[tuple[MappingConfig, dg.AssetObserva
 
 def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topic_scan: TopicScan,
                scan: NamespaceScan, cursor: NamespaceCursor, busy: dict[str, str], runs: RequestedRuns,
-               poll_interval_seconds: float, now: float) -> tuple[_Candidate | None, str | None]:
-    """The table as a candidate for a batch now, or why not (None, None: nothing pending)."""
+               poll_interval_seconds: float, now: float, first_seen: float) -> tuple[_Candidate | None, str | None]:
+    """The table as a candidate for a batch now, or why not (None, None: nothing pending). `first_seen`: when
+    segments found pending now for the first time are pending since (`NamespaceCursor.unscanned_since`)."""
     table = mapping.table
     planned = {p: r for p, s in topic_scan.partitions.items() if (r := s.pending_range) is not None}
     if not planned:
         if table not in busy:  # a busy table's new segments are left unread (`scan_namespace`), not absent
             cursor.pending_since.pop(table, None)
         return None, None
-    since = cursor.pending_since.setdefault(table, now)
+    since = cursor.pending_since.setdefault(table, first_seen)
     if table in busy:
         return None, busy[table]
     table_cursor = cursor.table(table)
@@ -361,6 +373,20 @@ def _batch_request(context: dg.SensorEvaluationContext, batch: list[_Candidate],
                             "; ".join(f"{table} ({what})" for table, what in again.items()))
     return dg.RunRequest(job_name=LAND_TABLES_JOB, run_config=land_tables_run_config(entries),
                          tags={SENSOR_REQUEST_TAG: request_id, BATCH_TABLES_TAG: ",".join(tables)})
+
+
+def _slots_taken(cursor: NamespaceCursor, batch_runs: int, max_batch_runs: int, now: float) -> dg.SensorResult:
+    """A tick while every batch-run slot is taken: no run could be requested, so nothing is scanned (no S3 listing,
+    no etcd or catalog read). At hundreds of topics most ticks fall while the slots are taken (a batch of 100 tables
+    takes a minute or more on 2 cores) and each listed every moved partition for nothing: ~1 CPU-s of the code server
+    per tick at 200 topics, beside the runs it slowed down. New partitions, topic observations and problems wait for
+    the next scan, the tick after a slot frees. The cursor changes only on the first such tick (`unscanned_since`)."""
+    reason = (f"every batch run slot is taken ({batch_runs} {LAND_TABLES_JOB} runs queued or running, "
+              f"processor.max_batch_runs {max_batch_runs}): the namespace is listed again once one frees")
+    if cursor.unscanned_since is not None:
+        return dg.SensorResult(skip_reason=reason)  # the cursor stays as it is
+    cursor.unscanned_since = now
+    return dg.SensorResult(skip_reason=reason, cursor=cursor.to_json())
 
 
 def _tables_in_flight(instance: dg.DagsterInstance,

@@ -1,7 +1,8 @@
 """The namespace watch keeps up to `processor.max_batch_runs` `land_tables` runs in flight over disjoint tables, on the
 real servers (SeaweedFS S3 + Iceberg REST, etcd, a Dagster instance; Spark where a run lands): a tick requests a run
 per free slot, the longest waiting tables first, never a table with a run in flight, and a table that just landed
-does not go before one waiting longer (issue 22: batches that overlap)."""
+does not go before one waiting longer; a tick while every slot is taken lists nothing (issue 22: batches that
+overlap)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import dagster as dg
 from kafscale_lakehouse.orchestration import namespace_sensor
 from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_TABLES_JOB
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import NamespaceWorld
+from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_listing_cost import record_listings
 from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables
 
 
@@ -32,42 +34,46 @@ def test_a_tick_requests_a_run_per_free_slot_over_disjoint_tables_the_longest_wa
     orders, payments, refunds = world.topics["orders"], world.topics["payments"], world.topics["refunds"]
     config = world.config(max_batch_runs=3)
     sources = world.sources(config)
-    others = [batch_in_flight(world, number) for number in range(3)]
+    others = [batch_in_flight(world, number) for number in range(2)]  # one slot of three is free
 
-    # Every slot is taken: refunds waits, pending since 1000.
+    # One slot: orders and refunds, both pending since 1000 (same wait, neither requested before: by name); orders
+    # goes, refunds waits.
+    orders.write_segments(0, 100, records_per_segment=50)
     refunds.write_segments(0, 40, records_per_segment=40)
     first = world.tick(sources, at=1000.0, config=config)
-    assert first.run_requests == []
-    assert (f"{refunds.table_name}: waiting for a batch run slot: 3 land_tables runs queued or running "
-            f"(processor.max_batch_runs 3)") in first.skip_message
+    assert requested_tables(first) == [[orders.table_name]]
+    assert world.cursor_of(first).pending_since[refunds.table_name] == 1000.0
+    landing_orders = batch_in_flight(world, 10, dict(first.run_requests[0].tags))
 
-    # Two slots free up; orders and payments have segments now too: two runs, one table each, refunds (waiting
-    # longest) first, then orders; payments waits for the next slot.
-    for run in others[:2]:
-        world.instance.report_run_failed(run)
-    orders.write_segments(0, 100, records_per_segment=50)
+    # Every slot is taken: nothing could be requested and nothing is listed; only the first such tick changes the
+    # cursor (what the next listing finds for the first time is pending since then).
     payments.write_segments(0, 60, records_per_segment=30)
+    listed = record_listings(sources)
     second = world.tick(sources, first.cursor, at=1010.0, config=config)
-    assert requested_tables(second) == [[refunds.table_name], [orders.table_name]]
-    cursor = world.cursor_of(second)
-    assert cursor.tables[payments.table_name].request is None
-    assert cursor.pending_since[payments.table_name] == 1010.0
+    assert second.run_requests == [] and listed == []
+    assert second.skip_message == ("every batch run slot is taken (3 land_tables runs queued or running, "
+                                   "processor.max_batch_runs 3): the namespace is listed again once one frees")
+    assert world.cursor_of(second).unscanned_since == 1010.0
+    third = world.tick(sources, second.cursor, at=1015.0, config=config)
+    assert third.run_requests == [] and listed == [] and third.cursor == second.cursor
 
-    # Both launched: no slot is free, nothing is requested.
-    launched = [batch_in_flight(world, number, dict(request.tags))
-                for number, request in enumerate(second.run_requests, start=10)]
-    third = world.tick(sources, second.cursor, at=1020.0, config=config)
-    assert third.run_requests == []
-    assert f"{payments.table_name}: waiting for a batch run slot" in third.skip_message
-
-    # The last of the other runs ends: one slot, for payments; orders and refunds, in flight, have new segments and
-    # stay out.
-    world.instance.report_run_failed(others[2])
+    # A slot frees: refunds (pending since 1000) goes before payments, found now and pending since 1010 (it may have
+    # landed any time after the last listing); orders, in flight, has new segments and stays out.
+    world.instance.report_run_failed(others[0])
     orders.write_segments(0, 50, records_per_segment=50, base_offset=100)
-    refunds.write_segments(0, 40, records_per_segment=40, base_offset=40)
-    fourth = world.tick(sources, third.cursor, at=1030.0, config=config)
-    assert requested_tables(fourth) == [[payments.table_name]]
-    assert all(run.status == dg.DagsterRunStatus.STARTED for run in launched)
+    fourth = world.tick(sources, second.cursor, at=1020.0, config=config)
+    assert listed, "a slot is free: the namespace is listed"
+    assert requested_tables(fourth) == [[refunds.table_name]]
+    cursor = world.cursor_of(fourth)
+    assert cursor.pending_since[payments.table_name] == 1010.0 and cursor.unscanned_since is None
+    assert cursor.tables[payments.table_name].request is None
+    batch_in_flight(world, 11, dict(fourth.run_requests[0].tags))
+
+    # The last of the other runs ends: its slot goes to payments; orders and refunds stay out.
+    world.instance.report_run_failed(others[1])
+    fifth = world.tick(sources, fourth.cursor, at=1030.0, config=config)
+    assert requested_tables(fifth) == [[payments.table_name]]
+    assert world.instance.get_run_by_id(landing_orders.run_id).status == dg.DagsterRunStatus.STARTED
 
 
 def test_a_table_that_just_landed_waits_behind_a_table_waiting_longer_when_a_slot_frees(namespace_world, spark,
@@ -80,12 +86,13 @@ def test_a_table_that_just_landed_waits_behind_a_table_waiting_longer_when_a_slo
     others = [batch_in_flight(world, number) for number in range(3)]
 
     orders.write_segments(0, 40, records_per_segment=40)
-    first = world.tick(sources, at=900.0, config=config)  # orders pending since 900, no slot
+    first = world.tick(sources, at=900.0, config=config)  # no slot: nothing listed, the first such tick
     refunds.write_segments(0, 40, records_per_segment=40)
-    second = world.tick(sources, first.cursor, at=950.0, config=config)  # refunds since 950, no slot
+    second = world.tick(sources, first.cursor, at=950.0, config=config)  # no slot
     assert first.run_requests == second.run_requests == []
 
-    # A slot frees: orders, waiting longest, goes; refunds waits.
+    # A slot frees: both are found pending, since the first tick that did not list (900); orders goes first (same
+    # wait, neither requested before: by name), refunds waits.
     world.instance.report_run_failed(others[0])
     third = world.tick(sources, second.cursor, at=1000.0, config=config)
     [request] = third.run_requests
@@ -93,10 +100,10 @@ def test_a_table_that_just_landed_waits_behind_a_table_waiting_longer_when_a_slo
     assert world.land(request).success
     orders.assert_exactly_once(runs=1)
 
-    # New segments of orders arrived after its request. When its slot frees, refunds (pending since 950) goes, not
+    # New segments of orders arrived after its request. When its slot frees, refunds (pending since 900) goes, not
     # orders: its pending segments are newer than its request (1000).
     orders.write_segments(0, 40, records_per_segment=40, base_offset=40)
     fourth = world.tick(sources, third.cursor, at=1010.0, config=config)
     assert requested_tables(fourth) == [[refunds.table_name]]
     cursor = world.cursor_of(fourth)
-    assert (cursor.pending_since[orders.table_name], cursor.pending_since[refunds.table_name]) == (1000.0, 950.0)
+    assert (cursor.pending_since[orders.table_name], cursor.pending_since[refunds.table_name]) == (1000.0, 900.0)
