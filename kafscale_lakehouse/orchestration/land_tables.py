@@ -20,13 +20,17 @@ backoff (sensors.py `retry_wait`). When the shared Spark job itself fails, no ta
 requested again, as after a failed job of its own run).
 
 A table's concurrency pool is not held by this op (Dagster pools are per op, this op serves many tables): the watch
-never puts a table in a batch while another run of it (its own job or a batch) is queued or running, and the
-per-partition leases keep a manual run of the same table from committing beside it.
+never puts a table in a batch while another run of it (its own job or a batch) is queued or running and has not
+committed, and the per-partition leases keep a manual run of the same table from committing beside it. Once every
+table of the batch committed (or failed) and let go of its leases, the run tags itself `BATCH_COMMITTED_TAG` and only
+records events from then on: the watch may request its tables again meanwhile, and that run records its own events
+after this one ended (`RECORD_AFTER_TAG`), so a partition's latest materialization is its latest commit's.
 """
 
 # No `from __future__ import annotations`: Dagster reads the context and config parameter annotations at runtime.
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, TypeVar
@@ -79,14 +83,25 @@ from kafscale_lakehouse.orchestration.resources import (
     SparkResource,
     ingest_context,
 )
+from kafscale_lakehouse.orchestration.sensors import ACTIVE_RUN_STATUSES
 from kafscale_lakehouse.storage import DiscoveryMode, discover_partitions
 
 log = logging.getLogger(__name__)
 
 LAND_TABLES_JOB = "land_tables"
 LAND_TABLES_OP = "land_listed_tables"  # the op; a job and an op cannot share a name
-# The tables a `land_tables` run lands, comma-separated: the watch keeps them out of other batches while it is active.
+# The tables a `land_tables` run lands, comma-separated: the watch keeps them out of other batches while it is active
+# and has not committed them (`BATCH_COMMITTED_TAG`).
 BATCH_TABLES_TAG = "kafscale/batch_tables"
+# Set by a `land_tables` run once every table of it committed (or failed) and let go of its leases: from then on the
+# run only records events (checks, materializations: a third of a batch's time), so the watch counts it in no slot and
+# may request its tables again (namespace_sensor.py `_tables_in_flight`).
+BATCH_COMMITTED_TAG = "kafscale/batch_committed"
+# The `land_tables` runs, comma-separated, still recording the events of tables this run lands again: it records its
+# own only after they ended, so each partition's latest materialization stays its latest commit's.
+RECORD_AFTER_TAG = "kafscale/record_after"
+# How long a run waits for those runs before it records its events anyway (warning).
+RECORD_AFTER_MAX_SECONDS = 600.0
 
 
 class TableToLand(dg.Config):
@@ -146,6 +161,8 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
         finally:
             for _, _, run in prepared:
                 run.release_leases()  # commit_ingests releases them on every path; releasing is idempotent
+        _mark_committed(context)
+        _wait_for_runs(context, [r for r in context.run.tags.get(RECORD_AFTER_TAG, "").split(",") if r])
         checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog,
                               {run.mapping.table: run.table for _, _, run in prepared},
                               {run.mapping.topic for _, _, run in prepared}, context.instance)
@@ -188,6 +205,33 @@ def build_land_tables_job(config: LakehouseConfig) -> dg.JobDefinition:
 
 
 _T = TypeVar("_T")
+
+
+def _mark_committed(context: dg.OpExecutionContext) -> None:
+    """`BATCH_COMMITTED_TAG` on this run: its tables may go into the next batch while it records their events."""
+    try:
+        context.instance.add_run_tags(context.run_id, {BATCH_COMMITTED_TAG: "true"})
+    except Exception as exc:  # noqa: BLE001 - the watch then waits for the run's end, as it did before this tag
+        context.log.warning("could not tag run %s as committed (%s): its tables wait for its end to land again",
+                            context.run_id, exc)
+
+
+def _wait_for_runs(context: dg.OpExecutionContext, run_ids: Sequence[str]) -> None:
+    """Wait until the runs `run_ids` (`RECORD_AFTER_TAG`) are no longer active, at most `RECORD_AFTER_MAX_SECONDS`."""
+    deadline = time.monotonic() + RECORD_AFTER_MAX_SECONDS
+    for run_id in run_ids:
+        logged = False
+        while (run := context.instance.get_run_by_id(run_id)) is not None and run.status in ACTIVE_RUN_STATUSES:
+            if time.monotonic() >= deadline:
+                context.log.warning("run %s still %s after %.0f s: recording this run's events before its own, so a "
+                                    "partition's latest materialization may be its older one until the next run",
+                                    run_id, run.status.value.lower(), RECORD_AFTER_MAX_SECONDS)
+                return
+            if not logged:
+                context.log.info("committed; waiting for run %s, which committed some of these tables before, to "
+                                 "record its events first", run_id)
+                logged = True
+            time.sleep(0.5)
 
 
 def _latest_materializations(context: dg.OpExecutionContext, asset_keys: Sequence[dg.AssetKey]

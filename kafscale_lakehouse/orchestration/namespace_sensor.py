@@ -12,12 +12,15 @@ request nothing and scans nothing (`_slots_taken`). Any other tick:
    partitions and reports an observation of the topic asset when its watermarks, offsets or segments moved (at
    most `OBSERVATIONS_PER_TICK` topics a tick, those observed longest ago first);
 3. keeps out of this tick's batches each table with a run in flight (its own ingest job's, or a `land_tables` run
-   listing it, `BATCH_TABLES_TAG`): so a table's runs never overlap, as its concurrency pool does for its own job
+   listing it, `BATCH_TABLES_TAG`, until that run committed every table: `BATCH_COMMITTED_TAG`; the run that lands
+   them next records its events after it, `RECORD_AFTER_TAG`): so a table's commits never overlap, as its
+   concurrency pool does for its own job
    (its newest new segments are not even read: their footers wait for the tick after its run);
    and each table whose unchanged pending state was requested already and is not due again (`sensors.retry_wait`:
    the same backoff, per table, after the batch that carried it failed to land it);
 4. packs the other tables with pending segments, the longest waiting first, into as many `land_tables` runs as
-   there are free batch-run slots (`processor.max_batch_runs` less the `land_tables` runs queued or running), of at
+   there are free batch-run slots (`processor.max_batch_runs` less the `land_tables` runs queued or running that
+   have not committed yet: one that has only records events), of at
    most `processor.max_bytes_per_batch_run` pending segment bytes each (a table larger than that is a run of its own)
    and at least `MIN_TABLES_PER_BATCH_RUN` tables each when there are that many, and requests them; the tables that
    fit in no run wait for a slot, and none waits behind a newer one (`pack_batches`). Runs over disjoint tables
@@ -45,8 +48,10 @@ from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.ingestion import NamespaceScan, TopicScan, WatchSources, scan_namespace
 from kafscale_lakehouse.offsets.ranges import OffsetRange, format_ranges
 from kafscale_lakehouse.orchestration.land_tables import (
+    BATCH_COMMITTED_TAG,
     BATCH_TABLES_TAG,
     LAND_TABLES_JOB,
+    RECORD_AFTER_TAG,
     TableToLand,
     land_tables_run_config,
 )
@@ -177,10 +182,11 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
         cursor.tables = {t: c for t, c in cursor.tables.items() if t in mapped}
         cursor.pending_since = {t: s for t, s in cursor.pending_since.items() if t in mapped}
         cursor.observed_at = {t: s for t, s in cursor.observed_at.items() if t in mapped}
-        busy, batch_runs = _tables_in_flight(context.instance, config.mappings)
-        free_slots = config.processor.max_batch_runs - batch_runs
+        flight = _tables_in_flight(context.instance, config.mappings)
+        busy = flight.busy
+        free_slots = config.processor.max_batch_runs - flight.batch_runs
         if free_slots <= 0:
-            return _slots_taken(cursor, batch_runs, config.processor.max_batch_runs, now)
+            return _slots_taken(cursor, flight.batch_runs, config.processor.max_batch_runs, now)
         first_seen = cursor.unscanned_since if cursor.unscanned_since is not None else now
         cursor.unscanned_since = None
         # A table with a run in flight takes no new segment this tick: its newest ones' footers wait for a later tick.
@@ -211,7 +217,7 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
         asset_events = _observe_longest_unobserved(moved, cursor, now)
         batches = pack_batches(candidates, config.processor.max_bytes_per_batch_run, free_slots,
                                batch_tables_cap(len(tables), config.processor.max_batch_runs))
-        run_requests = [_batch_request(context, batch, cursor, now) for batch in batches]
+        run_requests = [_batch_request(context, batch, cursor, now, flight.recording) for batch in batches]
         requested = {c.mapping.table for batch in batches for c in batch}
         context.log.info("namespace %s: %d partitions listed (%d list requests), %d topics, %d tables pending, %d runs "
                          "requested over %d tables", get_sources().store.namespace, scan.partitions_listed,
@@ -355,8 +361,9 @@ def _by_budget(candidates: list[_Candidate], max_bytes: int) -> list[list[_Candi
 
 
 def _batch_request(context: dg.SensorEvaluationContext, batch: list[_Candidate], cursor: NamespaceCursor,
-                   now: float) -> dg.RunRequest:
-    """The `land_tables` run of `batch`; records the request in each table's cursor."""
+                   now: float, recording: dict[str, str]) -> dg.RunRequest:
+    """The `land_tables` run of `batch`; records the request in each table's cursor. `recording`: the runs still
+    recording the events of tables they committed (`_InFlight.recording`), which this run records after."""
     request_id = uuid.uuid4().hex
     entries = []
     for candidate in batch:
@@ -371,8 +378,10 @@ def _batch_request(context: dg.SensorEvaluationContext, batch: list[_Candidate],
     if again:
         context.log.warning("requesting %d tables again, the run before did not land them: %s", len(again),
                             "; ".join(f"{table} ({what})" for table, what in again.items()))
+    after = sorted({recording[table] for table in tables if table in recording})
     return dg.RunRequest(job_name=LAND_TABLES_JOB, run_config=land_tables_run_config(entries),
-                         tags={SENSOR_REQUEST_TAG: request_id, BATCH_TABLES_TAG: ",".join(tables)})
+                         tags={SENSOR_REQUEST_TAG: request_id, BATCH_TABLES_TAG: ",".join(tables),
+                               **({RECORD_AFTER_TAG: ",".join(after)} if after else {})})
 
 
 def _slots_taken(cursor: NamespaceCursor, batch_runs: int, max_batch_runs: int, now: float) -> dg.SensorResult:
@@ -389,22 +398,35 @@ def _slots_taken(cursor: NamespaceCursor, batch_runs: int, max_batch_runs: int, 
     return dg.SensorResult(skip_reason=reason, cursor=cursor.to_json())
 
 
-def _tables_in_flight(instance: dg.DagsterInstance,
-                      mappings: Iterable[MappingConfig]) -> tuple[dict[str, str], int]:
-    """`{table: why}` for each table a queued or running run is landing (its own ingest job's, or a batch's), and how
-    many `land_tables` runs are queued or running."""
+@dataclass
+class _InFlight:
+    """The runs in flight as a tick sees them."""
+
+    busy: dict[str, str] = field(default_factory=dict)  # table -> why: a queued or running run lands it
+    batch_runs: int = 0  # `land_tables` runs queued or running that still commit: each takes a batch-run slot
+    # table -> the `land_tables` run that committed it and still records its events (`BATCH_COMMITTED_TAG`): it takes
+    # no slot and the table may go into a new batch, which records its events after that run's (`RECORD_AFTER_TAG`)
+    recording: dict[str, str] = field(default_factory=dict)
+
+
+def _tables_in_flight(instance: dg.DagsterInstance, mappings: Iterable[MappingConfig]) -> _InFlight:
+    """Each table a queued or running run is landing (its own ingest job's, or a batch's), and the `land_tables`
+    runs that take a slot."""
     by_job = {ingest_job_name(m.table): m.table for m in mappings}
-    busy: dict[str, str] = {}
-    batch_runs = 0
+    flight = _InFlight()
+    busy = flight.busy
     for run in instance.get_runs(dg.RunsFilter(statuses=ACTIVE_RUN_STATUSES)):
         status = run.status.value.lower()
-        if run.job_name == LAND_TABLES_JOB:
-            batch_runs += 1
+        if run.job_name == LAND_TABLES_JOB and run.tags.get(BATCH_COMMITTED_TAG):
+            for table in filter(None, run.tags.get(BATCH_TABLES_TAG, "").split(",")):
+                flight.recording[table] = run.run_id
+        elif run.job_name == LAND_TABLES_JOB:
+            flight.batch_runs += 1
             for table in filter(None, run.tags.get(BATCH_TABLES_TAG, "").split(",")):
                 busy[table] = f"run {run.run_id} of {LAND_TABLES_JOB} landing it is {status}"
         elif run.job_name in by_job:
             busy[by_job[run.job_name]] = f"run {run.run_id} of {run.job_name} is {status}"
-    return busy, batch_runs
+    return flight
 
 
 def _new_partitions(instance: dg.DagsterInstance, topic: str,

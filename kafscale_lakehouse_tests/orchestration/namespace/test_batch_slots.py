@@ -9,7 +9,12 @@ from __future__ import annotations
 import dagster as dg
 
 from kafscale_lakehouse.orchestration import namespace_sensor
-from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_TABLES_JOB
+from kafscale_lakehouse.orchestration.land_tables import (
+    BATCH_COMMITTED_TAG,
+    BATCH_TABLES_TAG,
+    LAND_TABLES_JOB,
+    RECORD_AFTER_TAG,
+)
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import NamespaceWorld
 from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_listing_cost import record_listings
 from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables
@@ -107,3 +112,20 @@ def test_a_table_that_just_landed_waits_behind_a_table_waiting_longer_when_a_slo
     assert requested_tables(fourth) == [[refunds.table_name]]
     cursor = world.cursor_of(fourth)
     assert (cursor.pending_since[orders.table_name], cursor.pending_since[refunds.table_name]) == (1000.0, 900.0)
+
+
+def test_a_batch_run_that_committed_takes_no_slot_and_its_tables_go_into_the_next_batch(namespace_world,
+                                                                                      monkeypatch):
+    """A `land_tables` run that committed every table only records events: its slot and its tables are free, and the
+    next batch of its tables records its events after it (land_tables.RECORD_AFTER_TAG)."""
+    world = namespace_world
+    orders, refunds = world.topics["orders"], world.topics["refunds"]
+    config = world.config(max_batch_runs=1)
+    sources = world.sources(config)
+    recording = batch_in_flight(world, 1, {BATCH_TABLES_TAG: orders.table_name, BATCH_COMMITTED_TAG: "true"})
+    orders.write_segments(0, 40, records_per_segment=40)
+    refunds.write_segments(0, 40, records_per_segment=40)
+
+    [request] = world.tick(sources, at=1000.0, config=config).run_requests
+    assert sorted(batch_tables(request)) == sorted([orders.table_name, refunds.table_name])
+    assert request.tags[RECORD_AFTER_TAG] == recording.run_id

@@ -316,3 +316,44 @@ def test_a_tables_events_are_recorded_while_another_tables_checks_still_run(name
     assert seen_while_checking == [True]  # refunds' events were in the instance before orders' checks ended
     for topic in world.topics.values():
         assert latest_check_runs(world.instance, topic.table_name) == dict.fromkeys(CHECKS, (result.run_id, True))
+
+
+def test_a_batch_frees_its_tables_once_committed_and_records_after_the_run_that_committed_them_before(
+        namespace_world, spark):
+    """A batch tags itself committed as soon as its commits are done (the watch may then request its tables again
+    while it records their events); a batch that lands tables such a run committed records its own events only once
+    that run ended, so each partition's latest materialization is its latest commit's."""
+    world = namespace_world
+    orders = world.topics["orders"]
+    orders.write_segments(0, 40, records_per_segment=40)
+    [request] = world.tick(world.sources()).run_requests
+    recording = dg.DagsterRun(job_name=land_tables.LAND_TABLES_JOB, run_id=str(uuid.uuid4()),
+                              status=dg.DagsterRunStatus.STARTED,
+                              tags={land_tables.BATCH_TABLES_TAG: orders.table_name,
+                                    land_tables.BATCH_COMMITTED_TAG: "true"})
+    world.instance.add_run(recording)
+    ended: list[float] = []
+
+    def end_recording_once_the_batch_committed() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            committed = world.instance.get_runs(dg.RunsFilter(tags={land_tables.BATCH_COMMITTED_TAG: "true"}))
+            if any(run.run_id != recording.run_id for run in committed):
+                time.sleep(1.0)  # the batch has committed and now waits
+                ended.append(time.time())
+                world.instance.report_run_failed(recording)
+                return
+            time.sleep(0.1)
+
+    waiter = threading.Thread(target=end_recording_once_the_batch_committed)
+    waiter.start()
+    result = world.land(dg.RunRequest(job_name=request.job_name, run_config=request.run_config,
+                                      tags={**request.tags, land_tables.RECORD_AFTER_TAG: recording.run_id}))
+    waiter.join()
+
+    assert result.success and ended, "the batch tagged itself committed before recording its events"
+    assert world.instance.get_run_by_id(result.run_id).tags[land_tables.BATCH_COMMITTED_TAG] == "true"
+    records = world.instance.get_records_for_run(result.run_id,
+                                                 of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
+    assert records and min(record.timestamp for record in records) >= ended[0]
+    orders.assert_exactly_once(runs=1)
