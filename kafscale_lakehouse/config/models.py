@@ -227,8 +227,10 @@ class ProcessorConfig(ConfigModel):
     # table larger than the budget is a run of its own, itself bounded by `max_bytes_per_run`).
     max_bytes_per_batch_run: PositiveInt = 1 << 30
     # Extension: with `watch: namespace`, how many `land_tables` runs may be queued or running at once, over disjoint
-    # tables (the watch splits the pending tables over the free ones). Keep it at most the Dagster instance's run limit
-    # (dagster.yaml `concurrency.runs.max_concurrent_runs`, 4 in ours), less what other jobs need at the same time.
+    # tables (the watch splits the pending tables over the free ones), not counting those that committed every table
+    # and only record their events (a third of a batch's time): up to twice as many runs may be in flight. Keep twice
+    # it at most the Dagster instance's run limit (dagster.yaml `concurrency.runs.max_concurrent_runs`, 4 in ours),
+    # less what other jobs need at the same time.
     # 2: a run's start costs ~5 CPU-s whatever it lands, and at 200 topics on 2 cores 2 runs of 100 tables beat 4 of
     # 50 (benchmarks/README.md, fanout.py: freshness p90 178 s against 235 s, tick p50 1.9 s against 4.5 s); raise it
     # where the runs have cores of their own (run pods).
