@@ -1,11 +1,12 @@
-"""What one S3 read costs the process that makes it: CPU and wall milliseconds per request, of the segment store
-(`S3SegmentStore`: obstore for reads) against a plain boto3 client making the same requests (what the store used
-before), on SeaweedFS; and what each request costs SeaweedFS (its process's CPU).
+"""What one S3 request costs the process that makes it: CPU and wall milliseconds per request, of the segment store
+(`S3SegmentStore`: obstore) against a plain boto3 client making the same requests (what the store used before), on
+SeaweedFS; and what each request costs SeaweedFS (its process's CPU).
 
 Run from the repository root: `.venv/bin/python benchmarks/s3_requests.py [--objects 200] [--rounds 3]`.
 
 At hundreds of topics these requests are most of a sensor tick (a listing page and a footer read per partition with
-new segments) and a third of the engine's Python CPU (a GET per segment). Objects of 12,000 bytes (a segment of ~40
+new segments) and a third of the engine's Python CPU (a GET per segment); the PUTs are what a producer (the demo's,
+a benchmark's) spends on each segment it writes. Objects of 12,000 bytes (a segment of ~40
 realistic records) under 4 partition folders; requests one after another in one thread; each kind warmed once, then
 timed over `--rounds` rounds, both clients alternating.
 """
@@ -78,6 +79,10 @@ def measure(seaweedfs: SeaweedFS, objects: int, rounds: int) -> None:
         for folder in folders * 10:
             boto.list_objects_v2(Bucket=BUCKET, Prefix=folder, StartAfter=middle)
 
+    def boto_put() -> None:
+        for key in keys:
+            boto.put_object(Bucket=BUCKET, Key=key, Body=data)
+
     def store_get() -> None:
         for key in keys:
             store.read(key)
@@ -90,10 +95,15 @@ def measure(seaweedfs: SeaweedFS, objects: int, rounds: int) -> None:
         for folder in folders * 10:
             list(store.list_objects(folder, start_after=middle))
 
+    def store_put() -> None:
+        for key in keys:
+            store.put(key, data)
+
     kinds: list[tuple[str, Callable[[], None], Callable[[], None], int]] = [
         ("GET (whole segment)", boto_get, store_get, len(keys)),
         ("ranged GET (16-byte footer)", boto_footer, store_footer, len(keys)),
         ("listing page (StartAfter)", boto_list, store_list, len(folders) * 10),
+        ("PUT (whole segment)", boto_put, store_put, len(keys)),
     ]
     print(f"{objects} objects of {OBJECT_BYTES} bytes on SeaweedFS; load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"{'request':30s} {'boto3 CPU':>10s} {'store CPU':>10s} {'boto3 wall':>11s} {'store wall':>11s} "

@@ -1,11 +1,13 @@
 """`S3SegmentStore`: KafScale segments in an S3 bucket, with bounded retries and typed errors.
 
-Reads (listings, GETs, ranged footer GETs, streams, HEADs) go through obstore (the Rust `object_store` crate): they
-are the hot path, every segment a run reads and every listing and footer a sensor tick makes, and obstore spends
-0.3 ms of CPU per GET and 1.3 ms per listing page where boto3 spent 4.6 and 5.4 (benchmarks/s3_requests.py), with the
-GIL released while it waits. Writes (segments a producer or a test uploads) go through boto3, with the server-side
-encryption parameters of `s3.sse`. Both use the same settings and credentials (without static keys, boto3's chain:
-environment, profile, instance or pod role, which obstore asks through `Boto3CredentialProvider`)."""
+Every request goes through obstore (the Rust `object_store` crate). Reads (listings, GETs, ranged footer GETs,
+streams, HEADs) are the hot path, every segment a run reads and every listing and footer a sensor tick makes:
+obstore spends 0.3 ms of CPU per GET and 1.3 ms per listing page where boto3 spent 4.6 and 5.4
+(benchmarks/s3_requests.py), with the GIL released while it waits. Writes (segments the demo producer, a benchmark's
+or a test uploads) are one PUT each, as a broker's, with the server-side encryption of `s3.sse`: a PUT of a 12 kB
+segment costs 0.35 ms of CPU where boto3's cost 3.8 (and SeaweedFS 2.6 ms where 3.9), most of a producer's CPU.
+Without static keys the credentials are boto3's chain (environment, profile, instance or pod role), which obstore
+asks through `Boto3CredentialProvider`."""
 
 from __future__ import annotations
 
@@ -20,17 +22,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import boto3
 import obstore
-from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectionClosedError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    NoCredentialsError,
-    ReadTimeoutError,
-    ResponseStreamingError,
-)
 from obstore.auth.boto3 import Boto3CredentialProvider
 from obstore.exceptions import BaseError as ObstoreError
 from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
@@ -66,10 +57,7 @@ _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 # What obstore's error messages carry of the S3 answer: its error document's code, else the HTTP status.
 _ERROR_CODE = re.compile(r"<Code>([^<]+)</Code>")
 _HTTP_STATUS = re.compile(r"status code: (\d{3})")
-_CONNECTION_ERRORS = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError,
-                      ResponseStreamingError)
-# Connections kept open per client: a namespace watch reads on up to 32 threads (engine.ingestion.topic_scan); past
-# boto3's default of 10, each read over the limit opened a connection and threw it away ("Connection pool is full").
+# Idle connections kept open: a namespace watch reads on up to 32 threads (engine.ingestion.topic_scan).
 POOL_CONNECTIONS = 32
 _DEFAULT_REGION = "us-east-1"  # S3's own default, where neither the config nor the AWS chain names one
 
@@ -128,8 +116,7 @@ class S3SegmentStore(SegmentStore):
         self._session_token = session_token
         self._client_lock = threading.Lock()
         self._session: boto3.session.Session | None = None
-        self._s3: Any = None  # boto3's client: writes
-        self._objects: S3Store | None = None  # obstore's: reads
+        self._objects: S3Store | None = None
 
     @property
     def static_credentials(self) -> tuple[str | None, str | None, str | None]:
@@ -141,7 +128,7 @@ class S3SegmentStore(SegmentStore):
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        for unpicklable in ("_client_lock", "_session", "_s3", "_objects"):
+        for unpicklable in ("_client_lock", "_session", "_objects"):
             del state[unpicklable]
         return state
 
@@ -149,7 +136,6 @@ class S3SegmentStore(SegmentStore):
         super().__setstate__(state)
         self._client_lock = threading.Lock()
         self._session = None
-        self._s3 = None
         self._objects = None
 
     @property
@@ -173,23 +159,8 @@ class S3SegmentStore(SegmentStore):
             )
         return self._session
 
-    def _client(self) -> Any:
-        """boto3's S3 client (writes)."""
-        with self._client_lock:
-            if self._s3 is None:
-                config = Config(
-                    retries={"max_attempts": self.max_attempts, "mode": "standard"},
-                    connect_timeout=self.connect_timeout_seconds,
-                    read_timeout=self.read_timeout_seconds,
-                    s3={"addressing_style": "path" if self.path_style else "auto"},
-                    signature_version="s3v4",
-                    max_pool_connections=POOL_CONNECTIONS,
-                )
-                self._s3 = self._boto_session().client("s3", endpoint_url=self.endpoint, config=config)
-            return self._s3
-
-    def _reader(self) -> S3Store:
-        """obstore's S3 store (reads), with the settings boto3's client has."""
+    def _store(self) -> S3Store:
+        """obstore's S3 store."""
         with self._client_lock:
             if self._objects is None:
                 settings: dict[str, Any] = {}
@@ -210,6 +181,10 @@ class S3SegmentStore(SegmentStore):
                                            "pool_max_idle_per_host": str(POOL_CONNECTIONS)}
                 if endpoint is not None and endpoint.startswith("http://"):
                     options["allow_http"] = True
+                if self.sse_type is not None:  # sent with every PUT only (SSE-S3 and SSE-KMS need nothing on reads)
+                    settings["server_side_encryption"] = self.sse_type
+                    if self.sse_kms_key_id is not None:
+                        settings["sse_kms_key_id"] = self.sse_kms_key_id
                 self._objects = S3Store(
                     self.bucket, endpoint=endpoint,
                     region=self.region or self._boto_session().region_name or _DEFAULT_REGION,
@@ -227,19 +202,8 @@ class S3SegmentStore(SegmentStore):
         return credentials.access_key if credentials is not None else "(none found)"
 
     def _error(self, exc: Exception, action: str, key: str | None) -> StorageError:
-        """Translate a boto error into the StorageError family; messages name endpoint, bucket and key."""
-        if isinstance(exc, NoCredentialsError):
-            return self._classified("", action, key, str(exc), no_credentials=True)
-        if isinstance(exc, _CONNECTION_ERRORS):
-            return self._classified("", action, key, str(exc), unreachable=True)
-        if isinstance(exc, ClientError):
-            error = exc.response.get("Error", {})
-            code = str(error.get("Code", "")) or str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
-            return self._classified(code, action, key, error.get("Message") or "")
-        return self._classified("", action, key, str(exc))
-
-    def _read_error(self, exc: Exception, action: str, key: str | None) -> StorageError:
-        """Translate an obstore error (whose message carries the S3 answer) into the StorageError family."""
+        """Translate an obstore error (whose message carries the S3 answer) into the StorageError family; messages name
+        endpoint, bucket and key."""
         text = str(exc)
         found = _ERROR_CODE.search(text) or _HTTP_STATUS.search(text)
         code = found.group(1) if found else ""
@@ -279,12 +243,6 @@ class S3SegmentStore(SegmentStore):
         return StorageRequestError(f"S3 at {self._endpoint_text} failed to {action} {target}: {code} {detail}"
                                    .replace("  ", " ").strip(), location=self.location, key=key)
 
-    def _call(self, action: str, key: str | None, operation: str, **params: Any) -> Any:
-        try:
-            return getattr(self._client(), operation)(Bucket=self.bucket, **params)
-        except (BotoCoreError, ClientError) as exc:
-            raise self._error(exc, action, key) from exc
-
     def _list_page(self, prefix: str, *, start_after: str | None, delimiter: str | None,
                    token: str | None) -> ListPage:
         # object_store lists whole path segments: the folder the prefix is in, filtered to the prefix (ours are
@@ -294,30 +252,30 @@ class S3SegmentStore(SegmentStore):
             if delimiter is not None:
                 if delimiter != "/":
                     raise ValueError(f"delimiter {delimiter!r}: only '/' is supported")
-                found = obstore.list_with_delimiter(self._reader(), prefix=folder)
+                found = obstore.list_with_delimiter(self._store(), prefix=folder)
                 return ListPage([_object_info(o) for o in found["objects"] if o["path"].startswith(prefix)],
                                 [f"{p}/" for p in found["common_prefixes"] if f"{p}/".startswith(prefix)], None)
             marker = max(filter(None, (start_after, token)), default=None)
-            stream = obstore.list(self._reader(), prefix=folder, offset=marker, chunk_size=self.list_page_size)
+            stream = obstore.list(self._store(), prefix=folder, offset=marker, chunk_size=self.list_page_size)
             chunk = next(iter(stream), [])
         except (ObstoreError, OSError) as exc:
-            raise self._read_error(exc, "list", prefix or None) from exc
+            raise self._error(exc, "list", prefix or None) from exc
         objects = [_object_info(o) for o in chunk if o["path"].startswith(prefix)]
         return ListPage(objects, [], chunk[-1]["path"] if len(chunk) == self.list_page_size else None)
 
     def _get(self, key: str, byte_range: tuple[int, int] | None) -> bytes:
         try:
             if byte_range is None:
-                return bytes(obstore.get(self._reader(), key).bytes())
-            return bytes(obstore.get_range(self._reader(), key, start=byte_range[0], end=byte_range[1] + 1))
+                return bytes(obstore.get(self._store(), key).bytes())
+            return bytes(obstore.get_range(self._store(), key, start=byte_range[0], end=byte_range[1] + 1))
         except (ObstoreError, OSError) as exc:
-            raise self._read_error(exc, "read", key) from exc
+            raise self._error(exc, "read", key) from exc
 
     def _stream(self, key: str, chunk_size: int) -> tuple[int, Iterator[bytes]]:
         try:
-            result = obstore.get(self._reader(), key)
+            result = obstore.get(self._store(), key)
         except (ObstoreError, OSError) as exc:
-            raise self._read_error(exc, "read", key) from exc
+            raise self._error(exc, "read", key) from exc
 
         def chunks() -> Iterator[bytes]:
             try:
@@ -326,26 +284,20 @@ class S3SegmentStore(SegmentStore):
                     for start in range(0, len(view), chunk_size):  # never more than asked at once
                         yield bytes(view[start:start + chunk_size])
             except (ObstoreError, OSError) as exc:
-                raise self._read_error(exc, "read", key) from exc
+                raise self._error(exc, "read", key) from exc
         return int(result.meta["size"]), chunks()
 
     def _head(self, key: str) -> int:
         try:
-            return int(obstore.head(self._reader(), key)["size"])
+            return int(obstore.head(self._store(), key)["size"])
         except (ObstoreError, OSError) as exc:
-            raise self._read_error(exc, "stat", key) from exc
+            raise self._error(exc, "stat", key) from exc
 
     def _put(self, key: str, data: bytes) -> None:
-        self._call("write", key, "put_object", Key=key, Body=data, **self._sse_params())
-
-    def _sse_params(self) -> dict[str, str]:
-        """PutObject parameters of the configured server-side encryption (none without `sse_type`)."""
-        params: dict[str, str] = {}
-        if self.sse_type is not None:
-            params["ServerSideEncryption"] = self.sse_type
-            if self.sse_kms_key_id is not None:
-                params["SSEKMSKeyId"] = self.sse_kms_key_id
-        return params
+        try:  # one PUT, as boto3's put_object and a broker: no multipart upload to leave behind
+            obstore.put(self._store(), key, data, use_multipart=False)
+        except (ObstoreError, OSError) as exc:
+            raise self._error(exc, "write", key) from exc
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ SSE-KMS needs a KMS SeaweedFS does not have here, so `aws:kms` is checked on wha
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pyarrow as pa
 import pytest
 from pyiceberg.io.fsspec import FsspecFileIO
@@ -100,31 +103,48 @@ def test_the_executors_file_io_properties_carry_sse(secured_run: SecuredRun):
     assert properties["py-io-impl"] == "pyiceberg.io.fsspec.FsspecFileIO"
 
 
-class _SentError(Exception):
-    """Raised by the event hook once the request's parameters are seen, so nothing reaches the server."""
+class _CapturingS3(ThreadingHTTPServer):
+    """Answers every PUT as S3 does and keeps the server-side encryption headers of each."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, str]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_PUT(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                server.sent.append({k.lower(): v for k, v in self.headers.items()
+                                    if k.lower().startswith("x-amz-server-side")})
+                self.send_response(200)
+                self.send_header("ETag", '"0"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
 
 
-def test_the_segment_store_sends_kms_parameters_with_every_put(seaweedfs, tmp_path):
-    config = parse_config({
-        "s3": {"bucket": S3_BUCKET, "endpoint": seaweedfs.s3_endpoint, "region": REGION, "path_style": True,
-               "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY,
-               "sse": {"type": "aws:kms", "kms_key_id": KMS_KEY_ID}},
-        "iceberg": {"catalog": {"type": "rest", "uri": "http://catalog:8181"}, "warehouse": "s3://warehouse"},
-        "offsets": {"backend": "local", "local_path": "offsets.db"},
-    }, base_dir=tmp_path)
-    store = segment_store_from_config(config)
-    assert isinstance(store, S3SegmentStore)
-    sent: list[dict[str, str]] = []
-
-    def capture(request, **_: object) -> None:
-        sent.append({k: v.decode() for k, v in request.headers.items() if k.lower().startswith("x-amz-server-side")})
-        raise _SentError
-
-    store._client().meta.events.register("before-send.s3.PutObject", capture)
-    with pytest.raises(_SentError):
-        store.put(f"{tmp_path.name}/k", b"data")
-    assert sent == [{"x-amz-server-side-encryption": "aws:kms",
-                     "x-amz-server-side-encryption-aws-kms-key-id": KMS_KEY_ID}]
+def test_the_segment_store_sends_kms_parameters_with_every_put(tmp_path):
+    with _CapturingS3() as s3:
+        threading.Thread(target=s3.serve_forever, daemon=True).start()
+        try:
+            config = parse_config({
+                "s3": {"bucket": S3_BUCKET, "endpoint": f"http://127.0.0.1:{s3.server_address[1]}", "region": REGION,
+                       "path_style": True, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY,
+                       "sse": {"type": "aws:kms", "kms_key_id": KMS_KEY_ID}},
+                "iceberg": {"catalog": {"type": "rest", "uri": "http://catalog:8181"}, "warehouse": "s3://warehouse"},
+                "offsets": {"backend": "local", "local_path": "offsets.db"},
+            }, base_dir=tmp_path)
+            store = segment_store_from_config(config)
+            assert isinstance(store, S3SegmentStore)
+            store.put(f"{tmp_path.name}/a", b"data")
+            store.put(f"{tmp_path.name}/b", b"more data")
+        finally:
+            s3.shutdown()
+    assert s3.sent == 2 * [{"x-amz-server-side-encryption": "aws:kms",
+                            "x-amz-server-side-encryption-aws-kms-key-id": KMS_KEY_ID}]
 
 
 @pytest.mark.parametrize(("sse_type", "kms_key_id", "message"), [

@@ -34,6 +34,25 @@ def test_wrong_credentials_name_endpoint_bucket_and_key_id_never_the_secret(seaw
     assert secret_key not in str(raised.value) and secret_key not in repr(store)
 
 
+def test_writes_fail_with_the_same_named_errors_as_reads(seaweedfs, unique_prefix):
+    key = f"{unique_prefix}/orders/0/00000000000000000000.kfs"
+    rejected = make_s3_store(seaweedfs, unique_prefix, access_key_id="WRONGKEYID")
+    with pytest.raises(StorageAuthError) as raised:
+        rejected.put(key, b"segment")
+    assert str(raised.value) == (f"S3 at {seaweedfs.s3_endpoint} rejected the credentials (access key id "
+                                 f"WRONGKEYID) for bucket {S3_BUCKET}: InvalidAccessKeyId")
+    # (A PUT to a missing bucket: SeaweedFS creates the bucket, so that answer cannot be seen here.)
+    [port] = free_ports(1)
+    unreachable = S3SegmentStore(S3_BUCKET, endpoint=f"http://127.0.0.1:{port}", region=REGION, path_style=True,
+                                 access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY, max_attempts=2,
+                                 connect_timeout_seconds=1)
+    with pytest.raises(StorageUnreachableError, match=f"unreachable while trying to write {key} in bucket"):
+        unreachable.put(key, b"segment")
+    store = make_s3_store(seaweedfs, unique_prefix)
+    store.put(key, b"segment")
+    assert store.read(key) == b"segment"
+
+
 def test_credentials_from_the_environment_chain(seaweedfs, unique_prefix, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
