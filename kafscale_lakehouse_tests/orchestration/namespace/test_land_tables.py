@@ -4,6 +4,7 @@ and checks; a table whose commit fails leaves the others landed and is requested
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -357,3 +358,35 @@ def test_a_batch_frees_its_tables_once_committed_and_records_after_the_run_that_
                                                  of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
     assert records and min(record.timestamp for record in records) >= ended[0]
     orders.assert_exactly_once(runs=1)
+
+
+def test_a_batch_records_its_checks_and_events_at_a_lower_cpu_priority_than_it_lands(namespace_world, spark,
+                                                                                      monkeypatch):
+    """Once committed, a batch's checks and event-log writes are bookkeeping: on shared cores they yield to the runs
+    still landing tables (their thread's nice value is RECORDING_NICENESS higher), and the thread gets its own back
+    after (this process may raise it again: tests run as root)."""
+    world = namespace_world
+    _, request = second_batch(world)
+    this_thread = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, this_thread)
+    landing: list[int] = []
+    recording: list[int] = []
+    commit_append, table_events = ingest_run.commit_append, land_tables._table_events
+
+    def committed(*args, **kwargs):
+        landing.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return commit_append(*args, **kwargs)
+
+    def recorded(*args):
+        recording.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return table_events(*args)
+
+    monkeypatch.setattr(ingest_run, "commit_append", committed)
+    monkeypatch.setattr(land_tables, "_table_events", recorded)
+    result = world.land(request)
+    monkeypatch.undo()
+
+    assert result.success
+    assert landing == [before] * len(world.topics)
+    assert recording == [min(19, before + land_tables.RECORDING_NICENESS)] * len(world.topics)
+    assert os.getpriority(os.PRIO_PROCESS, this_thread) == before
