@@ -106,7 +106,7 @@ RECORD_AFTER_TAG = "kafscale/record_after"
 RECORD_AFTER_MAX_SECONDS = 600.0
 # The niceness a committed batch adds to the thread that records its checks and events: bookkeeping, off every table's
 # path to its next commit, so on a deployment's shared cores the runs still landing tables go first
-# (benchmarks/README.md, an eleventh session: fanout.py's p90 at 200 topics -27%).
+# (benchmarks/README.md, an eleventh session: fanout.py's p90 at 200 topics 109-126 s against 126-149 s).
 RECORDING_NICENESS = 10
 
 
