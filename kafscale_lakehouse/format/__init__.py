@@ -18,18 +18,23 @@ from kafscale_lakehouse.format.headers_json import go_headers_json
 from kafscale_lakehouse.format.record_batch import (
     BatchInfo,
     DecodedBatches,
+    FramedBatches,
     Record,
     decode_batches,
+    decode_framed,
     encode_control_batch,
     encode_record_batch,
+    frame_batch_run,
 )
 from kafscale_lakehouse.format.segment import (
     DecodedSegment,
     EncodedSegment,
+    FramedSegment,
     assemble_segment,
     check_index_matches_segment,
     decode_segment,
     encode_segment,
+    frame_segment,
 )
 from kafscale_lakehouse.format.segment_frame import (
     FOOTER_SIZE,
@@ -52,9 +57,9 @@ __all__ = [
     "BASE_SCHEMA", "CODEC_IDS", "CODEC_NAMES", "DEFAULT_INDEX_INTERVAL", "FOOTER_SIZE", "HEADER_SIZE",
     "SNAPPY_FRAMINGS", "BadIndexError", "BadMagicError", "BadRecordError", "BatchInfo", "BatchOverrunError",
     "CorruptCompressedPayloadError", "CrcMismatchError", "DecodedBatches", "DecodedSegment", "EncodedSegment",
-    "IndexEntry", "Record", "SegmentFooter", "SegmentFormatError", "SegmentHeader", "SegmentMismatchError",
-    "TruncatedSegmentError", "UnknownCodecError", "assemble_segment", "build_base_table", "build_index_entries",
-    "check_index_matches_segment", "decode_batches", "decode_segment", "encode_control_batch", "encode_index",
-    "encode_record_batch", "encode_segment", "entry_for_offset", "go_headers_json", "parse_footer", "parse_header",
-    "parse_index", "record_id",
+    "FramedBatches", "FramedSegment", "IndexEntry", "Record", "SegmentFooter", "SegmentFormatError", "SegmentHeader",
+    "SegmentMismatchError", "TruncatedSegmentError", "UnknownCodecError", "assemble_segment", "build_base_table",
+    "build_index_entries", "check_index_matches_segment", "decode_batches", "decode_framed", "decode_segment",
+    "encode_control_batch", "encode_index", "encode_record_batch", "encode_segment", "entry_for_offset",
+    "frame_batch_run", "frame_segment", "go_headers_json", "parse_footer", "parse_header", "parse_index", "record_id",
 ]

@@ -1,17 +1,19 @@
 """Kafka v2 record batches (docs/kafscale-format.md §3): decode runs of batches into Arrow, and encode them.
 
-This module walks batch headers (CRC, codec, offsets) and hands the records sections to `record_columns`.
+This module walks batch headers (CRC, codec, offsets: `frame_batch_run`) and hands the records sections to
+`record_columns` (`decode_framed`), which decodes the records of many runs, of consecutive segments, at once.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import crc32c
 import pyarrow as pa
 
+from kafscale_lakehouse.format.base_columns import BASE_SCHEMA
 from kafscale_lakehouse.format.compression import CODEC_NAMES, CODEC_NONE, codec_id_for, compress, decompress
 from kafscale_lakehouse.format.errors import (
     BadMagicError,
@@ -88,13 +90,30 @@ def decode_batches(buf: bytes | bytearray | memoryview, *, key: str, position: i
     Every error is a `SegmentFormatError` naming `key` and the absolute byte position in the object.
     """
     data = buf if isinstance(buf, bytes) else bytes(buf)
-    return decode_batch_run(data, 0, len(data), key=key, origin=position, topic=topic, partition=partition,
-                            verify_crc=verify_crc, start_offset=start_offset, end_offset=end_offset)
+    framed = frame_batch_run(data, 0, len(data), key=key, origin=position, topic=topic, partition=partition,
+                             verify_crc=verify_crc, start_offset=start_offset, end_offset=end_offset)
+    return DecodedBatches(records=decode_framed([framed]), batches=framed.batches)
 
 
-def decode_batch_run(data: bytes, start: int, stop: int, *, key: str, origin: int, topic: str, partition: int,
-                     verify_crc: bool, start_offset: int | None, end_offset: int | None) -> DecodedBatches:
-    """Decode the batches in `data[start:stop]`; `data[0]` is at absolute byte `origin` of object `key`."""
+@dataclass(frozen=True)
+class FramedBatches:
+    """A run of record batches of object `key`, checked (lengths, magic, CRCs, codecs, contiguous offsets) and
+    decompressed, their records not decoded yet (`decode_framed`)."""
+
+    key: str
+    topic: str
+    partition: int
+    start_offset: int | None  # the offset range the records are limited to
+    end_offset: int | None
+    batches: list[BatchInfo]  # every batch of the run, in object order
+    sections: list[RecordSection]  # the records sections of the batches decoded, positions in `records`
+    records: bytes  # those records sections back to back, decompressed
+
+
+def frame_batch_run(data: bytes, start: int, stop: int, *, key: str, origin: int, topic: str, partition: int,
+                    verify_crc: bool, start_offset: int | None, end_offset: int | None) -> FramedBatches:
+    """Check and decompress the batches in `data[start:stop]`; `data[0]` is at absolute byte `origin` of object
+    `key`. Batches that are control batches or outside [`start_offset`, `end_offset`) are checked, not kept."""
     view = memoryview(data)
     batches: list[BatchInfo] = []
     sections: list[RecordSection] = []
@@ -148,7 +167,7 @@ def decode_batch_run(data: bytes, start: int, stop: int, *, key: str, origin: in
             else:
                 records_piece = decompress(codec_id, view[pos + BATCH_HEADER_SIZE:end], key=key, position=at)
             sections.append(RecordSection(
-                buffer_start=buffered, buffer_stop=buffered + len(records_piece), record_count=record_count,
+                key=key, buffer_start=buffered, buffer_stop=buffered + len(records_piece), record_count=record_count,
                 base_offset=base_offset, last_offset=last_offset, base_timestamp=base_timestamp,
                 max_timestamp=max_timestamp, log_append_time=log_append_time, batch_position=at,
                 codec=CODEC_NAMES[codec_id],
@@ -161,9 +180,31 @@ def decode_batch_run(data: bytes, start: int, stop: int, *, key: str, origin: in
             log_append_time=log_append_time, max_timestamp_ms=max_timestamp, crc_verified=verify_crc,
             decoded=wanted))
         pos = end
-    records = decode_record_sections(b"".join(records_pieces), sections, key=key, topic=topic, partition=partition,
-                                     start_offset=start_offset, end_offset=end_offset)
-    return DecodedBatches(records=records, batches=batches)
+    return FramedBatches(key, topic, partition, start_offset, end_offset, batches, sections, b"".join(records_pieces))
+
+
+def decode_framed(runs: Sequence[FramedBatches]) -> pa.Table:
+    """BASE_SCHEMA rows of the records of `runs` (run after run, of one Kafka partition, each limited to the same
+    offset range), decoded in one pass: the vectorized decode costs a fixed ~2 ms a call, as much as the 40 records
+    of a segment of realistic traffic, so the consecutive segments of a read are decoded together. Offsets must rise
+    across the runs; an error names the object (`RecordSection.key`) and byte at fault."""
+    if not runs:
+        return BASE_SCHEMA.empty_table()
+    first = runs[0]
+    if any((r.topic, r.partition, r.start_offset, r.end_offset) !=
+           (first.topic, first.partition, first.start_offset, first.end_offset) for r in runs):
+        raise ValueError("decode_framed: the runs must be of one topic partition and one offset range")
+    if len(runs) == 1:
+        buffer, sections = first.records, first.sections
+    else:
+        buffer = b"".join(r.records for r in runs)
+        sections, shift = [], 0
+        for run in runs:
+            sections.extend(replace(s, buffer_start=s.buffer_start + shift, buffer_stop=s.buffer_stop + shift)
+                            for s in run.sections)
+            shift += len(run.records)
+    return decode_record_sections(buffer, sections, topic=first.topic, partition=first.partition,
+                                  start_offset=first.start_offset, end_offset=first.end_offset)
 
 
 # ---------------------------------------------------------------------------------------------------------------

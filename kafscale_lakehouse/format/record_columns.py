@@ -28,8 +28,10 @@ _REPEAT_SAMPLE_SIZE = 256  # header sections looked at to decide whether they re
 
 @dataclass(frozen=True)
 class RecordSection:
-    """The records section of one batch, at `buffer_start:buffer_stop` of the shared records buffer."""
+    """The records section of one batch of object `key`, at `buffer_start:buffer_stop` of the shared records buffer
+    (which may hold the sections of several objects: `decode_framed`)."""
 
+    key: str
     buffer_start: int
     buffer_stop: int
     record_count: int
@@ -42,14 +44,14 @@ class RecordSection:
     codec: str
     object_start: int | None  # absolute object position of buffer_start when the batch is uncompressed
 
-    def error(self, error_type: type[SegmentFormatError], key: str, buffer_position: int, reason: str
-              ) -> SegmentFormatError:
+    def error(self, error_type: type[SegmentFormatError], buffer_position: int, reason: str) -> SegmentFormatError:
         """An error at `buffer_position`, named by its absolute object position (or, when compressed, by the
         batch position plus the byte within the decompressed records)."""
         if self.object_start is not None:
-            return error_type(key, self.object_start + buffer_position - self.buffer_start, reason)
-        return error_type(key, self.batch_position, f"{self.codec} batch, at byte {buffer_position - self.buffer_start}"
-                                                    f" of its decompressed records: {reason}")
+            return error_type(self.key, self.object_start + buffer_position - self.buffer_start, reason)
+        return error_type(self.key, self.batch_position, f"{self.codec} batch, at byte "
+                                                         f"{buffer_position - self.buffer_start} of its decompressed "
+                                                         f"records: {reason}")
 
 
 class _RecordError(Exception):
@@ -62,10 +64,11 @@ class _RecordError(Exception):
         self.error_type = error_type
 
 
-def decode_record_sections(buffer: bytes, sections: Sequence[RecordSection], *, key: str, topic: str,
-                           partition: int, start_offset: int | None, end_offset: int | None) -> pa.Table:
-    """BASE_SCHEMA rows of every record in `sections`, limited to offsets in [start_offset, end_offset)."""
-    record_starts = _walk_record_lengths(buffer, sections, key=key)
+def decode_record_sections(buffer: bytes, sections: Sequence[RecordSection], *, topic: str, partition: int,
+                           start_offset: int | None, end_offset: int | None) -> pa.Table:
+    """BASE_SCHEMA rows of every record in `sections`, limited to offsets in [start_offset, end_offset). Offsets must
+    rise from record to record across all sections (they may come from consecutive segments of one partition)."""
+    record_starts = _walk_record_lengths(buffer, sections)
     if not record_starts:
         return BASE_SCHEMA.empty_table()
     buf = np.frombuffer(buffer, dtype=np.uint8)
@@ -83,7 +86,7 @@ def decode_record_sections(buffer: bytes, sections: Sequence[RecordSection], *, 
     first_bad = fields.first_bad_row()
     if first_bad is not None:
         error_type, position, reason = fields.describe(first_bad)
-        raise sections[section_of[first_bad]].error(error_type, key, position, reason)
+        raise sections[section_of[first_bad]].error(error_type, position, reason)
 
     def per_row(attribute: str, dtype: type) -> np.ndarray:
         return np.array([getattr(section, attribute) for section in sections], dtype=dtype)[section_of]
@@ -96,7 +99,7 @@ def decode_record_sections(buffer: bytes, sections: Sequence[RecordSection], *, 
     if out_of_order.any():
         row = int(np.argmax(out_of_order))
         section = sections[section_of[row]]
-        raise section.error(BadRecordError, key, int(starts[row]), f"record offset {int(offsets[row])} is not above "
+        raise section.error(BadRecordError, int(starts[row]), f"record offset {int(offsets[row])} is not above "
                             f"the previous record's and within the batch's offsets "
                             f"{section.base_offset}..{section.last_offset}")
 
@@ -110,13 +113,13 @@ def decode_record_sections(buffer: bytes, sections: Sequence[RecordSection], *, 
     overflowed &= ~log_append_time
     if overflowed.any():
         row = int(np.argmax(overflowed))
-        raise sections[section_of[row]].error(BadRecordError, key, int(starts[row]), "record timestamp (baseTimestamp"
-                                              " + timestampDelta) is outside the int64 range")
+        raise sections[section_of[row]].error(BadRecordError, int(starts[row]), "record timestamp (baseTimestamp + "
+                                              "timestampDelta) is outside the int64 range")
 
     arrow_buffer = pa.py_buffer(buffer)
     # Headers of every decoded record are checked, not just of the rows kept.
     headers = _headers_column(_gather_binary(arrow_buffer, fields.value_end, ends), buffer_positions=fields.value_end,
-                              sections=sections, section_of=section_of, key=key)
+                              sections=sections, section_of=section_of)
     keep = slice(0 if start_offset is None else int(np.searchsorted(offsets, start_offset)),
                  len(offsets) if end_offset is None else int(np.searchsorted(offsets, end_offset)))
     return build_base_table(
@@ -131,7 +134,7 @@ def decode_record_sections(buffer: bytes, sections: Sequence[RecordSection], *, 
     )
 
 
-def _walk_record_lengths(buffer: bytes, sections: Sequence[RecordSection], *, key: str) -> list[int]:
+def _walk_record_lengths(buffer: bytes, sections: Sequence[RecordSection]) -> list[int]:
     """The start of every record: hop over each record by its length varint (the only per-record Python)."""
     record_starts: list[int] = []
     append = record_starts.append
@@ -158,7 +161,7 @@ def _walk_record_lengths(buffer: bytes, sections: Sequence[RecordSection], *, ke
                     p = after + length
         except _RecordError as exc:
             if exc.position < section.buffer_stop:
-                raise section.error(exc.error_type, key, exc.position, exc.reason) from None
+                raise section.error(exc.error_type, exc.position, exc.reason) from None
             p = exc.position + 1  # a "record" past the batch end: the batch is overrun
         except IndexError:
             p = len(buffer) + 1  # the hops ran off the end of all records: the batch is overrun
@@ -166,10 +169,10 @@ def _walk_record_lengths(buffer: bytes, sections: Sequence[RecordSection], *, ke
             # The first record that does not fit: the last one starting inside the batch (or right at its end).
             overrunning = max((start for start in record_starts[first_row:] if start <= section.buffer_stop),
                               default=section.buffer_start)
-            raise section.error(BatchOverrunError, key, overrunning, f"record lengths run past the end of the batch "
+            raise section.error(BatchOverrunError, overrunning, f"record lengths run past the end of the batch "
                                                                      f"({section.record_count} records announced)")
         if p < section.buffer_stop:
-            raise section.error(BatchOverrunError, key, p, f"{section.buffer_stop - p} bytes follow the batch's last "
+            raise section.error(BatchOverrunError, p, f"{section.buffer_stop - p} bytes follow the batch's last "
                                                            f"record (record count {section.record_count})")
     return record_starts
 
@@ -272,7 +275,7 @@ def _gather_binary(arrow_buffer: pa.Buffer, starts: np.ndarray, ends: np.ndarray
 
 
 def _headers_column(header_sections: pa.Array, *, buffer_positions: np.ndarray, sections: Sequence[RecordSection],
-                    section_of: np.ndarray, key: str) -> pa.Array:
+                    section_of: np.ndarray) -> pa.Array:
     sample = header_sections.slice(0, _REPEAT_SAMPLE_SIZE)
     if 2 * len(pc.unique(sample)) <= len(sample):
         # Sections repeat (the same headers on every record): build each distinct section's JSON once.
@@ -291,7 +294,7 @@ def _headers_column(header_sections: pa.Array, *, buffer_positions: np.ndarray, 
             _headers_json(section_bytes)
         except _RecordError as exc:
             row = int(np.argmax(encoded.indices.to_numpy(zero_copy_only=False) == slot))
-            raise sections[section_of[row]].error(exc.error_type, key, int(buffer_positions[row]) + exc.position,
+            raise sections[section_of[row]].error(exc.error_type, int(buffer_positions[row]) + exc.position,
                                                    exc.reason) from None
     raise AssertionError("the vectorized header walk rejected header sections that all parse")
 

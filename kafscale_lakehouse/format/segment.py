@@ -18,10 +18,12 @@ from kafscale_lakehouse.format.errors import (
 from kafscale_lakehouse.format.record_batch import (
     BATCH_HEADER_SIZE,
     BatchInfo,
+    FramedBatches,
     Record,
-    decode_batch_run,
+    decode_framed,
     encode_control_batch,
     encode_record_batch,
+    frame_batch_run,
 )
 from kafscale_lakehouse.format.segment_frame import (
     FOOTER_SIZE,
@@ -69,14 +71,37 @@ class EncodedSegment:
     record_offsets: tuple[int, ...]  # the offset given to each input record, in input order
 
 
+@dataclass(frozen=True)
+class FramedSegment:
+    """A `.kfs` object checked from header to footer, its records not decoded yet (`decode_framed`)."""
+
+    header: SegmentHeader
+    footer: SegmentFooter
+    run: FramedBatches  # every batch of the segment
+
+
 def decode_segment(data: bytes | bytearray | memoryview, *, key: str, topic: str, partition: int,
                    verify_crc: bool = True, start_offset: int | None = None, end_offset: int | None = None
                    ) -> DecodedSegment:
-    """Decode a whole `.kfs` object named `key` into BASE_SCHEMA rows.
+    """Decode a whole `.kfs` object named `key` into BASE_SCHEMA rows (`frame_segment`, then its records).
+
+    Rows are limited to offsets in [`start_offset`, `end_offset`). Control batches yield no rows.
+    Raises a `SegmentFormatError` subclass naming `key` and the byte position at fault.
+    """
+    framed = frame_segment(data, key=key, topic=topic, partition=partition, verify_crc=verify_crc,
+                           start_offset=start_offset, end_offset=end_offset)
+    return DecodedSegment(header=framed.header, footer=framed.footer, records=decode_framed([framed.run]),
+                          batches=framed.run.batches)
+
+
+def frame_segment(data: bytes | bytearray | memoryview, *, key: str, topic: str, partition: int,
+                  verify_crc: bool = True, start_offset: int | None = None, end_offset: int | None = None
+                  ) -> FramedSegment:
+    """Check a whole `.kfs` object named `key` and decompress its records (limited to [`start_offset`,
+    `end_offset`)), to be decoded with `decode_framed`, alone or with the segments that follow it.
 
     Checks header and footer magic and version, the body CRC-32C and every batch CRC (unless `verify_crc`
     is False), batch contiguity, header base offset and message count, and footer last offset.
-    Rows are limited to offsets in [`start_offset`, `end_offset`). Control batches yield no rows.
     Raises a `SegmentFormatError` subclass naming `key` and the byte position at fault.
     """
     data = data if isinstance(data, bytes) else bytes(data)
@@ -91,10 +116,9 @@ def decode_segment(data: bytes | bytearray | memoryview, *, key: str, topic: str
         if body_crc != footer.body_crc:
             raise CrcMismatchError(key, footer_position, f"footer body CRC-32C is {footer.body_crc:#010x} but bytes "
                                                          f"{HEADER_SIZE}..{footer_position} give {body_crc:#010x}")
-    decoded = decode_batch_run(data, HEADER_SIZE, footer_position, key=key, origin=0, topic=topic,
-                               partition=partition, verify_crc=verify_crc, start_offset=start_offset,
-                               end_offset=end_offset)
-    batches = decoded.batches
+    run = frame_batch_run(data, HEADER_SIZE, footer_position, key=key, origin=0, topic=topic, partition=partition,
+                          verify_crc=verify_crc, start_offset=start_offset, end_offset=end_offset)
+    batches = run.batches
     if not batches:
         raise SegmentMismatchError(key, HEADER_SIZE, "segment holds no record batches")
     if batches[0].base_offset != header.base_offset:
@@ -107,7 +131,7 @@ def decode_segment(data: bytes | bytearray | memoryview, *, key: str, topic: str
     if footer.last_offset != batches[-1].last_offset:
         raise SegmentMismatchError(key, footer_position + 4, f"footer last offset is {footer.last_offset}, the last "
                                                              f"batch ends at offset {batches[-1].last_offset}")
-    return DecodedSegment(header=header, footer=footer, records=decoded.records, batches=batches)
+    return FramedSegment(header=header, footer=footer, run=run)
 
 
 def check_index_matches_segment(entries: Sequence[IndexEntry], batches: Sequence[BatchInfo], *, index_key: str

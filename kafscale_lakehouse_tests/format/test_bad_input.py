@@ -143,11 +143,17 @@ def test_negative_header_key_length():
 
 def test_record_count_disagreeing_with_the_records():
     kfs = small_segment()
-    # The first batch holds an 11-byte record without headers and a 15-byte record with one header.
-    error = raises_at(BatchOverrunError, FIRST_RECORDS + 26, reseal(patched(kfs, FIRST_BATCH + 57, "i", 3)))
+    # The first batch holds an 11-byte record without headers and a 15-byte record with one header. The header's
+    # message count (byte 16, 6) agrees with the batch's, so the records themselves are at fault.
+    error = raises_at(BatchOverrunError, FIRST_RECORDS + 26,
+                      reseal(patched(patched(kfs, FIRST_BATCH + 57, "i", 3), 16, "i", 7)))
     assert "past the end of the batch" in error.reason
-    error = raises_at(BatchOverrunError, FIRST_RECORDS + 11, reseal(patched(kfs, FIRST_BATCH + 57, "i", 1)))
+    error = raises_at(BatchOverrunError, FIRST_RECORDS + 11,
+                      reseal(patched(patched(kfs, FIRST_BATCH + 57, "i", 1), 16, "i", 5)))
     assert "follow the batch's last record" in error.reason
+    # A header disagreeing with the batches is found before any record is decoded.
+    error = raises_at(SegmentMismatchError, 16, reseal(patched(kfs, FIRST_BATCH + 57, "i", 3)))
+    assert "header message count is 6, the batches hold 7 records" in error.reason
 
 
 def test_record_offsets_out_of_order():

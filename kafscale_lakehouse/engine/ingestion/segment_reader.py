@@ -6,9 +6,10 @@ Planning happens in the ingestion run (`engine/ingestion/run.py`, with `storage.
 bytes (a larger segment is a run of its own), and carries its own offset sub-range.
 
 Reading (one Spark task of `engine/ingestion/spark_job.py`, `read_input_partition`): each segment is fetched once and
-decoded with CRC checks, limited to the range. A segment in which the start offset falls mid-way is range-read: its
-`.index` (one GET), then one ranged GET from the index entry at or before the start offset to the end of the object,
-decoded with `decode_batches`. Arrow batches of at most `MAX_ROWS_PER_BATCH` rows are yielded in
+checked with its CRCs (`frame_segment`), limited to the range; the records of consecutive segments are then decoded
+together (`decode_framed`). A segment in which the start offset falls mid-way is range-read: its
+`.index` (one GET), then one ranged GET from the index entry at or before the start offset to the end of the object.
+Arrow batches of at most `MAX_ROWS_PER_BATCH` rows are yielded in
 `source_arrow_schema`: the base columns (`BASE_SCHEMA`), the mapped columns (types from the schema layer, all
 nullable: a required column is null in an invalid record), then `_kafscale_invalid_reason` (string, nullable),
 then, only with a JSON Schema, `_kafscale_invalid_schema_path` (string, nullable).
@@ -58,11 +59,13 @@ from kafscale_lakehouse.format import (
     FOOTER_SIZE,
     HEADER_SIZE,
     BadIndexError,
+    FramedBatches,
     SegmentFormatError,
     SegmentMismatchError,
-    decode_batches,
-    decode_segment,
+    decode_framed,
     entry_for_offset,
+    frame_batch_run,
+    frame_segment,
     parse_footer,
     parse_header,
     parse_index,
@@ -87,13 +90,14 @@ MAX_ROWS_PER_BATCH = 65_536
 # fetched alone, as before: bounded memory).
 READ_AHEAD_SEGMENTS = 4
 READ_AHEAD_BYTES = 16 << 20
-# The records of consecutive segments are mapped (coerced, validated) together up to this many Arrow bytes: mapping
-# costs a fixed ~1 ms per batch (JSON parsing set-up, a few dozen Arrow kernels), as much as its 40 records cost at
-# a segment per 10 s of realistic traffic (benchmarks/batch_cost.py --segments 13). A larger segment is mapped alone.
-MAPPED_TOGETHER_BYTES = 4 << 20
+# The records of consecutive segments are decoded and mapped (coerced, validated) together up to this many bytes of
+# (decompressed) records: decoding costs a fixed ~2 ms per call and mapping ~1 ms per batch (numpy and Arrow kernels,
+# JSON parsing set-up), as much as the 40 records of a segment per 10 s of realistic traffic cost
+# (benchmarks/batch_cost.py --segments 13). A larger segment is decoded and mapped alone.
+DECODED_TOGETHER_BYTES = 4 << 20
 
 
-# A segment planned to end where its successor begins ended before it (`SegmentRecords.ends_early_at`): its partition
+# A segment planned to end where its successor begins ended before it (`FetchedSegment.ends_early_at`): its partition
 # stops there.
 SEGMENT_GAP_ERROR_TYPE = "SegmentGap"
 
@@ -181,10 +185,11 @@ class SegmentChangedError(SegmentMismatchError):
                    f"{segment.kfs_size} bytes, found {found} (replaced after planning)")
 
 
-class SegmentRecords(NamedTuple):
-    """What `fetch_segment_records` returns: the records asked for, and whether the segment ends before its plan."""
+class FetchedSegment(NamedTuple):
+    """What `fetch_segment` returns: the segment's batches asked for, checked, their records not decoded yet, and
+    whether the segment ends before its plan."""
 
-    records: pa.Table
+    framed: FramedBatches
     # A segment planned to end where its successor begins (`SegmentRef.end_from_footer` False) whose footer ends
     # before: the offset after its footer's last one; offsets from there to the successor exist in no segment.
     ends_early_at: int | None = None
@@ -242,34 +247,33 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
     lfs_columns = resolver is not None and resolver.settings.config.store_metadata
     coercer = JsonColumnCoercer(columns[:-len(LFS_METADATA_COLUMNS)] if lfs_columns else columns,
                                 numeric_timestamp_unit=unit)
-    unmapped: list[pa.Table] = []  # records of the segments read, not mapped yet (`MAPPED_TOGETHER_BYTES`)
+    # Segments fetched and checked, their records not decoded yet (`DECODED_TOGETHER_BYTES`).
+    undecoded: list[tuple[SegmentRef, FramedBatches]] = []
 
-    def mapped() -> Iterator[pa.RecordBatch]:
-        together = pa.concat_tables(unmapped).combine_chunks() if len(unmapped) > 1 else unmapped[0]
-        unmapped.clear()
-        for batch in together.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
-            yield _with_mapped_columns(batch, coercer, schema, json_schema)
+    def decoded() -> Iterator[pa.RecordBatch]:
+        """The records of `undecoded`, decoded together and mapped; a segment whose records do not decode stops the
+        read there, after the records of the segments before it."""
+        records, failed = _decode_together(undecoded)
+        undecoded.clear()
+        if resolver is None:
+            for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
+                yield _with_mapped_columns(batch, coercer, schema, json_schema)
+        if failed is not None:
+            raise _read_error(partition, *failed)
 
     for segment, fetched in _fetched_ahead(store, partition):
         try:
-            records, ends_early_at = fetched()
+            framed, ends_early_at = fetched()
         except (SegmentFormatError, StorageError) as exc:
-            if unmapped:  # the records of the segments before it are delivered first
-                yield from mapped()
-            next_offset = max(segment.base_offset, partition.offsets.start)
-            log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition,
-                      next_offset, exc)
-            raise SegmentReadError(SegmentReadFailure(
-                topic=segment.topic, partition=segment.partition, kfs_key=segment.kfs_key,
-                key=exc.key or segment.kfs_key,
-                position=exc.position if isinstance(exc, SegmentFormatError) else None,
-                error_type=type(exc).__name__, message=str(exc), base_offset=segment.base_offset,
-                next_offset=next_offset)) from exc
+            yield from decoded()  # the records of the segments before it are delivered first
+            raise _read_error(partition, segment, exc) from exc
+        undecoded.append((segment, framed))
         if resolver is None:
-            unmapped.append(records)
-            if ends_early_at is not None or sum(t.nbytes for t in unmapped) >= MAPPED_TOGETHER_BYTES:
-                yield from mapped()
+            if ends_early_at is not None or sum(len(f.records) for _, f in undecoded) >= DECODED_TOGETHER_BYTES:
+                yield from decoded()
         else:  # envelopes are resolved per segment: a record that fails stops its partition in that segment
+            records, failed = _decode_together(undecoded)
+            undecoded.clear()
             for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
                 for handled in resolver.process(batch):
                     if handled.batch.num_rows:
@@ -279,6 +283,8 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
                         log.error("topic %s partition %d stops at offset %d: %s", partition.topic,
                                   partition.partition, handled.stop.offset, handled.stop.describe())
                         raise SegmentReadError(_lfs_failure(segment, handled.stop))
+            if failed is not None:
+                raise _read_error(partition, *failed)
         if ends_early_at is not None:
             # Its records are delivered; the partition stops at the gap after them, which the next run's plan starts
             # at and reports (or skips, `allow_gaps`): only the footer of the segment holding its start is read there.
@@ -289,23 +295,50 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
                 topic=segment.topic, partition=segment.partition, kfs_key=segment.kfs_key, key=segment.kfs_key,
                 position=segment.kfs_size - FOOTER_SIZE, error_type=SEGMENT_GAP_ERROR_TYPE, message=message,
                 base_offset=segment.base_offset, next_offset=ends_early_at))
-    if unmapped:
-        yield from mapped()
+    if undecoded:
+        yield from decoded()
+
+
+def _decode_together(segments: Sequence[tuple[SegmentRef, FramedBatches]]
+                     ) -> tuple[pa.Table, tuple[SegmentRef, SegmentFormatError] | None]:
+    """The records of `segments` decoded in one pass (`decode_framed`). When a record does not decode, the error names
+    its segment: the records of the segments before it, and that segment with its error."""
+    count = len(segments)
+    failed: tuple[SegmentRef, SegmentFormatError] | None = None
+    while count:
+        try:
+            return decode_framed([framed for _, framed in segments[:count]]), failed
+        except SegmentFormatError as exc:
+            # An earlier segment may hold a fault of a kind checked after this one: decode those before it again.
+            count = next((i for i, (segment, framed) in enumerate(segments[:count]) if framed.key == exc.key), 0)
+            failed = (segments[count][0], exc)
+    return BASE_SCHEMA.empty_table(), failed
+
+
+def _read_error(partition: SegmentRunPartition, segment: SegmentRef,
+                exc: SegmentFormatError | StorageError) -> SegmentReadError:
+    """The partition stops at `segment`, which cannot be read."""
+    next_offset = max(segment.base_offset, partition.offsets.start)
+    log.error("topic %s partition %d stops at offset %d: %s", partition.topic, partition.partition, next_offset, exc)
+    return SegmentReadError(SegmentReadFailure(
+        topic=segment.topic, partition=segment.partition, kfs_key=segment.kfs_key, key=exc.key or segment.kfs_key,
+        position=exc.position if isinstance(exc, SegmentFormatError) else None, error_type=type(exc).__name__,
+        message=str(exc), base_offset=segment.base_offset, next_offset=next_offset))
 
 
 def _fetched_ahead(store: SegmentStore,
-                   partition: SegmentRunPartition) -> Iterator[tuple[SegmentRef, Callable[[], SegmentRecords]]]:
-    """Each segment of `partition` in order with what returns its records (`fetch_segment_records`), the next ones
+                   partition: SegmentRunPartition) -> Iterator[tuple[SegmentRef, Callable[[], FetchedSegment]]]:
+    """Each segment of `partition` in order with what returns it fetched and checked (`fetch_segment`), the next ones
     fetched ahead on threads (`READ_AHEAD_SEGMENTS`, `READ_AHEAD_BYTES`). A fetch's error is raised when its
-    segment's records are asked for, so a segment fails where it comes, after the segments before it; what is still
-    ahead when the caller stops is cancelled."""
+    segment is asked for, so a segment fails where it comes, after the segments before it; what is still ahead when
+    the caller stops is cancelled."""
     segments = list(partition.segments)
     if len(segments) <= 1:
         for segment in segments:
-            yield segment, partial(fetch_segment_records, store, segment, partition.offsets)
+            yield segment, partial(fetch_segment, store, segment, partition.offsets)
         return
     pool = ThreadPoolExecutor(min(READ_AHEAD_SEGMENTS, len(segments)), thread_name_prefix="segment-fetch")
-    ahead: deque[tuple[SegmentRef, Future[SegmentRecords]]] = deque()
+    ahead: deque[tuple[SegmentRef, Future[FetchedSegment]]] = deque()
     submitted = 0
     try:
         while ahead or submitted < len(segments):
@@ -314,7 +347,7 @@ def _fetched_ahead(store: SegmentStore,
                 if ahead and beyond_current + segments[submitted].kfs_size > READ_AHEAD_BYTES:
                     break
                 segment = segments[submitted]
-                ahead.append((segment, pool.submit(fetch_segment_records, store, segment, partition.offsets)))
+                ahead.append((segment, pool.submit(fetch_segment, store, segment, partition.offsets)))
                 submitted += 1
             segment, future = ahead.popleft()
             yield segment, future.result
@@ -330,8 +363,9 @@ def _lfs_failure(segment: SegmentRef, failure: LfsFailure) -> SegmentReadFailure
         message=failure.describe(), base_offset=segment.base_offset, next_offset=failure.offset)
 
 
-def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange) -> SegmentRecords:
-    """The records of `segment` within `offsets` (BASE_SCHEMA), fetched once and decoded with CRC checks.
+def fetch_segment(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange) -> FetchedSegment:
+    """The batches of `segment` within `offsets`, fetched once and checked with their CRCs (`frame_segment`), their
+    records to be decoded (`decode_framed`).
 
     When `offsets.start` falls mid-way, only the bytes from the index entry at or before it are fetched; then the
     batch CRCs are verified but not the footer's body CRC, which covers bytes that were not fetched.
@@ -340,7 +374,7 @@ def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: Off
     last offset when planned from its footer), since the run commits up to the planned end. An object replaced
     after planning raises `SegmentChangedError` before any of its records are decoded (`_check_planned`); in a range
     read a shorter object fails the exact-length read and a different one the footer check at the planned end. A
-    segment planned to end where its successor begins may end before (`SegmentRecords.ends_early_at`: a gap) but not
+    segment planned to end where its successor begins may end before (`FetchedSegment.ends_early_at`: a gap) but not
     after (an overlap: `SegmentOverlapError`).
     """
     if offsets.start > segment.base_offset:
@@ -348,12 +382,12 @@ def fetch_segment_records(store: SegmentStore, segment: SegmentRef, offsets: Off
         entry = entry_for_offset(entries, offsets.start)
         if entry.position > HEADER_SIZE:
             entry_position = INDEX_HEADER_SIZE + entries.index(entry) * INDEX_ENTRY_SIZE
-            return _decode_from_index_entry(store, segment, offsets, entry.offset, entry.position, entry_position)
+            return _frame_from_index_entry(store, segment, offsets, entry.offset, entry.position, entry_position)
     data = store.read(segment.kfs_key)
     ends_early_at = _check_planned(segment, data)
-    decoded = decode_segment(data, key=segment.kfs_key, topic=segment.topic, partition=segment.partition,
-                             start_offset=offsets.start, end_offset=offsets.end)
-    return SegmentRecords(decoded.records, ends_early_at)
+    framed = frame_segment(data, key=segment.kfs_key, topic=segment.topic, partition=segment.partition,
+                           start_offset=offsets.start, end_offset=offsets.end)
+    return FetchedSegment(framed.run, ends_early_at)
 
 
 def _check_planned(segment: SegmentRef, data: bytes) -> int | None:
@@ -388,9 +422,9 @@ def _check_planned_end(segment: SegmentRef, last_offset: int, footer_position: i
     return last_offset + 1
 
 
-def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange, entry_offset: int,
-                             byte_position: int, entry_position: int) -> SegmentRecords:
-    """Range-read and decode the batches from `byte_position` (an index entry for `entry_offset`) to the footer."""
+def _frame_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange, entry_offset: int,
+                            byte_position: int, entry_position: int) -> FetchedSegment:
+    """Range-read and check the batches from `byte_position` (an index entry for `entry_offset`) to the footer."""
     footer_position = segment.kfs_size - FOOTER_SIZE
     if byte_position >= footer_position:
         raise BadIndexError(segment.index_key, entry_position,
@@ -400,10 +434,10 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
     footer = parse_footer(data[-FOOTER_SIZE:], segment.kfs_key, footer_position)
     # The size matched no further than the exact-length read shows: the footer says whether it is the segment planned.
     ends_early_at = _check_planned_end(segment, footer.last_offset, footer_position)
-    decoded = decode_batches(memoryview(data)[:-FOOTER_SIZE], key=segment.kfs_key, position=byte_position,
-                             topic=segment.topic, partition=segment.partition, start_offset=offsets.start,
-                             end_offset=offsets.end)
-    first_batch, last_batch = decoded.batches[0], decoded.batches[-1]
+    framed = frame_batch_run(data, 0, len(data) - FOOTER_SIZE, key=segment.kfs_key, origin=byte_position,
+                             topic=segment.topic, partition=segment.partition, verify_crc=True,
+                             start_offset=offsets.start, end_offset=offsets.end)
+    first_batch, last_batch = framed.batches[0], framed.batches[-1]
     if first_batch.base_offset != entry_offset:
         raise BadIndexError(segment.index_key, entry_position,
                             f"index entry says offset {entry_offset} starts at byte {byte_position} of "
@@ -412,7 +446,7 @@ def _decode_from_index_entry(store: SegmentStore, segment: SegmentRef, offsets: 
         raise SegmentMismatchError(segment.kfs_key, footer_position + 4,
                                    f"footer last offset is {footer.last_offset}, the last batch ends at offset "
                                    f"{last_batch.last_offset}")
-    return SegmentRecords(decoded.records, ends_early_at)
+    return FetchedSegment(framed, ends_early_at)
 
 
 def _with_mapped_columns(batch: pa.RecordBatch, coercer: JsonColumnCoercer, schema: pa.Schema,
