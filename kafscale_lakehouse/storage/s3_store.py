@@ -7,7 +7,8 @@ obstore spends 0.3 ms of CPU per GET and 1.3 ms per listing page where boto3 spe
 or a test uploads) are one PUT each, as a broker's, with the server-side encryption of `s3.sse`: a PUT of a 12 kB
 segment costs 0.35 ms of CPU where boto3's cost 3.8 (and SeaweedFS 2.6 ms where 3.9), most of a producer's CPU.
 Without static keys the credentials are boto3's chain (environment, profile, instance or pod role), which obstore
-asks through `Boto3CredentialProvider`."""
+asks through `Boto3CredentialProvider`; boto3 is imported only then (or to find the region when none is given): its
+import is 0.13-0.27 CPU-s of every process that opens a store (run workers, the Spark engine's Python workers)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
-import boto3
 import obstore
-from obstore.auth.boto3 import Boto3CredentialProvider
 from obstore.exceptions import BaseError as ObstoreError
 from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 from obstore.store import S3Store
 
 if TYPE_CHECKING:
+    import boto3
     from obstore.store import ClientConfig  # in obstore's type stubs only
 
 from kafscale_lakehouse.storage.errors import (
@@ -151,6 +151,8 @@ class S3SegmentStore(SegmentStore):
     def _boto_session(self) -> boto3.session.Session:
         """Under `_client_lock`."""
         if self._session is None:
+            import boto3  # only without static keys or a region (module docstring)
+
             self._session = boto3.session.Session(
                 aws_access_key_id=self._access_key_id,
                 aws_secret_access_key=self._secret_access_key,
@@ -170,6 +172,8 @@ class S3SegmentStore(SegmentStore):
                     settings["credential_provider"] = _StaticCredentials(
                         self._access_key_id, self._secret_access_key or "", self._session_token)
                 else:
+                    from obstore.auth.boto3 import Boto3CredentialProvider  # imports boto3
+
                     settings["credential_provider"] = Boto3CredentialProvider(self._boto_session())
                 endpoint = self.endpoint
                 if endpoint is not None and not self.path_style:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 import time
 
 import pytest
@@ -77,6 +79,24 @@ def test_configured_keys_are_used_alone_whatever_session_token_the_environment_h
     listing = store.list_segments("orders", 0)
     assert [s.base_offset for s in listing.segments] == [0]
     assert store.read(listing.segments[0].kfs_key)[:8]
+
+
+def test_a_store_with_keys_and_a_region_never_imports_boto3(seaweedfs, unique_prefix):
+    # boto3's import is 0.13-0.27 CPU-s of every process that opens a store (run workers, Spark's Python workers): it is
+    # only needed for the credential chain (the test above) or to find a region.
+    script = f"""
+import sys
+from kafscale_lakehouse.storage import S3SegmentStore
+store = S3SegmentStore({S3_BUCKET!r}, namespace={unique_prefix!r}, endpoint={seaweedfs.s3_endpoint!r},
+                       region={REGION!r}, path_style=True, access_key_id={ACCESS_KEY!r},
+                       secret_access_key={SECRET_KEY!r})
+store.put("no-boto3/object", b"segment")
+assert store.read("no-boto3/object") == b"segment"
+print(sorted(name for name in sys.modules if name.split(".")[0] in ("boto3", "botocore")))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_missing_bucket(seaweedfs, unique_prefix):
