@@ -251,13 +251,13 @@ def _read_segments(store: SegmentStore, partition: SegmentRunPartition, columns:
     undecoded: list[tuple[SegmentRef, FramedBatches]] = []
 
     def decoded() -> Iterator[pa.RecordBatch]:
-        """The records of `undecoded`, decoded together and mapped; a segment whose records do not decode stops the
-        read there, after the records of the segments before it."""
+        """The records of `undecoded`, decoded together and mapped (without LFS: with it, each segment is handled as
+        it comes); a segment whose records do not decode stops the read there, after the records of the segments
+        before it."""
         records, failed = _decode_together(undecoded)
         undecoded.clear()
-        if resolver is None:
-            for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
-                yield _with_mapped_columns(batch, coercer, schema, json_schema)
+        for batch in records.to_batches(max_chunksize=MAX_ROWS_PER_BATCH):
+            yield _with_mapped_columns(batch, coercer, schema, json_schema)
         if failed is not None:
             raise _read_error(partition, *failed)
 
