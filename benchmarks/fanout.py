@@ -107,6 +107,10 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", 
 # ------------------------------------------------------------------------------------------------ processes by kind
 
 
+# Run workers started by a code server (spawn), by `dagster api execute_run`, or forked (and their forker).
+RUN_WORKER_MARKS = ("multiprocessing.spawn", "execute_run", "resource_tracker", "forking_launcher")
+
+
 def process_kind(cmdline: str) -> str:
     """What a process of `dagster dev` or the engine is, by its command line."""
     if "SparkConnectServer" in cmdline:
@@ -119,7 +123,7 @@ def process_kind(cmdline: str) -> str:
         return "daemon"
     if "dagster-webserver" in cmdline or "dagster_webserver" in cmdline:
         return "webserver"
-    if "multiprocessing.spawn" in cmdline or "execute_run" in cmdline or "resource_tracker" in cmdline:
+    if any(mark in cmdline for mark in RUN_WORKER_MARKS):
         return "run workers"
     if "api grpc" in cmdline or "code-server start" in cmdline or "code_server start" in cmdline:
         return "code server"

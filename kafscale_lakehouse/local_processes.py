@@ -4,17 +4,24 @@ only: a command asks for them before it imports anything heavy.
 
 Both are found through files in one directory of this user's (`$KAFSCALE_SPARK_ENGINE_DIR`, else `$XDG_RUNTIME_DIR`
 or the temporary directory), keyed by what they run with, the code's version included; both stop by themselves
-after `KAFSCALE_SPARK_ENGINE_IDLE_SECONDS` (default 600) without a client."""
+after `KAFSCALE_SPARK_ENGINE_IDLE_SECONDS` (default 600) without a client. With them, what a process that forks
+children to run a console script needs (the warm process; the Dagster run launcher's forker,
+orchestration/forking_launcher.py): whether forking is safe, and the child's run of the script."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
+import importlib
 import json
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 DIRECTORY_VARIABLE = "KAFSCALE_SPARK_ENGINE_DIR"
 IDLE_SECONDS_VARIABLE = "KAFSCALE_SPARK_ENGINE_IDLE_SECONDS"
@@ -90,3 +97,45 @@ def start_ticks(pid: int) -> int | None:
     if fields[0] == "Z":
         return None
     return int(fields[19])
+
+
+# Threads a fork copies in a state the child cannot use: gRPC's (its pollers and executors hold locks). Python threads
+# are checked apart (any but the main one). The native threads imports leave are fork-aware: pyarrow's jemalloc
+# background thread and numpy's OpenBLAS pool register at-fork handlers, obstore makes a new runtime in a child.
+FORK_UNSAFE_THREAD_PREFIXES = ("grpc", "default-executo", "resolver-execu", "timer_manager")
+
+
+def fork_unsafe_threads(task_directory: Path = Path("/proc/self/task")) -> list[str]:
+    """The threads of this process that make forking it unsafe: Python threads but the main one, and gRPC's."""
+    import threading
+
+    unsafe = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
+    with contextlib.suppress(OSError):
+        for task in task_directory.iterdir():
+            with contextlib.suppress(OSError):
+                name = (task / "comm").read_text().strip()
+                if name.startswith(FORK_UNSAFE_THREAD_PREFIXES):
+                    unsafe.append(name)
+    return unsafe
+
+
+def run_entry_point(entry_point: str, argv: list[str]) -> NoReturn:
+    """In a forked child: run the console script `module:function` with `sys.argv = argv` and exit as its process
+    would (its status; an uncaught exception reported as the interpreter does, status 1), after the exit functions
+    registered and the output written."""
+    sys.argv = argv
+    status: int
+    try:
+        module, function = entry_point.split(":")
+        status = getattr(importlib.import_module(module), function)()
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            print(exit_.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - as the interpreter reports an uncaught exception, then exits with 1
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    atexit._run_exitfuncs()  # the command's own exit functions (a console script ends through them)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status or 0)

@@ -34,8 +34,9 @@ start_canceller() {
   canceller_pid=$!
 }
 
-# Run workers: the code servers start each run in a process of its own (multiprocessing's spawn).
-runs_in_flight() { pgrep -g "$dev" -f multiprocessing.spawn >/dev/null; }
+# Run workers: forked by the launcher (orchestration/forking_launcher.py; its forker, which matches too, exits with
+# the daemon) or, for a run it cannot fork, started by a code server (multiprocessing's spawn).
+runs_in_flight() { pgrep -g "$dev" -f "multiprocessing.spawn|forking_launcher" >/dev/null; }
 dev_running() { kill -0 -"$dev" 2>/dev/null; }
 
 wait_while() {  # SECONDS COMMAND: until COMMAND fails or SECONDS passed; fails if COMMAND still succeeds

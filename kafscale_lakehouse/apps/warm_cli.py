@@ -22,7 +22,6 @@ and the peer's uid is checked), `<key>.cli.lock` (held by the warm process while
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import importlib
@@ -48,6 +47,7 @@ from kafscale_lakehouse.local_processes import (
     digest,
     idle_seconds,
     records_directory,
+    run_entry_point,
     switched_on,
 )
 
@@ -404,23 +404,12 @@ def _run_child(command: WarmCommand, fds: list[int]) -> None:
     os.environ.update(command.env)
     time.tzset()  # the caller's TZ for its log lines' times
     os.umask(command.umask)
-    sys.argv = ["kafscale-lakehouse", *command.argv]
-    status: int
     try:
         os.chdir(command.cwd)
-        module, function = CONSOLE_SCRIPT.split(":")
-        status = getattr(importlib.import_module(module), function)()
-    except SystemExit as exit_:
-        status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        if exit_.code is not None and not isinstance(exit_.code, int):
-            print(exit_.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - as the interpreter reports an uncaught exception, then exits with 1
+    except OSError:
         sys.excepthook(*sys.exc_info())
-        status = 1
-    atexit._run_exitfuncs()  # the command's own exit functions (the console script ends through them)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+        os._exit(1)
+    run_entry_point(CONSOLE_SCRIPT, ["kafscale-lakehouse", *command.argv])
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
