@@ -107,8 +107,9 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", 
 # ------------------------------------------------------------------------------------------------ processes by kind
 
 
-# Run workers started by a code server (spawn), by `dagster api execute_run`, or forked (and their forker).
-RUN_WORKER_MARKS = ("multiprocessing.spawn", "execute_run", "resource_tracker", "forking_launcher")
+# Run workers started by a code server (spawn), by `dagster api execute_run`, or forked (and their forker, whose
+# command line imports serve_forks; a code server's names the launcher's module in its instance ref).
+RUN_WORKER_MARKS = ("multiprocessing.spawn", "execute_run", "resource_tracker", "import serve_forks")
 
 
 def process_kind(cmdline: str) -> str:
@@ -711,7 +712,11 @@ def read_instance(dagster_home: Path) -> InstanceFigures:
 
 PHASE_LOG_SITECUSTOMIZE = """\
 import logging, os
-_handler = logging.FileHandler(os.path.join({directory!r}, f"phases-{{os.getpid()}}.log"), delay=True)
+class _PerProcess(logging.Handler):  # the file of the process that logs (a forked run worker's, not its forker's)
+    def emit(self, record):
+        with open(os.path.join({directory!r}, f"phases-{{os.getpid()}}.log"), "a") as log:
+            log.write(self.format(record) + "\\n")
+_handler = _PerProcess()
 _handler.setFormatter(logging.Formatter("%(created).3f %(threadName)s %(message)s"))
 _logger = logging.getLogger("kafscale_lakehouse.engine.phases")
 _logger.setLevel(logging.DEBUG)

@@ -37,11 +37,13 @@ from dagster import DefaultRunLauncher
 from dagster._core.launcher import LaunchRunContext
 from dagster._serdes import serialize_value
 
-from kafscale_lakehouse.local_processes import fork_unsafe_threads, run_entry_point
+from kafscale_lakehouse.local_processes import fork_unsafe_threads, run_entry_point, start_ticks
 
 log = logging.getLogger(__name__)
 
 RUN_WORKER_PID_TAG = "kafscale/run_worker_pid"
+# With the pid, the process's start time (clock ticks since boot): a pid reused by another process is not signalled.
+RUN_WORKER_START_TAG = "kafscale/run_worker_start_ticks"
 # The interpreter's own entry point for `dagster` (pyproject.toml of dagster: [project.scripts]).
 DAGSTER_ENTRY_POINT = "dagster._cli:main"
 # Loading a location of 200 mappings takes ~8 CPU-s: minutes on a machine that busy runs keep saturated.
@@ -69,11 +71,12 @@ class ForkingRunLauncher(DefaultRunLauncher):
         forker, why_not = self._forker(context)
         if forker is not None:
             try:
-                pid = forker.fork(serialize_value(_execute_run_args(run, self._instance.get_ref())))
+                pid, started = forker.fork(serialize_value(_execute_run_args(run, self._instance.get_ref())))
             except ForkerError as err:
                 why_not = str(err)
             else:
-                self._instance.add_run_tags(run.run_id, {RUN_WORKER_PID_TAG: str(pid)})
+                self._instance.add_run_tags(run.run_id, {RUN_WORKER_PID_TAG: str(pid),
+                                                         RUN_WORKER_START_TAG: str(started)})
                 self._instance.report_engine_event(
                     f"Run worker forked (pid {pid}) from the process that loaded code location "
                     f"{forker.location_name!r} (pid {forker.pid})", run, cls=self.__class__)
@@ -120,14 +123,14 @@ class ForkingRunLauncher(DefaultRunLauncher):
         run = self._instance.get_run_by_id(run_id) if self.has_instance else None
         if run is None or run.is_finished or RUN_WORKER_PID_TAG not in run.tags:
             return super().terminate(run_id)
+        pid = int(run.tags[RUN_WORKER_PID_TAG])
         self._instance.report_run_canceling(run)
-        try:
-            os.kill(int(run.tags[RUN_WORKER_PID_TAG]), signal.SIGINT)
-        except ProcessLookupError:
-            self._instance.report_engine_event(
-                f"Run worker pid {run.tags[RUN_WORKER_PID_TAG]} is gone: nothing to terminate", run,
-                cls=self.__class__)
+        if str(start_ticks(pid)) != run.tags.get(RUN_WORKER_START_TAG):
+            self._instance.report_engine_event(f"Run worker pid {pid} is gone: nothing to terminate", run,
+                                               cls=self.__class__)
             return False
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: nothing left to interrupt
+            os.kill(pid, signal.SIGINT)
         return True
 
     def dispose(self) -> None:
@@ -184,8 +187,10 @@ class _Forker:
                  process.pid)
         return forker
 
-    def fork(self, execute_run_args: str) -> int:
-        return int(self._request({"execute_run_args": execute_run_args}, FORK_TIMEOUT_SECONDS)["pid"])
+    def fork(self, execute_run_args: str) -> tuple[int, int]:
+        """The run worker's pid and start time (clock ticks since boot)."""
+        reply = self._request({"execute_run_args": execute_run_args}, FORK_TIMEOUT_SECONDS)
+        return int(reply["pid"]), int(reply["start_ticks"])
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -269,7 +274,7 @@ def serve_forks(fd: int) -> int:
                 run_entry_point(DAGSTER_ENTRY_POINT, ["dagster", "api", "execute_run", request["execute_run_args"]])
             finally:
                 os._exit(70)  # EX_SOFTWARE: run_entry_point never returns
-        reply({"pid": pid})
+        reply({"pid": pid, "start_ticks": start_ticks(pid)})
     return 0
 
 

@@ -5,6 +5,7 @@ safely launches its runs through the code server as the default launcher does.""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,12 +17,15 @@ from dagster._core.test_utils import create_run_for_test
 from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import ModuleTarget
 
-from kafscale_lakehouse.orchestration.forking_launcher import RUN_WORKER_PID_TAG
+from kafscale_lakehouse.local_processes import start_ticks
+from kafscale_lakehouse.orchestration.forking_launcher import RUN_WORKER_PID_TAG, RUN_WORKER_START_TAG
 
 pytestmark = pytest.mark.integration
 
 LOCATION = "forked_location"
 RUN_TIMEOUT_SECONDS = 120
+LAUNCHER = {"run_launcher": {"module": "kafscale_lakehouse.orchestration.forking_launcher",
+                             "class": "ForkingRunLauncher"}}
 
 LOCATION_MODULE = '''
 import os
@@ -70,9 +74,7 @@ def write_location(directory: Path, *, version: str = "v1", start_thread: bool =
 
 @contextmanager
 def deployment(directory: Path) -> Iterator[tuple[dg.DagsterInstance, WorkspaceProcessContext]]:
-    overrides = {"run_launcher": {"module": "kafscale_lakehouse.orchestration.forking_launcher",
-                                  "class": "ForkingRunLauncher"}}
-    with dg.instance_for_test(overrides=overrides) as instance, WorkspaceProcessContext(
+    with dg.instance_for_test(overrides=LAUNCHER) as instance, WorkspaceProcessContext(
         instance, ModuleTarget(module_name=LOCATION, attribute=None, working_directory=str(directory),
                                location_name=LOCATION)) as workspace:
         yield instance, workspace
@@ -122,6 +124,7 @@ def test_runs_are_forked_from_one_process_that_built_the_definitions_once(tmp_pa
             assert run.status == dg.DagsterRunStatus.SUCCESS, engine_messages(instance, run_id)
             probe = probe_of(instance, run_id)
             assert probe["pid"] == int(run.tags[RUN_WORKER_PID_TAG])
+            assert int(run.tags[RUN_WORKER_START_TAG]) > 0
             probes.append(probe)
         forker = probes[0]["parent"]
         # Both run workers are children of one process, which built the definitions; neither built them again.
@@ -140,6 +143,25 @@ def test_a_forked_run_is_cancelled_by_terminate(tmp_path: Path) -> None:
         run = wait_for(instance, run_id, dg.DagsterRunStatus.CANCELED, dg.DagsterRunStatus.FAILURE,
                        dg.DagsterRunStatus.SUCCESS)
         assert run.status == dg.DagsterRunStatus.CANCELED, engine_messages(instance, run_id)
+
+
+def test_terminate_signals_no_process_that_took_a_gone_workers_pid(tmp_path: Path) -> None:
+    """A run whose worker died without ending it (killed) names a pid that another process may have by now: here a
+    `sleep`, started at another time than the tags say. It is not interrupted; the run is marked canceling and the
+    run's events say why."""
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        with dg.instance_for_test(overrides=LAUNCHER) as instance:
+            run = create_run_for_test(instance, job_name="probe", status=dg.DagsterRunStatus.STARTED, tags={
+                RUN_WORKER_PID_TAG: str(other.pid), RUN_WORKER_START_TAG: str(start_ticks(other.pid) - 1)})
+            assert instance.run_launcher.terminate(run.run_id) is False
+            assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELING
+            assert any(f"pid {other.pid} is gone" in message for message in engine_messages(instance, run.run_id))
+        time.sleep(0.5)
+        assert other.poll() is None  # not signalled
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_reloaded_location_gets_a_new_forker_with_its_new_code(tmp_path: Path) -> None:
