@@ -19,6 +19,7 @@ import os
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
@@ -107,8 +108,6 @@ FORK_UNSAFE_THREAD_PREFIXES = ("grpc", "default-executo", "resolver-execu", "tim
 
 def fork_unsafe_threads(task_directory: Path = Path("/proc/self/task")) -> list[str]:
     """The threads of this process that make forking it unsafe: Python threads but the main one, and gRPC's."""
-    import threading
-
     unsafe = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
     with contextlib.suppress(OSError):
         for task in task_directory.iterdir():
