@@ -88,6 +88,7 @@ FOREIGN_DELETED = {1: set(range(10))}  # what another engine's delete removes: p
 PENDING_BASE = 100  # partition 0's first segment no run has read when the case starts (20 records)
 RECUT_RECORDS = 12  # the re-cut segment holds PENDING_BASE .. PENDING_BASE + 11; 112..119 are gone from the log
 PROCESS_TIMEOUT_SECONDS = 240
+LEASE_HELD = " is held by "  # offsets/errors.py LeaseHeldError: a partition's lease another run holds
 AUDIT_REFUSED = "refused, an audit pending: "  # an Outcome's detail when a run refused because of a pending audit
 
 
@@ -263,14 +264,22 @@ class FaultWorld:
         return subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
 
-    def wait_reached(self, process: subprocess.Popen, signal_dir: Path, what: str) -> None:
+    def wait_reached(self, process: subprocess.Popen, signal_dir: Path, what: str, *,
+                     refused_by_leases: bool = False) -> Outcome | None:
+        """Until the actor reaches its point. With `refused_by_leases`, an actor that ended before it because
+        another held its partitions' leases (every partition's error a held lease, exit 1) is that outcome."""
         deadline = time.monotonic() + PROCESS_TIMEOUT_SECONDS
         while not (signal_dir / "reached").exists():
             if process.poll() is not None:
                 _, stderr = process.communicate()
+                errors = [line for line in stderr.splitlines() if " ERROR " in line]
+                if (refused_by_leases and process.returncode == 1 and errors
+                        and all(LEASE_HELD in line for line in errors)):
+                    return Outcome(what, False, f"refused before its point, leases held: {errors[-1][-400:]}")
                 raise AssertionError(f"{what} ended (exit {process.returncode}) before its point:\n{stderr[-4000:]}")
             assert time.monotonic() < deadline, f"{what} did not reach its point in {PROCESS_TIMEOUT_SECONDS}s"
             time.sleep(0.05)
+        return None
 
     def finish(self, process: subprocess.Popen, what: str) -> Outcome:
         try:
@@ -385,10 +394,17 @@ class FaultWorld:
             # The second run is held at its own point while the first goes on (and ends), then goes on itself.
             point = case.secondary.partition(":")[2]
             second = self.start("ingest", point, "pause", config_path, signal_dir / "secondary")
-            self.wait_reached(second, signal_dir / "secondary", f"the second ingest ({case.id})")
-            self.resume(case, primary, signal_dir)
-            (signal_dir / "secondary" / "go").write_text("go\n")
-            self.outcomes.append(self.finish(second, case.secondary))
+            refused = self.wait_reached(second, signal_dir / "secondary", f"the second ingest ({case.id})",
+                                        refused_by_leases=True)
+            if refused is not None:
+                # A primary paused holding its leases: the second run is refused before its point, and goes no
+                # further (what the invariants then check: the refusal changed nothing).
+                self.outcomes.append(refused)
+                self.resume(case, primary, signal_dir)
+            else:
+                self.resume(case, primary, signal_dir)
+                (signal_dir / "secondary" / "go").write_text("go\n")
+                self.outcomes.append(self.finish(second, case.secondary))
         else:
             self.outcomes.append(self.secondary(case.secondary, config_path, signal_dir))
             if case.secondary.startswith("ingest-killed:"):
