@@ -38,5 +38,7 @@ lint: install-test
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dg check defs
 
 # --durations: CI's log lists the slowest tests, so the suite's time (kept well under 30 minutes) has its culprits named.
+# -n: test processes (pytest-xdist), each with its own servers; a module's tests stay in one process (loadfile).
+PYTEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

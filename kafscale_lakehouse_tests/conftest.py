@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,6 +127,14 @@ def hung(engine: subprocess.Popen) -> Iterator[None]:
         yield
     finally:
         os.killpg(engine.pid, signal.SIGCONT)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One fault-matrix seed for the whole test run: pytest-xdist's workers inherit this environment and must collect
+    the same sample of cases (a seed of their own each would differ, and xdist refuses the run)."""
+    from kafscale_lakehouse_tests.engine.faults.matrix import SEED_VARIABLE
+
+    os.environ.setdefault(SEED_VARIABLE, str(time.time_ns() % 1_000_000))
 
 
 def pytest_report_header(config: pytest.Config) -> str:

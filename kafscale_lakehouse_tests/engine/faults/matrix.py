@@ -89,6 +89,7 @@ PENDING_BASE = 100  # partition 0's first segment no run has read when the case 
 RECUT_RECORDS = 12  # the re-cut segment holds PENDING_BASE .. PENDING_BASE + 11; 112..119 are gone from the log
 PROCESS_TIMEOUT_SECONDS = 240
 LEASE_HELD = " is held by "  # offsets/errors.py LeaseHeldError: a partition's lease another run holds
+SEED_VARIABLE = "KAFSCALE_FAULT_SEED"  # conftest sets one per test run (every pytest-xdist worker draws the same)
 AUDIT_REFUSED = "refused, an audit pending: "  # an Outcome's detail when a run refused because of a pending audit
 
 
@@ -159,7 +160,7 @@ class Selection:
 @functools.cache
 def selection() -> Selection:
     """The cases this test run runs: the holes' cases plus a seeded sample (or all of them); one per process."""
-    seed = int(os.environ.get("KAFSCALE_FAULT_SEED") or time.time_ns() % 1_000_000)
+    seed = int(os.environ.get(SEED_VARIABLE) or time.time_ns() % 1_000_000)
     wanted = os.environ.get("KAFSCALE_FAULT_MATRIX", "4")
     everything = all_cases()
     if wanted == "full":
