@@ -42,6 +42,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+@pytest.fixture(autouse=True)
+def signal_handlers_restored() -> Iterator[None]:
+    """Each test ends with this process's handlers of the signals that end a process as it found them: a handler that
+    code run in-process installs (the CLI's SIGTERM, the warm client's forwarding, a library's SIGINT) must not decide
+    what a later test's Ctrl-C or SIGTERM does (pytest-xdist's processes run the modules in another order)."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in saved.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+
+
 @pytest.fixture(scope="session")
 def fixture_segments_dir() -> Path:
     if not FIXTURE_SEGMENTS.is_dir():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
 from kafscale_lakehouse.apps import cli
@@ -25,10 +23,6 @@ def embedded_world(tmp_path, unique_prefix) -> IngestWorld:
 
 @pytest.fixture
 def cli_main(spark):
-    """`kafscale-lakehouse` in this process (it reuses the shared Spark session); returns the exit code.
-
-    The CLI installs a SIGTERM handler for its own process; pytest's is put back afterwards.
-    """
-    sigterm = signal.getsignal(signal.SIGTERM)
-    yield lambda *args: cli.main(list(args))
-    signal.signal(signal.SIGTERM, sigterm)
+    """`kafscale-lakehouse` in this process (it reuses the shared Spark session); returns the exit code. (The SIGTERM
+    handler the CLI installs is put back after the test by the root conftest's `signal_handlers_restored`.)"""
+    return lambda *args: cli.main(list(args))

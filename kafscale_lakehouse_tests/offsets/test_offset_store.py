@@ -194,6 +194,9 @@ def test_lease_is_released_when_the_block_raises(backend, topic):
 
 def test_lease_is_released_on_keyboard_interrupt(backend, topic):
     store_a, store_b = backend.open(), backend.open()
+    # Python's own Ctrl-C handling, whatever a library run earlier in this test process installed (Spark, Dagster);
+    # the root conftest puts the previous handler back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with pytest.raises(KeyboardInterrupt), held_leases(store_a, topic, [0, 1], "worker-a"):
         signal.raise_signal(signal.SIGINT)  # a real Ctrl-C, delivered to the main thread
     with held_leases(store_b, topic, [0, 1], "worker-b"):

@@ -154,14 +154,20 @@ def test_a_run_told_to_stop_while_its_engine_hangs_exits(production_world, spark
     with hung(engine):
         run = subprocess.Popen([str(CLI), "ingest", "--config", str(config_path), "--once"],
                                env=world.subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(3)  # at its engine's first call, or before it: the run cannot end by itself either way
-        assert run.poll() is None
+        # Its config loaded (the CLI's SIGTERM handler is set next), then at its engine's first call or before it:
+        # the run cannot end by itself either way. On a loaded machine the imports alone can take seconds.
+        head = []
+        while (line := run.stderr.readline()) and "loaded config" not in line:
+            head.append(line)
+        time.sleep(2)
+        assert run.poll() is None, "".join(head)
         run.send_signal(signal.SIGTERM)
         try:
-            _, stderr = run.communicate(timeout=30)
+            _, rest = run.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             run.kill()
             raise
+        stderr = "".join(head) + line + rest
     assert run.returncode == 128 + signal.SIGTERM, stderr[-4000:]
 
     done = subprocess.run([str(CLI), "ingest", "--config", str(config_path), "--once"], env=world.subprocess_env(),

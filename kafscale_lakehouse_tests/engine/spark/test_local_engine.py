@@ -37,7 +37,10 @@ from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 
 pytestmark = pytest.mark.integration
 
-IDLE_SECONDS = 20  # longer than the gap between two of the test's runs on a loaded machine
+# The engines of the first three runs outlive any gap between two runs (on a loaded machine, with another test process
+# beside, a run's start alone took over 20 s); the last run's engine stops after IDLE_SECONDS without a client.
+SHARED_IDLE_SECONDS = 300
+IDLE_SECONDS = 20
 
 
 def run_ingest(world: IngestWorld, config_path: Path, env: dict[str, str]) -> str:
@@ -69,7 +72,7 @@ def test_runs_share_one_local_engine_and_a_dead_or_hung_one_is_replaced(embedded
     engines = tmp_path / "engines"
     # A fixed code version: other engineers' edits of the shared working tree must not give a run a new engine.
     env = {**world.subprocess_env(), AUTO_ENGINE_VARIABLE: "1", DIRECTORY_VARIABLE: str(engines),
-           IDLE_SECONDS_VARIABLE: str(IDLE_SECONDS), CODE_VERSION_VARIABLE: "test-local-engine"}
+           IDLE_SECONDS_VARIABLE: str(SHARED_IDLE_SECONDS), CODE_VERSION_VARIABLE: "test-local-engine"}
     env.pop(SPARK_REMOTE_VARIABLE, None)
     document = world.config_document()
     document["spark"] = {"master": "local[1]", "conf": {"spark.ui.enabled": "false"}}
@@ -110,7 +113,7 @@ def test_runs_share_one_local_engine_and_a_dead_or_hung_one_is_replaced(embedded
         [jvm] = children(records[1].pid)
         os.kill(jvm, signal.SIGSTOP)
         world.write_segments(1, 20, records_per_segment=20, base_offset=40, codecs=("zstd",))
-        fourth = run_ingest(world, config_path, env)
+        fourth = run_ingest(world, config_path, {**env, IDLE_SECONDS_VARIABLE: str(IDLE_SECONDS)})
         records.append(engine_record(engines))
         assert f"replacing the local Spark engine on sc://127.0.0.1:{records[1].port} (pid {records[1].pid}): no " \
                "gRPC handshake" in fourth, fourth[-3000:]
