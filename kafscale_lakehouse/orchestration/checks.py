@@ -21,7 +21,7 @@ incremental scan saw is found within that bound.
 # No `from __future__ import annotations`: Dagster reads the context and resource parameter annotations at runtime.
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -94,24 +94,36 @@ INCREMENTAL = IntegrityScope(whole_table=False, reason="", last_whole_table_scan
 def integrity_scope(instance: dg.DagsterInstance, asset_key: dg.AssetKey, now: float | None = None) -> IntegrityScope:
     """The scope of the table's integrity checks from their latest evaluations (one event-log query; a second per
     check only when its latest is planned and not yet evaluated, as in the asset's own run)."""
-    scope = _scope_of(_latest_integrity_evaluations(instance, asset_key), time.time() if now is None else now)
-    if scope.whole_table:
-        log.info("table asset %s: the integrity checks read the whole table: %s", asset_key.to_user_string(),
-                 scope.reason)
-    return scope
+    return integrity_scopes(instance, [asset_key], now)[asset_key]
 
 
-def _latest_integrity_evaluations(instance: dg.DagsterInstance, asset_key: dg.AssetKey
-                                  ) -> list[tuple[str, str, dg.AssetCheckEvaluation | None]]:
-    """(check name, run id, its latest evaluation or None) of each integrity check of the asset ever planned."""
+def integrity_scopes(instance: dg.DagsterInstance, asset_keys: Sequence[dg.AssetKey], now: float | None = None
+                     ) -> dict[dg.AssetKey, IntegrityScope]:
+    """`integrity_scope` of each table asset, their checks' latest evaluations read in one event-log query (a batch
+    of a hundred tables: one query, not one per table on threads that wait for the sqlite connection the run's event
+    writes hold)."""
+    now = time.time() if now is None else now
+    latest = _latest_integrity_evaluations(instance, asset_keys)
+    scopes = {}
+    for asset_key in asset_keys:
+        scope = scopes[asset_key] = _scope_of(latest.get(asset_key, []), now)
+        if scope.whole_table:
+            log.info("table asset %s: the integrity checks read the whole table: %s", asset_key.to_user_string(),
+                     scope.reason)
+    return scopes
+
+
+def _latest_integrity_evaluations(instance: dg.DagsterInstance, asset_keys: Sequence[dg.AssetKey]
+                                  ) -> dict[dg.AssetKey, list[tuple[str, str, dg.AssetCheckEvaluation | None]]]:
+    """Per asset: (check name, run id, its latest evaluation or None) of each integrity check of it ever planned."""
     storage = instance.event_log_storage
-    keys = [dg.AssetCheckKey(asset_key, name) for name in INTEGRITY_CHECKS]
-    latest = []
+    keys = [dg.AssetCheckKey(asset_key, name) for asset_key in asset_keys for name in INTEGRITY_CHECKS]
+    latest: dict[dg.AssetKey, list[tuple[str, str, dg.AssetCheckEvaluation | None]]] = {}
     for key, record in storage.get_latest_asset_check_execution_by_key(keys).items():
         # Planned (this run's, or a run that ended before evaluating it): the execution before it.
         records = [record] if _evaluation(record) else storage.get_asset_check_execution_history(key, limit=2)
         evaluated = next(((r, e) for r in records if (e := _evaluation(r)) is not None), (record, None))
-        latest.append((key.name, evaluated[0].run_id, evaluated[1]))
+        latest.setdefault(key.asset_key, []).append((key.name, evaluated[0].run_id, evaluated[1]))
     return latest
 
 

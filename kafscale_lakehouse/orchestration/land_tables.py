@@ -75,7 +75,7 @@ from kafscale_lakehouse.orchestration.checks import (
     evaluate_offsets_contiguous,
     evaluate_record_id_unique,
     evaluate_schema_valid,
-    integrity_scope,
+    integrity_scopes,
 )
 from kafscale_lakehouse.orchestration.naming import kafka_partition_key, table_asset_key
 from kafscale_lakehouse.orchestration.resources import (
@@ -368,6 +368,7 @@ class _BatchChecks:
         self._sources: WatchSources | None = None
         self._partitions: dict[str, list[int]] = {}
         self._offsets: dict[str, TopicOffsets] = {}
+        self._scopes: dict[dg.AssetKey, IntegrityScope] = {}
         self._lock = threading.Lock()
 
     def landed_table(self, result: IngestResult) -> Table:
@@ -398,12 +399,14 @@ class _BatchChecks:
                 committed = sources.offsets.committed_offsets_by_topic(self._topics)
                 watermarks = sources.offsets.broker_watermarks_by_topic(self._topics)
                 self._offsets = {topic: TopicOffsets(committed[topic], watermarks[topic]) for topic in self._topics}
+                # What each table's integrity checks read, from their latest evaluations: one event-log query.
+                self._scopes = integrity_scopes(self.instance, [table_asset_key(t) for t in self._tables])
                 self._sources = sources
             sources = self._sources
         scan = scan_topic(sources, mapping.topic, table=mapping.table,
                           partitions=self._partitions.get(mapping.topic, []), offsets=self._offsets.get(mapping.topic),
                           lag_only=True)
-        scope = integrity_scope(self.instance, table_asset_key(mapping.table))
+        scope = self._scopes[table_asset_key(mapping.table)]
         return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan, scope))
 
 
