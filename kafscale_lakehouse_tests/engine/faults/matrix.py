@@ -273,7 +273,7 @@ class FaultWorld:
         while not (signal_dir / "reached").exists():
             if process.poll() is not None:
                 _, stderr = process.communicate()
-                errors = [line for line in stderr.splitlines() if " ERROR " in line]
+                errors = error_lines(stderr)
                 if (refused_by_leases and process.returncode == 1 and errors
                         and all(LEASE_HELD in line for line in errors)):
                     return Outcome(what, False, f"refused before its point, leases held: {errors[-1][-400:]}")
@@ -291,7 +291,7 @@ class FaultWorld:
             raise AssertionError(f"{what} still running after {PROCESS_TIMEOUT_SECONDS}s:\n{stderr[-4000:]}") from None
         if process.returncode == -signal.SIGKILL:
             return Outcome(what, False, "killed")
-        errors = [line for line in stderr.splitlines() if " ERROR " in line or line.startswith("error:")]
+        errors = error_lines(stderr)
         detail = " | ".join(errors[-3:] or stderr.strip().splitlines()[-1:])
         return Outcome(what, process.returncode == 0, f"exit {process.returncode}: {detail}")
 
@@ -401,9 +401,8 @@ class FaultWorld:
                 # A primary paused holding its leases: the second run is refused before its point, and goes no
                 # further (what the invariants then check: the refusal changed nothing).
                 self.outcomes.append(refused)
-                self.resume(case, primary, signal_dir)
-            else:
-                self.resume(case, primary, signal_dir)
+            self.resume(case, primary, signal_dir)
+            if refused is None:
                 (signal_dir / "secondary" / "go").write_text("go\n")
                 self.outcomes.append(self.finish(second, case.secondary))
         else:
@@ -520,6 +519,11 @@ class FaultWorld:
             expected = {o for o in invalid if o < position}
             assert have == expected, (f"{context}: dead letters missing {sorted(expected - have)[:10]}, beyond the "
                                       f"position {position}: {sorted(have - expected)[:10]}")
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines of an actor's stderr that report an error (its log's ERROR lines, the CLI's `error:` lines)."""
+    return [line for line in stderr.splitlines() if " ERROR " in line or line.startswith("error:")]
 
 
 def unreachable_files(table: Table) -> list[str]:
