@@ -88,6 +88,7 @@ FOREIGN_DELETED = {1: set(range(10))}  # what another engine's delete removes: p
 PENDING_BASE = 100  # partition 0's first segment no run has read when the case starts (20 records)
 RECUT_RECORDS = 12  # the re-cut segment holds PENDING_BASE .. PENDING_BASE + 11; 112..119 are gone from the log
 PROCESS_TIMEOUT_SECONDS = 240
+NOTHING_LANDED = ": 0 records, snapshot None"  # cli.py's summary of a run that found no record to land
 LEASE_HELD = " is held by "  # offsets/errors.py LeaseHeldError: a partition's lease another run holds
 SEED_VARIABLE = "KAFSCALE_FAULT_SEED"  # conftest sets one per test run (every pytest-xdist worker draws the same)
 AUDIT_REFUSED = "refused, an audit pending: "  # an Outcome's detail when a run refused because of a pending audit
@@ -266,17 +267,21 @@ class FaultWorld:
                                 text=True)
 
     def wait_reached(self, process: subprocess.Popen, signal_dir: Path, what: str, *,
-                     refused_by_leases: bool = False) -> Outcome | None:
-        """Until the actor reaches its point. With `refused_by_leases`, an actor that ended before it because
-        another held its partitions' leases (every partition's error a held lease, exit 1) is that outcome."""
+                     second_run: bool = False) -> Outcome | None:
+        """Until the actor reaches its point. A `second_run` may end before it, and that is its outcome, in two ways:
+        refused because another run holds its partitions' leases (every error a held lease, exit 1), or with nothing
+        to land because the first run's commit already holds the log's end (exit 0; checked against the table)."""
         deadline = time.monotonic() + PROCESS_TIMEOUT_SECONDS
         while not (signal_dir / "reached").exists():
             if process.poll() is not None:
                 _, stderr = process.communicate()
                 errors = error_lines(stderr)
-                if (refused_by_leases and process.returncode == 1 and errors
+                if (second_run and process.returncode == 1 and errors
                         and all(LEASE_HELD in line for line in errors)):
                     return Outcome(what, False, f"refused before its point, leases held: {errors[-1][-400:]}")
+                if second_run and process.returncode == 0 and NOTHING_LANDED in stderr:
+                    self.assert_log_end_landed(f"{what} landed nothing and ended before its point")
+                    return Outcome(what, True, "nothing to land before its point: the table holds the log's end")
                 raise AssertionError(f"{what} ended (exit {process.returncode}) before its point:\n{stderr[-4000:]}")
             assert time.monotonic() < deadline, f"{what} did not reach its point in {PROCESS_TIMEOUT_SECONDS}s"
             time.sleep(0.05)
@@ -395,14 +400,14 @@ class FaultWorld:
             # The second run is held at its own point while the first goes on (and ends), then goes on itself.
             point = case.secondary.partition(":")[2]
             second = self.start("ingest", point, "pause", config_path, signal_dir / "secondary")
-            refused = self.wait_reached(second, signal_dir / "secondary", f"the second ingest ({case.id})",
-                                        refused_by_leases=True)
-            if refused is not None:
-                # A primary paused holding its leases: the second run is refused before its point, and goes no
-                # further (what the invariants then check: the refusal changed nothing).
-                self.outcomes.append(refused)
+            ended = self.wait_reached(second, signal_dir / "secondary", f"the second ingest ({case.id})",
+                                      second_run=True)
+            if ended is not None:
+                # A primary paused holding its leases refuses the second run; a frozen one that had committed left
+                # it nothing to land. Either way it ended before its point (the invariants check what it changed).
+                self.outcomes.append(ended)
             self.resume(case, primary, signal_dir)
-            if refused is None:
+            if ended is None:
                 (signal_dir / "secondary" / "go").write_text("go\n")
                 self.outcomes.append(self.finish(second, case.secondary))
         else:
@@ -426,6 +431,12 @@ class FaultWorld:
             late = "applied" if (signal_dir / "applied").exists() else "refused"
             outcome.detail += f"; its late commit was {late}"
         self.outcomes.append(outcome)
+
+    def assert_log_end_landed(self, what: str) -> None:
+        """The table's next offsets are the end of every partition's log (no pending record a run could skip)."""
+        log_end = {p: max(s.last_offset for s in segments.values()) + 1 for p, segments in self.world.segments.items()}
+        table_next = read_topic_offsets(self.world.table(), self.topic)
+        assert table_next == log_end, f"{what}, but the log holds more: table next offsets {table_next}, log {log_end}"
 
     def wait_for_leases(self, owner_pid: int | None = None) -> None:
         """Until etcd drops the leases of dead actors (every lease, or those of the process `owner_pid`)."""
