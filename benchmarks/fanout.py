@@ -57,6 +57,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from freshness import (  # the demo's process handling: one implementation for both benchmarks
     _raise_keyboard_interrupt,
@@ -809,7 +811,9 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
         config_path.write_text(json.dumps(document))  # JSON is YAML
         dagster_home = workdir / "dagster_home"
         dagster_home.mkdir()
-        write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
+        instance_yaml = write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
+        if args.max_concurrent_runs:
+            set_max_concurrent_runs(instance_yaml, args.max_concurrent_runs)
         # Bytecode caches as an installed package has them (PYTHONDONTWRITEBYTECODE, set in some shells, would have
         # every run worker compile this project's modules again: ~0.6 CPU-s a run).
         env = with_bytecode_cache({**os.environ, "DAGSTER_HOME": str(dagster_home),
@@ -1222,6 +1226,13 @@ def print_s3_requests(proxy_counts: ProxyCounts, ticks: Counter[str], label: str
             "between requests")
 
 
+def set_max_concurrent_runs(instance_yaml: Path, limit: int) -> None:
+    """The instance's run limit (`concurrency.runs.max_concurrent_runs`) set to `limit` in its dagster.yaml."""
+    document = yaml.safe_load(instance_yaml.read_text(encoding="utf-8"))
+    document.setdefault("concurrency", {}).setdefault("runs", {})["max_concurrent_runs"] = limit
+    instance_yaml.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topics", type=int, nargs="+", default=[10, 50, 200], help="values of N, one run each")
@@ -1229,6 +1240,8 @@ def parse_args() -> argparse.Namespace:
                         help="processor.watch: a sensor per table (default) or one namespace watch")
     parser.add_argument("--max-batch-runs", type=int, default=None,
                         help="processor.max_batch_runs of the namespace watch (default: the config's default, 2)")
+    parser.add_argument("--max-concurrent-runs", type=int, default=None,
+                        help="the instance's concurrency.runs.max_concurrent_runs (default: dagster.yaml's, 4)")
     parser.add_argument("--duration", type=float, default=300, help="seconds of producing (default 300)")
     parser.add_argument("--drain-seconds", type=float, default=180)
     parser.add_argument("--partitions", type=int, default=2)
