@@ -174,12 +174,12 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
         columns=validation.columns, json_schema=validation.json_schema, target_file_size_bytes=target,
         lfs=lfs_read_settings(mapping.lfs, validation.mode),
         numeric_timestamp_unit=mapping.schema_config.timestamp_unit, framed_values=validation.framed_values,
-        kafka_timestamp=mapping.kafka_timestamp_column, keys=validation.keys)
+        kafka_timestamp=mapping.kafka_timestamp_column, keys=validation.keys, data_dir=record.tables[0].data_dir)
     read_again = [f for output in outputs for f in output.data_files]
     rewritten: list[DataFile] = []
     try:
         _refuse_incomplete(plan.table, records, outputs)
-        removed, rewritten = _without_the_range(context, table, plan, run_id)
+        removed, rewritten = _without_the_range(context, table, plan, run_id, record.tables[0].data_dir)
 
         def still_landed(current: Table) -> None:
             context.offsets.confirm_lease(lease)
@@ -275,7 +275,7 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
     record = register_run(context.offsets, [lease], run_id, [table])
     rewritten: list[DataFile] = []
     try:
-        removed, rewritten = _without_the_range(context, table, plan, run_id)
+        removed, rewritten = _without_the_range(context, table, plan, run_id, record.tables[0].data_dir)
 
         def holds_lease(current: Table) -> None:
             context.offsets.confirm_lease(lease)
@@ -320,12 +320,13 @@ def _lease(context: IngestContext, table_name: str, topic: str, partition: int, 
                           "when it has committed") from exc
 
 
-def _without_the_range(context: IngestContext, table: Table, plan: ReplayPlan,
-                       run_id: str) -> tuple[list[DataFile], list[DataFile]]:
-    """The files the plan replaces, and the rewrites (uncommitted) of those that hold other rows too."""
+def _without_the_range(context: IngestContext, table: Table, plan: ReplayPlan, run_id: str,
+                       data_dir: str) -> tuple[list[DataFile], list[DataFile]]:
+    """The files the plan replaces, and the rewrites (uncommitted, into the run's recorded `data_dir`) of those that
+    hold other rows too."""
     rewritten = run_rewrite_job(context.spark, table, run_id, [[f] for f in plan.rewritten_files],
                                 target_file_size_bytes=context.config.processor.target_file_size_bytes,
-                                without=plan.records)
+                                without=plan.records, data_dir=data_dir)
     return [*plan.removed_files, *plan.rewritten_files], rewritten
 
 

@@ -368,12 +368,19 @@ class PreparedIngest:
     registered: bool = False  # the run's record (run_files.py) is in the offsets store
     record: RunRecord | None = None  # that record, as last written
 
-    def record_commit_attempt(self, table: Table, partitions: Iterable[int], *, staged: bool = False) -> None:
-        """Before each commit to `table` is sent (run_files.record_commit_attempt), fenced by the leases of the
-        partitions it commits (raises when one is lost)."""
+    def record_commit_attempt(self, table: Table, partitions: Iterable[int], *, staged: bool = False,
+                              ref: str = MAIN_BRANCH) -> None:
+        """Before each commit to `ref` of `table` is sent (run_files.record_commit_attempt), fenced by the leases of
+        the partitions it commits (raises when one is lost)."""
         if self.record is not None:
             leases = [self.leases[p] for p in partitions]
-            self.record = record_commit_attempt(self.context.offsets, leases, self.record, table, staged=staged)
+            self.record = record_commit_attempt(self.context.offsets, leases, self.record, table, staged=staged,
+                                                ref=ref)
+
+    def data_dir(self, table: Table) -> str | None:
+        """The writer directory the run's record names for `table` (None: no record, so a new one)."""
+        uuid = str(table.metadata.table_uuid)
+        return next((t.data_dir for t in self.record.tables if t.uuid == uuid), None) if self.record else None
 
     def input_partitions(self) -> list[SegmentRunPartition]:
         """The planned segments in groups of at most `processor.target_file_size_bytes`: one Spark task each."""
@@ -657,7 +664,8 @@ def _job_arguments(prepared: PreparedIngest) -> dict[str, Any]:
         if dead_letters is None
         else (
             dead_letters,
-            dead_letter_target(dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes),
+            dead_letter_target(dead_letters, run_id, target_file_size_bytes=config.processor.target_file_size_bytes,
+                               data_dir=prepared.data_dir(dead_letters)),
         )
     )
     return {
@@ -675,6 +683,7 @@ def _job_arguments(prepared: PreparedIngest) -> dict[str, Any]:
         "framed_values": prepared.validation.framed_values,
         "kafka_timestamp": mapping.kafka_timestamp_column,
         "keys": prepared.validation.keys,
+        "data_dir": prepared.data_dir(prepared.table),
     }
 
 
@@ -791,7 +800,8 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
             plans[p].outcome.dead_lettered = selected.dead_letter_files.records.get(p, 0)
     files = [f for p in committing for f in selected.keep.get(p, [])]
     starts, commit_ends = {p: plans[p].commit_start for p in committing}, {p: ends[p] for p in committing}
-    before_attempt = lambda current: prepared.record_commit_attempt(current, committing)  # noqa: E731
+    branch = mapping.audit_branch if mapping.publish == "audited" else MAIN_BRANCH
+    before_attempt = lambda current: prepared.record_commit_attempt(current, committing, ref=branch)  # noqa: E731
     if mapping.mode == "upsert":  # one row per key: the run's latest records replace the keys' rows
         key = UpsertKey(tuple(mapping.id_columns), tuple(prepared.validation.columns))
         commit = commit_upsert(
@@ -799,9 +809,9 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
             commit_ends, run_id,
             target_file_size_bytes=prepared.context.config.processor.target_file_size_bytes,
             events=_change_events(mapping), snapshot_properties=properties, before_attempt=before_attempt,
+            data_dir=prepared.data_dir(prepared.table),
         )
     else:
-        branch = mapping.audit_branch if mapping.publish == "audited" else MAIN_BRANCH
         commit = commit_append(
             prepared.table, files, topic, starts, commit_ends, run_id,
             snapshot_properties=properties, before_attempt=before_attempt, branch=branch,
@@ -878,7 +888,8 @@ def _judge_change_events(prepared: PreparedIngest, selected: _CommitSelection) -
     dead_letters = prepared.dead_letters
     if dead_letters is not None:
         target = dead_letter_target(dead_letters, result.run_id,
-                                    target_file_size_bytes=prepared.context.config.processor.target_file_size_bytes)
+                                    target_file_size_bytes=prepared.context.config.processor.target_file_size_bytes,
+                                    data_dir=prepared.data_dir(dead_letters))
         writer = DeadLetterFileWriter(target, _DRIVER_DEAD_LETTER_TASK_ID)
         try:
             for batch in not_events.rename_columns({NOT_EVENT_REASON_COLUMN: INVALID_REASON_COLUMN}).to_batches():

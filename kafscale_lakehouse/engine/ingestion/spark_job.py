@@ -14,7 +14,7 @@ Python work (benchmarks/README.md).
 
 Like the sink, nothing is committed here: the caller commits the files (`table_offsets.commit_append`) or deletes
 them. A task that fails deletes what it wrote; when the job fails, the files of tasks that had finished are found
-in the run's own directory and deleted.
+in the writers' own directories and deleted.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from kafscale_lakehouse.engine.tables.data_files import (
     write_batches_as_data_files,
 )
 from kafscale_lakehouse.engine.tables.dead_letters import DeadLetterTarget
-from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
+from kafscale_lakehouse.engine.tables.run_files import remove_run_files
 from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.decoders import value_decoder
 from kafscale_lakehouse.schema.framed import FramedValueSchemas
@@ -148,10 +148,11 @@ def ingestion_task_spec(table: Table, run_id: str, store: SegmentStore, topic: s
                         lfs: LfsReadSettings | None = None,
                         numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
                         framed_values: FramedValueSchemas | None = None, kafka_timestamp: bool = False,
-                        keys: KeyDecoding | None = None) -> IngestionTaskSpec:
+                        keys: KeyDecoding | None = None, data_dir: str | None = None) -> IngestionTaskSpec:
     """The tasks of one table's share of an ingestion Spark job (one per input partition), after checking that what
-    they write fits the table (`run_ingestion_spark_job`'s arguments)."""
-    sink = SinkJob.for_table(table, run_id, target_file_size_bytes)
+    they write fits the table (`run_ingestion_spark_job`'s arguments). `data_dir`: the table's writer directory
+    that the run's record names (else a new one)."""
+    sink = SinkJob.for_table(table, run_id, target_file_size_bytes, data_dir)
     written = (source_arrow_schema(columns, validated=json_schema is not None) if framed_values is None
                else framed_source_schema(framed_values))
     if keys is not None:
@@ -173,7 +174,8 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
                             lfs: LfsReadSettings | None = None,
                             numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS,
                             framed_values: FramedValueSchemas | None = None, kafka_timestamp: bool = False,
-                            keys: KeyDecoding | None = None) -> list[IngestionTaskOutput]:
+                            keys: KeyDecoding | None = None,
+                            data_dir: str | None = None) -> list[IngestionTaskOutput]:
     """Read `input_partitions` and write them as data files of `table` (and invalid records as data files of the
     dead-letter table), one Spark task per input partition; returns each task's output, nothing committed.
 
@@ -182,7 +184,8 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     tasks = ingestion_task_spec(table, run_id, store, topic, input_partitions, columns=columns,
                                 json_schema=json_schema, target_file_size_bytes=target_file_size_bytes,
                                 dead_letters=dead_letters, lfs=lfs, numeric_timestamp_unit=numeric_timestamp_unit,
-                                framed_values=framed_values, kafka_timestamp=kafka_timestamp, keys=keys)
+                                framed_values=framed_values, kafka_timestamp=kafka_timestamp, keys=keys,
+                                data_dir=data_dir)
     if not input_partitions:
         return []
     sink = tasks.sink
@@ -194,10 +197,8 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     try:
         rows = job.collect()
     except Exception as exc:
-        # Failed tasks deleted their own files; those of finished tasks are in the run's own directory.
-        remove_run_files(table, run_table(table, run_id).data_dir)
-        if dead_letters is not None:
-            remove_run_files(dead_letters[0], run_table(dead_letters[0], run_id).data_dir)
+        # Failed tasks deleted their own files; those of finished tasks are in the writers' own directories.
+        _remove_written(table, tasks, dead_letters[0] if dead_letters is not None else None)
         raise IcebergSinkError(f"writing data files for table {sink.table_name} (run {run_id}) failed: "
                                f"{root_cause(exc)}") from exc
     outputs = sorted((pickle.loads(row.task_output) for row in rows),  # noqa: S301 - our own task results
@@ -206,6 +207,13 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
     log.info("table %s run %s: %d data files written (%d rows, %d bytes), not yet committed", sink.table_name, run_id,
              len(data_files), sum(f.record_count for f in data_files), sum(f.file_size_in_bytes for f in data_files))
     return outputs
+
+
+def _remove_written(table: Table, tasks: IngestionTaskSpec, dead_letters: Table | None) -> None:
+    """Delete what the tasks of a failed job wrote: their writers' directories, which nothing committed."""
+    remove_run_files(table, tasks.sink.data_dir)
+    if tasks.dead_letters is not None and dead_letters is not None:
+        remove_run_files(dead_letters, tasks.dead_letters.sink.data_dir)
 
 
 @dataclass(frozen=True)
@@ -338,9 +346,7 @@ def run_batch_spark_job(spark: SparkSession, run_id: str,
         rows = frame.collect()
     except Exception as exc:
         for job in jobs:
-            remove_run_files(job.table, run_table(job.table, run_id).data_dir)
-            if job.dead_letters is not None:
-                remove_run_files(job.dead_letters, run_table(job.dead_letters, run_id).data_dir)
+            _remove_written(job.table, job.tasks, job.dead_letters)
         raise IcebergSinkError(f"writing data files for tables {names} (run {run_id}) failed: "
                                f"{root_cause(exc)}") from exc
     for row in rows:

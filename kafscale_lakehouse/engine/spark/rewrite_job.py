@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.engine.tables.data_files import RollingDataFiles, SinkJob
 from kafscale_lakehouse.engine.tables.rewrites import RecordRange
-from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
+from kafscale_lakehouse.engine.tables.run_files import remove_run_files
 
 _OUTPUT_SCHEMA = "task_output binary"
 
@@ -68,16 +68,17 @@ class RewriteTasks:
 
 def run_rewrite_job(spark: SparkSession, table: Table, rewrite_id: str, groups: Sequence[Sequence[DataFile]], *,
                     target_file_size_bytes: int, without: RecordRange | None = None,
-                    sort_by: Sequence[tuple[str, str]] = ()) -> list[DataFile]:
+                    sort_by: Sequence[tuple[str, str]] = (), data_dir: str | None = None) -> list[DataFile]:
     """The files of each group rewritten by one Spark task into files of about `target_file_size_bytes`, in the
-    rewrite's own directory (`run_files.run_table`), uncommitted. If the job fails, what it wrote is deleted."""
+    rewrite's own writer directory (`data_dir`, a directory a run record names, else a new one), uncommitted. If
+    the job fails, what it wrote is deleted."""
     if not groups:
         return []
-    sink = SinkJob.for_table(table, rewrite_id, target_file_size_bytes)
+    sink = SinkJob.for_table(table, rewrite_id, target_file_size_bytes, data_dir)
     tasks = RewriteTasks(sink, tuple(tuple(g) for g in groups), without, tuple(sort_by))
     job = spark.range(0, len(groups), 1, numPartitions=len(groups)).mapInArrow(tasks, _OUTPUT_SCHEMA)
     try:
         return [f for row in job.collect() for f in pickle.loads(row.task_output)]  # noqa: S301 - our own tasks' output
     except Exception:
-        remove_run_files(table, run_table(table, rewrite_id).data_dir)
+        remove_run_files(table, sink.data_dir)
         raise

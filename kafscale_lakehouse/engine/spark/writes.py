@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from kafscale_lakehouse.engine.tables.data_files import SinkJob, root_cause, write_batches_as_data_files
-from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
+from kafscale_lakehouse.engine.tables.run_files import remove_run_files
 from kafscale_lakehouse.engine.tables.writes import (
     TableWrite,
     TableWriteError,
@@ -41,8 +41,9 @@ def write_dataframe(catalog: Catalog, df: DataFrame, write: TableWrite) -> Table
     try:
         rows = df.mapInArrow(_WriteTask(sink), _OUTPUT_SCHEMA).collect()
     except Exception as exc:
-        # A failed task deleted its own files; those of finished tasks lie in the run's own directory.
-        remove_run_files(table, run_table(table, write.run_id).data_dir)
+        # A failed task deleted its own files; those of finished tasks lie in this write's own directory, which
+        # no other write (another asset of the table, an earlier attempt of the step) shares.
+        remove_run_files(table, sink.data_dir)
         raise TableWriteError(f"writing data files for table {write.identifier} (run {write.run_id}) failed: "
                               f"{root_cause(exc)}") from exc
     data_files = [f for row in rows for f in pickle.loads(row.data_files)]  # noqa: S301 - our own tasks' output

@@ -8,8 +8,9 @@ uses them through `mapInArrow`; any job that writes Arrow batches of a table's c
 
 Nothing is committed here: the caller commits the files with its own checks (`table_offsets.commit_append`) or deletes
 them (`delete_data_files`). A task that fails deletes its own files before it re-raises. Data file names start with
-`data_file_prefix(run_id)` and lie in the run's own directory (`run_data_dir`), so that files left by a crash can be
-found and removed without listing the table (`run_files.clean_ended_runs`).
+`data_file_prefix(run_id)` and lie in the writer's own directory (`writer_data_dir`: one per table a run writes, per
+attempt), so that files left by a crash can be found and removed without listing the table, and without touching
+another writer's files (`run_files.clean_ended_runs`).
 
 Relies on pyiceberg's writer internals in `pyiceberg.io.pyarrow` (`ParquetFormatWriter` and its `_fos`,
 `_to_requested_schema`, `bin_pack_record_batches`, `_determine_partitions`, `_check_pyarrow_schema_compatible`): a
@@ -82,21 +83,28 @@ def data_file_prefix(run_id: str) -> str:
     return f"{DATA_FILE_PREFIX}{run_id}-"
 
 
-def run_data_dir(data_path: str, run_id: str) -> str:
-    """The directory under a table's data path that holds every data file written for `run_id`.
+def writer_data_dir(data_path: str, run_id: str) -> str:
+    """A new directory under a table's data path for one writer of `run_id`: `kafscale-<run id>-w<random>`.
 
-    One directory per run, so the files of a run that ended without committing are found by listing that directory
-    alone (engine/tables/run_files.py), never the whole table. Readers do not care: manifests hold absolute paths.
+    Every writer (each table and dead-letter table of a run, each IO manager write, each rewrite, each attempt of a
+    retried step) gets a directory of its own, so the files of a writer that ended without committing are found by
+    listing that directory alone (engine/tables/run_files.py), never the whole table, and deleting them can never
+    take a file another writer of the same run committed. Readers do not care: manifests hold absolute paths.
     """
-    return f"{data_path.rstrip('/')}/{data_file_prefix(run_id).rstrip('-')}"
+    return f"{data_path.rstrip('/')}/{data_file_prefix(run_id)}w{uuid.uuid4().hex[:12]}"
 
 
-def run_data_location(location_provider: LocationProvider, run_id: str, provided: str) -> str:
-    """`provided` (the table's location provider's path for a new file) moved into the run's directory."""
+def table_data_path(table: Table) -> str:
+    """Where the table's location provider puts data files (`write.data.path`, else `<location>/data`)."""
+    return load_location_provider(table.location(), table.properties).data_path
+
+
+def writer_data_location(location_provider: LocationProvider, data_dir: str, provided: str) -> str:
+    """`provided` (the table's location provider's path for a new file) moved into the writer's directory."""
     data_path = location_provider.data_path.rstrip("/")
     if not provided.startswith(data_path + "/"):
         raise IcebergSinkError(f"location provider put data file {provided} outside the data path {data_path}")
-    return f"{run_data_dir(data_path, run_id)}/{provided[len(data_path) + 1:]}"
+    return f"{data_dir}/{provided[len(data_path) + 1:]}"
 
 
 def file_io_properties(table: Table) -> dict[str, str]:
@@ -113,15 +121,24 @@ class SinkJob:
     file_io_properties: Mapping[str, str] = field(repr=False)
     run_id: str
     target_file_size_bytes: int
+    data_dir: str  # the writer's own directory (`writer_data_dir`): every file of this job goes under it
 
     @classmethod
-    def for_table(cls, table: Table, run_id: str, target_file_size_bytes: int) -> SinkJob:
+    def for_table(cls, table: Table, run_id: str, target_file_size_bytes: int,
+                  data_dir: str | None = None) -> SinkJob:
+        """A sink writing into `data_dir` (a directory a run record names), else into a new writer directory."""
         if target_file_size_bytes <= 0:
             raise ValueError(f"target_file_size_bytes must be positive, got {target_file_size_bytes}")
-        data_file_prefix(run_id)  # validates the run id on the driver rather than in every task
+        data_path = table_data_path(table).rstrip("/")
+        if data_dir is None:
+            data_dir = writer_data_dir(data_path, run_id)  # also validates the run id, on the driver
+        elif not data_dir.startswith(data_path + "/"):
+            raise IcebergSinkError(f"table {_table_name(table)}: writer directory {data_dir} is not under the "
+                                   f"table's data path {data_path}")
+        data_file_prefix(run_id)
         return cls(table_name=_table_name(table), table_metadata_json=writer_metadata_json(table),
                    file_io_properties=file_io_properties(table), run_id=run_id,
-                   target_file_size_bytes=target_file_size_bytes)
+                   target_file_size_bytes=target_file_size_bytes, data_dir=data_dir.rstrip("/"))
 
     def file_io(self) -> FileIO:
         location = TableMetadataUtil.parse_raw(self.table_metadata_json).location
@@ -272,7 +289,7 @@ class RollingDataFiles:
     def _new_file(self, key: str, partition_key: PartitionKey | None) -> _OpenDataFile:
         name = f"{self._file_name_prefix}{self._sequence:05d}-{self._write_uuid}.parquet"
         self._sequence += 1
-        path = run_data_location(self._location_provider, self._job.run_id,
+        path = writer_data_location(self._location_provider, self._job.data_dir,
                                  self._location_provider.new_data_location(data_file_name=name,
                                                                            partition_key=partition_key))
         output = self._io.new_output(path)

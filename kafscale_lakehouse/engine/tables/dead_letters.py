@@ -173,8 +173,8 @@ DEAD_LETTER_ARROW_SCHEMA = schema_to_pyarrow(DEAD_LETTER_SCHEMA, include_field_i
 @dataclass(frozen=True)
 class DeadLetterTarget:
     """Where a run's tasks write dead-letter data files (pickled into the ingestion job's tasks): the dead-letter
-    table's sink job, whose run id names the files like the table's own (so crash leftovers are found by the same
-    cleanup), and `ingested_at_us` (UTC microseconds), the same for every row of a run."""
+    table's sink job, whose writer directory the run's record names like the table's own (so crash leftovers are
+    found by the same cleanup), and `ingested_at_us` (UTC microseconds), the same for every row of a run."""
 
     sink: SinkJob
     ingested_at_us: int
@@ -184,10 +184,11 @@ class DeadLetterTarget:
 
 
 def dead_letter_target(table: Table, run_id: str, *, target_file_size_bytes: int,
-                       ingested_at: datetime | None = None) -> DeadLetterTarget:
-    """What the run's Spark tasks need to write dead-letter files of `table` (`ingested_at` defaults to now)."""
+                       ingested_at: datetime | None = None, data_dir: str | None = None) -> DeadLetterTarget:
+    """What the run's Spark tasks need to write dead-letter files of `table` (`ingested_at` defaults to now) into
+    `data_dir` (the run's writer directory of the dead-letter table, else a new one)."""
     ingested_at = ingested_at or datetime.now(UTC)
-    return DeadLetterTarget(sink=SinkJob.for_table(table, run_id, target_file_size_bytes),
+    return DeadLetterTarget(sink=SinkJob.for_table(table, run_id, target_file_size_bytes, data_dir),
                             ingested_at_us=int(ingested_at.timestamp() * 1_000_000))
 
 

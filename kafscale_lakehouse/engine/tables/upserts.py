@@ -564,12 +564,14 @@ def commit_upsert(
     max_attempts: int = DEFAULT_COMMIT_ATTEMPTS,
     snapshot_properties: Mapping[str, str] | None = None,
     before_attempt: Callable[[Table], None] | None = None,
+    data_dir: str | None = None,
 ) -> CommitResult:
     """Apply the records of the run's uncommitted `data_files` to `table` as upserts and deletes by `key`, in one
     snapshot that moves `topic` from `start_offsets` to `end_offsets` (see the module docstring). `data_files` are
     deleted once read (they are never committed: the new state is written again, one row per key). Errors as
     `commit_append`'s: `OffsetConflictError`, `CommitRetriesExhaustedError` (files deleted),
-    `CommitOutcomeUnknownError` (files kept for the clean-up of ended runs). A cdc run passes its rows judged
+    `CommitOutcomeUnknownError` (files kept for the clean-up of ended runs). The new files go into `data_dir`, the
+    writer directory the run's record names (else a new one). A cdc run passes its rows judged
     (`read_run_rows`, then `judge_change_events`), its records that are no change event taken care of."""
     table_name = ".".join(table.name())
     reserved = [k for k in (snapshot_properties or {}) if is_reserved_property(k)]
@@ -580,7 +582,7 @@ def commit_upsert(
                          f"but end offsets cover {sorted(end_offsets)}")
     _suggest_bucketing(table, key)
     _sort_by_id(table, key)
-    job = SinkJob.for_table(table, run_id, target_file_size_bytes)
+    job = SinkJob.for_table(table, run_id, target_file_size_bytes, data_dir)
     rows = data_files if isinstance(data_files, ChangeEventRows) else read_run_rows(table, data_files)
     changes = latest_changes(rows, key, events)
     if changes.keyless:

@@ -71,20 +71,23 @@ def batch_table(topic: str, ranges: dict[int, tuple[int, int]]) -> pa.Table:
 
 
 def write_arrow(table: Table, rows: pa.Table, run_id: str, *, tasks: int = 1,
-                target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES) -> list[DataFile]:
+                target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES,
+                data_dir: str | None = None) -> list[DataFile]:
     """Data files (uncommitted) for `rows`, written as a Spark job's tasks write them: the schema checked once, then
     `tasks` contiguous slices, each by `write_batches_as_data_files` under its own task id."""
     check_arrow_schema(rows.schema, table)
-    job = SinkJob.for_table(table, run_id, target_file_size_bytes)
+    job = SinkJob.for_table(table, run_id, target_file_size_bytes, data_dir)
     per_task = -(-rows.num_rows // tasks) if rows.num_rows else 0
     return [data_file for task_id in range(tasks) if per_task
             for data_file in write_batches_as_data_files(job, rows.slice(task_id * per_task, per_task).to_batches(),
                                                          task_id)]
 
 
-def write_batch(table: Table, topic: str, ranges: dict[int, tuple[int, int]], run_id: str, tasks: int = 2):
-    """Data files (uncommitted) for a batch of Kafka-like rows, written by `tasks` tasks."""
-    return write_arrow(table, batch_table(topic, ranges), run_id, tasks=tasks)
+def write_batch(table: Table, topic: str, ranges: dict[int, tuple[int, int]], run_id: str, tasks: int = 2,
+                data_dir: str | None = None):
+    """Data files (uncommitted) for a batch of Kafka-like rows, written by `tasks` tasks (into `data_dir`, else a
+    new writer directory)."""
+    return write_arrow(table, batch_table(topic, ranges), run_id, tasks=tasks, data_dir=data_dir)
 
 
 def start_end(ranges: dict[int, tuple[int, int]]) -> tuple[dict[int, int], dict[int, int]]:

@@ -16,6 +16,7 @@ from kafscale_lakehouse.engine.tables.appends import (
     OffsetConflictError,
     commit_append,
 )
+from kafscale_lakehouse.engine.tables.audit import start_audit_branch
 from kafscale_lakehouse.engine.tables.rewrites import PositionsMovedError, commit_rewrite
 from kafscale_lakehouse.engine.tables.run_files import (
     clean_ended_runs,
@@ -195,7 +196,8 @@ def test_commit_whose_response_is_lost_is_found_in_the_table(catalog, make_table
 def test_unknown_outcome_keeps_files_until_cleanup_proves_them_unreferenced(catalog, make_table, monkeypatch):
     table = make_table()
     ranges = {0: (0, 5)}
-    files = write_batch(table, "t", ranges, "run-unknown")
+    recorded = run_table(table, "run-unknown")  # what its run record names
+    files = write_batch(table, "t", ranges, "run-unknown", data_dir=recorded.data_dir)
 
     def fail_without_committing(*args, **kwargs):
         raise CommitStateUnknownException("connection reset")
@@ -210,7 +212,7 @@ def test_unknown_outcome_keeps_files_until_cleanup_proves_them_unreferenced(cata
     # What a later run does for the ended run (run_files.clean_ended_runs): the table shows no commit of it, so
     # its own directory, and nothing else, is deleted.
     assert run_committed(table, "run-unknown", started_ms=0) is False
-    assert sorted(remove_run_files(table, run_table(table, "run-unknown").data_dir)) == sorted(
+    assert sorted(remove_run_files(table, recorded.data_dir)) == sorted(
         f.file_path for f in files
     )
     assert _exists(table, files) == [False] * len(files)
@@ -225,7 +227,7 @@ def test_an_ended_runs_commit_applied_late_by_the_catalog_keeps_its_files(catalo
     with LocalOffsetStore(tmp_path / "offsets.db", lease_ttl_seconds=30) as store:
         lease = store.acquire_lease("t", 0, "owner-a")
         record = register_run(store, [lease], "run-a", [table])
-        files = write_batch(table, "t", {0: (3, 8)}, "run-a")
+        files = write_batch(table, "t", {0: (3, 8)}, "run-a", data_dir=record.tables[0].data_dir)
         real_commit, in_flight = catalog.commit_table, []
 
         def held_in_flight(*args, **kwargs):
@@ -259,13 +261,63 @@ def test_an_ended_runs_commit_that_can_no_longer_land_has_its_files_removed(cata
     with LocalOffsetStore(tmp_path / "offsets.db", lease_ttl_seconds=30) as store:
         lease = store.acquire_lease("t", 0, "owner-a")
         record = register_run(store, [lease], "run-a", [table])
-        files = write_batch(table, "t", {0: (3, 8)}, "run-a")
+        files = write_batch(table, "t", {0: (3, 8)}, "run-a", data_dir=record.tables[0].data_dir)
         record_commit_attempt(store, [lease], record, table)  # then it died without sending
         lease.release()
         commit_append(table, write_batch(table, "t", {0: (3, 5)}, "run-b"), "t", {0: 3}, {0: 5}, "run-b")
         stale = catalog.load_table(table.name())
         assert sorted(clean_ended_runs(store, "t", [stale])) == sorted(f.file_path for f in files)
         assert store.recorded_runs("t") == [] and table.scan().to_arrow().num_rows == 5
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_an_ended_runs_commit_to_an_audit_branch_is_judged_by_that_branch(catalog, make_table, monkeypatch, tmp_path):
+    """An audited commit goes to the audit branch, built on that branch's head: when main moves meanwhile (a
+    manifest merge, another writer), the commit can still land on the branch, so its files must stay."""
+    table = make_table(properties={"format-version": "1"})  # no sequence-number check saves a v1 table
+    commit_append(table, write_batch(table, "t", {0: (0, 3)}, "run-first"), "t", {0: 0}, {0: 3}, "run-first")
+    with LocalOffsetStore(tmp_path / "offsets.db", lease_ttl_seconds=30) as store:
+        lease = store.acquire_lease("t", 0, "owner-a")
+        record = register_run(store, [lease], "run-a", [table])
+        files = write_batch(table, "t", {0: (3, 8)}, "run-a", data_dir=record.tables[0].data_dir)
+        real_commit, in_flight = catalog.commit_table, []
+
+        def held_in_flight(*args, **kwargs):
+            in_flight.append((args, kwargs))
+            raise CommitStateUnknownException("gateway timeout; the catalog applies it later")
+
+        def before_attempt(current):
+            record_commit_attempt(store, [lease], record, current, ref="audit")
+
+        start_audit_branch(table, "audit")  # the audit starts at main's head
+        monkeypatch.setattr(catalog, "commit_table", held_in_flight)
+        with pytest.raises(CommitOutcomeUnknownError, match="run-a"):
+            commit_append(table, files, "t", {0: 3}, {0: 8}, "run-a", max_attempts=1, branch="audit",
+                          before_attempt=before_attempt)
+        monkeypatch.undo()
+        lease.release()
+        commit_append(table, write_batch(table, "t", {0: (20, 21)}, "run-main"), "u", {0: 0}, {0: 1}, "run-main")
+
+        stale = catalog.load_table(table.name())
+        assert clean_ended_runs(store, "t", [stale]) == [], "the branch is still at its base"
+        assert all(_exists(table, files))
+        real_commit(*in_flight[0][0], **in_flight[0][1])  # the catalog applies it to the branch now
+        table.refresh()
+        assert table.scan(snapshot_id=table.metadata.refs["audit"].snapshot_id).to_arrow().num_rows == 8
+
+
+@pytest.mark.parametrize("catalog", ["sql"], indirect=True)
+def test_clean_up_never_deletes_a_file_a_snapshot_of_any_ref_references(catalog, make_table, tmp_path):
+    """Whatever an ended run's record says, a file of its directory that a snapshot of a branch references stays."""
+    table = make_table()
+    with LocalOffsetStore(tmp_path / "offsets.db", lease_ttl_seconds=30) as store:
+        lease = store.acquire_lease("t", 0, "owner-a")
+        record = register_run(store, [lease], "run-a", [table])  # no commit attempt recorded
+        files = write_batch(table, "t", {0: (0, 5)}, "run-a", data_dir=record.tables[0].data_dir)
+        commit_append(table, files, "t", {0: 0}, {0: 5}, "another-writer", branch="side")
+        lease.release()
+        assert clean_ended_runs(store, "t", [catalog.load_table(table.name())]) == []
+        assert all(_exists(table, files)) and store.recorded_runs("t") == []
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)

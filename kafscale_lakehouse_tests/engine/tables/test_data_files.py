@@ -4,6 +4,7 @@ statistics, roll-over, partitions, schema checks, a failing task deleting its fi
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -107,7 +108,8 @@ def test_the_tasks_of_a_process_share_a_file_io_per_settings_and_bucket(make_tab
     jobs = [SinkJob.for_table(table, "run-io", 1 << 20) for table in (first, second)]
     assert jobs[0].file_io() is jobs[1].file_io()
     rotated = SinkJob(jobs[0].table_name, jobs[0].table_metadata_json,
-                      {**jobs[0].file_io_properties, "s3.session-token": "rotated"}, "run-io", 1 << 20)
+                      {**jobs[0].file_io_properties, "s3.session-token": "rotated"}, "run-io", 1 << 20,
+                      jobs[0].data_dir)
     assert rotated.file_io() is not jobs[0].file_io()
 
 
@@ -132,8 +134,9 @@ def test_partitioned_table_gets_one_file_per_partition_value(make_table):
     data_files = write_batch(table, "t", ranges, run_id="run-p", tasks=1)
 
     assert sorted((f.partition[0], f.record_count) for f in data_files) == [(0, 10), (1, 20), (5, 3)]
-    # In the run's own directory (run_files.py), then the location provider's partition path.
-    assert all(f"/data/kafscale-run-p/partition={f.partition[0]}/" in f.file_path for f in data_files)
+    # In the writer's own directory (run_files.py), then the location provider's partition path.
+    assert all(re.search(rf"/data/kafscale-run-p-w[0-9a-f]{{12}}/partition={f.partition[0]}/", f.file_path)
+               for f in data_files)
     commit_append(table, data_files, "t", *start_end(ranges), "run-p")
     planned = list(table.scan(row_filter=EqualTo("partition", 5)).plan_files())
     assert len(planned) == 1 and planned[0].file.record_count == 3

@@ -179,3 +179,25 @@ def test_a_downstream_asset_is_held_back_by_a_failed_blocking_check(resources, n
     assert [e.asset_key for e in result.get_asset_materialization_events()] == [landed.key]
     assert not _table(resources, f"{namespace}.landed").catalog.table_exists(
         f"{namespace}.downstream")
+
+
+def test_a_failed_write_keeps_what_another_write_of_the_run_committed_to_the_table(resources, namespace):
+    """Two assets of one run append to one table; the second one's Spark job fails. Its clean-up deletes only the
+    files of its own write, never those the first write committed (the table still scans, with its rows)."""
+    from pyspark.sql import functions
+
+    @dg.asset(key=[namespace, "orders"], io_manager_key="iceberg_io_manager",
+              metadata={"write_mode": dg.MetadataValue.text("append")})
+    def first():
+        return _orders("2026-11-01", stores=3)
+
+    @dg.asset(key=[namespace, "late_orders"], deps=[first], io_manager_key="iceberg_io_manager",
+              metadata={"write_mode": dg.MetadataValue.text("append"), "dagster/table_name": f"{namespace}.orders"})
+    def failing():
+        fails_in_a_task = functions.udf(lambda store: 1 // (store - store), "int")
+        return _orders("2026-11-02", stores=3).withColumn("quantity", fails_in_a_task("store_id"))
+
+    result = dg.materialize([first, failing], resources=resources, raise_on_error=False)
+
+    assert not result.success
+    assert _table(resources, f"{namespace}.orders").scan().to_arrow().num_rows == 3

@@ -21,7 +21,7 @@ from kafscale_lakehouse.engine.ingestion import IngestContext, prepare_ingest
 from kafscale_lakehouse.engine.ingestion import run as ingest_run
 from kafscale_lakehouse.engine.ingestion.spark_job import _BatchTasks, ingestion_task_spec
 from kafscale_lakehouse.engine.tables import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
-from kafscale_lakehouse.engine.tables.run_files import remove_run_files, run_table
+from kafscale_lakehouse.engine.tables.run_files import remove_run_files
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.offsets.store import OffsetStore
 from kafscale_lakehouse.orchestration import land_tables
@@ -218,7 +218,7 @@ def test_a_packed_spark_task_that_fails_leaves_no_file_of_the_runs_it_had_finish
             tasks = _BatchTasks((good, broken), ((0, 0), (1, 0)), ((0, 1),))
             written = _BatchTasks((good,), ((0, 0),), ((0,),))._run_group([0])
             assert [len(output.data_files) for _, output in written] == [1]  # what orders' run writes alone
-            orders_dir = run_table(runs[0].table, run_id).data_dir
+            orders_dir = runs[0].data_dir(runs[0].table)
             assert len(remove_run_files(runs[0].table, orders_dir)) == 1
 
             for threads in (1, 2):  # one after another, or at once (a group of small runs)
