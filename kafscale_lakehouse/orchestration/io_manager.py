@@ -19,8 +19,10 @@ materialization.
 `publish: audited` metadata (the IO manager's `publish` config is the default, `direct`): the write goes to the
 table's audit branch (`kafscale-audit`, engine/tables/audit.py), not `main`; the materialization says
 `published: false` with the `audit_snapshot_id`. The asset's checks in the same run read that snapshot; other readers
-(downstream assets, later runs) read `main`. `audited_publish.py` fast-forwards `main` once the run's blocking checks
-passed; until an audit is settled, a write to the table refuses, naming the run and the operator commands.
+(downstream assets, later runs) read `main`. `audited_publish.py` fast-forwards `main` once the run evaluated every
+blocking check of the asset (of its definitions, `audit_blocking_checks` in the materialization) with a pass: a run
+whose selection left one out (`audit_checks_not_in_run`) leaves the audit pending. Until an audit is settled, a write
+to the table refuses, naming the run, the checks that failed or were not evaluated, and the operator commands.
 
 Landed tables are committed by their asset (assets.py), which returns a `MaterializeResult`: nothing reaches
 `handle_output`; the IO manager only loads them, for downstream assets.
@@ -64,7 +66,13 @@ from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY
 from kafscale_lakehouse.orchestration.audited_publish import (
     AUDIT_BRANCH_KEY,
     AUDIT_SNAPSHOT_ID_KEY,
+    BLOCKING_CHECKS_KEY,
+    CHECKS_NOT_IN_RUN_KEY,
     PUBLISHED_KEY,
+    CheckVerdict,
+    asset_blocking_checks,
+    audited_writes,
+    blocking_check_verdict,
     publish_run_audits,
 )
 from kafscale_lakehouse.orchestration.metadata import (
@@ -163,12 +171,18 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
         if audited:
             # Not yet what main holds: readers pinned to the materialization's snapshot_id would read unchecked rows.
             output_metadata[SNAPSHOT_ID_KEY] = dg.MetadataValue.null()
+            blocking, not_in_run = asset_blocking_checks(context.step_context.job_def, context.asset_key)
             output_metadata.update({
                 PUBLISHED_KEY: False,
                 AUDIT_BRANCH_KEY: DEFAULT_AUDIT_BRANCH,
                 AUDIT_SNAPSHOT_ID_KEY: dg.MetadataValue.int(result.snapshot_id) if result.snapshot_id is not None
                 else dg.MetadataValue.null(),
+                BLOCKING_CHECKS_KEY: dg.MetadataValue.json(blocking),
+                CHECKS_NOT_IN_RUN_KEY: dg.MetadataValue.json(not_in_run),
             })
+            if not_in_run:  # the run cannot publish it: said now, in the step's log
+                context.log.warning("table %s: %s", identifier,
+                                    CheckVerdict(not_evaluated=tuple(not_in_run)).describe(context.run_id, identifier))
         context.add_output_metadata(output_metadata)
         context.log.info(
             "table %s: %s of %d rows committed in snapshot %s%s",
@@ -223,8 +237,9 @@ def publish_mode(metadata: Mapping[str, Any], default: str, what: str) -> str:
 
 def settle_earlier_audit(instance: dg.DagsterInstance, catalog: Catalog, identifier: str, what: str) -> None:
     """Before an audited write: an audit an earlier run left pending on the table is published when that run
-    succeeded with its blocking checks passed (the sensor had not ticked yet); otherwise the write refuses, naming
-    the run, its status and the operator commands (a failed check stays until an operator publishes or drops it)."""
+    succeeded and evaluated every blocking check of its asset with a pass (the sensor had not ticked yet);
+    otherwise the write refuses, naming the run, its status, the checks that failed or were not evaluated, and the
+    operator commands (such an audit stays until an operator publishes or drops it)."""
     if not catalog.table_exists(identifier):
         return
     table = catalog.load_table(identifier)
@@ -234,11 +249,16 @@ def settle_earlier_audit(instance: dg.DagsterInstance, catalog: Catalog, identif
     if pending.run_id is not None and publish_run_audits(instance, pending.run_id, catalog):
         return
     run = instance.get_run_by_id(pending.run_id) if pending.run_id is not None else None
+    held = ""
+    if run is not None and run.status == dg.DagsterRunStatus.SUCCESS:
+        writes = [w for w in audited_writes(instance, run.run_id) if w.snapshot_id == pending.snapshot_id]
+        held = "".join(f" ({verdict.reasons(run.run_id)})" for verdict in
+                       (blocking_check_verdict(instance, run.run_id, write) for write in writes) if not verdict.passed)
     raise AuditPendingError(
         f"{what}: table {identifier}: audit branch {DEFAULT_AUDIT_BRANCH} holds snapshot {pending.snapshot_id} of run "
         f"{pending.run_id} ({run.status.value if run is not None else 'not a run of this instance'}) that main does "
-        f"not; it is published when that run succeeds with its blocking checks passed, else settle it: "
-        f"{AUDIT_COMMANDS.format(table=identifier)}")
+        f"not{held}; main fast-forwards to it only when that run succeeded and evaluated every blocking check of the "
+        f"asset with a pass, else settle it: {AUDIT_COMMANDS.format(table=identifier)}")
 
 
 def audit_snapshot_for_check(context: dg.InputContext, table: Table) -> int | None:

@@ -179,3 +179,67 @@ def test_main_moved_by_another_writer_is_not_overwritten_and_the_next_write_says
     message = refused.get_step_failure_events()[0].event_specific_data.error.to_string()
     assert clean.run_id in message and "(SUCCESS)" in message and f"audit drop --table {identifier}" in message
     assert _main_days(resources, identifier) == [("2026-11-04", 4)]
+
+
+def test_a_run_that_did_not_evaluate_a_blocking_check_never_publishes(resources, namespace, config_document, tmp_path,
+                                                                     capsys):
+    identifier = f"{namespace}.unchecked_orders"
+    day = {"value": BAD_DAY}  # its rows fail the blocking check
+
+    @dg.asset(key=[namespace, "unchecked_orders"], io_manager_key="iceberg_io_manager",
+              metadata={"publish": "audited"})
+    def unchecked_orders() -> pa.Table:
+        return _orders(day["value"])
+
+    @dg.asset_check(asset=unchecked_orders, blocking=True)
+    def unchecked_id_unique(unchecked_orders) -> dg.AssetCheckResult:
+        ids = [r.order_id for r in unchecked_orders.select("order_id").collect()]
+        return dg.AssetCheckResult(passed=len(ids) == len(set(ids)), severity=dg.AssetCheckSeverity.ERROR)
+
+    @dg.asset_check(asset=unchecked_orders)  # not blocking: publication does not wait for it
+    def unchecked_row_count(unchecked_orders) -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(passed=True)
+
+    instance = dg.DagsterInstance.ephemeral()
+    definitions = [unchecked_orders, unchecked_id_unique, unchecked_row_count]
+    without_checks = dg.AssetSelection.assets(unchecked_orders).without_checks()
+
+    unchecked = dg.materialize(definitions, resources=resources, instance=instance, selection=without_checks)
+    assert unchecked.success and unchecked.get_asset_check_evaluations() == []
+    [materialization] = unchecked.get_asset_materialization_events()
+    metadata = materialization.materialization.metadata
+    assert metadata["published"].value is False
+    assert metadata["audit_blocking_checks"].value == ["unchecked_id_unique"]
+    assert metadata["audit_checks_not_in_run"].value == ["unchecked_id_unique"]
+
+    _publish(resources, instance, unchecked)  # the run succeeded, but evaluated no blocking check
+    assert _main_days(resources, identifier) == []  # main never holds the rows the check rejects
+    pending = pending_audit(_table(resources, identifier), DEFAULT_AUDIT_BRANCH)
+    assert pending is not None and pending.run_id == unchecked.run_id
+    [observation] = instance.fetch_observations(unchecked_orders.key, limit=10).records
+    held = observation.asset_observation.metadata
+    assert held["published"].value is False
+    assert held["audit_checks_not_evaluated"].value == ["unchecked_id_unique"]
+    assert f"audit publish --table {identifier}" in held["audit_pending"].value
+
+    # A later run's write does not publish the unchecked audit either: it refuses, naming the check.
+    day["value"] = "2026-11-03"
+    refused = dg.materialize(definitions, resources=resources, instance=instance, raise_on_error=False)
+    assert not refused.success
+    message = refused.get_step_failure_events()[0].event_specific_data.error.to_string()
+    assert unchecked.run_id in message and "unchecked_id_unique" in message and "not evaluated" in message
+    assert f"audit drop --table {identifier}" in message
+    assert _main_days(resources, identifier) == []
+
+    config_path = tmp_path / "lakehouse.yaml"
+    config_path.write_text(yaml.safe_dump(config_document))
+    assert cli_main(["audit", "drop", "--table", identifier, "--config", str(config_path)]) == 0
+    # The blocking check evaluated and passing in the run publishes; the non-blocking one need not run.
+    checked = dg.materialize(definitions, resources=resources, instance=instance,
+                             selection=without_checks | dg.AssetSelection.checks(unchecked_id_unique))
+    assert checked.success
+    [evaluation] = checked.get_asset_check_evaluations()
+    assert evaluation.check_name == "unchecked_id_unique" and evaluation.passed
+    _publish(resources, instance, checked)
+    assert _main_days(resources, identifier) == [("2026-11-03", 4)]
+    assert pending_audit(_table(resources, identifier), DEFAULT_AUDIT_BRANCH) is None
