@@ -190,8 +190,11 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
                                       "the partitions it has none of (a snapshot without data files)",
                                       "add --yes to do it"]))
                     return 1
-                reset = reset_from_table if source == "table" else reset_from_store
-                view = reset(table, topic, store)
+                if source == "table":
+                    view = reset_from_table(table, topic, store)
+                else:
+                    view = reset_from_store(table, topic, store, audit_branch=mapping.audit_branch
+                                            if mapping.publish == "audited" else None)
     except (OffsetStoreError, EngineError) as err:
         raise CommandError(str(err)) from err
     # A partition waiting behind an incomplete segment for longer than the grace: the object and the skip command.

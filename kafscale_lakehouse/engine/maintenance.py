@@ -49,7 +49,12 @@ from pyspark.sql import SparkSession
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.spark.rewrite_job import run_rewrite_job
-from kafscale_lakehouse.engine.tables.audit import AUDIT_COMMANDS, DEFAULT_AUDIT_BRANCH, pending_audit
+from kafscale_lakehouse.engine.tables.audit import (
+    AUDIT_COMMANDS,
+    DEFAULT_AUDIT_BRANCH,
+    AuditPendingError,
+    pending_audit,
+)
 from kafscale_lakehouse.engine.tables.catalogs import (
     BOUNDED_METADATA_PROPERTIES,
     CatalogSettings,
@@ -162,8 +167,9 @@ def maintain_table(spark: SparkSession | None, table: Table, settings: Maintenan
     after compaction, which rewrites some; expiry after both so the old snapshots can go; orphan removal last so
     their files can go once old enough). While `audit_branch` holds a snapshot main does not (an audited publish
     pending, engine/tables/audit.py), compaction and the manifest rewrite are skipped, saying so: a snapshot of
-    theirs on main would make the audited snapshot's fast-forward impossible. Expiry keeps the branch's head and
-    orphan removal the files of every snapshot, the audited one included."""
+    theirs on main would make the audited snapshot's fast-forward impossible. Each of their commit attempts checks
+    again and requires the branch unmoved, so an audit committed during the rewrite abandons it the same way.
+    Expiry keeps the branch's head and orphan removal the files of every snapshot, the audited one included."""
     started = time.monotonic()
     now = now or datetime.now(UTC)
     summary = MaintenanceSummary(".".join(table.name()))
@@ -178,16 +184,21 @@ def maintain_table(spark: SparkSession | None, table: Table, settings: Maintenan
         compaction = manifests = False
     if properties:
         summary.properties_set = apply_bounded_metadata_properties(table)
-    if compaction:
-        if spark is None:
-            raise ValueError("compaction needs a Spark session")
-        result = compact(spark, table, target_file_size_bytes=settings.target_file_size_bytes,
-                         min_input_files=settings.min_input_files)
-        summary.files_compacted, summary.files_written = result.files_compacted, result.files_written
-        summary.compaction_snapshot_id = result.snapshot_id
-    if manifests:
-        summary.manifests_before, summary.manifests_after = rewrite_manifests(
-            table, min_count=settings.manifest_min_count, target_size_bytes=settings.manifest_target_size_bytes)
+    try:
+        if compaction:
+            if spark is None:
+                raise ValueError("compaction needs a Spark session")
+            result = compact(spark, table, target_file_size_bytes=settings.target_file_size_bytes,
+                             min_input_files=settings.min_input_files, audit_branch=audit_branch)
+            summary.files_compacted, summary.files_written = result.files_compacted, result.files_written
+            summary.compaction_snapshot_id = result.snapshot_id
+        if manifests:
+            summary.manifests_before, summary.manifests_after = rewrite_manifests(
+                table, min_count=settings.manifest_min_count, target_size_bytes=settings.manifest_target_size_bytes,
+                audit_branch=audit_branch)
+    except AuditPendingError as exc:  # an audited run committed to the branch during the rewrite
+        summary.rewrites_skipped = str(exc)
+        log.warning("table %s: rewrite abandoned: %s", summary.table, exc)
     if expiry:
         summary.snapshots_expired = len(expire_snapshots(
             table, older_than=now - settings.snapshot_max_age, retain_last=settings.retain_last,
@@ -435,7 +446,8 @@ def compaction_sort_columns(table: Table) -> list[tuple[str, str]]:
 
 
 def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, min_input_files: int = 5,
-            max_attempts: int = DEFAULT_COMMIT_ATTEMPTS, retry_wait_seconds: float = 0.2) -> CompactionResult:
+            max_attempts: int = DEFAULT_COMMIT_ATTEMPTS, retry_wait_seconds: float = 0.2,
+            audit_branch: str = DEFAULT_AUDIT_BRANCH) -> CompactionResult:
     """Rewrite small data files into files of about `target_file_size_bytes` (see the module docstring). A table
     with a sort order (`compaction_sort_columns`) has each group's rows sorted by it, in groups of up to
     `SORTED_GROUP_TARGETS` target sizes, so its output files hold disjoint ranges of the sort columns."""
@@ -460,7 +472,7 @@ def compact(spark: SparkSession, table: Table, *, target_file_size_bytes: int, m
     try:
         snapshot_id, attempts = commit_rewrite(table, inputs, written, marker=(COMPACTION_PROPERTY, compaction_id),
                                                what=f"compaction {compaction_id}", max_attempts=max_attempts,
-                                               retry_wait_seconds=retry_wait_seconds)
+                                               retry_wait_seconds=retry_wait_seconds, audit_branch=audit_branch)
     except CommitOutcomeUnknownError:
         raise  # its files may be referenced: orphan-file removal settles them
     except BaseException:
@@ -486,7 +498,8 @@ def data_manifest_count(table: Table, snapshot: Snapshot | None = None) -> int:
 
 
 def rewrite_manifests(table: Table, *, min_count: int, target_size_bytes: int,
-                      max_attempts: int = DEFAULT_COMMIT_ATTEMPTS) -> tuple[int, int]:
+                      max_attempts: int = DEFAULT_COMMIT_ATTEMPTS,
+                      audit_branch: str = DEFAULT_AUDIT_BRANCH) -> tuple[int, int]:
     """Merge the current snapshot's data manifests into manifests of about `target_size_bytes` once there are
     `min_count` of them; returns the data manifests before and after."""
     with catalog_errors(catalog_endpoint(table.catalog)):
@@ -498,7 +511,7 @@ def rewrite_manifests(table: Table, *, min_count: int, target_size_bytes: int,
     rewrite_id = f"manifests-{uuid.uuid4().hex}"
     snapshot_id, _ = commit_rewrite(table, [], [], marker=(MANIFEST_REWRITE_PROPERTY, rewrite_id),
                                     what=f"manifest rewrite {rewrite_id}", max_attempts=max_attempts,
-                                    merge_manifests=ManifestMerge(target_size_bytes))
+                                    merge_manifests=ManifestMerge(target_size_bytes), audit_branch=audit_branch)
     rewrite = table.metadata.snapshot_by_id(snapshot_id)
     parent = table.metadata.snapshot_by_id(rewrite.parent_snapshot_id) if rewrite and rewrite.parent_snapshot_id \
         else None

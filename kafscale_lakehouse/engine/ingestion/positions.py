@@ -276,10 +276,12 @@ def reset_from_table(table: Table, topic: str, store: OffsetStore) -> OffsetsVie
     return offsets_view(table, topic, store)
 
 
-def reset_from_store(table: Table, topic: str, store: OffsetStore) -> OffsetsView:
+def reset_from_store(table: Table, topic: str, store: OffsetStore, *, audit_branch: str | None = None) -> OffsetsView:
     """Make the table say what the store says, for the partitions the store has offsets of and the table has none
     of: one snapshot without data files records the store's next offsets (`kafscale.offsets.<topic>`, carried
-    forward as ever), then the table is recorded as the offsets' owner. Partitions the table holds are kept."""
+    forward as ever), then the table is recorded as the offsets' owner. Partitions the table holds are kept.
+    `audit_branch` (an audited mapping): the commit refuses while that branch holds a pending audit, checked in
+    each attempt (`AuditPendingError`)."""
     table_next = read_topic_offsets(table, topic)
     store_next = {p: c.next_offset for p, c in store.committed_offsets(topic).items() if c.next_offset is not None}
     adopted = {p: o for p, o in store_next.items() if p not in table_next}
@@ -288,7 +290,8 @@ def reset_from_store(table: Table, topic: str, store: OffsetStore) -> OffsetsVie
         for partition in sorted(set(table_next) | set(store_next)):
             leases[partition] = store.acquire_lease(topic, partition, RESET_OWNER)
         if adopted:
-            commit_append(table, [], topic, adopted, adopted, f"offsets-reset-{uuid.uuid4().hex[:12]}")
+            commit_append(table, [], topic, adopted, adopted, f"offsets-reset-{uuid.uuid4().hex[:12]}",
+                          audit_branch=audit_branch)
         recorded = read_topic_offsets(table, topic)
         if recorded:
             kept = [leases[p] for p in sorted(recorded)]

@@ -192,7 +192,8 @@ def _replace(context: IngestContext, mapping: MappingConfig, validation: RecordV
         snapshot_id, attempts = commit_rewrite(
             table, removed, [*read_again, *rewritten],
             marker=(REPLAY_PROPERTY, f"{topic}/{offsets.partition}/{offsets.start}-{offsets.end}-{run_id}"),
-            what=f"the replay of {records}", properties={RUN_ID_PROPERTY: run_id}, check=still_landed)
+            what=f"the replay of {records}", properties={RUN_ID_PROPERTY: run_id}, check=still_landed,
+            audit_branch=_audit_branch(mapping))
     except CommitOutcomeUnknownError:
         raise
     except BaseException:
@@ -256,11 +257,12 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
             skipped = {} if start is None else {partition: (start, next_offset)}
             commit = commit_append(table, [], topic, {partition: start if start is not None else next_offset},
                                    {partition: next_offset}, run_id,
-                                   snapshot_properties=skipped_summary_properties(topic, skipped))
+                                   snapshot_properties=skipped_summary_properties(topic, skipped),
+                                   audit_branch=_audit_branch(mapping))
             move = PositionMove(table_name, topic, partition, start, next_offset, commit.snapshot_id)
         else:
             move = _move_back(context, table, RecordRange(topic, OffsetRange(partition, next_offset, start)), lease,
-                              run_id)
+                              run_id, _audit_branch(mapping))
         now = read_topic_offsets(table, topic)
         context.offsets.repair_offsets([lease], {partition: (now[partition], 0)})
         context.offsets.record_table_identity([lease], table_identity(table, now))
@@ -270,7 +272,8 @@ def move_position(context: IngestContext, mapping: MappingConfig, partition: int
     return move
 
 
-def _move_back(context: IngestContext, table: Table, records: RecordRange, lease: Lease, run_id: str) -> PositionMove:
+def _move_back(context: IngestContext, table: Table, records: RecordRange, lease: Lease, run_id: str,
+               audit_branch: str | None) -> PositionMove:
     plan = plan_replay(table, records)
     record = register_run(context.offsets, [lease], run_id, [table])
     rewritten: list[DataFile] = []
@@ -289,7 +292,7 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
             properties={RUN_ID_PROPERTY: run_id, **moved_back_summary_properties(
                 records.topic, {records.offsets.partition: (records.offsets.start, plan.table_next_offset)})},
             positions=(records.topic, {records.offsets.partition: records.offsets.start}),
-            expected=(records.topic, {records.offsets.partition: plan.table_next_offset}))
+            expected=(records.topic, {records.offsets.partition: plan.table_next_offset}), audit_branch=audit_branch)
     except CommitOutcomeUnknownError:
         raise
     except BaseException:
@@ -301,10 +304,16 @@ def _move_back(context: IngestContext, table: Table, records: RecordRange, lease
                         records.offsets.start, snapshot_id, rows_removed=_rows_removed(removed, rewritten))
 
 
+def _audit_branch(mapping: MappingConfig) -> str | None:
+    """The branch whose pending audit a commit to main must not strand (each attempt re-checks it)."""
+    return mapping.audit_branch if mapping.publish == "audited" else None
+
+
 def _open_table(context: IngestContext, mapping: MappingConfig) -> tuple[RecordValidation, Table]:
     validation = resolve_record_validation(context.config, mapping, context.registry)
     table = open_mapping_table(context, mapping, validation.columns, validation.registered_values)
-    pending = pending_audit(table, mapping.audit_branch) if mapping.publish == "audited" else None
+    branch = _audit_branch(mapping)
+    pending = pending_audit(table, branch) if branch is not None else None
     if pending is not None:  # a commit to main now would make the audited snapshot's fast-forward impossible
         raise ReplayError(f"table {mapping.table}: audit branch {pending.branch} holds snapshot {pending.snapshot_id} "
                           f"of run {pending.run_id} that main does not; settle it first: "

@@ -19,7 +19,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 
 from kafscale_lakehouse.engine.phases import timed
-from kafscale_lakehouse.engine.tables.audit import ref_view, start_audit_branch
+from kafscale_lakehouse.engine.tables.audit import AuditPendingError, no_pending_audit, ref_view, start_audit_branch
 from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors
 from kafscale_lakehouse.engine.tables.commits import (
     CommitOutcomeUnknownError,
@@ -95,6 +95,7 @@ def commit_append(
     snapshot_properties: Mapping[str, str] | None = None,
     before_attempt: Callable[[Table], None] | None = None,
     branch: str = MAIN_BRANCH,
+    audit_branch: str | None = None,
 ) -> CommitResult:
     """Append `data_files` in one snapshot whose summary advances `topic` from `start_offsets` to `end_offsets`.
 
@@ -108,8 +109,12 @@ def commit_append(
     commit is built on, `run_files.record_commit_attempt`); when it raises, nothing more is sent and the files are
     kept for the clean-up of ended runs.
     `branch` is where the snapshot goes: an audited publish commits to its audit branch, set to main's head before
-    each attempt (`audit.start_audit_branch`: `AuditPendingError` when it holds a snapshot main does not), and the
-    offsets are re-checked as of that branch.
+    each attempt (`audit.start_audit_branch`: `AuditPendingError` when it holds a snapshot main does not), the
+    offsets are re-checked as of that branch, and the commit requires main still at that head, so that the audited
+    snapshot is always main's child (a commit to main in between makes it retry on the new head).
+    `audit_branch` (a commit to main of an audited table): each attempt refuses (`AuditPendingError`, files
+    deleted) while that branch holds a snapshot main does not, and requires the branch unmoved
+    (`audit.no_pending_audit`).
     """
     table_name = ".".join(table.name())
     _check_offset_ranges(table_name, topic, start_offsets, end_offsets, run_id, snapshot_properties or {})
@@ -137,13 +142,22 @@ def commit_append(
                             table_name, run_id, landed.snapshot_id)
                 committed, snapshot_id = landed.offsets, landed.snapshot_id
                 break
+        requires: dict[str, int | None] = {}
         if branch != MAIN_BRANCH:
             # Each attempt builds on main's head as it is now (a compaction may have moved it): the fast-forward
-            # to the audited snapshot requires main to be its parent (audit.publish_audit).
+            # to the audited snapshot requires main to be its parent (audit.publish_audit), so the commit
+            # requires main to stay there.
             start_audit_branch(table, branch)
             view = ref_view(table, branch)
+            requires[MAIN_BRANCH] = table.metadata.current_snapshot_id
             if attempt == 1:
                 before_first_attempt = view.metadata.current_snapshot_id
+        elif audit_branch is not None:
+            try:
+                requires.update(no_pending_audit(table, audit_branch, f"the commit of run {run_id}"))
+            except AuditPendingError:
+                delete_uncommitted(table, paths, table_name, run_id)
+                raise
         refuse_changed_spec(table, data_files, paths, run_id)
         committed = read_committed_offsets(view)
         conflict = first_offset_conflict(committed.get(topic, {}), start_offsets)
@@ -155,10 +169,7 @@ def commit_append(
         if before_attempt is not None:
             before_attempt(table)
         try:
-            if branch == MAIN_BRANCH:
-                append_without_client_retries(table, data_files, properties)
-            else:
-                append_without_client_retries(table, data_files, properties, branch=branch)
+            append_without_client_retries(table, data_files, properties, branch=branch, requires=requires)
             snapshot_id = committed_snapshot_id(table, branch)
         except CommitFailedException as exc:
             if attempt >= max_attempts:

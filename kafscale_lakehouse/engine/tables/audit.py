@@ -130,6 +130,22 @@ def pending_audit(table: Table, branch: str) -> PendingAudit | None:
     return PendingAudit(".".join(table.name()), branch, head, main, based, run_id)
 
 
+def no_pending_audit(table: Table, branch: str, what: str) -> dict[str, int | None]:
+    """In each attempt of a commit to `main` (`what`), on the refreshed `table`: `AuditPendingError` when `branch`
+    holds a snapshot main does not (a snapshot on main now would make its fast-forward impossible); else the
+    requirement the commit must carry (`commits.require_refs`): the branch still where it is now (None: absent).
+    An audited commit landing in between then makes the catalog refuse this one, and its next attempt refuses
+    here, instead of wedging the table."""
+    pending = pending_audit(table, branch)
+    if pending is not None:
+        table_name = ".".join(table.name())
+        raise AuditPendingError(
+            f"table {table_name}: {what} refused: audit branch {branch} holds snapshot {pending.snapshot_id} of run "
+            f"{pending.run_id} that main does not, and a commit to main would make its fast-forward impossible; "
+            f"settle it first: {AUDIT_COMMANDS.format(table=table_name)}")
+    return {branch: branch_head(table, branch)}
+
+
 def landed_view(table: Table, branch: str) -> Table:
     """What was landed: the audit branch while an audit is pending on it (ahead of main), else `table` itself."""
     return ref_view(table, branch) if pending_audit(table, branch) is not None else table

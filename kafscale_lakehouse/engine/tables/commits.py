@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 
 import pyarrow as pa
@@ -49,13 +49,24 @@ class CommitOutcomeUnknownError(EngineError):
     """The catalog did not say whether the commit landed and the table does not show it; data files are kept."""
 
 
+def require_refs(transaction: Transaction, refs: Mapping[str, int | None]) -> None:
+    """Make the commit of `transaction` require each ref of `refs` at its snapshot (None: the ref must not exist):
+    the catalog refuses it (`CommitFailedException`) when another writer moved one since it was read. Call it after
+    the transaction's snapshot update is staged: pyiceberg keeps one requirement per type (`Transaction._stage`),
+    so a ref requirement staged first would drop the snapshot producer's own on its branch; these are appended."""
+    transaction._requirements += tuple(AssertRefSnapshotId.model_validate({"ref": ref, "snapshot-id": snapshot_id})
+                                       for ref, snapshot_id in refs.items())
+
+
 def append_without_client_retries(table: Table, data_files: Sequence[DataFile], properties: dict[str, str], *,
-                                  replacing: BooleanExpression | None = None, branch: str = MAIN_BRANCH) -> None:
+                                  replacing: BooleanExpression | None = None, branch: str = MAIN_BRANCH,
+                                  requires: Mapping[str, int | None] | None = None) -> None:
     """One fast append without pyiceberg's client retries (`without_client_retries`: a retry would skip our offset
     re-check), committed with `commit_settled`; on success `table` holds the catalog's new metadata. With
     `replacing`, the rows matching it are deleted in the same commit, before the append (pyiceberg's copy-on-write
     delete, whose snapshots carry `properties` too). `branch` is where the snapshot goes (the audit branch of an
-    audited publish, engine/tables/audit.py); the commit requires it still at the head it was built on."""
+    audited publish, engine/tables/audit.py); the commit requires it still at the head it was built on, and the
+    other refs of `requires` at theirs (`require_refs`)."""
     view = without_client_retries(table)
     transaction = view.transaction()
     if replacing is not None:
@@ -65,6 +76,7 @@ def append_without_client_retries(table: Table, data_files: Sequence[DataFile], 
     with transaction.update_snapshot(snapshot_properties=properties, branch=branch).fast_append() as append:
         for data_file in data_files:
             append.append_data_file(data_file)
+    require_refs(transaction, requires or {})
     commit_settled(transaction)
     # The view now holds the catalog's answer to the commit (not the retry override): adopt it, saving a reload.
     table.metadata = view.metadata
@@ -136,8 +148,8 @@ def expire_planned_snapshots(table: Table, snapshot_ids: Sequence[int], *, plann
     pyiceberg does not retry: no snapshot producer), so the caller re-plans on the refreshed table. On success
     `table` holds the catalog's new metadata."""
     transaction = HistoryIndependentTransaction(table)
-    transaction._apply((), (AssertRefSnapshotId.model_validate({"ref": MAIN_BRANCH, "snapshot-id": planned_on}),))
     ExpireSnapshots(transaction).by_ids(list(snapshot_ids)).commit()
+    require_refs(transaction, {MAIN_BRANCH: planned_on})
     transaction.commit_transaction()
 
 

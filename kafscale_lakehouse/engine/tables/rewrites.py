@@ -26,11 +26,13 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 
 from kafscale_lakehouse.engine.errors import EngineError
+from kafscale_lakehouse.engine.tables.audit import no_pending_audit
 from kafscale_lakehouse.engine.tables.catalogs import catalog_endpoint, catalog_errors
 from kafscale_lakehouse.engine.tables.commits import (
     CommitOutcomeUnknownError,
     commit_settled,
     committed_snapshot_id,
+    require_refs,
     without_client_retries,
 )
 from kafscale_lakehouse.engine.tables.summary import (
@@ -86,7 +88,8 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
                    check: Callable[[Table], None] | None = None, max_attempts: int = 10,
                    retry_wait_seconds: float = 0.2, merge_manifests: ManifestMerge | None = None,
                    positions: tuple[str, Mapping[int, int]] | None = None,
-                   expected: tuple[str, Mapping[int, int | None]] | None = None) -> tuple[int, int]:
+                   expected: tuple[str, Mapping[int, int | None]] | None = None,
+                   audit_branch: str | None = None) -> tuple[int, int]:
     """One overwrite snapshot removing `removed` and adding `added` (see the module docstring); returns its id and
     the attempts it took. `marker` (a summary property unique to this rewrite) finds a commit whose answer was lost;
     `check` runs on the refreshed table before every attempt (it raises to stop). `table` holds the new state.
@@ -94,6 +97,9 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
     `expected` (topic, {partition: next offset or None}) are the positions the rewrite was planned on: every attempt
     re-reads them on the refreshed table and refuses (`PositionsMovedError`, nothing committed) when one moved, so
     rows landed since the plan are never left behind a position moved back (duplicates on the next run).
+    `audit_branch`: every attempt refuses (`AuditPendingError`) while that branch holds a snapshot main does not,
+    and the commit requires the branch where the attempt saw it (`audit.no_pending_audit`): an audited run
+    committing to it during the rewrite makes the rewrite refuse, never the audit unpublishable.
 
     With `merge_manifests` (and no files), the snapshot instead merges the current snapshot's data manifests into
     manifests of about `target_size_bytes`: pyiceberg's merge append, told by the client-side properties of the
@@ -126,6 +132,7 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
                 "again")
         if check is not None:
             check(table)
+        requires = no_pending_audit(table, audit_branch, what) if audit_branch is not None else {}
         committed = dict(read_committed_offsets(table))
         if expected is not None:
             _refuse_moved_positions(table_name, what, committed.get(expected[0], {}), *expected)
@@ -148,6 +155,7 @@ def commit_rewrite(table: Table, removed: Sequence[DataFile], added: Sequence[Da
                         rewrite.delete_data_file(data_file)  # a manifest merge (merge_append) removes none
                     for data_file in added:
                         rewrite.append_data_file(data_file)
+                require_refs(transaction, requires)
                 view = commit_settled(transaction)
         except CommitFailedException:
             if attempt == max_attempts:

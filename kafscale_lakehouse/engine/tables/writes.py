@@ -35,7 +35,12 @@ from kafscale_lakehouse.engine.tables.catalogs import (
     catalog_endpoint,
     catalog_errors,
 )
-from kafscale_lakehouse.engine.tables.commits import arrow_schema_as_iceberg, commit_settled, without_client_retries
+from kafscale_lakehouse.engine.tables.commits import (
+    arrow_schema_as_iceberg,
+    commit_settled,
+    require_refs,
+    without_client_retries,
+)
 from kafscale_lakehouse.engine.tables.data_files import (
     DEFAULT_TARGET_FILE_SIZE_BYTES,
     delete_data_files,
@@ -251,6 +256,8 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
                                                      branch=write.branch).fast_append() as append:
                         for data_file in data_files:
                             append.append_data_file(data_file)
+                if write.branch != MAIN_BRANCH:  # the audited snapshot must be main's child to be published
+                    require_refs(transaction, {MAIN_BRANCH: table.metadata.current_snapshot_id})
                 committed = commit_settled(transaction)
         except CommitFailedException as exc:
             if attempt == write.commit_attempts:

@@ -13,6 +13,7 @@ import duckdb
 import pytest
 
 import kafscale_lakehouse.engine.ingestion.run as run_module
+import kafscale_lakehouse.engine.maintenance as maintenance_module
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, maintain_table
 from kafscale_lakehouse.engine.tables.audit import branch_head, drop_audit, pending_audit, publish_audit
@@ -295,3 +296,66 @@ def test_a_run_whose_audit_another_process_settled_meanwhile_reports_it(producti
     [again] = ingest(config, spark)
     assert again.published is True and again.records == 20
     world.assert_exactly_once(runs=3)  # the dropped commit stays in the metadata; main holds each offset once
+
+
+def test_an_audit_committed_while_compaction_runs_abandons_the_compaction(production_world, spark, monkeypatch):
+    """Compaction found no pending audit before its Spark job; an audited run commits to the branch during the job
+    (its checks fail: the audit stays pending). The compaction's commit re-checks in its attempt and is abandoned,
+    so main stays the audited snapshot's parent and the audit can still be published."""
+    world = production_world
+    config = world.config(audited_document(world))
+    for base in (0, 20):
+        world.write_segments(0, 20, base_offset=base, records_per_segment=20)
+        ingest(config, spark)  # two small files on main
+    world.write_segments(0, 20, base_offset=40, records_per_segment=20)
+    real_job = maintenance_module.run_rewrite_job
+
+    def job_then_an_audited_run(*args, **kwargs):
+        written = real_job(*args, **kwargs)
+        with monkeypatch.context() as patched:
+            inject_duplicate_file(patched)
+            with pytest.raises(IngestFailedError):
+                ingest(config, spark)
+        return written
+
+    monkeypatch.setattr(maintenance_module, "run_rewrite_job", job_then_an_audited_run)
+    table = world.table()
+    main_before = table.current_snapshot().snapshot_id
+
+    summary = maintain_table(spark, table, MaintenanceSettings(min_input_files=2), manifests=False, expiry=False,
+                             orphans=False)
+
+    assert summary.rewrites_skipped is not None and "audit publish --table" in summary.rewrites_skipped
+    table = world.table()
+    assert table.current_snapshot().snapshot_id == main_before
+    pending = pending_audit(table, BRANCH)
+    assert pending is not None and pending.based_on_main
+    assert publish_audit(table, BRANCH, pending.snapshot_id)
+
+
+def test_an_audited_commit_retries_when_main_moves_before_it_lands(production_world, spark, monkeypatch):
+    """Between the branch's start at main's head and the audited commit, another engine commits to main: the commit
+    requires main unmoved, so it is refused and retried on the new head, and the audit publishes."""
+    world = production_world
+    config = world.config(audited_document(world))
+    world.write_segments(0, 20, records_per_segment=20)
+    ingest(config, spark)
+    world.write_segments(0, 20, base_offset=20, records_per_segment=20)
+    real_record = run_module.PreparedIngest.record_commit_attempt
+    moved: list[int] = []
+
+    def another_engine_commits_first(self, table, partitions, **kwargs):
+        real_record(self, table, partitions, **kwargs)
+        if not moved and not kwargs.get("staged"):
+            other = world.table()
+            other.append(other.scan(limit=1).to_arrow())
+            moved.append(other.current_snapshot().snapshot_id)
+
+    monkeypatch.setattr(run_module.PreparedIngest, "record_commit_attempt", another_engine_commits_first)
+
+    [result] = ingest(config, spark)
+
+    assert moved and result.published, result.audit_error
+    table = world.table()
+    assert read_topic_offsets(table, world.topic) == {0: 40}
+    assert table.scan().to_arrow().num_rows == 41 and pending_audit(table, BRANCH) is None
