@@ -39,7 +39,9 @@ class LocalProcessError(OSError):
 
 def records_directory(environ: Mapping[str, str] = os.environ) -> Path:
     """This user's directory of local processes' records; refused when another user owns it or may write to it (a
-    record there decides where runs send their data, a socket there runs commands as this user)."""
+    record there decides where runs send their data, a socket there runs commands as this user). The default one
+    (and its parent) is kept at mode 0700; a configured one keeps its mode, its secrets their own (a Spark engine's
+    token file 0600, the warm process's socket 0600)."""
     configured = environ.get(DIRECTORY_VARIABLE)
     if configured:
         directory = Path(configured)
@@ -53,6 +55,8 @@ def records_directory(environ: Mapping[str, str] = os.environ) -> Path:
         if status.st_uid != os.getuid() or status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise LocalProcessError(f"{checked} (the local Spark engines' records, {DIRECTORY_VARIABLE}) is not this "
                                     "user's alone: owned by another user or writable by others")
+        if not configured and stat.S_IMODE(status.st_mode) != 0o700:
+            checked.chmod(0o700)  # made with the umask's mode (the parent), or by an older version
     return directory
 
 

@@ -15,9 +15,10 @@ both libraries register at-fork handlers for that.) The warm process stops after
 version, the variables read at import time), so edited code or another interpreter gets another one.
 `KAFSCALE_WARM_CLI=0` runs every command in its own process and starts none.
 
-Files, in `local_processes.records_directory()`: `<key>.cli.sock` (the socket; the directory is this user's alone
-and the peer's uid is checked), `<key>.cli.lock` (held by the warm process while it lives: one per key) and
-`<key>.cli.log` (its log: one line per command served).
+Files, in `local_processes.records_directory()`: `<key>.cli.sock` (the socket, mode 0600; the directory is this
+user's alone and the peer's uid is checked with `SO_PEERCRED`: another user's command is dropped unread),
+`<key>.cli.lock` (held by the warm process while it lives: one per key) and `<key>.cli.log` (its log: one line per
+command served).
 """
 
 from __future__ import annotations
@@ -252,6 +253,9 @@ class WarmServer:
         bound.unlink(missing_ok=True)
         with socket_address(bound) as address:
             self.listener.bind(address)
+            # This user's alone whatever the umask or the directory's mode: connecting takes write permission on the
+            # socket, so another user is refused by the kernel before the peer's uid is checked (`_accept`).
+            os.chmod(address, 0o600)
         self.listener.listen(64)
         os.replace(bound, self.path)  # callers see it only once it accepts, and a stale one is replaced
         self.inode = self.path.stat().st_ino

@@ -8,15 +8,24 @@ run this project's Python (`PYSPARK_PYTHON`), i.e. the same venv or image as the
 
 Where runs find it: `SPARK_REMOTE` (pyspark's own variable, for deployments) or `spark.remote` in the config;
 without either, `engine.spark.get_spark_session` builds the embedded session from `spark.master`.
+
+An engine on a loopback address accepts only clients holding its token: a random one made when it starts, given to
+the server in `SPARK_CONNECT_AUTHENTICATE_TOKEN` (Spark Connect's pre-shared bearer token) and kept in
+`spark-engine-<port>.token` (mode 0600) in this user's records directory (`local_processes.records_directory`);
+`with_engine_token` adds it to the URL of every client of this project. Another local user can reach the port but
+not run code with the engine's credentials. An engine on another address (a pod's) takes the token only from the
+operator's `SPARK_CONNECT_AUTHENTICATE_TOKEN`; pyspark sends tokens to a remote host over TLS only.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import logging
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -34,8 +43,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
 
-from kafscale_lakehouse.config.spark_remote import DEFAULT_CONNECT_PORT, ConnectAddress
+from kafscale_lakehouse.config.spark_remote import DEFAULT_CONNECT_PORT, ConnectAddress, parse_remote_url
 from kafscale_lakehouse.engine.errors import EngineError
+from kafscale_lakehouse.local_processes import LocalProcessError, records_directory
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +63,20 @@ SHARED_SESSION_ID = "6f1c1d43-2b4e-4f7a-9c55-3a8e0d1b7c26"
 SHARED_SESSION_TIMEOUT = "3650d"
 # pyspark's warning when the engine refuses to set a static setting on a session.
 STATIC_SETTING_REFUSED = re.compile(r"Failed to set (\S+) to .*CANNOT_MODIFY_CONFIG")
+# Spark Connect's pre-shared token: the server's variable (kept off its command line), and the client's connection
+# string parameter (pyspark sends it as a bearer token; to `localhost` over a local channel, elsewhere over TLS).
+TOKEN_VARIABLE = "SPARK_CONNECT_AUTHENTICATE_TOKEN"  # noqa: S105 - a variable's name
+TOKEN_PARAMETER = "token"  # noqa: S105 - a parameter's name
 READY_TIMEOUT_SECONDS = 300  # a busy 2-core machine took 147 s
 STOP_GRACE_SECONDS = 20
 
 
 class SparkEngineError(EngineError):
     """The Spark engine cannot be started or reached; the message names the address or setting at fault."""
+
+
+# The token files of the servers this process started, by the server's pid: removed when it is stopped.
+_token_files: dict[int, tuple[Path, str]] = {}
 
 
 def shared_session_url(url: str) -> str:
@@ -68,6 +86,53 @@ def shared_session_url(url: str) -> str:
         return url
     base, _, params = url.partition("/;")
     return f"{base.rstrip('/')}/;" + ";".join(p for p in (params, f"session_id={SHARED_SESSION_ID}") if p)
+
+
+def token_path(port: int, environ: Mapping[str, str] = os.environ) -> Path:
+    """The token file of the loopback engine on `port`, in this user's records directory."""
+    try:
+        return records_directory(environ) / f"spark-engine-{port}.token"
+    except LocalProcessError as err:
+        raise SparkEngineError(str(err)) from None
+
+
+def create_engine_token(port: int, environ: Mapping[str, str] = os.environ) -> tuple[Path, str]:
+    """The token of the loopback engine on `port` (`SPARK_CONNECT_AUTHENTICATE_TOKEN` when set, else a new random
+    one), written to its token file (mode 0600 whatever the umask; replaced whole, so a client never reads half of
+    one)."""
+    path = token_path(port, environ)
+    token = environ.get(TOKEN_VARIABLE) or secrets.token_urlsafe(32)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as output:
+            output.write(token)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path, token
+
+
+def with_engine_token(url: str, environ: Mapping[str, str] = os.environ) -> str:
+    """`url` with the token of the loopback engine it names (`sc://localhost:PORT/;...;token=...`: pyspark sends a
+    token over a local channel only to `localhost`): `SPARK_CONNECT_AUTHENTICATE_TOKEN` when set (a client whose
+    records directory is not the engine's), else the engine's token file. `url` itself when it holds a token already,
+    names another host, or no engine of this user's recorded one for its port (an engine started without a token)."""
+    address = parse_remote_url(url)
+    params = url.strip().partition("/;")[2]
+    if not _is_loopback(address.host) or any(p.startswith(f"{TOKEN_PARAMETER}=") for p in params.split(";")):
+        return url
+    token = environ.get(TOKEN_VARIABLE, "")
+    if not token:
+        try:
+            token = token_path(address.port, environ).read_text().strip()
+        except FileNotFoundError:
+            return url
+        except (OSError, SparkEngineError) as err:
+            log.warning("connecting to %s without a token: %s", address.url, err)
+            return url
+    return f"sc://localhost:{address.port}/;" + ";".join(p for p in (params, f"{TOKEN_PARAMETER}={token}") if p)
 
 
 def parse_engine_address(address: str) -> ConnectAddress:
@@ -102,14 +167,17 @@ def connect_server_command(address: ConnectAddress, master: str, conf: Mapping[s
     return [*command, "spark-internal"]
 
 
-def connect_server_env(environ: Mapping[str, str], address: ConnectAddress) -> dict[str, str]:
+def connect_server_env(environ: Mapping[str, str], address: ConnectAddress, token: str | None = None
+                       ) -> dict[str, str]:
     """The server's environment: this Python for its workers (they import the project), loopback when bound there,
-    and no Connect client settings (the server is not a client of itself)."""
+    the clients' `token` when given, and no Connect client settings (the server is not a client of itself)."""
     env = {name: value for name, value in environ.items()
            if name not in (SPARK_REMOTE_VARIABLE, "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     if _is_loopback(address.host):
         env.setdefault("SPARK_LOCAL_IP", address.host)
+    if token is not None:
+        env[TOKEN_VARIABLE] = token
     return env
 
 
@@ -117,18 +185,24 @@ def start_connect_server(address: ConnectAddress, master: str = "local[*]", conf
                          *, log_path: Path | None = None, ui_enabled: bool = True,
                          environ: Mapping[str, str] | None = None) -> subprocess.Popen:
     """Start the server in a process group of its own (so `stop_connect_server` also stops its Python workers)
-    and return once it accepts connections; raises `SparkEngineError` with its log tail when it does not."""
+    and return once it accepts connections; raises `SparkEngineError` with its log tail when it does not. On a
+    loopback address it accepts only clients with a new token (`create_engine_token`; `with_engine_token`)."""
     if port_open(address):
         raise SparkEngineError(f"{address.host}:{address.port} is already in use: is a Spark engine already running? "
                                f"(runs connect to it with SPARK_REMOTE={address.url})")
+    environ = os.environ if environ is None else environ
     command = connect_server_command(address, master, conf or {}, ui_enabled=ui_enabled)
+    token_file, token = create_engine_token(address.port, environ) if _is_loopback(address.host) else (None, None)
     output = log_path.open("ab") if log_path is not None else None
-    log.info("starting the Spark engine (Spark Connect) on %s, master %s", address.url, master)
-    process = subprocess.Popen(command, env=connect_server_env(os.environ if environ is None else environ, address),
+    log.info("starting the Spark engine (Spark Connect) on %s, master %s%s", address.url, master,
+             f"; clients need the token in {token_file}" if token_file else "")
+    process = subprocess.Popen(command, env=connect_server_env(environ, address, token),
                                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT if output else None,
                                start_new_session=True, preexec_fn=_die_with_parent)
     if output is not None:
         output.close()  # the child has its own descriptor
+    if token_file is not None and token is not None:
+        _token_files[process.pid] = (token_file, token)
     try:
         wait_until_ready(process, address, log_path=log_path)
     except BaseException:
@@ -165,6 +239,7 @@ def stop_connect_server(process: subprocess.Popen, grace_seconds: float = STOP_G
             break
         except subprocess.TimeoutExpired:
             continue
+    _remove_token_file(process.pid)
     # Python workers outlive the JVM briefly; the group is gone once they noticed.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -173,6 +248,15 @@ def stop_connect_server(process: subprocess.Popen, grace_seconds: float = STOP_G
         except ProcessLookupError:
             return
         time.sleep(0.2)
+
+
+def _remove_token_file(pid: int) -> None:
+    """The token file of the server `pid`, unless a newer engine on its port wrote its own since."""
+    path, token = _token_files.pop(pid, (None, None))
+    if path is not None:
+        with contextlib.suppress(OSError):
+            if path.read_text().strip() == token:
+                path.unlink()
 
 
 def warm_up(session: SparkSession, tasks: int, modules: Sequence[str]) -> float:
@@ -208,7 +292,8 @@ def serve(address: ConnectAddress, master: str, conf: Mapping[str, str], *, warm
     os.environ.pop(SPARK_REMOTE_VARIABLE, None)  # this process is a client of its own engine only
     try:
         # Runs share one session of the engine: warm its Python workers now rather than in the first run.
-        session, _ = open_connect_session(shared_session_url(client_url), {}, "kafscale-lakehouse")
+        session, _ = open_connect_session(shared_session_url(with_engine_token(client_url)), {},
+                                          "kafscale-lakehouse")
         try:
             seconds = warm_up(session, os.cpu_count() or 1, warm_modules)
         except Exception as err:

@@ -13,8 +13,9 @@ modules they imported, so edited code gets a new engine, and the one before stop
 (a run in flight on it finishes). Under the key, in a directory of
 this user's (`$KAFSCALE_SPARK_ENGINE_DIR`, else `$XDG_RUNTIME_DIR` or the temporary directory), are a lock file (two
 processes do not start two engines: the second waits for the first's), a record (`<key>.json`: pid, port) and the
-engine's log. A recorded engine is used only if its process is the one recorded and it completes a gRPC handshake
-within `PROBE_TIMEOUT_SECONDS`; a dead, hung or foreign one is stopped and replaced, and the log line says why.
+engine's log; by its port, the token its clients need (`spark-engine-<port>.token`, engine.py). A recorded engine
+is used only if its process is the one recorded and it completes a gRPC handshake within `PROBE_TIMEOUT_SECONDS`; a
+dead, hung or foreign one is stopped and replaced, and the log line says why.
 
 `KAFSCALE_SPARK_AUTO_ENGINE=0` keeps the embedded session of every run; so does a Spark session already active in
 the process (tests). Only `ingest` and the Dagster resources ask for it (`get_spark_session(local_engine=...)`).

@@ -19,6 +19,7 @@ from kafscale_lakehouse.engine.spark.engine import (
     open_connect_session,
     port_open,
     shared_session_url,
+    with_engine_token,
 )
 from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE, LocalEngine, local_engine_url
 
@@ -105,6 +106,7 @@ def _connect_session(url: str, setting: str, conf: Mapping[str, str], app_name: 
     Runs join one shared session of the engine (`shared_session_url`), whose Python workers stay warm; stopping a
     run's session does not end it for the others. Should the engine have dropped that session, the run gets a new
     one of its own. Built with the Connect builder itself, so an embedded session in this process is left alone.
+    A loopback engine's token is read from its token file (`with_engine_token`).
     """
     try:
         address = parse_remote_url(url, setting=setting)
@@ -117,6 +119,7 @@ def _connect_session(url: str, setting: str, conf: Mapping[str, str], app_name: 
                                    f"{ENGINE_WAIT_SECONDS} s; start one (`kafscale-lakehouse spark-engine`) or unset "
                                    f"{setting} to run Spark embedded")
         time.sleep(0.5)
+    url = with_engine_token(url)
     try:
         try:
             session, version = open_connect_session(shared_session_url(url), conf, app_name)

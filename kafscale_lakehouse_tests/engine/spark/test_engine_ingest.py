@@ -14,7 +14,13 @@ import pytest
 from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
 
 from kafscale_lakehouse.engine.ingestion.run import ingest
-from kafscale_lakehouse.engine.spark.engine import SHARED_SESSION_ID, SPARK_REMOTE_VARIABLE, ConnectAddress, port_open
+from kafscale_lakehouse.engine.spark.engine import (
+    SHARED_SESSION_ID,
+    SPARK_REMOTE_VARIABLE,
+    ConnectAddress,
+    port_open,
+    token_path,
+)
 from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.conftest import REPO_ROOT, hung
@@ -133,7 +139,10 @@ def test_spark_engine_command_serves_warm_workers_and_stops_cleanly(tmp_path):
             assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-4000:]
             time.sleep(0.5)
         assert f"runs connect with SPARK_REMOTE=sc://127.0.0.1:{port}" in log_path.read_text()
-        session = get_spark_session(remote=f"sc://127.0.0.1:{port}")
+        token_file = token_path(port)
+        assert f"clients need the token in {token_file}" in log_path.read_text()
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        session = get_spark_session(remote=f"sc://127.0.0.1:{port}")  # reads the token file
         assert session.range(5).count() == 5
 
         os.killpg(engine.pid, signal.SIGTERM)
@@ -142,6 +151,7 @@ def test_spark_engine_command_serves_warm_workers_and_stops_cleanly(tmp_path):
         if engine.poll() is None:
             os.killpg(engine.pid, signal.SIGKILL)
     assert not port_open(ConnectAddress("127.0.0.1", port)), "the Spark Connect server outlived the command"
+    assert not token_file.exists()
 
 
 def test_a_run_told_to_stop_while_its_engine_hangs_exits(production_world, spark_engine_server, tmp_path):

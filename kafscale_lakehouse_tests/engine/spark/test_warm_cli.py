@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import stat
 import subprocess
+import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -16,7 +20,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kafscale_lakehouse.apps.warm_cli import CONSOLE_SCRIPT, WARM_CLI_VARIABLE, enabled, stop_warm_processes, warm_key
+from kafscale_lakehouse.apps.warm_cli import (
+    CONSOLE_SCRIPT,
+    SERVER_PROCESS_CODE,
+    WARM_CLI_VARIABLE,
+    WarmCommand,
+    enabled,
+    stop_warm_processes,
+    warm_key,
+)
+from kafscale_lakehouse.engine.spark.engine import TOKEN_VARIABLE, token_path
 from kafscale_lakehouse.local_processes import (
     CODE_VERSION_VARIABLE,
     DIRECTORY_VARIABLE,
@@ -27,10 +40,29 @@ from kafscale_lakehouse.local_processes import (
 from kafscale_lakehouse.testing.servers import SECRET_KEY
 from kafscale_lakehouse_tests.conftest import REPO_ROOT, hung
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
+from kafscale_lakehouse_tests.engine.spark.other_user import OTHER_UID, OtherUser
 
 pytestmark = pytest.mark.integration
 
 SECRET_VARIABLE = "WARM_CLI_TEST_S3_SECRET"
+# Hands the warm process at the socket given a command (given in hex, with /dev/null as its streams), as a caller
+# does: "denied" when it cannot connect, "dropped" when the connection ends unanswered, else the answer.
+OTHER_USER_CALLER = """
+import json, os, socket
+path, command = sys.argv[1:]
+caller = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    caller.connect(path)
+except PermissionError:
+    print(json.dumps("denied"))
+    sys.exit()
+try:
+    socket.send_fds(caller, [bytes.fromhex(command)], [os.open(os.devnull, os.O_RDWR) for _ in range(3)])
+    answer = caller.makefile("rb").readline().decode()
+except OSError:
+    answer = ""
+print(json.dumps(answer or "dropped"))
+"""
 
 
 def served(engines: Path) -> list[tuple[str, int]]:
@@ -58,8 +90,10 @@ def test_ingest_once_runs_in_the_warm_process_as_in_its_own(production_world: In
     world = production_world
     spark_engine, engine_process = spark_engine_server
     engines = tmp_path / "engines"
+    # The engine's token file is in the test process's records directory, not in `engines`.
     env = {**world.subprocess_env(), WARM_CLI_VARIABLE: "1", DIRECTORY_VARIABLE: str(engines),
-           CODE_VERSION_VARIABLE: "test-warm-cli", IDLE_SECONDS_VARIABLE: "120"}
+           CODE_VERSION_VARIABLE: "test-warm-cli", IDLE_SECONDS_VARIABLE: "120",
+           TOKEN_VARIABLE: token_path(spark_engine.port).read_text()}
     document = world.config_document()
     document["spark"] = {"remote": spark_engine.url}
     world.write_config_file(document)  # lakehouse.yaml, named relative to the caller's directory below
@@ -159,3 +193,30 @@ def test_the_switch_opts_out_and_names_itself():
     assert not enabled({WARM_CLI_VARIABLE: "0"}) and not enabled({WARM_CLI_VARIABLE: "Off"})
     with pytest.raises(LocalProcessError, match=f"{WARM_CLI_VARIABLE}: 'maybe' is neither"):
         enabled({WARM_CLI_VARIABLE: "maybe"})
+
+
+def test_the_warm_process_refuses_another_users_command(other_user: OtherUser):
+    directory = Path(tempfile.mkdtemp(prefix="kafscale-warm-"))
+    directory.chmod(0o755)  # KAFSCALE_SPARK_ENGINE_DIR may be one others can list and enter
+    path = directory / "key.cli.sock"
+    # Started by a caller whose umask would leave the socket open to all.
+    log_path = directory / "key.cli.log"
+    with log_path.open("wb") as output:
+        server = subprocess.Popen([sys.executable, "-P", "-c", SERVER_PROCESS_CODE, str(path), "120"], cwd=directory,
+                                  stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, umask=0)
+    command = WarmCommand(["--help"], "/", {}, 0o022).encode().hex()
+    try:
+        wait_for(path.exists, 120, "the warm process listens")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert other_user.run(OTHER_USER_CALLER, str(path), command) == "denied"
+        # Should the socket be opened to all, the peer's uid is checked: the command is dropped unread.
+        path.chmod(0o666)
+        assert other_user.run(OTHER_USER_CALLER, str(path), command) == "dropped"
+        assert server.poll() is None
+        log = log_path.read_text()
+        assert f"dropped a caller: a command from uid {OTHER_UID}, not this user's" in log
+        assert "running `" not in log
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(directory, ignore_errors=True)
