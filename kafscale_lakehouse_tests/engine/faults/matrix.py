@@ -22,13 +22,16 @@ that any snapshot references exists; every row of the topic is there once, the t
 segments' offsets below them (minus what another engine deleted), a partition stops only at a gap in the log and
 then a run says so; the offsets store agrees with the table.
 
-CI runs the cases of the issue's holes plus a sample drawn with a printed seed (`KAFSCALE_FAULT_SEED` repeats it);
-`KAFSCALE_FAULT_MATRIX=full` runs every case, `KAFSCALE_FAULT_MATRIX=<n>` a sample of n.
+CI runs a deterministic selection, the same on every run of a commit, so that a red CI names a change's own failure:
+the cases of the holes and findings, plus one case per primary and point family (before, inside, after its commit),
+picked in a fixed order. `KAFSCALE_FAULT_MATRIX=<n>` adds a sample of n drawn with a printed seed
+(`KAFSCALE_FAULT_SEED` repeats it); `KAFSCALE_FAULT_MATRIX=full` runs every case.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -123,10 +126,15 @@ HOLE_CASES = {
     "7 another engine expires our snapshots": Case("ingest", "after-commit", "kill", "foreign-expire"),
 }
 
-# Cases the matrix failed beyond the holes (the bug named, fixed in the commit that says so); they run in CI too.
+# Cases the matrix failed beyond the holes (the bug named, fixed in the commit that says so), and cases of the
+# writers' commit guards; they run in CI too.
 FOUND_CASES = {
     "a move refused because a run holds the partition was a traceback (ReplayError not an EngineError)": Case(
         "replay", "after-write", "pause", "move-back"),
+    "compaction commits to main while an audited run is about to commit to its branch": Case(
+        "ingest-audited", "before-commit", "pause", "compact"),
+    "an audited commit whose answer is lost while a manifest merge moves main": Case(
+        "ingest-audited", "inside-commit", "late", "manifests"),
 }
 
 
@@ -158,18 +166,53 @@ class Selection:
                 f"{self.seed} (KAFSCALE_FAULT_SEED={self.seed} repeats it; KAFSCALE_FAULT_MATRIX=full runs all)")
 
 
+# Points named "after" a step that comes before the primary's commit (or, for orphan removal, before its deletes).
+_BEFORE_COMMIT_AFTER_POINTS = ("after-plan", "after-write", "after-listing")
+
+
+def point_family(point: str) -> str:
+    """Where a point lies relative to the primary's commit: `before` (leases, clean-up, plan, write), `inside` (the
+    catalog call) or `after` (the commit landed: the offsets, the forget, the publish)."""
+    if point.startswith("inside-"):
+        return "inside"
+    if point.startswith("after-") and point not in _BEFORE_COMMIT_AFTER_POINTS:
+        return "after"
+    return "before"
+
+
+def covering_cases(everything: list[Case], fixed: list[Case]) -> list[Case]:
+    """One case per primary and point family that `fixed` does not cover, picked in a fixed order (by the SHA-256 of
+    the case id): the same cases on every run, spread over actions and secondaries."""
+    covered = {(c.primary, point_family(c.point)) for c in fixed}
+    chosen = []
+    for case in sorted(everything, key=lambda c: hashlib.sha256(c.id.encode()).hexdigest()):
+        family = (case.primary, point_family(case.point))
+        if family not in covered:
+            covered.add(family)
+            chosen.append(case)
+    return chosen
+
+
 @functools.cache
 def selection() -> Selection:
-    """The cases this test run runs: the holes' cases plus a seeded sample (or all of them); one per process."""
+    """The cases this test run runs: the holes' and findings' cases and one per primary and point family (CI's
+    deterministic selection), plus a seeded sample of `KAFSCALE_FAULT_MATRIX=<n>`, or all of them (`full`)."""
     seed = int(os.environ.get(SEED_VARIABLE) or time.time_ns() % 1_000_000)
-    wanted = os.environ.get("KAFSCALE_FAULT_MATRIX", "4")
+    wanted = os.environ.get("KAFSCALE_FAULT_MATRIX") or "0"
     everything = all_cases()
     if wanted == "full":
         return Selection(seed, "full", everything)
     fixed = list(dict.fromkeys([*HOLE_CASES.values(), *FOUND_CASES.values()]))
+    fixed += covering_cases(everything, fixed)
     others = [c for c in everything if c not in fixed]
     sample = random.Random(seed).sample(others, min(int(wanted), len(others)))
-    return Selection(seed, f"{len(fixed)} of the holes and findings, a sample of {len(sample)}", fixed + sample)
+    return Selection(seed, f"{len(fixed)} of the holes, findings and every primary's point families, a sample of "
+                           f"{len(sample)}", fixed + sample)
+
+
+def selected_cases(primaries: tuple[str, ...]) -> list[Case]:
+    """The selection's cases of these primaries: one test module per group, so pytest-xdist's workers share them."""
+    return [case for case in selection().cases if case.primary in primaries]
 
 
 # ---------------------------------------------------------------------------------------------- the world

@@ -1,0 +1,15 @@
+"""The fault matrix (matrix.py), primaries that move positions: a replay and a position moved back."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafscale_lakehouse_tests.engine.faults.matrix import FaultWorld, selected_cases
+
+CASES = selected_cases(("replay", "move-back"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_case_ends_exactly_once_with_every_referenced_file(case, production_world, spark, spark_engine, cli_main,
+                                                          tmp_path):
+    FaultWorld(production_world, spark, spark_engine, cli_main).run(case, tmp_path)
