@@ -25,13 +25,13 @@ def test_commit_conflicting_with_another_writer_is_retried(production_world, spa
     real_append = table_offsets.append_without_client_retries
     appends = []
 
-    def another_writer_commits_first(table, data_files, properties):
+    def another_writer_commits_first(table, data_files, properties, **kwargs):
         if not appends:
             # Our attempt has refreshed the table and re-checked the offsets; a plain pyiceberg append lands now.
             other = world.table()
             other.append(foreign_rows(other.schema().as_arrow()))
         appends.append(properties)
-        return real_append(table, data_files, properties)
+        return real_append(table, data_files, properties, **kwargs)
 
     monkeypatch.setattr(table_offsets, "append_without_client_retries", another_writer_commits_first)
     [result] = ingest(world.config(), spark)

@@ -6,7 +6,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from pyiceberg.exceptions import CommitStateUnknownException
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 
 import kafscale_lakehouse.engine.tables.appends as table_offsets
 import kafscale_lakehouse.engine.tables.run_files as run_files
@@ -273,7 +273,8 @@ def test_an_ended_runs_commit_that_can_no_longer_land_has_its_files_removed(cata
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
 def test_an_ended_runs_commit_to_an_audit_branch_is_judged_by_that_branch(catalog, make_table, monkeypatch, tmp_path):
     """An audited commit goes to the audit branch, built on that branch's head: when main moves meanwhile (a
-    manifest merge, another writer), the commit can still land on the branch, so its files must stay."""
+    manifest merge, another writer), the clean-up judges it by the branch, which is still at its base: the files
+    stay. Once the branch has moved on (the next audited run starts it at main's head), they go."""
     table = make_table(properties={"format-version": "1"})  # no sequence-number check saves a v1 table
     commit_append(table, write_batch(table, "t", {0: (0, 3)}, "run-first"), "t", {0: 0}, {0: 3}, "run-first")
     with LocalOffsetStore(tmp_path / "offsets.db", lease_ttl_seconds=30) as store:
@@ -301,9 +302,11 @@ def test_an_ended_runs_commit_to_an_audit_branch_is_judged_by_that_branch(catalo
         stale = catalog.load_table(table.name())
         assert clean_ended_runs(store, "t", [stale]) == [], "the branch is still at its base"
         assert all(_exists(table, files))
-        real_commit(*in_flight[0][0], **in_flight[0][1])  # the catalog applies it to the branch now
-        table.refresh()
-        assert table.scan(snapshot_id=table.metadata.refs["audit"].snapshot_id).to_arrow().num_rows == 8
+        with pytest.raises(CommitFailedException, match="main has changed"):
+            real_commit(*in_flight[0][0], **in_flight[0][1])  # it required main unmoved too: never lands now
+        start_audit_branch(table, "audit")  # the next audited run starts the branch at main's head
+        assert sorted(clean_ended_runs(store, "t", [stale])) == sorted(f.file_path for f in files)
+        assert store.recorded_runs("t") == []
 
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
