@@ -5,7 +5,8 @@ copy-on-write: `commit_upsert` takes the data files a run's Spark job wrote (eve
 uncommitted) and
 1. keeps, per key (`id_columns`), the run's latest record (`latest_changes`): the highest offset within a Kafka
    partition; a key found in several partitions of one run keeps the record with the greatest `order_column` value
-   (`UpsertKey.order_column`; none: the latest timestamp), then the higher partition. A tombstone (null value)
+   (`UpsertKey.order_column`; none: a Debezium envelope's `source.ts_ms`, else the latest timestamp), then the
+   higher partition. A tombstone (null value)
    deletes its key; its id comes from the mapped id columns or, when those are null (a Debezium tombstone), from the
    record key read as a JSON object holding them. With change events
    (`ChangeEvents`, `mappings[].cdc`), the mapped columns are coerced here from each event's row image (Debezium's
@@ -15,7 +16,7 @@ uncommitted) and
    (engine/ingestion/run.py); given to `latest_changes` unjudged, they fail it (`UpsertError`);
 2. finds the data files that may hold those keys (`files_to_rewrite`): partition values where the spec buckets or
    copies an id column, then the id columns' lower/upper bounds in the manifests. Files that turn out to hold none
-   are left alone; the others are rewritten without the keys' rows. With an order column, a stored row from another
+   are left alone; the others are rewritten without the keys' rows. With an order (column), a stored row from another
    Kafka partition with a greater (value, partition) than the run's change stays and the change is dropped
    (`KeyOrder`): a late older change never overwrites a newer state, however runs cut the log;
 3. commits one overwrite snapshot (`rewrites.commit_rewrite`) that removes the rewritten files and adds their
@@ -52,7 +53,7 @@ from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.transforms import BucketTransform, IdentityTransform
-from pyiceberg.types import PrimitiveType
+from pyiceberg.types import BinaryType, BooleanType, PrimitiveType
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.phases import timed
@@ -146,7 +147,7 @@ class KeyOrder:
     """How a run's change of a key compares with the row the table holds for it (`order_column`): `changes` holds
     per changed key the id columns, the change's Kafka `partition` and its `column` value."""
 
-    column: str
+    column: str  # `SOURCE_TS_MS`: a Debezium table's rows are ordered by the `source.ts_ms` of their raw `value`
     changes: pa.Table
 
     def stored_rows_winning(self, stored: pa.Table) -> pa.Table:
@@ -156,10 +157,12 @@ class KeyOrder:
         decides (the run's change is later); a missing order value on either side lets the change apply."""
         ids = [name for name in self.changes.column_names if name not in ("partition", self.column)]
         incoming = self.changes.rename_columns([*ids, _IN_PARTITION, _IN_ORDER])
-        joined = stored.select([*ids, "partition", self.column]).join(incoming, keys=ids, join_type="inner")
+        from_value = self.column == SOURCE_TS_MS
+        joined = stored.select([*ids, "partition", "value" if from_value else self.column]).join(
+            incoming, keys=ids, join_type="inner")
         if joined.num_rows == 0:
             return joined.select(ids)
-        stored_value = joined.column(self.column)
+        stored_value = source_ts_ms(joined.column("value")) if from_value else joined.column(self.column)
         value = joined.column(_IN_ORDER).cast(stored_value.type)
         stored_partition, partition = joined.column("partition"), joined.column(_IN_PARTITION)
         wins = pc.and_(pc.not_equal(stored_partition, partition), pc.or_(
@@ -194,14 +197,41 @@ def latest_changes(rows: pa.Table | ChangeEventRows, key: UpsertKey, events: Cha
     # column does (a missing value counts as the newest: the change applies), else the record timestamp; then the
     # partition, so the choice never depends on how tasks were cut.
     rows = _last_per_group(rows, [*ids, "partition"], ["partition", "offset"])
-    across = [key.order_column, "partition"] if key.order_column is not None else ["timestamp_ms", "partition"]
+    order_by = key.order_column
+    if order_by is None and events is not None and events.format == "debezium":  # the envelope's source.ts_ms
+        order_by = SOURCE_TS_MS
+        rows = rows.append_column(SOURCE_TS_MS, source_ts_ms(rows.column("value")))
+    across = [order_by, "partition"] if order_by is not None else ["timestamp_ms", "partition"]
     rows = _last_per_group(rows, ids, [*across, "offset"])
+    order = None if order_by is None else KeyOrder(order_by, rows.select([*ids, "partition", order_by]))
+    if order_by == SOURCE_TS_MS:
+        rows = rows.drop_columns([SOURCE_TS_MS])
     deletes = rows.column(_DELETE)
     upserts = rows.filter(pc.invert(deletes)).drop_columns([_DELETE])
     deleted = rows.num_rows - upserts.num_rows
-    order = None if key.order_column is None else KeyOrder(
-        key.order_column, rows.select([*ids, "partition", key.order_column]))
     return Changes(upserts=upserts, keys=rows.select(ids), deleted=deleted, keyless=keyless, order=order)
+
+
+SOURCE_TS_MS = "__kafscale_source_ts_ms"  # a Debezium change's `source.ts_ms`, read from the raw `value`
+
+
+def source_ts_ms(values: pa.Array | pa.ChunkedArray) -> pa.Int64Array:
+    """Per Debezium envelope (the raw `value`; `{schema, payload}` unwrapped), its `source.ts_ms`: when the change
+    happened in the source database (null: no such field, a tombstone, no JSON object)."""
+    found: list[int | None] = []
+    for value in values.to_pylist():
+        event = None
+        if value is not None:
+            try:
+                event = json.loads(value)
+            except ValueError:
+                event = None
+        if isinstance(event, dict) and "op" not in event and isinstance(event.get("payload"), dict):
+            event = event["payload"]
+        source = event.get("source") if isinstance(event, dict) else None
+        ts_ms = source.get("ts_ms") if isinstance(source, dict) else None
+        found.append(ts_ms if isinstance(ts_ms, int) and not isinstance(ts_ms, bool) else None)
+    return pa.array(found, pa.int64())
 
 
 def _with_tombstone_ids(rows: pa.Table, key: UpsertKey) -> pa.Table:
@@ -728,6 +758,7 @@ def commit_upsert(
     if set(start_offsets) != set(end_offsets):
         raise ValueError(f"table {table_name} topic {topic}: start offsets cover partitions {sorted(start_offsets)} "
                          f"but end offsets cover {sorted(end_offsets)}")
+    _refuse_unordered_column(table, key)
     _suggest_bucketing(table, key)
     _sort_by_id(table, key)
     job = SinkJob.for_table(table, run_id, target_file_size_bytes, data_dir)
@@ -765,6 +796,20 @@ def commit_upsert(
              len(rewrite.removed), topic, topic_offsets)
     return CommitResult(snapshot_id=committed.snapshot_id, topic_offsets=topic_offsets, attempts=committed.attempts,
                         data_file_count=len(rewrite.added), record_count=sum(f.record_count for f in rewrite.added))
+
+
+def _refuse_unordered_column(table: Table, key: UpsertKey) -> None:
+    """`order_column` must be a column of the table of a type that orders (checked here too: a registry mapping's
+    columns are only known at run time)."""
+    if key.order_column is None:
+        return
+    field = next((f for f in table.schema().fields if f.name == key.order_column), None)
+    if field is None or not isinstance(field.field_type, PrimitiveType) or isinstance(
+            field.field_type, BooleanType | BinaryType):
+        what = ("is not a column of the table" if field is None
+                else f"is of type {field.field_type}, which does not order")
+        raise UpsertError(f"table {'.'.join(table.name())}: mappings[].order_column {key.order_column!r} {what}; "
+                          "nothing committed")
 
 
 def _sort_by_id(table: Table, key: UpsertKey) -> None:

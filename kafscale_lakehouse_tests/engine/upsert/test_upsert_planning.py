@@ -348,3 +348,46 @@ def test_two_downstream_upserts_planned_on_one_snapshot_insert_a_new_key_once(ca
     table.refresh()
     rows = sorted((r["id"], r["status"]) for r in table.scan().to_arrow().to_pylist())
     assert rows == [(i, "s") for i in range(5)] + [(7, winner), (101, "a"), (102, "b")]
+
+
+def test_an_order_column_the_table_lacks_is_refused_naming_it(catalog):
+    catalog.create_namespace("n")
+    table = catalog.create_table("n.unordered", table_schema(COLUMNS))
+    key = UpsertKey(("id",), COLUMNS, order_column="updated_ms")
+    with pytest.raises(UpsertError, match=r"table n.unordered: mappings\[\].order_column 'updated_ms' is not a column"):
+        commit_upsert(table, [], key, "t", {0: 0}, {0: 0}, "r1", target_file_size_bytes=1 << 20)
+
+
+def test_debezium_changes_are_ordered_by_source_ts_ms_across_runs(catalog):
+    """`cdc: debezium` without `order_column`: a change's `source.ts_ms` orders it, the table's row's read from the
+    raw `value` it keeps. Run 1 lands store 7's newer change (partition 1, ts_ms 200); run 2 an older update and an
+    older delete from partition 0 (ts_ms 100, 150): the newer row stays; a newer change of partition 0 then applies."""
+    catalog.create_namespace("n")
+    table = catalog.create_table("n.debezium", table_schema(COLUMNS))
+    key = UpsertKey(("id",), COLUMNS)
+
+    def run(run_id: str, partition: int, start: int, events: list[tuple[str, int, str | None, int]]) -> None:
+        values = [json.dumps({"op": op, "before": {"id": store}, "after": None if op == "d" else
+                              {"id": store, "status": status}, "source": {"ts_ms": ts_ms}}).encode()
+                  for op, store, status, ts_ms in events]
+        rows = pa.table({
+            "record_id": [f"t:{partition}:{start + i}" for i in range(len(events))],
+            "topic": ["t"] * len(events),
+            "partition": pa.array([partition] * len(events), pa.int32()),
+            "offset": pa.array(range(start, start + len(events)), pa.int64()),
+            "timestamp_ms": pa.array([0] * len(events), pa.int64()),
+            "key": pa.array([json.dumps({"id": e[1]}).encode() for e in events], pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "headers": pa.nulls(len(events), pa.string()),
+            "id": pa.nulls(len(events), pa.int64()),
+            "status": pa.nulls(len(events), pa.string()),
+        })
+        files = write_batches_as_data_files(SinkJob.for_table(table, run_id, 1 << 20), rows.to_batches(), 0)
+        commit_upsert(table, files, key, "t", {partition: start}, {partition: start + len(events)}, run_id,
+                      target_file_size_bytes=1 << 20, events=ChangeEvents("debezium"))
+
+    run("r1", 1, 0, [("u", 7, "newer", 200), ("u", 8, "newer", 200)])
+    run("r2", 0, 0, [("u", 7, "older", 100), ("d", 8, None, 150), ("c", 9, "only", 50)])
+    assert _state(table) == [(7, "newer"), (8, "newer"), (9, "only")]
+    run("r3", 0, 3, [("u", 7, "newest", 300), ("d", 8, None, 400)])
+    assert _state(table) == [(7, "newest"), (9, "only")]
