@@ -12,6 +12,7 @@ import pytest
 
 from kafscale_lakehouse.engine.ingestion.replay import move_position
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest
+from kafscale_lakehouse.engine.tables.data_files import data_file_prefix
 from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.orchestration.checks import evaluate_id_unique
@@ -66,8 +67,8 @@ def test_killed_around_the_upsert_commit_then_rerun(production_world, spark, kil
     assert world.recorded_runs() == []
     # Files an upsert replaced stay until snapshot expiry and orphan removal; a killed run's files must be gone.
     committed_runs = {s.summary[RUN_ID_PROPERTY] for s in world.our_snapshots()}
-    left = {path for path in world.table_data_files() if path.split("/data/kafscale-")[1].split("/")[0]
-            not in committed_runs}
+    left = {path for path in world.table_data_files()
+            if not any(path.rsplit("/", 1)[1].startswith(data_file_prefix(run)) for run in committed_runs)}
     assert not left, f"a killed run's files were left behind: {sorted(left)[:3]}"
 
 
