@@ -414,6 +414,10 @@ class MappingConfig(ConfigModel):
     # `upsert` (extension): the table holds the latest row per `id_columns` (engine/tables/upserts.py)
     mode: Literal["append", "upsert"] = "append"
     id_columns: list[str] = Field(default_factory=list)  # extension: the key of an upsert table
+    # extension: a mapped column ordering an upsert table's changes of a key across Kafka partitions and runs (the
+    # greater value wins over the table's row; docs/architecture.md, "Upsert tables"); with cdc debezium, an image
+    # without it takes the envelope's source.ts_ms, and without order_column source.ts_ms orders the changes
+    order_column: str | None = None
     cdc: CdcConfig | None = None  # extension: values are change events (mode upsert)
     create_table_if_missing: bool = False
     schema_config: MappingSchemaConfig = Field(default_factory=MappingSchemaConfig, alias="schema")

@@ -282,7 +282,10 @@ def _check_id_columns(at: str, mapping: MappingConfig, problem) -> None:  # noqa
             problem(f"{at}.id_columns", "is only used with mode upsert (this mapping has mode append)")
         if mapping.cdc is not None:
             problem(f"{at}.cdc", "is only used with mode upsert (change events keep the latest state per key)")
+        if mapping.order_column is not None:
+            problem(f"{at}.order_column", "is only used with mode upsert (it orders the changes of a key)")
         return
+    _check_order_column(at, mapping, problem)
     if not mapping.id_columns:
         problem(f"{at}.id_columns", "is required for mode upsert (the columns that identify a row, or [key])")
     if mapping.cdc is not None and mapping.cdc.format == "op_field":
@@ -304,6 +307,25 @@ def _check_id_columns(at: str, mapping: MappingConfig, problem) -> None:  # noqa
                         "without its id could never be replaced or deleted")
         elif mapping.schema_config.source != "registry":  # registry columns are only known at run time
             problem(column_at, f"{name!r} is neither a mapped column ({', '.join(mapped) or 'none'}) nor key")
+
+
+ORDER_COLUMN_TYPES = ("int", "long", "float", "double", "string", "timestamp", "date")
+
+
+def _check_order_column(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001
+    """`order_column` is a mapped column of an ordered type, not an id column."""
+    name = mapping.order_column
+    if name is None:
+        return
+    mapped = {column.name: column for column in mapping.schema_config.columns}
+    if name in mapping.id_columns:
+        problem(f"{at}.order_column", f"{name!r} is an id column; it must be a column that orders a key's changes")
+    elif name in mapped:
+        if mapped[name].type not in ORDER_COLUMN_TYPES:
+            problem(f"{at}.order_column", f"{name!r} is of type {mapped[name].type}, which does not order changes "
+                    f"(use one of {', '.join(ORDER_COLUMN_TYPES)})")
+    elif mapping.schema_config.source != "registry":  # registry columns are only known at run time
+        problem(f"{at}.order_column", f"{name!r} is not a mapped column ({', '.join(mapped) or 'none'})")
 
 
 def _check_key_format(at: str, mapping: MappingConfig, problem) -> None:  # noqa: ANN001

@@ -803,7 +803,7 @@ def _commit(prepared: PreparedIngest, written: _Written, selected: _CommitSelect
     branch = mapping.audit_branch if mapping.publish == "audited" else MAIN_BRANCH
     before_attempt = lambda current: prepared.record_commit_attempt(current, committing, ref=branch)  # noqa: E731
     if mapping.mode == "upsert":  # one row per key: the run's latest records replace the keys' rows
-        key = UpsertKey(tuple(mapping.id_columns), tuple(prepared.validation.columns))
+        key = UpsertKey(tuple(mapping.id_columns), tuple(prepared.validation.columns), mapping.order_column)
         commit = commit_upsert(
             prepared.table, files if selected.change_events is None else selected.change_events, key, topic, starts,
             commit_ends, run_id,
@@ -875,8 +875,8 @@ def _judge_change_events(prepared: PreparedIngest, selected: _CommitSelection) -
     if events is None:
         return selected
     rows = read_run_rows(prepared.table, [f for p in committing for f in selected.keep.get(p, [])])
-    judged = judge_change_events(rows, UpsertKey(tuple(mapping.id_columns), tuple(prepared.validation.columns)),
-                                 events)
+    key = UpsertKey(tuple(mapping.id_columns), tuple(prepared.validation.columns), mapping.order_column)
+    judged = judge_change_events(rows, key, events)
     not_events = judged.not_events
     if not_events.num_rows == 0:
         return replace(selected, change_events=judged)

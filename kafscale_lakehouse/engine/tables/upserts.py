@@ -4,9 +4,11 @@ pyiceberg 0.12 writes no equality or position deletes (and its scans refuse equa
 copy-on-write: `commit_upsert` takes the data files a run's Spark job wrote (every record of the run's offset ranges,
 uncommitted) and
 1. keeps, per key (`id_columns`), the run's latest record (`latest_changes`): the highest offset within a Kafka
-   partition; a key found in several partitions of one run keeps the record with the latest timestamp, then the
-   higher partition. A tombstone (null value) deletes its key; its id comes from the mapped id columns or, when those
-   are null (a Debezium tombstone), from the record key read as a JSON object holding them. With change events
+   partition; a key found in several partitions of one run keeps the record with the greatest `order_column` value
+   (`UpsertKey.order_column`; none: a Debezium envelope's `source.ts_ms`, else the latest timestamp), then the
+   higher partition. A tombstone (null value)
+   deletes its key; its id comes from the mapped id columns or, when those are null (a Debezium tombstone), from the
+   record key read as a JSON object holding them. With change events
    (`ChangeEvents`, `mappings[].cdc`), the mapped columns are coerced here from each event's row image (Debezium's
    `after`; `before`, else the record key, for a delete). Records that are no change event (no or an unknown `op`,
    no `after` object for c/u/r, a value that is no JSON object, a row image without a required column) are told
@@ -14,7 +16,9 @@ uncommitted) and
    (engine/ingestion/run.py); given to `latest_changes` unjudged, they fail it (`UpsertError`);
 2. finds the data files that may hold those keys (`files_to_rewrite`): partition values where the spec buckets or
    copies an id column, then the id columns' lower/upper bounds in the manifests. Files that turn out to hold none
-   are left alone; the others are rewritten without the keys' rows;
+   are left alone; the others are rewritten without the keys' rows. With an order (column), a stored row from another
+   Kafka partition with a greater (value, partition) than the run's change stays and the change is dropped
+   (`KeyOrder`): a late older change never overwrites a newer state, however runs cut the log;
 3. commits one overwrite snapshot (`rewrites.commit_rewrite`) that removes the rewritten files and adds their
    remainders plus the new state, with the topic's offsets moved from `start_offsets` to `end_offsets` and the run's
    id and commit id, as `appends.commit_append` does: every attempt re-checks that no partition moved since the run
@@ -22,9 +26,11 @@ uncommitted) and
    and the clean-up of ended runs removes them); after it, the next state. Applying the same range again gives the
    same state: the rows of its keys are replaced by the same winners, its deleted keys stay deleted.
 
-If a concurrent commit (compaction) removed a file this upsert rewrites, the rewrite is planned again on the new
-state (at most `MAX_PLANS` times). Files with delete files of another engine are refused: rewriting them without
-applying the deletes would bring deleted rows back.
+If a concurrent commit (compaction, another upsert) removed a file this upsert rewrites, or added rows of one of its
+keys since the snapshot the plan was made on (`keys_added_since`, checked before every attempt: another run over
+other partitions inserting the same key), the rewrite is planned again on the new state (at most `MAX_PLANS`
+times). Files with delete files of another engine are refused: rewriting them without applying the deletes would
+bring deleted rows back.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -43,10 +50,10 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan
-from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.transforms import BucketTransform, IdentityTransform
-from pyiceberg.types import PrimitiveType
+from pyiceberg.types import BinaryType, BooleanType, PrimitiveType
 
 from kafscale_lakehouse.engine.errors import EngineError
 from kafscale_lakehouse.engine.phases import timed
@@ -69,6 +76,7 @@ from kafscale_lakehouse.engine.tables.rewrites import RewriteAbandonedError, com
 from kafscale_lakehouse.engine.tables.summary import (
     COMMIT_ID_PROPERTY,
     RUN_ID_PROPERTY,
+    ancestry,
     is_reserved_property,
     read_committed_offsets,
     read_topic_offsets,
@@ -86,8 +94,11 @@ UPSERTED_KEYS_PROPERTY = "kafscale.upsert.upserted-keys"
 DELETED_KEYS_PROPERTY = "kafscale.upsert.deleted-keys"
 REWRITTEN_FILES_PROPERTY = "kafscale.upsert.rewritten-files"
 KEYLESS_RECORDS_PROPERTY = "kafscale.upsert.keyless-records"
+SUPERSEDED_CHANGES_PROPERTY = "kafscale.upsert.superseded-changes"  # changes older than the table's rows
 _ROW = "__kafscale_row"
 _DELETE = "__kafscale_delete"
+_IN_PARTITION = "__kafscale_change_partition"
+_IN_ORDER = "__kafscale_change_order"
 DEBEZIUM_UPSERT_OPS = ("c", "u", "r")  # create, update, read (snapshot); "d" deletes
 DEBEZIUM_DELETE_OP = "d"
 # Task ids of the files the driver writes (file names only; the Spark tasks' ids are far below).
@@ -105,10 +116,13 @@ class UpsertKey:
 
     id_columns: tuple[str, ...]
     columns: tuple[Column, ...] = ()
+    order_column: str | None = None  # `mappings[].order_column`: orders a key's changes across Kafka partitions
 
     def __post_init__(self) -> None:
         if not self.id_columns:
             raise ValueError("an upsert needs at least one id column")
+        if self.order_column is not None and self.order_column in self.id_columns:
+            raise ValueError(f"order_column {self.order_column!r} is an id column")
 
     @property
     def is_record_key(self) -> bool:
@@ -124,6 +138,37 @@ class Changes:
     keys: pa.Table
     deleted: int
     keyless: int  # tombstones whose id could not be told (no mapped ids, no JSON record key holding them)
+    # With an order column: per changed key its winning change's partition and order value (`KeyOrder`)
+    order: KeyOrder | None = None
+
+
+@dataclass(frozen=True)
+class KeyOrder:
+    """How a run's change of a key compares with the row the table holds for it (`order_column`): `changes` holds
+    per changed key the id columns, the change's Kafka `partition` and its `column` value."""
+
+    column: str  # `SOURCE_TS_MS`: a Debezium table's rows are ordered by the `source.ts_ms` of their raw `value`
+    changes: pa.Table
+
+    def stored_rows_winning(self, stored: pa.Table) -> pa.Table:
+        """The ids of the keys whose row in `stored` (rows of the table, of one file) wins over the run's change:
+        the row comes from another Kafka partition, both order values are set, and (stored value, stored
+        partition) is greater than (change's value, change's partition). Within one partition Kafka order
+        decides (the run's change is later); a missing order value on either side lets the change apply."""
+        ids = [name for name in self.changes.column_names if name not in ("partition", self.column)]
+        incoming = self.changes.rename_columns([*ids, _IN_PARTITION, _IN_ORDER])
+        from_value = self.column == SOURCE_TS_MS
+        joined = stored.select([*ids, "partition", "value" if from_value else self.column]).join(
+            incoming, keys=ids, join_type="inner")
+        if joined.num_rows == 0:
+            return joined.select(ids)
+        stored_value = source_ts_ms(joined.column("value")) if from_value else joined.column(self.column)
+        value = joined.column(_IN_ORDER).cast(stored_value.type)
+        stored_partition, partition = joined.column("partition"), joined.column(_IN_PARTITION)
+        wins = pc.and_(pc.not_equal(stored_partition, partition), pc.or_(
+            pc.greater(stored_value, value),
+            pc.and_(pc.equal(stored_value, value), pc.greater(stored_partition, partition))))
+        return joined.filter(pc.fill_null(wins, False)).select(ids)
 
 
 def latest_changes(rows: pa.Table | ChangeEventRows, key: UpsertKey, events: ChangeEvents | None = None) -> Changes:
@@ -148,14 +193,45 @@ def latest_changes(rows: pa.Table | ChangeEventRows, key: UpsertKey, events: Cha
     keyless = rows.num_rows - pc.sum(has_id.cast(pa.int64())).as_py() if rows.num_rows else 0
     if keyless:
         rows = rows.filter(has_id)
-    # Within a partition the offset orders a key's records; across partitions (a key should live in one) the
-    # timestamp does, then the partition, so the choice never depends on how tasks were cut.
+    # Within a partition the offset orders a key's records; across partitions (a key should live in one) the order
+    # column does (a missing value counts as the newest: the change applies), else the record timestamp; then the
+    # partition, so the choice never depends on how tasks were cut.
     rows = _last_per_group(rows, [*ids, "partition"], ["partition", "offset"])
-    rows = _last_per_group(rows, ids, ["timestamp_ms", "partition", "offset"])
+    order_by = key.order_column
+    if order_by is None and events is not None and events.format == "debezium":  # the envelope's source.ts_ms
+        order_by = SOURCE_TS_MS
+        rows = rows.append_column(SOURCE_TS_MS, source_ts_ms(rows.column("value")))
+    across = [order_by, "partition"] if order_by is not None else ["timestamp_ms", "partition"]
+    rows = _last_per_group(rows, ids, [*across, "offset"])
+    order = None if order_by is None else KeyOrder(order_by, rows.select([*ids, "partition", order_by]))
+    if order_by == SOURCE_TS_MS:
+        rows = rows.drop_columns([SOURCE_TS_MS])
     deletes = rows.column(_DELETE)
     upserts = rows.filter(pc.invert(deletes)).drop_columns([_DELETE])
     deleted = rows.num_rows - upserts.num_rows
-    return Changes(upserts=upserts, keys=rows.select(ids), deleted=deleted, keyless=keyless)
+    return Changes(upserts=upserts, keys=rows.select(ids), deleted=deleted, keyless=keyless, order=order)
+
+
+SOURCE_TS_MS = "__kafscale_source_ts_ms"  # a Debezium change's `source.ts_ms`, read from the raw `value`
+
+
+def source_ts_ms(values: pa.Array | pa.ChunkedArray) -> pa.Int64Array:
+    """Per Debezium envelope (the raw `value`; `{schema, payload}` unwrapped), its `source.ts_ms`: when the change
+    happened in the source database (null: no such field, a tombstone, no JSON object)."""
+    found: list[int | None] = []
+    for value in values.to_pylist():
+        event = None
+        if value is not None:
+            try:
+                event = json.loads(value)
+            except ValueError:
+                event = None
+        if isinstance(event, dict) and "op" not in event and isinstance(event.get("payload"), dict):
+            event = event["payload"]
+        source = event.get("source") if isinstance(event, dict) else None
+        ts_ms = source.get("ts_ms") if isinstance(source, dict) else None
+        found.append(ts_ms if isinstance(ts_ms, int) and not isinstance(ts_ms, bool) else None)
+    return pa.array(found, pa.int64())
 
 
 def _with_tombstone_ids(rows: pa.Table, key: UpsertKey) -> pa.Table:
@@ -207,11 +283,13 @@ class ChangeEvents:
     numeric_timestamp_unit: NumericTimestampUnit = NumericTimestampUnit.MICROS
 
 
-def change_images(values: Sequence[bytes | None], keys: Sequence[bytes | None],
-                  events: ChangeEvents) -> tuple[list[bytes | None], list[bool], dict[int, str]]:
+def change_images(values: Sequence[bytes | None], keys: Sequence[bytes | None], events: ChangeEvents,
+                  order_column: Column | None = None) -> tuple[list[bytes | None], list[bool], dict[int, str]]:
     """Per record: the JSON row image its mapped columns come from, whether it deletes its key, and the records that
     are no change event (position -> why). A delete's image is Debezium's `before`, else the record key (a JSON
-    object of the ids, `{schema, payload}` unwrapped); a tombstone (null value) is a delete."""
+    object of the ids, `{schema, payload}` unwrapped); a tombstone (null value) is a delete. A Debezium image without
+    `order_column` gets the envelope's `source.ts_ms` (the change's time in the source database) as its value,
+    an ISO-8601 UTC time for a `timestamp` column."""
     images: list[bytes | None] = []
     deletes: list[bool] = []
     problems: dict[int, str] = {}
@@ -244,11 +322,12 @@ def change_images(values: Sequence[bytes | None], keys: Sequence[bytes | None],
             event = event["payload"]
         op = event.get("op")
         if op in DEBEZIUM_UPSERT_OPS and isinstance(event.get("after"), dict):
-            images.append(json.dumps(event["after"]).encode())
+            images.append(_with_source_time(event["after"], event, order_column))
             deletes.append(False)
         elif op == DEBEZIUM_DELETE_OP:
             before = event.get("before")
-            images.append(json.dumps(before).encode() if isinstance(before, dict) else _key_image(key))
+            image = before if isinstance(before, dict) else _key_object(key)
+            images.append(None if image is None else _with_source_time(image, event, order_column))
             deletes.append(True)
         else:
             problems[position] = (
@@ -261,6 +340,11 @@ def change_images(values: Sequence[bytes | None], keys: Sequence[bytes | None],
 
 def _key_image(key: bytes | None) -> bytes | None:
     """The record key as a JSON object of the ids (Debezium's key, `{schema, payload}` unwrapped), or None."""
+    parsed = _key_object(key)
+    return json.dumps(parsed).encode() if parsed is not None else None
+
+
+def _key_object(key: bytes | None) -> dict | None:
     if key is None:
         return None
     try:
@@ -269,7 +353,20 @@ def _key_image(key: bytes | None) -> bytes | None:
         return None
     if isinstance(parsed, dict) and set(parsed) == {"schema", "payload"} and isinstance(parsed["payload"], dict):
         parsed = parsed["payload"]
-    return json.dumps(parsed).encode() if isinstance(parsed, dict) else None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _with_source_time(image: dict, event: dict, order_column: Column | None) -> bytes:
+    """The row image as JSON, with the envelope's `source.ts_ms` as `order_column` when the image lacks it."""
+    source = event.get("source")
+    if (order_column is not None and image.get(order_column.name) is None and isinstance(source, dict)
+            and isinstance(source.get("ts_ms"), int)):
+        ts_ms = source["ts_ms"]
+        value: object = ts_ms
+        if order_column.type == "timestamp":
+            value = datetime.fromtimestamp(ts_ms / 1000, tz=UTC).isoformat()
+        image = {**image, order_column.name: value}
+    return json.dumps(image).encode()
 
 
 @dataclass(frozen=True)
@@ -298,8 +395,9 @@ def judge_change_events(rows: pa.Table, key: UpsertKey, events: ChangeEvents) ->
     c/u/r, or an image without a required column (a delete needs its ids only: the rest of its image may be
     missing, as Debezium's `before` under REPLICA IDENTITY DEFAULT holds the primary key alone). Sorted by record."""
     rows = rows.sort_by([("partition", "ascending"), ("offset", "ascending")])
+    order_column = next((c for c in key.columns if c.name == key.order_column), None)
     images, deletes, problems = change_images(rows.column("value").to_pylist(), rows.column("key").to_pylist(),
-                                              events)
+                                              events, order_column if events.format == "debezium" else None)
     coerced = JsonColumnCoercer(key.columns, numeric_timestamp_unit=events.numeric_timestamp_unit).coerce(
         pa.array(images, pa.binary()))
     reasons = pc.binary_join_element_wise(coerced.invalid_column, coerced.invalid_reason, ": ")
@@ -368,7 +466,7 @@ def files_to_rewrite(table: Table, keys: pa.Table) -> list[DataFile]:
         return []
     values = _key_values(table, keys)
     partition_sets = _partition_value_sets(table, values)
-    candidates = []
+    candidates: list[DataFile] = []
     for manifest in snapshot.manifests(table.io):
         if manifest.content == ManifestContent.DELETES:
             for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
@@ -378,13 +476,17 @@ def files_to_rewrite(table: Table, keys: pa.Table) -> list[DataFile]:
                     "deleted rows back: compact the table with that engine first")
             continue
         wanted = partition_sets.get(manifest.partition_spec_id, {})
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            data_file = entry.data_file
-            if any(data_file.partition[position] not in allowed for position, allowed in wanted.items()):
-                continue
-            if _bounds_may_hold(data_file, values):
-                candidates.append(data_file)
+        candidates.extend(entry.data_file for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                          if _may_hold(entry.data_file, wanted, values))
     return candidates
+
+
+def _may_hold(data_file: DataFile, wanted: Mapping[int, set], values: _KeyValues) -> bool:
+    """Whether the file's partition values (`wanted`: per position, the changed keys' values) and bounds allow a
+    row of the keys."""
+    if any(data_file.partition[position] not in allowed for position, allowed in wanted.items()):
+        return False
+    return _bounds_may_hold(data_file, values)
 
 
 def _partition_value_sets(table: Table, values: _KeyValues) -> dict[int, dict[int, set]]:
@@ -434,11 +536,13 @@ class _Rewrite:
     removed: list[DataFile]
     added: list[DataFile]
     rows_removed: int
+    superseded: int = 0  # changes not applied: the table's row of the key is newer (`KeyOrder`)
 
 
-def _read_files(table: Table, files: Sequence[DataFile]) -> pa.Table:
-    """The rows of `files` in the table's current schema (columns added since are null)."""
-    scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+def _read_files(table: Table, files: Sequence[DataFile], columns: Sequence[str] | None = None) -> pa.Table:
+    """The rows of `files` in the table's current schema (columns added since are null), or only `columns`."""
+    schema = table.schema() if columns is None else table.schema().select(*columns)
+    scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
     return scan.to_table([FileScanTask(f) for f in files])
 
 
@@ -451,24 +555,33 @@ def read_run_rows(table: Table, data_files: Sequence[DataFile]) -> pa.Table:
         delete_data_files(table.io, [f.file_path for f in data_files])
 
 
-def _plan_rewrite(table: Table, keys: pa.Table, new_rows: pa.Table, job: SinkJob) -> _Rewrite:
+def _plan_rewrite(table: Table, keys: pa.Table, new_rows: pa.Table, job: SinkJob,
+                  order: KeyOrder | None = None) -> _Rewrite:
     """Read each file that may hold `keys` and write it again without their rows, with the `new_rows` that replace
     rows of it (so a file keeps the narrow key range it had, and the next upsert can skip it by its bounds); files
     holding none of the keys are kept. The new rows of keys no file held are written to files of their own. Rows
-    are written in key order."""
+    are written in key order. With `order`, a key whose stored row wins over the change (`KeyOrder`) keeps its row
+    and the change (upsert or delete) is dropped."""
     ids = list(keys.column_names)
     indexed = new_rows.append_column(_ROW, pa.array(np.arange(new_rows.num_rows, dtype=np.int64)))
     placed = np.zeros(new_rows.num_rows, dtype=bool)
     removed: list[DataFile] = []
     added: list[DataFile] = []
-    rows_removed = 0
+    rows_removed = superseded = held_back = 0
     candidates = files_to_rewrite(table, keys)
     try:
         for number, data_file in enumerate(candidates):
             rows = _read_files(table, [data_file])
-            kept = rows.join(keys, keys=ids, join_type="left anti")
+            changing = keys
+            if order is not None and (winning := order.stored_rows_winning(rows)).num_rows:
+                superseded += winning.num_rows
+                losing = indexed.join(winning, keys=ids, join_type="left semi").column(_ROW).to_numpy()
+                held_back += len(losing)
+                placed[losing] = True
+                changing = keys.join(winning, keys=ids, join_type="left anti")
+            kept = rows.join(changing, keys=ids, join_type="left anti")
             if kept.num_rows == rows.num_rows:
-                continue  # the bounds could not exclude it, but it holds none of the keys
+                continue  # the bounds could not exclude it, but it holds none of the keys (or only newer rows)
             removed.append(data_file)
             rows_removed += rows.num_rows - kept.num_rows
             replacing = indexed.join(rows.select(ids), keys=ids, join_type="left semi")
@@ -485,9 +598,52 @@ def _plan_rewrite(table: Table, keys: pa.Table, new_rows: pa.Table, job: SinkJob
     except BaseException:
         delete_data_files(table.io, [f.file_path for f in added])
         raise
-    log.info("table %s: %d of %d candidate files hold changed keys (%d rows replaced or deleted, %d rows added)",
-             ".".join(table.name()), len(removed), len(candidates), rows_removed, new_rows.num_rows)
-    return _Rewrite(removed, added, rows_removed)
+    log.info("table %s: %d of %d candidate files hold changed keys (%d rows replaced or deleted, %d rows added%s)",
+             ".".join(table.name()), len(removed), len(candidates), rows_removed, new_rows.num_rows - held_back,
+             f"; {superseded} changes older than the table's rows of their keys, not applied" if superseded else "")
+    return _Rewrite(removed, added, rows_removed, superseded)
+
+
+def keys_added_since(table: Table, snapshot_id: int | None, keys: pa.Table) -> pa.Table | None:
+    """Which of `keys` rows of data files added to `table` after `snapshot_id` hold (Iceberg's
+    `validateNoConflictingData` for a copy-on-write upsert: a concurrent commit that inserted a key this upsert
+    planned as new). Reads only the manifests the snapshots since `snapshot_id` added, their entries added by those
+    snapshots, and of those only the files whose partition values and bounds may hold a key (`files_to_rewrite`'s
+    pruning); of them only the id columns. None when `snapshot_id` is no longer an ancestor of the current snapshot
+    (rolled back, expired): nothing can be told, the caller plans again."""
+    if keys.num_rows == 0:
+        return keys
+    since: list = []
+    for snapshot in ancestry(table):
+        if snapshot.snapshot_id == snapshot_id:
+            break
+        since.append(snapshot)
+    else:
+        if snapshot_id is not None:
+            return None
+    if not since:
+        return keys.slice(0, 0)
+    values = _key_values(table, keys)
+    partition_sets = _partition_value_sets(table, values)
+    added: list[DataFile] = []
+    for snapshot in since:
+        for manifest in snapshot.manifests(table.io):
+            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                if entry.status != ManifestEntryStatus.ADDED or entry.snapshot_id != snapshot.snapshot_id:
+                    continue
+                if _may_hold(entry.data_file, partition_sets.get(manifest.partition_spec_id, {}), values):
+                    added.append(entry.data_file)
+    ids = list(keys.column_names)
+    found = [_read_files(table, [f], ids).join(keys, keys=ids, join_type="left semi") for f in added]
+    found = [t for t in found if t.num_rows]
+    return pa.concat_tables(found).group_by(ids).aggregate([]) if found else keys.slice(0, 0)
+
+
+class KeysAddedError(RewriteAbandonedError):
+    """A commit since the upsert's plan added rows of keys the upsert changes: committing the plan would leave such a
+    key twice (or bring back a key it deletes); the upsert plans again on the new state."""
 
 
 @dataclass(frozen=True)
@@ -495,32 +651,54 @@ class _Committed:
     snapshot_id: int
     attempts: int
     rewrite: _Rewrite
+    rows_written: int  # the new rows of the plan that committed
 
 
-def _commit_replacing_keys(table: Table, keys: pa.Table, new_rows: pa.Table, job: SinkJob, *,
-                           what: str, properties: Mapping[str, str], check: Callable[[Table], None] | None = None,
+def _commit_replacing_keys(table: Table, plan: Callable[[Table], tuple[pa.Table, pa.Table]], watched: pa.Table,
+                           job: SinkJob, *, what: str, properties: Mapping[str, str],
+                           order: KeyOrder | None = None, check: Callable[[Table], None] | None = None,
+                           before_send: Callable[[Table], None] | None = None,
                            positions: tuple[str, Mapping[int, int]] | None = None,
-                           max_attempts: int = DEFAULT_COMMIT_ATTEMPTS) -> _Committed:
-    """One overwrite snapshot removing the rows of `keys` and adding `new_rows` (`_plan_rewrite`); planned again
-    when a concurrent commit removed a file it rewrites, or when the table's spec changed since the files were
-    written. On failure every file it wrote is deleted, except when the outcome is unknown (they may be
-    referenced)."""
+                           max_attempts: int = DEFAULT_COMMIT_ATTEMPTS, empty: bool = True) -> _Committed | None:
+    """One overwrite snapshot removing the rows of the keys `plan` returns for the table's state and adding the new
+    rows it returns with them (`_plan_rewrite`, with `order`). Every attempt, on the refreshed table, runs `check`,
+    then refuses when a commit since the plan added rows of the `watched` keys (`keys_added_since`:
+    `KeysAddedError`), then runs `before_send`. Planned again when a concurrent commit removed a file it rewrites,
+    added rows of a watched key, or when the table's spec changed since the files were written (at most
+    `MAX_PLANS` plans). Without `empty`, a plan that changes nothing commits nothing (None). On failure every file it
+    wrote is deleted, except when the outcome is unknown (they may be referenced)."""
     table_name = ".".join(table.name())
     commit_id = uuid.uuid4().hex
     before_first: list[int | None] = []
 
-    for plan in range(1, MAX_PLANS + 1):
-        rewrite = _plan_rewrite(table, keys, new_rows, job)
+    for number in range(1, MAX_PLANS + 1):
+        planned_on = table.metadata.current_snapshot_id
+        keys, new_rows = plan(table)
+        if not empty and keys.num_rows == 0 and new_rows.num_rows == 0:
+            return None
+        rewrite = _plan_rewrite(table, keys, new_rows, job, order)
         added = rewrite.added
 
-        def check_attempt(current: Table, added: list[DataFile] = added) -> None:
+        def check_attempt(current: Table, added: list[DataFile] = added, planned_on: int | None = planned_on) -> None:
             if not before_first:
                 before_first.append(current.metadata.current_snapshot_id)
             refuse_changed_spec(current, added, [f.file_path for f in added], job.run_id)
             if check is not None:
                 check(current)
+            found = keys_added_since(current, planned_on, watched)
+            if found is None:
+                raise KeysAddedError(f"table {table_name}: snapshot {planned_on}, which {what} was planned on, is no "
+                                     "longer an ancestor of the current snapshot")
+            if found.num_rows:
+                raise KeysAddedError(
+                    f"table {table_name}: a commit since snapshot {planned_on}, which {what} was planned on, added "
+                    f"rows of {found.num_rows} of its keys, e.g. {found.slice(0, 1).to_pylist()[0]}")
+            if before_send is not None:
+                before_send(current)
 
         snapshot_properties = {**properties, REWRITTEN_FILES_PROPERTY: str(len(rewrite.removed))}
+        if rewrite.superseded:
+            snapshot_properties[SUPERSEDED_CHANGES_PROPERTY] = str(rewrite.superseded)
         try:
             snapshot_id, attempts = commit_rewrite(
                 table, rewrite.removed, added, marker=(COMMIT_ID_PROPERTY, commit_id), what=what,
@@ -529,15 +707,15 @@ def _commit_replacing_keys(table: Table, keys: pa.Table, new_rows: pa.Table, job
             raise  # the files may be referenced: kept for the clean-up of ended runs
         except RewriteAbandonedError as exc:
             delete_data_files(table.io, [f.file_path for f in rewrite.added])
-            if plan == MAX_PLANS:
-                raise UpsertError(f"table {table_name}: {what} planned {plan} times, concurrent commits kept "
-                                  f"replacing its files: {exc}") from exc
+            if number == MAX_PLANS:
+                raise UpsertError(f"table {table_name}: {what} planned {number} times, concurrent commits kept "
+                                  f"changing its keys' rows: {exc}") from exc
             log.info("%s; planning %s again", exc, what)
             continue
         except CommitFailedException as exc:
             landed = find_commit_after_refresh(table, commit_id, before_first[0] if before_first else None)
             if landed is not None:
-                return _Committed(landed, max_attempts, rewrite)
+                return _Committed(landed, max_attempts, rewrite, new_rows.num_rows)
             delete_uncommitted(table, [f.file_path for f in added], table_name, job.run_id)
             raise CommitRetriesExhaustedError(
                 f"table {table_name}: {what} lost to concurrent commits {max_attempts} times; data files deleted"
@@ -545,7 +723,7 @@ def _commit_replacing_keys(table: Table, keys: pa.Table, new_rows: pa.Table, job
         except BaseException:
             delete_uncommitted(table, [f.file_path for f in added], table_name, job.run_id)
             raise
-        return _Committed(snapshot_id, attempts, rewrite)
+        return _Committed(snapshot_id, attempts, rewrite, new_rows.num_rows)
     raise AssertionError("unreachable")
 
 
@@ -580,6 +758,7 @@ def commit_upsert(
     if set(start_offsets) != set(end_offsets):
         raise ValueError(f"table {table_name} topic {topic}: start offsets cover partitions {sorted(start_offsets)} "
                          f"but end offsets cover {sorted(end_offsets)}")
+    _refuse_unordered_column(table, key)
     _suggest_bucketing(table, key)
     _sort_by_id(table, key)
     job = SinkJob.for_table(table, run_id, target_file_size_bytes, data_dir)
@@ -595,8 +774,6 @@ def commit_upsert(
         if conflict is not None:
             partition, committed_offset = conflict
             raise OffsetConflictError(table_name, topic, partition, start_offsets[partition], committed_offset)
-        if before_attempt is not None:
-            before_attempt(current)
 
     properties = {
         **(snapshot_properties or {}),
@@ -606,9 +783,12 @@ def commit_upsert(
     }
     if changes.keyless:
         properties[KEYLESS_RECORDS_PROPERTY] = str(changes.keyless)
-    committed = _commit_replacing_keys(table, changes.keys, changes.upserts, job, what=f"upsert of run {run_id}",
-                                       properties=properties, check=check, positions=(topic, dict(end_offsets)),
-                                       max_attempts=max_attempts)
+    committed = _commit_replacing_keys(table, lambda _current: (changes.keys, changes.upserts), changes.keys, job,
+                                       what=f"upsert of run {run_id}", properties=properties, order=changes.order,
+                                       check=check, before_send=before_attempt,
+                                       positions=(topic, dict(end_offsets)), max_attempts=max_attempts)
+    if committed is None:  # `empty` commits: an upsert of a run moves its offsets even when it changes no key
+        raise AssertionError("unreachable")
     topic_offsets = read_topic_offsets(table, topic)
     rewrite = committed.rewrite
     log.info("table %s: run %s upserted %d keys and deleted %d in snapshot %d (%d files rewritten), %s offsets %s",
@@ -616,6 +796,20 @@ def commit_upsert(
              len(rewrite.removed), topic, topic_offsets)
     return CommitResult(snapshot_id=committed.snapshot_id, topic_offsets=topic_offsets, attempts=committed.attempts,
                         data_file_count=len(rewrite.added), record_count=sum(f.record_count for f in rewrite.added))
+
+
+def _refuse_unordered_column(table: Table, key: UpsertKey) -> None:
+    """`order_column` must be a column of the table of a type that orders (checked here too: a registry mapping's
+    columns are only known at run time)."""
+    if key.order_column is None:
+        return
+    field = next((f for f in table.schema().fields if f.name == key.order_column), None)
+    if field is None or not isinstance(field.field_type, PrimitiveType) or isinstance(
+            field.field_type, BooleanType | BinaryType):
+        what = ("is not a column of the table" if field is None
+                else f"is of type {field.field_type}, which does not order")
+        raise UpsertError(f"table {'.'.join(table.name())}: mappings[].order_column {key.order_column!r} {what}; "
+                          "nothing committed")
 
 
 def _sort_by_id(table: Table, key: UpsertKey) -> None:
@@ -701,24 +895,30 @@ def upsert_rows(table: Table, data_files: Sequence[DataFile], options: UpsertOpt
                               f"{repeated.select(ids).slice(0, 1).to_pylist()[0]}; an upsert takes one row per key")
         if not _all_valid(rows, ids).to_numpy(zero_copy_only=False).all():
             raise UpsertError(f"table {table_name}: rows to upsert have null values in join_cols {ids}")
-        keys = rows.select(ids)
-        if not (options.when_matched_update_all and options.when_not_matched_insert_all):
-            matched = _keys_in_table(table, keys)
-            if options.when_matched_update_all:
-                rows = rows.join(matched, keys=ids, join_type="left semi")
-            else:
-                rows = rows.join(matched, keys=ids, join_type="left anti") if options.when_not_matched_insert_all \
-                    else rows.slice(0, 0)
-                keys = keys.slice(0, 0)  # matched rows stay as they are
-            if options.when_matched_update_all:
-                keys = rows.select(ids)
     finally:
         delete_data_files(table.io, [f.file_path for f in data_files])  # read: written again with the rest
-    if rows.num_rows == 0 and keys.num_rows == 0:
+    all_keys = rows.select(ids)
+
+    def plan(current: Table) -> tuple[pa.Table, pa.Table]:
+        """The keys to replace and the rows to write, for the table's state (which keys it holds)."""
+        if options.when_matched_update_all and options.when_not_matched_insert_all:
+            return all_keys, rows
+        matched = _keys_in_table(current, all_keys)
+        if options.when_matched_update_all:
+            updating = rows.join(matched, keys=ids, join_type="left semi")
+            return updating.select(ids), updating
+        if options.when_not_matched_insert_all:  # matched rows stay as they are
+            return all_keys.slice(0, 0), rows.join(matched, keys=ids, join_type="left anti")
+        return all_keys.slice(0, 0), rows.slice(0, 0)
+
+    if rows.num_rows == 0 or not (options.when_matched_update_all or options.when_not_matched_insert_all):
         return RowsUpserted(None, 0, 0, 0, 0, 0)
-    committed = _commit_replacing_keys(table, keys, rows, job, what=f"upsert of run {run_id}",
-                                       properties=dict(snapshot_properties or {}), max_attempts=max_attempts)
-    return RowsUpserted(committed.snapshot_id, rows.num_rows, committed.rewrite.rows_removed,
+    committed = _commit_replacing_keys(table, plan, all_keys, job, what=f"upsert of run {run_id}",
+                                       properties=dict(snapshot_properties or {}), max_attempts=max_attempts,
+                                       empty=False)
+    if committed is None:
+        return RowsUpserted(None, 0, 0, 0, 0, 0)
+    return RowsUpserted(committed.snapshot_id, committed.rows_written, committed.rewrite.rows_removed,
                         len(committed.rewrite.removed), len(committed.rewrite.added), committed.attempts)
 
 

@@ -24,6 +24,7 @@ def _config(**mapping: object):
 
 
 def test_upsert_mapping_keyed_by_a_required_column_or_the_record_key():
+    assert _config(mode="upsert", id_columns=["store_id"], order_column="status").mappings[0].order_column == "status"
     assert _config(mode="upsert", id_columns=["store_id"]).mappings[0].id_columns == ["store_id"]
     assert _config(mode="upsert", id_columns=["key"]).mappings[0].mode == "upsert"
     assert _config().mappings[0].mode == "append"
@@ -37,6 +38,11 @@ def test_upsert_mapping_keyed_by_a_required_column_or_the_record_key():
     ({"mode": "upsert", "id_columns": ["store_id", "key"]}, "mappings[0].id_columns[1]", "[key] alone"),
     ({"id_columns": ["store_id"]}, "mappings[0].id_columns", "only used with mode upsert"),
     ({"mode": "merge"}, "mappings[0].mode", "upsert"),
+    ({"order_column": "status"}, "mappings[0].order_column", "only used with mode upsert"),
+    ({"mode": "upsert", "id_columns": ["store_id"], "order_column": "nope"}, "mappings[0].order_column",
+     "not a mapped column"),
+    ({"mode": "upsert", "id_columns": ["store_id"], "order_column": "store_id"}, "mappings[0].order_column",
+     "is an id column"),
 ])
 def test_upsert_config_errors_name_the_key(mapping, key, words):
     with pytest.raises(ConfigError) as caught:

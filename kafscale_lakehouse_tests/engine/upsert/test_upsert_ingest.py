@@ -4,6 +4,7 @@ commit, then a rerun, ends the same way."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -11,7 +12,9 @@ import pytest
 
 from kafscale_lakehouse.engine.ingestion.replay import move_position
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, ingest
+from kafscale_lakehouse.engine.tables.data_files import data_file_prefix
 from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY
+from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.orchestration.checks import evaluate_id_unique
 from kafscale_lakehouse.orchestration.metadata import run_metadata
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
@@ -64,8 +67,8 @@ def test_killed_around_the_upsert_commit_then_rerun(production_world, spark, kil
     assert world.recorded_runs() == []
     # Files an upsert replaced stay until snapshot expiry and orphan removal; a killed run's files must be gone.
     committed_runs = {s.summary[RUN_ID_PROPERTY] for s in world.our_snapshots()}
-    left = {path for path in world.table_data_files() if path.split("/data/kafscale-")[1].split("/")[0]
-            not in committed_runs}
+    left = {path for path in world.table_data_files()
+            if not any(path.rsplit("/", 1)[1].startswith(data_file_prefix(run)) for run in committed_runs)}
     assert not left, f"a killed run's files were left behind: {sorted(left)[:3]}"
 
 
@@ -103,3 +106,27 @@ def test_moving_a_partition_back_then_running_again_gives_the_same_state(embedde
     [result] = ingest(config, spark)
     assert result.partitions[0].start_offset == log.next_offset[0] // 3
     assert_state(world, log)
+
+
+def test_a_later_run_with_an_older_change_of_a_key_keeps_the_newer_row(embedded_world, spark):
+    """`order_column`: run 1 lands the newer change of store 7 (partition 1, updated_ms 200); run 2 lands an older
+    change of it from partition 0 (updated_ms 100), which Kafka delivered late: the table keeps the newer row, as one
+    run over both changes would."""
+    world = embedded_world
+    document = world.config_document()
+    document["mappings"][0].update(mode="upsert", id_columns=["store_id"], order_column="updated_ms", schema={
+        "columns": [{"name": "store_id", "type": "long", "required": True}, {"name": "status", "type": "string"},
+                    {"name": "updated_ms", "type": "long"}]})
+    config = world.config(document)
+
+    def change(status: str, updated_ms: int) -> Record:
+        return Record(key=b'{"store_id": 7}',
+                      value=json.dumps({"store_id": 7, "status": status, "updated_ms": updated_ms}).encode())
+
+    world.write_records(1, 0, [change("newer", 200)])
+    ingest(config, spark)
+    world.write_records(0, 0, [change("older", 100)])
+    [result] = ingest(config, spark)
+    assert result.snapshot_id is not None
+    rows = world.table().scan(selected_fields=("store_id", "status", "partition")).to_arrow().to_pylist()
+    assert rows == [{"store_id": 7, "status": "newer", "partition": 1}]
