@@ -204,10 +204,14 @@ static int read_items(Program *prog, Node *n, Cursor *c, int is_map) {
         const Node *child = &prog->nodes[n->children[0]];
         Py_ssize_t min = child->min_size + (is_map ? 1 : 0);
         /* Items take at least `min` bytes each, so the bytes left bound the count; items of no bytes (records of
-         * no fields) by MAX_EMPTY_ITEMS per array, or a few bytes of counts would loop for hours. */
-        if ((min > 0 && count > (c->end - c->p) / min) || (min == 0 && total + count > MAX_EMPTY_ITEMS))
+         * no fields) by MAX_EMPTY_ITEMS per array, or a few bytes of counts would loop for hours. `total` is at most
+         * MAX_EMPTY_ITEMS there, so the subtraction cannot overflow where `total + count` would. */
+        if (min > 0 && count > (c->end - c->p) / min)
             return INVALID(prog, "block of %lld items, more than the %lld bytes left hold, at %s", (long long)count,
                            (long long)(c->end - c->p), n->path);
+        if (min == 0 && count > MAX_EMPTY_ITEMS - total)
+            return INVALID(prog, "block of %lld items of no bytes, more than %lld in one array, at %s",
+                           (long long)count, MAX_EMPTY_ITEMS, n->path);
         for (int64_t i = 0; i < count; i++) {
             if (is_map) {
                 Py_ssize_t length;
