@@ -395,5 +395,22 @@ def test_a_block_of_2_63_items_of_no_bytes_after_another_block_is_refused() -> N
     rows, reasons = ast.literal_eval(child.stdout.strip().splitlines()[-1])
     assert reasons[0] is None and reasons[2] is None and rows[0] == rows[2] == {"marks": [b"", b""]}
     assert reasons[1] == ("value does not decode as Avro schema id 3: block of 9223372036854775807 items of no bytes, "
-                          "more than 1048576 in one array, at marks")
+                          "more than the 1048575 left of 1048576 in one value, at marks")
     assert rows[1] == {"marks": None}
+
+
+def test_items_of_no_bytes_are_capped_per_value_across_its_arrays() -> None:
+    """A cap per array would let a value of arrays of such arrays claim a million items in every 5 bytes (an hour of
+    decoding per megabyte): the cap counts every array of the value. A value at the cap decodes."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "lists", "type": {"type": "array", "items": {"type": "array", "items": {
+            "type": "fixed", "name": "Mark", "size": 0}}}}]}
+    decoder = AvroValueDecoder(FramedValueSchemas("r-value", {3: json.dumps(schema)}, _value_schema(schema)))
+    half = 1 << 19
+    at_cap = framed(3, schema, {"lists": [[b""] * half, [b""] * half]})
+    over_cap = framed(3, schema, {"lists": [[b""] * half, [b""] * (half + 1)]})
+    rows, reasons = decoded_rows(decoder, [at_cap, over_cap, at_cap])
+    assert reasons[0] is None and reasons[2] is None and [len(items) for items in rows[0]["lists"]] == [half, half]
+    assert reasons[1] == ("value does not decode as Avro schema id 3: block of 524289 items of no bytes, more than the "
+                          "524288 left of 1048576 in one value, at lists[]")
+    assert rows[1] == {"lists": None}

@@ -239,7 +239,7 @@ def truncated_inputs(seeds: dict[str, bytes]) -> dict[str, bytes]:
 
 
 def write_seeds(directory: Path = CORPUS, *, truncated: bool = False) -> None:
-    """Replaces the generated seeds in `directory` (inputs a fuzz run found, named `finding-*`, stay); `truncated`:
+    """Replaces the generated seeds in `directory` (inputs that exposed a bug, named `finding-*`, stay); `truncated`:
     the cuts of `truncated_inputs` instead."""
     directory.mkdir(parents=True, exist_ok=True)
     for old in directory.iterdir():

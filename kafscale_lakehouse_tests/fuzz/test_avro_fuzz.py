@@ -1,7 +1,7 @@
 """Coverage-guided fuzzing of the columnar Avro decoder for a short budget (scripts/fuzz-avro.sh: the extension built
 with AddressSanitizer and UBSan, atheris driving fuzz/avro_fuzz.py from the seed corpus fuzz/corpus/avro).
 
-The run replays every corpus input first (the generated seeds, the `finding-*` inputs earlier runs found, and the seeds
+The run replays every corpus input first (the generated seeds, the `finding-*` inputs that exposed bugs, and the seeds
 cut at every byte), then mutates them for AVRO_FUZZ_SECONDS (default 60). Any finding fails the test with the fuzzer's
 report and the path of the input that caused it (replay it with `scripts/fuzz-avro.sh PATH`); add it to the corpus as
 `finding-NAME` once fixed. Needs clang (scripts/install-clang.sh) and atheris (the test extras): `make install-test`
