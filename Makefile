@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install install-test lint demo test
+.PHONY: install install-test lint demo test fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,7 @@ install: $(BIN)/python
 install-test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	scripts/install-etcd.sh
+	scripts/install-clang.sh
 
 # `dagster dev` on the embedded default (lakehouse.yaml, data in var/) next to the demo producer, which writes a
 # segment of pizza orders per partition every few seconds (`--lfs`: every 5th order, with a photo, as a KafScale LFS
@@ -42,3 +43,9 @@ lint: install-test
 PYTEST_WORKERS ?= 2
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The Avro decoder extension under AddressSanitizer and UBSan, fuzzed by atheris from the seed corpus for
+# FUZZ_SECONDS (the suite runs the same for 60 s: kafscale_lakehouse_tests/fuzz/test_avro_fuzz.py).
+FUZZ_SECONDS ?= 600
+fuzz: install-test
+	PYTHON=$(BIN)/python FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz-avro.sh

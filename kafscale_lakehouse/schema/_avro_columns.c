@@ -56,6 +56,7 @@ typedef struct {
     Py_ssize_t count;
     char error[256];
     Py_ssize_t *saved; /* buffer lengths at the start of the value being decoded */
+    int64_t empty_left; /* items of no bytes the value being decoded may still have (MAX_EMPTY_ITEMS in all) */
 } Program;
 
 static int buf_reserve(Buf *b, Py_ssize_t extra) {
@@ -203,11 +204,18 @@ static int read_items(Program *prog, Node *n, Cursor *c, int is_map) {
         }
         const Node *child = &prog->nodes[n->children[0]];
         Py_ssize_t min = child->min_size + (is_map ? 1 : 0);
-        /* Items take at least `min` bytes each, so the bytes left bound the count; items of no bytes (records of
-         * no fields) by MAX_EMPTY_ITEMS per array, or a few bytes of counts would loop for hours. */
-        if ((min > 0 && count > (c->end - c->p) / min) || (min == 0 && total + count > MAX_EMPTY_ITEMS))
+        /* Items take at least `min` bytes each, so the bytes left bound the count; items of no bytes (a fixed of
+         * size 0) by MAX_EMPTY_ITEMS per value, in all its arrays (per array, a few bytes of counts of arrays of
+         * them would still loop for hours). */
+        if (min > 0 && count > (c->end - c->p) / min)
             return INVALID(prog, "block of %lld items, more than the %lld bytes left hold, at %s", (long long)count,
                            (long long)(c->end - c->p), n->path);
+        if (min == 0) {
+            if (count > prog->empty_left)
+                return INVALID(prog, "block of %lld items of no bytes, more than the %lld left of %lld in one value, "
+                               "at %s", (long long)count, (long long)prog->empty_left, MAX_EMPTY_ITEMS, n->path);
+            prog->empty_left -= count;
+        }
         for (int64_t i = 0; i < count; i++) {
             if (is_map) {
                 Py_ssize_t length;
@@ -506,6 +514,7 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
         Cursor c = {bytes + offs[row] + skip, bytes + offs[row + 1]};
         if (c.p > c.end) c.p = c.end; /* the caller checked the header; a short value is then out of bytes */
         save_lengths(&prog);
+        prog.empty_left = MAX_EMPTY_ITEMS;
         int rc = read_value(&prog, 0, &c);
         if (rc == 0 && c.p != c.end)
             rc = INVALID(&prog, "%zd bytes left after the record", (Py_ssize_t)(c.end - c.p));

@@ -7,6 +7,7 @@ seed; set AVRO_COLUMNS_SEED to replay one.
 
 from __future__ import annotations
 
+import ast
 import datetime
 import decimal
 import io
@@ -14,8 +15,11 @@ import json
 import math
 import os
 import random
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -356,3 +360,57 @@ def test_an_array_of_items_of_no_bytes_cannot_claim_billions_of_items() -> None:
     assert time.perf_counter() - started < 5
     assert reasons[0] is None and reasons[2] is None and rows[0] == rows[2] == {"marks": [b"", b""]}
     assert reasons[1] is not None and "block of 134217728 items" in reasons[1] and reasons[1].endswith("at marks")
+
+
+EMPTY_ITEMS_SCHEMA = {"type": "record", "name": "R", "fields": [
+    {"name": "marks", "type": {"type": "array", "items": {"type": "fixed", "name": "Mark", "size": 0}}}]}
+
+
+def empty_items_rows(values: list[bytes]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """`decoded_rows` of values of `EMPTY_ITEMS_SCHEMA` (schema id 3)."""
+    decoder = AvroValueDecoder(FramedValueSchemas("r-value", {3: json.dumps(EMPTY_ITEMS_SCHEMA)},
+                                                  _value_schema(EMPTY_ITEMS_SCHEMA)))
+    return decoded_rows(decoder, list(values))
+
+
+def test_a_block_of_2_63_items_of_no_bytes_after_another_block_is_refused() -> None:
+    """The cap on items of no bytes counts the items of earlier blocks: a first block of one item, then one that
+    claims 2^63-1 more (the sum overflows 64 bits) is refused like any count over the cap; its neighbours decode.
+    Decoded in a child process: a decoder that loops over the items holds the GIL, which no timeout in this process
+    could interrupt."""
+    good = framed(3, EMPTY_ITEMS_SCHEMA, {"marks": [b"", b""]})
+    long_max = b"\xfe" + b"\xff" * 8 + b"\x01"  # zigzag varint of 2^63-1
+    claimed = b"\x00\x00\x00\x00\x03" + b"\x02" + long_max + b"\x00"  # a block of 1, then 2^63-1, then the end
+    code = ("from kafscale_lakehouse_tests.formats.test_avro_columns import empty_items_rows; "
+            f"print(repr(empty_items_rows({[good, claimed, good]!r})))")
+    root = str(Path(__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    try:
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
+                               check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("decoding 3 values of a few bytes did not end in 60 s (the items of no bytes were counted "
+                    "past the cap)")
+    assert child.returncode == 0, child.stderr
+    rows, reasons = ast.literal_eval(child.stdout.strip().splitlines()[-1])
+    assert reasons[0] is None and reasons[2] is None and rows[0] == rows[2] == {"marks": [b"", b""]}
+    assert reasons[1] == ("value does not decode as Avro schema id 3: block of 9223372036854775807 items of no bytes, "
+                          "more than the 1048575 left of 1048576 in one value, at marks")
+    assert rows[1] == {"marks": None}
+
+
+def test_items_of_no_bytes_are_capped_per_value_across_its_arrays() -> None:
+    """A cap per array would let a value of arrays of such arrays claim a million items in every 5 bytes (an hour of
+    decoding per megabyte): the cap counts every array of the value. A value at the cap decodes."""
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "lists", "type": {"type": "array", "items": {"type": "array", "items": {
+            "type": "fixed", "name": "Mark", "size": 0}}}}]}
+    decoder = AvroValueDecoder(FramedValueSchemas("r-value", {3: json.dumps(schema)}, _value_schema(schema)))
+    half = 1 << 19
+    at_cap = framed(3, schema, {"lists": [[b""] * half, [b""] * half]})
+    over_cap = framed(3, schema, {"lists": [[b""] * half, [b""] * (half + 1)]})
+    rows, reasons = decoded_rows(decoder, [at_cap, over_cap, at_cap])
+    assert reasons[0] is None and reasons[2] is None and [len(items) for items in rows[0]["lists"]] == [half, half]
+    assert reasons[1] == ("value does not decode as Avro schema id 3: block of 524289 items of no bytes, more than the "
+                          "524288 left of 1048576 in one value, at lists[]")
+    assert rows[1] == {"lists": None}
