@@ -105,8 +105,12 @@ def _close_connect_clients() -> None:
     retries the stopped engine for minutes and holds the test process (and CI) at exit."""
     from pyspark.sql.connect.client import SparkConnectClient
 
-    for client in [o for o in gc.get_objects() if isinstance(o, SparkConnectClient)]:
-        if not client.is_closed:
+    for found in gc.get_objects():
+        try:
+            client = found if isinstance(found, SparkConnectClient) else None
+        except ReferenceError:  # a weakref.proxy whose object is gone: isinstance reads its __class__
+            continue
+        if client is not None and not client.is_closed:
             client.close()
 
 
