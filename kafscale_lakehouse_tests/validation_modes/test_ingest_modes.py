@@ -264,6 +264,7 @@ def test_a_task_that_fails_fails_the_run_and_no_data_file_of_any_task_is_left(em
         sink = dataclasses.replace(
             target.sink,
             table_metadata_json=json.dumps(metadata),
+            data_dir=f"s3://unreachable/dead_letters/data/{target.sink.data_dir.rsplit('/', 1)[1]}",
             file_io_properties={
                 "s3.endpoint": "http://127.0.0.1:9",
                 "s3.region": "us-east-1",

@@ -210,10 +210,18 @@ def run_ingestion_spark_job(spark: SparkSession, table: Table, run_id: str, stor
 
 
 def _remove_written(table: Table, tasks: IngestionTaskSpec, dead_letters: Table | None) -> None:
-    """Delete what the tasks of a failed job wrote: their writers' directories, which nothing committed."""
-    remove_run_files(table, tasks.sink.data_dir)
+    """Delete what the tasks of a failed job wrote: their writers' directories, which nothing committed. A directory
+    that cannot be cleaned (its storage fails too) is logged and left to the clean-up of ended runs, so that the
+    job's own error is the one raised."""
+    written = [(table, tasks.sink.data_dir)]
     if tasks.dead_letters is not None and dead_letters is not None:
-        remove_run_files(dead_letters, tasks.dead_letters.sink.data_dir)
+        written.append((dead_letters, tasks.dead_letters.sink.data_dir))
+    for owner, data_dir in written:
+        try:
+            remove_run_files(owner, data_dir)
+        except Exception as exc:  # noqa: BLE001 - the job's failure is what the caller reports
+            log.warning("table %s: could not delete the files of the failed job in %s (%s); the clean-up of ended "
+                        "runs or orphan-file removal takes them", ".".join(owner.name()), data_dir, exc)
 
 
 @dataclass(frozen=True)
