@@ -26,6 +26,9 @@ CI runs a deterministic selection, the same on every run of a commit, so that a 
 the cases of the holes and findings, plus one case per primary and point family (before, inside, after its commit),
 picked in a fixed order. `KAFSCALE_FAULT_MATRIX=<n>` adds a sample of n drawn with a printed seed
 (`KAFSCALE_FAULT_SEED` repeats it); `KAFSCALE_FAULT_MATRIX=full` runs every case.
+
+The upsert primary, whose invariant is an upsert table's (the state per key the log leads to), has its cases in
+test_fault_matrix_upsert.py, one or more per point family.
 """
 
 from __future__ import annotations
@@ -167,7 +170,7 @@ class Selection:
 
 
 # Points named "after" a step that comes before the primary's commit (or, for orphan removal, before its deletes).
-_BEFORE_COMMIT_AFTER_POINTS = ("after-plan", "after-write", "after-listing")
+_BEFORE_COMMIT_AFTER_POINTS = ("after-plan", "after-write", "after-rewrite", "after-listing")
 
 
 def point_family(point: str) -> str:
