@@ -106,6 +106,16 @@ POINTS: dict[str, dict[str, tuple[Any, str, str]]] = {
 # mapping (mode upsert, engine/upsert/ kills it): its commit reads the run's files (and deletes them), writes the
 # rewritten files and the new rows (`after-rewrite`), then commits one overwrite snapshot.
 OTHER_POINTS: dict[str, dict[str, tuple[Any, str, str]]] = {
+    # A batch of tables sharing a dead-letter table, landed as `land_tables` lands them (batch_run.py, command
+    # `land-batch <config>`): the first table to reach a point holds or kills the whole process.
+    "batch": {
+        "before-lease": (run, "acquire_partition_leases", "before"),
+        "after-write": (run, "run_batch_spark_job", "after"),
+        "before-commit": (run, "commit_append", "before"),
+        "inside-commit": (run, "commit_append", "inside"),
+        "after-commit": (run, "commit_append", "after"),
+        "before-forget": (run.PreparedIngest, "forget_run", "before"),
+    },
     "upsert": {
         "before-lease": (run, "acquire_partition_leases", "before"),
         "during-cleanup": (run, "clean_ended_runs", "before"),
@@ -225,4 +235,8 @@ if __name__ == "__main__":
     actor_name, point_name, action_name, directory, separator, *cli_args = sys.argv[1:]
     assert separator == "--", sys.argv
     install(actor_name, point_name, action_name, Path(directory))
+    if cli_args[:1] == ["land-batch"]:
+        from kafscale_lakehouse_tests.engine.faults.batch_run import main as land_batch
+
+        sys.exit(land_batch(cli_args[1]))
     sys.exit(cli.main(cli_args))
