@@ -8,9 +8,6 @@ of the topics' tables is referenced by one."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
 from collections import Counter
 
 import pyarrow.compute as pc
@@ -19,14 +16,9 @@ import pytest
 from kafscale_lakehouse.engine.ingestion import IngestFailedError, ingest
 from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
-from kafscale_lakehouse_tests.conftest import REPO_ROOT
-from kafscale_lakehouse_tests.engine.faults.actor import OTHER_POINTS, command
+from kafscale_lakehouse_tests.engine.faults.actor import OTHER_POINTS
+from kafscale_lakehouse_tests.engine.faults.held import files_of_every_snapshot, run_held
 from kafscale_lakehouse_tests.engine.faults.matrix import point_family
-from kafscale_lakehouse_tests.engine.faults.test_fault_matrix_upsert import (
-    files_of_every_snapshot,
-    finish,
-    wait_reached,
-)
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS
 from kafscale_lakehouse_tests.orchestration.namespace.test_writer_dirs import shared_dead_letters
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_RECORDS, records_with_faults
@@ -63,28 +55,18 @@ def test_batch_case_lands_every_record_and_dead_letter_once(namespace_world, spa
     ingest(config, spark)
     for topic in topics:
         topic.write_records(0, SEGMENT_RECORDS, records_with_faults(SEGMENT_RECORDS))
-    signal_dir = tmp_path / "signals"
-    signal_dir.mkdir()
     env = dict(first.subprocess_env(), **{SPARK_REMOTE_VARIABLE: spark_engine.url})
-    primary = subprocess.Popen(command("batch", point, action, signal_dir, ["land-batch", str(config_path)]),
-                               cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_reached(primary, signal_dir)
-    if action in ("kill", "unknown"):
-        finish(primary)
-    if action != "pause":
+
+    def leases_gone() -> None:
         for topic in topics:
             topic.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 4)
-    if secondary == "ingest":
+
+    def second_run() -> None:
         with contextlib.suppress(IngestFailedError):  # the primary holds the partitions' leases (pause)
             ingest(config, spark)
-    if action == "freeze":
-        os.kill(primary.pid, signal.SIGCONT)
-    elif action in ("pause", "late"):
-        (signal_dir / "go").write_text("go\n")
-    if primary.returncode is None:
-        finish(primary)
-    for topic in topics:
-        topic.wait_for_leases_to_expire(LEASE_TTL_SECONDS * 4)
+
+    run_held("batch", point, action, ["land-batch", str(config_path)], env=env, signal_dir=tmp_path / "signals",
+             wait_for_leases=leases_gone, meanwhile=second_run if secondary == "ingest" else lambda: None)
     for _ in range(2):  # settling runs
         ingest(config, spark)
 
