@@ -426,6 +426,8 @@ class MappingConfig(ConfigModel):
     dead_letter_table: str | None = None  # extension: where lenient validation puts invalid records
     allow_gaps: bool | None = None  # extension; resolved to processor.allow_gaps when not set
     freshness_max_lag_records: PositiveInt = 10_000  # extension: the freshness check warns above this lag
+    # extension: the retention_headroom check warns when retention would delete offsets not landed within this
+    retention_headroom_warn_seconds: NonNegativeInt = 24 * 3600
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)  # extension
     # extension: the table's Dagster FreshnessPolicy fails when no commit landed for this long (ingestion stalled)
     freshness_fail_window_seconds: PositiveInt = 3600

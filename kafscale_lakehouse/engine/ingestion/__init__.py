@@ -31,6 +31,7 @@ from kafscale_lakehouse.engine.ingestion.topic_scan import (
     TopicScan,
     WatchSources,
     scan_namespace,
+    scan_retention,
     scan_topic,
     watched_partitions,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "reset_from_table",
     "resolve_record_validation",
     "scan_namespace",
+    "scan_retention",
     "scan_topic",
     "stalled_partitions",
     "watched_partitions",
