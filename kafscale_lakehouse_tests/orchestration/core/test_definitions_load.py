@@ -156,4 +156,5 @@ def test_landed_tables_gate_downstream_assets_on_their_blocking_checks(demo_conf
     checks = {
         s.key.name: s.blocking for d in defs().asset_checks for s in d.check_specs if s.key.asset_key == DEMO_TABLE_KEY
     }
-    assert checks == {"schema_valid": True, "record_id_unique": True, "offsets_contiguous": True, "freshness": False}
+    assert checks == {"schema_valid": True, "record_id_unique": True, "offsets_contiguous": True, "freshness": False,
+                      "retention_headroom": False}

@@ -7,7 +7,13 @@ import dagster as dg
 from pyiceberg.expressions import And, EqualTo
 
 from kafscale_lakehouse.definitions import build_definitions
-from kafscale_lakehouse.engine.tables.checks import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
+from kafscale_lakehouse.engine.tables.checks import (
+    FRESHNESS,
+    OFFSETS_CONTIGUOUS,
+    RECORD_ID_UNIQUE,
+    RETENTION_HEADROOM,
+    SCHEMA_VALID,
+)
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.naming import topic_asset_key
@@ -59,13 +65,18 @@ def test_partitions_materialize_in_one_run_and_one_commit_with_metadata_and_pass
         assert "record_id" in [c.name for c in metadata["dagster/column_schema"].columns]
     assert by_partition["0"]["lag"] == 30
     checks = check_results(result)
-    assert set(checks) == {SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS}
+    assert set(checks) == {SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS, RETENTION_HEADROOM}
     assert all(evaluation.passed for evaluation in checks.values()), {n: e.description for n, e in checks.items()}
     unique = checks[RECORD_ID_UNIQUE].metadata
     assert unique["rows_scanned"].value == 180
     assert unique["offset_ranges_scanned"].value == {"0": [0, 120], "1": [0, 60]}
     lag_rows = {r.data["partition"]: r.data for r in checks[FRESHNESS].metadata["lag_by_partition"].value.records}
     assert (lag_rows[0]["lag"], lag_rows[0]["measured_against"]) == (30, "broker watermark")
+    retention = checks[RETENTION_HEADROOM]
+    assert "unlimited retention" in retention.description  # no topic config in etcd: KafScale's default
+    windows = {r.data["partition"]: r.data for r in retention.metadata["retention_by_partition"].value.records}
+    assert {p: (w["log_start_offset"], w["replay_window_records"]) for p, w in windows.items()} == {0: (0, 120),
+                                                                                                   1: (0, 60)}
 
 
 def test_record_id_unique_scans_only_the_run_ranges_and_catches_an_injected_duplicate(production_world, spark):
