@@ -17,7 +17,9 @@ from kafscale_lakehouse.engine.tables.checks import (
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.naming import topic_asset_key
+from kafscale_lakehouse.storage.retention import topic_config_key
 from kafscale_lakehouse_tests.orchestration.core.conftest import run_ingest_job
+from kafscale_lakehouse_tests.storage.test_retention import topic_config
 
 
 def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, object]]:
@@ -139,11 +141,12 @@ def test_an_unreadable_segment_fails_the_run_naming_it_after_committing_the_othe
     world.assert_exactly_once(runs=1, expected={0: range(40)})
 
 
-def test_the_topic_observation_reports_watermark_completed_segments_and_lag(production_world, spark):
+def test_the_topic_observation_reports_watermark_completed_segments_lag_and_retention(production_world, spark):
     world = production_world
     world.write_segments(0, 50, records_per_segment=25)
     with EtcdClient([world.etcd_endpoint]) as etcd:
         etcd.put(broker_next_offset_key(world.topic, 0), "70")
+        etcd.put(topic_config_key(world.topic), topic_config(world.topic, retention_ms=7_200_000))
     definitions = build_definitions(world.config())
     observe_job = dg.define_asset_job("observe_topic", selection=dg.AssetSelection.assets(topic_asset_key(world.topic)))
     job = dg.Definitions.merge(definitions, dg.Definitions(jobs=[observe_job])).resolve_job_def("observe_topic")
@@ -157,3 +160,6 @@ def test_the_topic_observation_reports_watermark_completed_segments_and_lag(prod
     assert metadata["completed_segments_end"] == {"0": 50}
     assert metadata["committed_next_offset"] == {"0": None}  # nothing committed
     assert metadata["lag"] == 70
+    assert metadata["retention"] == "retention.ms 7200000"
+    assert 6600 < metadata["min_retention_headroom_seconds"] <= 7200  # nothing landed: the oldest segment counts
+    assert metadata["replay_window"]["0"]["log_start_offset"] == 0
