@@ -410,7 +410,8 @@ class _BatchChecks:
                           partitions=self._partitions.get(mapping.topic, []), offsets=self._offsets.get(mapping.topic),
                           lag_only=True)
         scope = self._scopes[table_asset_key(mapping.table)]
-        retention = scan_retention(sources, mapping.topic, scan)
+        # A batch over hundreds of topics lists segments only of topics whose retention is limited.
+        retention = scan_retention(sources, mapping.topic, scan, list_unlimited=False)
         return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan, scope, retention))
 
 

@@ -260,12 +260,17 @@ class TopicRetention:
 
 
 def topic_retention(store: SegmentStore, etcd: EtcdClient | None, topic: str,
-                    positions: Mapping[int, tuple[int | None, int | None]], now: datetime) -> TopicRetention:
+                    positions: Mapping[int, tuple[int | None, int | None]], now: datetime, *,
+                    list_unlimited: bool = True) -> TopicRetention:
     """Retention of `topic` for the partitions in `positions` (`{partition: (committed next offset, broker
     watermark)}`). Without etcd (offsets backend local, no broker metadata) retention is taken as unlimited: the
-    replay window is still reported. Raises `EtcdError`, `TopicConfigError`, `StorageError`."""
+    replay window is still reported, unless `list_unlimited` is False (a batch over many topics lists the segments
+    of limited topics only: nothing of an unlimited one is at risk). Raises `EtcdError`, `TopicConfigError`,
+    `StorageError`."""
     policy = read_retention(etcd, topic) if etcd is not None else RetentionPolicy()
-    partitions = {}
+    partitions: dict[int, PartitionRetention] = {}
+    if not policy.limited and not list_unlimited:
+        return TopicRetention(topic, policy, partitions)
     for partition, (next_offset, log_end) in sorted(positions.items()):
         log = read_partition_log(store, topic, partition, next_offset, log_end)
         partitions[partition] = partition_retention(partition, log, next_offset, policy, now)

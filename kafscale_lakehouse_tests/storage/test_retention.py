@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from kafscale_lakehouse.etcd import EtcdClient
-from kafscale_lakehouse.storage import RetentionPolicy, TopicConfigError, topic_retention
+from kafscale_lakehouse.storage import RetentionPolicy, TopicConfigError, topic_prefix, topic_retention
 from kafscale_lakehouse.storage.retention import (
     parse_topic_config,
     partition_retention,
@@ -83,8 +83,12 @@ def test_read_retention_from_etcd(etcd_server, unique_prefix):
         assert read_retention(etcd, topic) == RetentionPolicy(86_400_000, None)
 
 
+def topic_objects(store) -> list:
+    return list(store.list_objects(topic_prefix(store.namespace, TOPIC)))
+
+
 def listed_at(store) -> object:
-    return max(info.last_modified for info in store.list_objects(""))
+    return max(info.last_modified for info in topic_objects(store))
 
 
 def test_headroom_counts_from_the_oldest_segment_holding_records_not_landed(store):
@@ -130,7 +134,7 @@ def test_past_retention_ms_is_a_certain_gap_and_unlimited_is_none(store):
 
 def test_retention_bytes_counts_the_newer_segments(store):
     write_segments(store, TOPIC, 0, [0, 10, 20, 30])
-    sizes = {info.key: info.size for info in store.list_objects("") if info.key.endswith(".kfs")}
+    sizes = {info.key: info.size for info in topic_objects(store) if info.key.endswith(".kfs")}
     size = next(iter(sizes.values()))
     log = read_partition_log(store, TOPIC, 0, 10, 40)
     roomy = partition_retention(0, log, 10, RetentionPolicy(retention_bytes=3 * size), listed_at(store))
@@ -154,3 +158,14 @@ def test_topic_retention_without_etcd_is_unlimited(store):
     assert found.policy == RetentionPolicy()
     assert found.partitions[0].headroom_seconds is None and found.partitions[1].at_risk_key is not None
     assert found.gaps == {}
+
+
+def test_a_batch_lists_nothing_of_a_topic_with_unlimited_retention(store, monkeypatch):
+    write_segments(store, TOPIC, 0, [0, 10])
+    now = listed_at(store)
+    listed: list[str] = []
+    list_objects = type(store).list_objects
+    monkeypatch.setattr(type(store), "list_objects",
+                        lambda self, prefix, **kw: listed.append(prefix) or list_objects(self, prefix, **kw))
+    found = topic_retention(store, None, TOPIC, {0: (0, 20)}, now, list_unlimited=False)
+    assert found.partitions == {} and listed == []

@@ -501,12 +501,13 @@ def _table_offsets(sources: WatchSources, table: str | None, topic: str, stored:
         return {}, f"table {table}: its offsets of topic {topic} cannot be read ({exc}); the offsets store's are used"
 
 
-def scan_retention(sources: WatchSources, topic: str, scan: TopicScan,
-                   now: datetime | None = None) -> tuple[TopicRetention | None, str | None]:
+def scan_retention(sources: WatchSources, topic: str, scan: TopicScan, now: datetime | None = None, *,
+                   list_unlimited: bool = True) -> tuple[TopicRetention | None, str | None]:
     """The topic's retention headroom and replay window for the partitions of `scan` (storage/retention.py), or None
     and why it cannot be read (etcd or the segment store failing, a topic config that is not KafScale's)."""
     positions = {p: (s.next_offset, s.log_end) for p, s in scan.partitions.items()}
     try:
-        return topic_retention(sources.store, sources.etcd, topic, positions, now or datetime.now(UTC)), None
+        return topic_retention(sources.store, sources.etcd, topic, positions, now or datetime.now(UTC),
+                               list_unlimited=list_unlimited), None
     except (EtcdError, StorageError) as exc:
         return None, f"cannot read the retention of topic {topic}: {exc}"
