@@ -39,9 +39,9 @@ ROOT = models.LakehouseConfig
 # and what it does with each. Every other key is an extension of ours, which the Go processor's yaml.v3 decoding
 # ignores (it drops unknown keys).
 GO_KEYS: dict[str, str] = {
-    **{section: "the same section" for section in (
+    **dict.fromkeys((
         "s3", "iceberg", "iceberg.catalog", "offsets", "discovery", "etcd", "schema", "schema.registry", "processor",
-        "mappings", "mappings[].schema", "mappings[].schema.columns", "mappings[].lfs")},
+        "mappings", "mappings[].schema", "mappings[].schema.columns", "mappings[].lfs"), "the same section"),
     "s3.bucket": "required; the bucket of the segments, and of LFS blobs",
     "s3.namespace": "the namespace directory under the bucket",
     "s3.endpoint": "S3 endpoint of the segment reads",

@@ -1,5 +1,5 @@
 """Replay of a Kafka partition's offset range: its rows in the table replaced by the records read again from the
-segments, in one commit (DESIGN.md, "Dagster model": an explicit replay never duplicates); and an explicit move of
+segments, in one commit (an explicit replay never duplicates); and an explicit move of
 a partition's position in the table.
 
     result = replay_range(context, mapping, OffsetRange(partition, start, end))
