@@ -487,8 +487,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--new-per-partition", type=int, nargs="+", default=[1, 2],
                         help="new segments per partition before each measured busy tick (--watch namespace)")
     parser.add_argument("--scan", choices=("watermarks", "namespace-listing"), default="watermarks",
-                        help="namespace-listing: one listing of the whole namespace per tick instead of the partitions whose "
-                             "watermark moved, for A/B figures (--watch namespace)")
+                        help="namespace-listing: one listing of the whole namespace per tick, not of the partitions "
+                             "whose watermark moved, for A/B figures (--watch namespace)")
     parser.add_argument("--verbose", action="store_true", help="log at INFO level")
     args = parser.parse_args()
     if min(*args.segments, args.partitions, args.repeat, args.table_snapshots) < 1:
