@@ -1,7 +1,7 @@
 """From config to clients: the one place that turns a `LakehouseConfig` into the segment store, the etcd client, the
 offsets store, the Iceberg catalog settings and the schema registry client.
 
-The CLI, `engine.ingest.IngestContext`, the sensors, metrics and report, and the Dagster resources (which hold the
+The CLI, `engine.ingestion.IngestContext`, the sensors, metrics and report, and the Dagster resources (which hold the
 config and delegate here) all open their connections through these functions; nothing else reads connection keys.
 
 The layers below take plain values and never quote config keys; a value they refuse (`ValueError`) comes back out
