@@ -1,4 +1,4 @@
-"""The warm `ingest --once` process (issue 22): a run's own work on a Spark engine is ~0.7 s, but a new interpreter
+"""The warm `ingest --once` process: a run's own work on a Spark engine is ~0.7 s, but a new interpreter
 spends 1.2-1.8 s importing what a driver needs (the Spark Connect client with pandas, pyarrow and grpc, pyiceberg)
 before it starts. The first `ingest --once` runs as before and leaves behind a process that has imported all of it
 and waits on a Unix socket; the next `ingest --once` of the same user, code and settings hands it its command line,

@@ -1,5 +1,5 @@
 """`ForkingRunLauncher`: Dagster's default run launcher, each run's process forked from one that has already loaded
-the code location (issue 22).
+the code location.
 
 The default launcher has the code server spawn a new interpreter per run, which imports Dagster and the location's
 code and builds its definitions again before the run starts: ~8 CPU-s with 200 mappings (imports 3.4, definitions

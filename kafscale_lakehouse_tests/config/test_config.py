@@ -495,7 +495,7 @@ def test_parse_config_resolves_relative_paths_against_base_dir(tmp_path):
 
 
 def test_numeric_timestamp_unit_defaults_to_go_micros_and_a_wrong_one_names_the_key(tmp_path):
-    # Issue 19: the Go processor stores a JSON number in a timestamp column as microseconds.
+    # The Go processor stores a JSON number in a timestamp column as microseconds.
     (mapping,) = load_config(write_config(tmp_path, MINIMAL_GO)).mappings
     assert mapping.schema_config.timestamp_unit is NumericTimestampUnit.MICROS
     millis = MINIMAL_GO + "    schema:\n      numeric_timestamp_unit: MILLIS\n"

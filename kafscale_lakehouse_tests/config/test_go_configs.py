@@ -1,5 +1,6 @@
-"""Every config KafScale's Go processor (main) loads, loads here with the same meaning: its `config/config.yaml`
-verbatim, the config its Helm chart renders, and the scalars Go's yaml.v3 accepts in its typed fields."""
+"""Every config KafScale's Go processor (main) loads, loads here with the same meaning: its
+`addons/processors/iceberg-processor/config/config.yaml` verbatim, the config its Helm chart renders, and the
+scalars Go's yaml.v3 accepts in its typed fields."""
 
 from __future__ import annotations
 

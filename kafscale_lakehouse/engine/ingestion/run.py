@@ -1,11 +1,11 @@
-"""One ingestion run of a topic→table mapping: the exactly-once commit protocol of DESIGN.md, without Dagster.
+"""One ingestion run of a topic→table mapping, without Dagster: the exactly-once commit protocol (docs/architecture.md).
 
     context = IngestContext.from_config(config, spark)
     result = ingest_mapping(context, config.mappings[0])
 
 A run: claim a lease per Kafka partition → start offsets from the table (etcd repaired from it) → plan whole
 completed segments up to the run's byte budget → one Spark job reads them and writes Parquet data files
-(`spark_ingestion.run_ingestion_spark_job`: each task decodes its segments and writes its files, no record goes
+(`spark_job.run_ingestion_spark_job`: each task decodes its segments and writes its files, no record goes
 through the JVM)
 → keep, per partition, only the files below the first segment that could not be read → one
 Iceberg commit that re-checks the start offsets → etcd offsets, fenced by the leases → leases released.

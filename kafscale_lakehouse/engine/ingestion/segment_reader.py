@@ -14,7 +14,7 @@ Arrow batches of at most `MAX_ROWS_PER_BATCH` rows are yielded in
 nullable: a required column is null in an invalid record), then `_kafscale_invalid_reason` (string, nullable),
 then, only with a JSON Schema, `_kafscale_invalid_schema_path` (string, nullable).
 
-LFS (`lfs`, `lfs_resolution.LfsReadSettings`, from the task spec): envelope records are resolved, referenced or
+LFS (`lfs`, `lfs.LfsReadSettings`, from the task spec): envelope records are resolved, referenced or
 skipped before the mapped columns are computed (engine/ingestion/lfs.py); with `store_metadata` the `lfs_*`
 columns (`schema.columns.LFS_METADATA_COLUMNS`) end `columns` and are filled by that stage. A record that fails
 there is an invalid record (on_error dead_letter, schema mode lenient) or stops its partition like a failing

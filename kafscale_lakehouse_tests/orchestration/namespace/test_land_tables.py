@@ -1,6 +1,6 @@
 """A `land_tables` run on the real servers and a real Dagster instance: it lands each table of its batch with its own
 commit, and Dagster files each table's materializations and check results under the table's own asset, partitions
-and checks; a table whose commit fails leaves the others landed and is requested again after the backoff (issue 22)."""
+and checks; a table whose commit fails leaves the others landed and is requested again after the backoff."""
 
 from __future__ import annotations
 

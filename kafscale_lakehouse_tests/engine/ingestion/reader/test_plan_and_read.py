@@ -2,7 +2,7 @@
 
 Planning is the ingestion run's (`engine/ingestion/run.py`: `segments_from`, `find_gaps`, then
 `segment_run_partitions`); the ingestion Spark job's tasks run the same `read_input_partition` in their Python
-workers (see test_spark_ingestion.py).
+workers (see test_spark_job.py).
 """
 
 from __future__ import annotations
@@ -343,7 +343,7 @@ def test_mapped_columns_come_out_typed_and_invalid_records_are_kept_with_a_reaso
         (500, None, None), (501, None, None), (502, "Zoë <b>&</b>", 1), (503, None, None)]
     reasons = [row[INVALID_REASON_COLUMN] for row in rows]
     assert reasons[0] == "name: required value is missing or null"
-    assert reasons[1] is None  # a tombstone (null value) is a record like any other (issue 19)
+    assert reasons[1] is None  # a tombstone (null value) is a record like any other
     assert reasons[2] is None
     assert reasons[3].startswith("value is not valid JSON")
 
