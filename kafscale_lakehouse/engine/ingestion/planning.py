@@ -58,6 +58,7 @@ class PartitionPlanning:
     plan: SegmentPlan | None = None
     skipped: OffsetRange | None = None
     error: str | None = None
+    segments_end: int | None = None  # the offset after the newest completed segment listed (None: none listed)
 
 
 @timed("plan (list segments, newest footers)")
@@ -83,6 +84,7 @@ def plan_partition(
     segments = listing.segments
     if not segments:
         return PartitionPlanning(error=stall_error)
+    segments_end = segments[-1].last_offset + 1
     skipped = error = None
     gaps = find_gaps(segments, next_offset=start)
     read_start = segments[0].base_offset if start is None else start
@@ -106,7 +108,7 @@ def plan_partition(
         if not allow_gaps:  # reported from the first run that sees it, not only once the partition reaches it
             error = gap_error(gap.expected_offset, gap.found_offset, gap.kfs_key)
         if gap.expected_offset == read_start:
-            return PartitionPlanning(skipped=skipped, error=_either(error, stall_error))
+            return PartitionPlanning(skipped=skipped, error=_either(error, stall_error), segments_end=segments_end)
         segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
     chosen: list[SegmentRef] = []
     used = 0
@@ -116,7 +118,8 @@ def plan_partition(
         chosen.append(segment)
         used += segment.kfs_size
     read = OffsetRange(partition, read_start, chosen[-1].last_offset + 1)
-    return PartitionPlanning(SegmentPlan(commit_start, read, chosen), skipped, _either(error, stall_error))
+    return PartitionPlanning(SegmentPlan(commit_start, read, chosen), skipped, _either(error, stall_error),
+                             segments_end)
 
 
 def gap_error(start: int, end: int, following_key: str) -> str:
