@@ -91,7 +91,8 @@ def test_topic_whose_table_is_taken_is_left_out_naming_it():
         {"topic_pattern": "y.*", "table": "raw.t_{topic}", "dead_letter_table": "dl.{topic}"},
     )
     resolution = resolve_topic_patterns(config, ["2024-orders", "x", "ok"])
-    assert {m.topic: m.table for m in resolution.config.mappings} == {"x": "raw.ok", "2024-orders": "raw.2024_dash_orders"}
+    assert {m.topic: m.table for m in resolution.config.mappings} == {
+        "x": "raw.ok", "2024-orders": "raw.2024_dash_orders"}
     assert len(resolution.problems) == 1
     assert resolution.problems[0].startswith("mappings[1].table: topic 'ok' would land in 'raw.ok', already ")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kafscale_lakehouse.engine.ingestion import scan_topic
 from kafscale_lakehouse.engine.ingestion import run as run_module
+from kafscale_lakehouse.engine.ingestion import scan_topic
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.storage import ObjectKind
 from kafscale_lakehouse_tests.engine.ingestion.test_orphan_segments import watch_sources
