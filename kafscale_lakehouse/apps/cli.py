@@ -203,7 +203,7 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     next_offsets.update({p.partition: p.table_next if p.table_next is not None else p.store_next
                          for p in view.partitions})
     stalled = stalled_partitions(segments, topic, next_offsets,
-                                 grace_seconds=config.processor.orphan_segment_grace_seconds)
+                                 grace_seconds=config.processor.orphan_segment_grace_seconds).stalled
     print("\n".join([*view.lines(), *(f"STALLED partition {p}: {s.describe()}" for p, s in stalled.items())]))
     return 0
 

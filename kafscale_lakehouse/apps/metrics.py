@@ -20,7 +20,7 @@ Prometheus scrapes it, under the Go processor's names and labels, and dashboards
 | `kafscale_processor_last_offset{topic,partition}` | last committed offset in etcd / the offsets store |
 | `kafscale_processor_watermark_offset{topic,partition}` | the same (Go sets both to the last committed offset) |
 | `kafscale_processor_watermark_timestamp_ms{topic,partition}` | timestamp of the last record committed (below) |
-| `kafscale_processor_lag{topic,partition}` | our addition: broker `next_offset` - committed next offset |
+| `kafscale_processor_lag{topic,partition}` | our addition: broker `next_offset` (else segments' end) - next offset |
 | `kafscale_processor_stalled_segment_age_seconds{topic,partition}` | our addition: a stalled partition (below) |
 | `kafscale_processor_errors_total{stage}` | this process's failures to read state (`checkpoint`, `sink`, `discover`) |
 
@@ -94,6 +94,7 @@ from kafscale_lakehouse.connections import (
 from kafscale_lakehouse.engine.ingestion import (
     ERROR_DECODE,
     ERROR_RESOLVE,
+    ListedPartitions,
     NamespaceWatchMemory,
     TopicOffsets,
     stalled_partitions,
@@ -118,7 +119,6 @@ from kafscale_lakehouse.storage import (
     METADATA_SNAPSHOT_KEY,
     DiscoveryMode,
     MetadataSnapshotError,
-    StalledSegment,
     StorageError,
     TopicRetention,
     parse_metadata_snapshot,
@@ -429,7 +429,8 @@ class LakehouseStateCollector:
         namespace watch, grew with the retained segments: ~7M objects a day at 200 topics and a segment per 10 s).
         A topic's partitions are those etcd holds offsets or watermarks of and those `discovery.mode` finds, as the
         namespace watch finds them (`watched_partitions`: the broker's metadata snapshot, or each topic's partition
-        prefixes in the store, listed about once a minute)."""
+        prefixes in the store, listed about once a minute). A partition without a broker watermark (a topic
+        `kafscale-cli restore` made) is listed to its newest completed segment, where its lag is measured to."""
         grace = self._config.processor.orphan_segment_grace_seconds
         try:
             in_store = watched_partitions(self._discovery_mode, self._segments, self._etcd, self._partitions,
@@ -438,7 +439,7 @@ class LakehouseStateCollector:
             log.debug("stalled segments: the partitions etcd holds offsets or watermarks of only (%s)", exc)
             in_store = {}
 
-        def read(topic: str) -> tuple[dict[int, StalledSegment], TopicRetention | None] | None:
+        def read(topic: str) -> tuple[ListedPartitions, TopicRetention | None] | None:
             if topic not in offsets:
                 return None
             watermarks = offsets[topic].watermarks
@@ -446,7 +447,8 @@ class LakehouseStateCollector:
             next_offsets.update({p: c.next_offset for p, c in offsets[topic].committed.items()})
             pending = {p: next_offset for p, next_offset in next_offsets.items()
                        if watermarks.get(p) is None or watermarks[p] != (next_offset or 0)}
-            stalled = stalled_partitions(self._segments, topic, pending, grace_seconds=grace)
+            listed = stalled_partitions(self._segments, topic, pending, grace_seconds=grace,
+                                        listed_whole=[p for p in pending if watermarks.get(p) is None])
             try:
                 retention = topic_retention(self._segments, self._etcd, topic,
                                             {p: (n, watermarks.get(p)) for p, n in pending.items()},
@@ -454,10 +456,10 @@ class LakehouseStateCollector:
             except (EtcdError, StorageError) as exc:  # the stalled segments are still served
                 log.warning("cannot read the retention of topic %s: %s", topic, describe_failure(exc))
                 retention = None
-            return stalled, retention
+            return listed, retention
 
         found = {topic: read for topic, read in self._each_topic(read) if read is not None}
-        return _SegmentsView({topic: stalled for topic, (stalled, _) in found.items()},
+        return _SegmentsView({topic: listed for topic, (listed, _) in found.items()},
                              {topic: retention for topic, (_, retention) in found.items() if retention is not None})
 
     def _list_stalled(self, offsets: dict[str, TopicOffsets]) -> _SegmentsView:
@@ -546,8 +548,8 @@ class LakehouseStateCollector:
         catalog_reader.join()
         totals = tables[0]
         yield from _table_families(totals)
-        yield from _offset_families(offsets, totals)
-        yield _stalled_family(segments.stalled)
+        yield from _offset_families(offsets, totals, segments.listed)
+        yield _stalled_family(segments.listed)
         yield from _retention_families(segments.retention)
         errors = CounterMetricFamily(
             f"{NAMESPACE}_errors_total",
@@ -646,20 +648,22 @@ def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
 
 @dataclass(frozen=True)
 class _SegmentsView:
-    """What a listing of the partitions with records not landed found: stalled segments and retention per topic."""
+    """What a listing of the partitions with records not landed found: per topic, stalled segments and where the
+    completed segments end (`ListedPartitions`), and its retention."""
 
-    stalled: dict[str, dict[int, StalledSegment]]
+    listed: dict[str, ListedPartitions]
     retention: dict[str, TopicRetention]
 
     def aged(self, seconds: float) -> _SegmentsView:
         """As seen `seconds` after the listing: ages grow, headroom shrinks."""
-        stalled = {topic: {p: replace(segment, age_seconds=segment.age_seconds + seconds)
-                           for p, segment in found.items()} for topic, found in self.stalled.items()}
+        listed = {topic: replace(found, stalled={p: replace(segment, age_seconds=segment.age_seconds + seconds)
+                                                 for p, segment in found.stalled.items()})
+                  for topic, found in self.listed.items()}
         retention = {topic: replace(found, partitions={p: replace(
             r, headroom_seconds=None if r.headroom_seconds is None else r.headroom_seconds - seconds,
             replay_window_seconds=None if r.replay_window_seconds is None else r.replay_window_seconds + seconds)
             for p, r in found.partitions.items()}) for topic, found in self.retention.items()}
-        return _SegmentsView(stalled, retention)
+        return _SegmentsView(listed, retention)
 
 
 def _retention_families(retention: dict[str, TopicRetention]) -> Iterable[Metric]:
@@ -683,15 +687,15 @@ def _retention_families(retention: dict[str, TopicRetention]) -> Iterable[Metric
     return [headroom, window]
 
 
-def _stalled_family(stalled: dict[str, dict[int, StalledSegment]]) -> Metric:
+def _stalled_family(listed: dict[str, ListedPartitions]) -> Metric:
     family = GaugeMetricFamily(
         f"{NAMESPACE}_stalled_segment_age_seconds",
         "Seconds since the incomplete segment a partition waits behind was written, for partitions waiting past "
         "processor.orphan_segment_grace_seconds (kafscale-lakehouse addition).",
         labels=["topic", "partition"],
     )
-    for topic, partitions in sorted(stalled.items()):
-        for partition, segment in sorted(partitions.items()):
+    for topic, found in sorted(listed.items()):
+        for partition, segment in sorted(found.stalled.items()):
             family.add_metric([topic, str(partition)], round(segment.age_seconds, 3))
     return family
 
@@ -705,7 +709,8 @@ def _cumulative_buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[
     return buckets
 
 
-def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTotals]) -> Iterable[Metric]:
+def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTotals],
+                     listed: dict[str, ListedPartitions]) -> Iterable[Metric]:
     labels = ["topic", "partition"]
     last_offset = GaugeMetricFamily(
         f"{NAMESPACE}_last_offset", "Last committed offset per topic/partition.", labels=labels
@@ -720,8 +725,8 @@ def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTo
     )
     lag = GaugeMetricFamily(
         f"{NAMESPACE}_lag",
-        "Records the broker has that are not committed: broker next offset - committed next "
-        "offset (kafscale-lakehouse addition).",
+        "Records the broker has that are not committed: broker next offset (else the end of the completed "
+        "segments) - committed next offset (kafscale-lakehouse addition).",
         labels=labels,
     )
     for topic, topic_offsets in sorted(offsets.items()):
@@ -734,7 +739,9 @@ def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTo
             watermark_offset.add_metric(partition_labels, committed.offset)
             if partition in timestamps:
                 watermark_timestamp.add_metric(partition_labels, timestamps[partition])
-        for partition, log_end in sorted(topic_offsets.watermarks.items()):
+        # The broker's watermark, else (none published: a restored topic) where the completed segments end.
+        segments_ends = listed[topic].segments_ends if topic in listed else {}
+        for partition, log_end in sorted({**segments_ends, **topic_offsets.watermarks}.items()):
             partition_committed = topic_offsets.committed.get(partition)
             next_offset = partition_committed.next_offset if partition_committed is not None else None
             # `lag` is None only for an unknown log end; this one is known.

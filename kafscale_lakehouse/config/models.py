@@ -181,6 +181,21 @@ class OffsetsConfig(ConfigModel):
     # extension: the sqlite file of `backend: local` (relative to the config)
     local_path: LocalPath | None = None
 
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _known_backend(cls, backend: Any) -> Any:
+        # The Go processor takes any other value and then keeps no offsets and holds no leases (checkpoint.go:51-55,
+        # its no-op store, whose LoadOffset is always 0): every poll appends every completed segment again, and the
+        # record at offset 0 never (processor.go:181, 259). That is refused here, with what to write instead.
+        if isinstance(backend, str) and backend not in ("etcd", "local"):
+            raise PydanticCustomError(
+                "offsets_backend",
+                "is not one of etcd, local: the Go processor keeps no offsets and holds no leases for any other value, "
+                "so it appends every completed segment again at every poll; write etcd (shared, KafScale's keys) or "
+                "local with offsets.local_path (one machine)",
+            )
+        return backend
+
 
 class DiscoveryConfig(ConfigModel):
     # how topics and partitions are found: the broker's metadata snapshot in etcd (`etcd`), the topic and partition

@@ -389,7 +389,6 @@ def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue
     (the table's, else the store's), the end of the completed segments and the lag, the pending partitions, the
     total lag (plotted by the UI), and where the table and the offsets store disagree, both sides."""
     states = [scan.partitions[p] for p in sorted(scan.partitions)]
-    lags = [s.lag for s in states if s.lag is not None]
     metadata: dict[str, dg.RawMetadataValue] = {
         "partitions": len(states),
         "broker_next_offset": dg.MetadataValue.json({str(s.partition): s.log_end for s in states}),
@@ -406,6 +405,6 @@ def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue
         metadata["offsets_disagree"] = dg.MetadataValue.json({str(p): sides for p, sides in disagree.items()})
     if scan.table_error is not None:
         metadata["table_error"] = scan.table_error
-    if lags:
-        metadata["lag"] = sum(lags)  # an int, so the UI plots it over time
+    if states:
+        metadata["lag"] = sum(s.lag for s in states)  # an int, so the UI plots it over time
     return metadata

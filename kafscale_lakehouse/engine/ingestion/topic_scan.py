@@ -37,7 +37,7 @@ from kafscale_lakehouse.connections import (
     offset_store_from_config,
     segment_store_from_config,
 )
-from kafscale_lakehouse.engine.ingestion.lag import lag
+from kafscale_lakehouse.engine.ingestion.lag import lag_and_reference
 from kafscale_lakehouse.engine.tables.catalogs import (
     CatalogError,
     CatalogSettings,
@@ -127,9 +127,10 @@ class PartitionState:
         return OffsetRange(self.partition, self.next_offset or 0, self.segments_end)  # type: ignore[arg-type]
 
     @property
-    def lag(self) -> int | None:
-        """Records the broker has that are not committed yet (engine/ingestion/lag.py)."""
-        return lag(self.log_end, self.next_offset)
+    def lag(self) -> int:
+        """Records the broker has that are not committed yet, against the end of the completed segments when the
+        broker publishes no watermark (a restored topic; engine/ingestion/lag.py)."""
+        return lag_and_reference(self.log_end, self.segments_end, self.next_offset)[0]
 
 
 @dataclass(frozen=True)

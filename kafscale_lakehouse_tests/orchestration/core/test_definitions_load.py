@@ -115,7 +115,7 @@ def test_dagster_reports_a_bad_config_when_it_loads_the_code_location(demo_confi
                           cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120)
 
     assert done.returncode != 0
-    assert (f"ConfigError: {demo_config_path}: mappings[0].table: 'pizzas' is not a table identifier"
+    assert (f"ConfigError: {demo_config_path}: mappings[0].table: 'pizzas' has no namespace"
             in done.stdout + done.stderr)
 
 
