@@ -345,6 +345,8 @@ def dotted_key_problem(span: str, *, in_code: bool = False) -> str | None:
     if not DOTTED_KEY.fullmatch(span):
         return None
     span = span.removesuffix("[]")
+    if span.endswith((".go", ".py", ".md", ".yaml", ".proto")):
+        return None  # a file of that name (`iceberg.go`), not a key
     first, second = span.split(".")[:2]
     if first.removesuffix("[]") not in SECTIONS:
         return None
