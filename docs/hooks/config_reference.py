@@ -35,7 +35,7 @@ log = logging.getLogger("mkdocs.hooks.config_reference")
 MARKER = "<!-- configuration-reference -->"
 ROOT = models.LakehouseConfig
 
-# Keys of KafScale's Go `iceberg-processor` (its internal/config/config.go, and `mappings[].lfs` of KafScale main)
+# Keys of KafScale's Go `iceberg-processor` (its internal/config/config.go, and `mappings[].lfs` since KafScale v1.6.0)
 # and what it does with each. Every other key is an extension of ours, which the Go processor's yaml.v3 decoding
 # ignores (it drops unknown keys).
 GO_KEYS: dict[str, str] = {
@@ -52,8 +52,8 @@ GO_KEYS: dict[str, str] = {
     "iceberg.catalog.token": "bearer token of the REST catalog",
     "iceberg.catalog.username": "REST catalog user",
     "iceberg.catalog.password": "REST catalog password",
-    "iceberg.warehouse": "the catalog's warehouse",
-    "offsets.backend": "default `etcd`",
+    "iceberg.warehouse": "the catalog's warehouse; tables are created at `<warehouse>/<namespace>/<table>`",
+    "offsets.backend": "default `etcd`; any other value is a no-op store, no offsets and no leases (refused here)",
     "offsets.lease_ttl_seconds": "default 30 (0 means 30); the TTL of the partition leases",
     "offsets.key_prefix": "default `processors`; prefix of the offsets, watermarks and leases keys",
     "discovery.mode": "default `auto`: the broker's metadata snapshot in etcd, else S3 listing",
@@ -66,7 +66,8 @@ GO_KEYS: dict[str, str] = {
     "schema.registry.cache_seconds": "how long a fetched schema is cached (0 means the default)",
     "processor.poll_interval_seconds": "default 5 (0 means 5); the polling loop's interval",
     "mappings[].topic": "required",
-    "mappings[].table": "required; `namespace.table`",
+    "mappings[].table": "required; split on `.`, any parts; a name without a namespace (refused here) goes to the "
+                        "REST catalog's empty namespace",
     "mappings[].mode": "`append` only (anything else is an error)",
     "mappings[].create_table_if_missing": "creates the table on first write",
     "mappings[].schema.source": "resolved as here: `mapping` with columns, else `registry`, else `none`",
@@ -75,11 +76,11 @@ GO_KEYS: dict[str, str] = {
     "mappings[].schema.columns[].type": "required; one of the nine types, case-insensitive",
     "mappings[].schema.columns[].required": "a record lacking the column is invalid",
     "mappings[].schema.allow_type_widening": "lets the table's column types widen",
-    "mappings[].lfs.mode": "KafScale main: `off`, `resolve`, `reference`, `skip`, `hybrid`",
-    "mappings[].lfs.max_inline_size": "KafScale main: > 0 for hybrid; in resolve mode a larger blob is an error",
-    "mappings[].lfs.store_metadata": "KafScale main: adds the `lfs_*` columns",
-    "mappings[].lfs.validate_checksum": "KafScale main: default true",
-    "mappings[].lfs.resolve_concurrency": "KafScale main: 0 means 4, negative is an error",
+    "mappings[].lfs.mode": "KafScale v1.6.0: `off`, `resolve`, `reference`, `skip`, `hybrid`",
+    "mappings[].lfs.max_inline_size": "KafScale v1.6.0: > 0 for hybrid; in resolve mode a larger blob is an error",
+    "mappings[].lfs.store_metadata": "KafScale v1.6.0: adds the `lfs_*` columns",
+    "mappings[].lfs.validate_checksum": "KafScale v1.6.0: default true",
+    "mappings[].lfs.resolve_concurrency": "KafScale v1.6.0: 0 means 4, negative is an error",
 }
 
 
