@@ -60,8 +60,12 @@ class BrokerWorld(IngestWorld):
         return document
 
     def land_with_cli(self) -> None:
-        """`kafscale-lakehouse ingest --config F --once` in this process (the shared Spark session)."""
-        assert cli.main(["ingest", "--config", str(self.write_config_file()), "--once"]) == 0
+        """`kafscale-lakehouse ingest --config F --once` in this process (the shared Spark session), with the config
+        file written last (`write_config_file`), else this world's own."""
+        config_path = self.root / "lakehouse.yaml"
+        if not config_path.exists():
+            self.write_config_file()
+        assert cli.main(["ingest", "--config", str(config_path), "--once"]) == 0
 
     def assert_lands(self, acked: Sequence[Acked], *, runs: int) -> None:
         """Every acknowledged (partition, offset) is in the table once with the key, value, headers and timestamp
