@@ -46,6 +46,8 @@ def test_sensor_requests_runs_that_land_what_the_broker_acknowledged(broker_worl
             assert observation.asset_key == topic_asset_key(world.topic)
             ends = {str(p): 1 + max(a.offset for a in acked if a.partition == p) for p in range(PARTITIONS)}
             assert observation.metadata["broker_next_offset"].value == ends, "the broker's own watermarks"
+            assert observation.metadata["lag_by_partition"].value == {  # measured against those watermarks
+                str(p): sum(a.partition == p for a in round_acked) for p in range(PARTITIONS)}
             assert job.execute_in_process(instance=instance, tags=request.tags).success
             cursor = tick.cursor
         settled = evaluate(sensor, instance, cursor)
