@@ -17,6 +17,7 @@ install-test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	scripts/install-etcd.sh
 	scripts/install-clang.sh
+	scripts/install-kafscale.sh  # KafScale's broker for the real-broker tests (needs Go >= 1.25)
 
 # `dagster dev` on the embedded default (lakehouse.yaml, data in var/) next to the demo producer, which writes a
 # segment of pizza orders per partition every few seconds (`--lfs`: every 5th order, with a photo, as a KafScale LFS

@@ -33,7 +33,7 @@ FIXTURE_SEGMENTS = SHARED / "fixtures" / "segments"
 # Fixtures that start a real server (or need one): a test that uses any of them, directly or through another
 # fixture, is an integration test. Modules that start servers of their own mark themselves.
 SERVER_FIXTURES = frozenset({"seaweedfs", "etcd_server", "spark", "private_etcd", "registry", "store",
-                               "spark_engine", "spark_engine_server"})
+                               "spark_engine", "spark_engine_server", "kafscale_broker"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

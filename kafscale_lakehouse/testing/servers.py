@@ -241,3 +241,121 @@ class Etcd:
 
     def stop(self) -> None:
         _stop(self.proc)
+
+
+# KafScale's own broker (the Go program `cmd/broker`), built by scripts/install-kafscale.sh at the version that
+# tools/kafscale/go.mod pins; KAFSCALE_BROKER_BIN names another binary.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KAFSCALE_TOOLS_MODULE = REPO_ROOT / "tools" / "kafscale" / "go.mod"
+KAFSCALE_BROKER_BIN_VARIABLE = "KAFSCALE_BROKER_BIN"
+
+
+def kafscale_version() -> str:
+    """The KafScale platform version tools/kafscale/go.mod requires."""
+    for line in KAFSCALE_TOOLS_MODULE.read_text().splitlines():
+        words = line.replace("require", " ").split()
+        if len(words) >= 2 and words[0] == "github.com/KafScale/platform":
+            return words[1]
+    raise RuntimeError(f"{KAFSCALE_TOOLS_MODULE} requires no github.com/KafScale/platform version")
+
+
+def kafscale_broker_binary() -> Path:
+    """The broker binary the tests run: $KAFSCALE_BROKER_BIN, else `.tools/bin/kafscale-broker-<version>`."""
+    override = os.environ.get(KAFSCALE_BROKER_BIN_VARIABLE)
+    path = Path(override) if override else REPO_ROOT / ".tools" / "bin" / f"kafscale-broker-{kafscale_version()}"
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"KafScale broker binary {path} not found: build it with `scripts/install-kafscale.sh` "
+                           f"(part of `make install-test`; needs Go >= 1.25) or set {KAFSCALE_BROKER_BIN_VARIABLE}")
+    return path
+
+
+@dataclass
+class KafScaleBroker:
+    """KafScale's broker on loopback: segments in the SeaweedFS bucket under `namespace`, metadata and watermarks in
+    the etcd at `etcd_endpoint`. Topics are auto-created with `partitions` partitions. A restart (`stop` or `kill`,
+    then `start`) keeps the Kafka port, so clients reconnect to the same address."""
+
+    workdir: Path
+    s3_endpoint: str
+    etcd_endpoint: str
+    namespace: str
+    partitions: int = 1
+    # Small, so a segment completes after a few records even where a produce does not flush (acks=0).
+    segment_bytes: int = 64 * 1024
+    flush_interval_ms: int = 100
+    port: int = 0
+    metrics_port: int = 0
+    control_port: int = 0
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "broker.log"
+
+    def environment(self) -> dict[str, str]:
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith(("KAFSCALE_", "AWS_", "POD_"))}
+        env.update({
+            "KAFSCALE_BROKER_ADDR": self.bootstrap,  # also the address the metadata advertises
+            "KAFSCALE_METRICS_ADDR": f"127.0.0.1:{self.metrics_port}",
+            "KAFSCALE_CONTROL_ADDR": f"127.0.0.1:{self.control_port}",
+            "KAFSCALE_S3_BUCKET": S3_BUCKET,
+            "KAFSCALE_S3_REGION": REGION,
+            "KAFSCALE_S3_ENDPOINT": self.s3_endpoint,
+            "KAFSCALE_S3_PATH_STYLE": "true",
+            "KAFSCALE_S3_ACCESS_KEY": ACCESS_KEY,
+            "KAFSCALE_S3_SECRET_KEY": SECRET_KEY,
+            "KAFSCALE_S3_NAMESPACE": self.namespace,
+            "KAFSCALE_ETCD_ENDPOINTS": f"http://{self.etcd_endpoint}",
+            "KAFSCALE_SEGMENT_BYTES": str(self.segment_bytes),
+            "KAFSCALE_FLUSH_INTERVAL_MS": str(self.flush_interval_ms),
+            "KAFSCALE_AUTO_CREATE_TOPICS": "true",
+            "KAFSCALE_AUTO_CREATE_PARTITIONS": str(self.partitions),
+            "KAFSCALE_STARTUP_TIMEOUT_SEC": "30",
+        })
+        return env
+
+    def start(self) -> KafScaleBroker:
+        binary = kafscale_broker_binary()
+        if not self.port:
+            self.port, self.metrics_port, self.control_port = free_ports(3)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.starts += 1
+        with self.log_path.open("ab") as out:
+            out.write(f"---- start {self.starts}\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen([str(binary)], env=self.environment(), cwd=self.workdir, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_for(self._ready, "KafScale broker", 60, self.proc, self.log_path)
+            self._check_backends()
+        except RuntimeError:
+            self.stop()
+            raise
+        log.info("KafScale broker up: %s (namespace %s)", self.bootstrap, self.namespace)
+        return self
+
+    def _ready(self) -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=1) as response:
+            return response.status == 200 and _tcp_open(self.port)
+
+    def _check_backends(self) -> None:
+        """The broker falls back to an in-memory S3 or metadata store when it cannot reach the real ones, and says
+        so only in its log: a test must never pass against those."""
+        text = self.log_path.read_text(errors="replace")
+        if "in-memory" in text:
+            raise RuntimeError(f"KafScale broker fell back to an in-memory store; log:\n{_tail(self.log_path)}")
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+    def kill(self) -> None:
+        """SIGKILL: what the broker buffered and did not upload is lost, as in a crash."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
