@@ -208,12 +208,15 @@ def read_partition_log(store: SegmentStore, topic: str, partition: int, next_off
 
 
 def partition_retention(partition: int, log: PartitionLog, next_offset: int | None, policy: RetentionPolicy,
-                        now: datetime) -> PartitionRetention:
-    """Headroom and replay window of one partition from its log and its committed next offset (None: nothing
-    landed: every segment is pending)."""
+                        now: datetime, log_end: int | None = None) -> PartitionRetention:
+    """Headroom and replay window of one partition from its log, its committed next offset (None: nothing landed:
+    every segment is pending) and the broker's watermark (None: unknown)."""
     oldest = log.oldest
     if oldest is None:
-        return PartitionRetention(partition, None, None, None, None, None, None)
+        gap = None
+        if next_offset is not None and log_end is not None and next_offset < log_end:
+            gap = f"offsets {next_offset}..{log_end - 1} are not landed and the log holds no segment any more"
+        return PartitionRetention(partition, None, None, None, None, None, None, gap)
     replay_seconds = (now - oldest.last_modified).total_seconds()
     replay_records = None if next_offset is None else max(0, next_offset - oldest.base_offset)
     gap = None
@@ -273,5 +276,5 @@ def topic_retention(store: SegmentStore, etcd: EtcdClient | None, topic: str,
         return TopicRetention(topic, policy, partitions)
     for partition, (next_offset, log_end) in sorted(positions.items()):
         log = read_partition_log(store, topic, partition, next_offset, log_end)
-        partitions[partition] = partition_retention(partition, log, next_offset, policy, now)
+        partitions[partition] = partition_retention(partition, log, next_offset, policy, now, log_end)
     return TopicRetention(topic, policy, partitions)

@@ -3,7 +3,7 @@ KafScale stores it in etcd (protobuf `TopicConfig`)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -169,3 +169,9 @@ def test_a_batch_lists_nothing_of_a_topic_with_unlimited_retention(store, monkey
                         lambda self, prefix, **kw: listed.append(prefix) or list_objects(self, prefix, **kw))
     found = topic_retention(store, None, TOPIC, {0: (0, 20)}, now, list_unlimited=False)
     assert found.partitions == {} and listed == []
+
+
+def test_a_log_emptied_before_its_records_landed_is_a_certain_gap(store):
+    found = partition_retention(0, read_partition_log(store, TOPIC, 0, 10, 30), 10, RetentionPolicy(),
+                                datetime.now(UTC), log_end=30)
+    assert found.gap == "offsets 10..29 are not landed and the log holds no segment any more"
