@@ -139,6 +139,10 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
     def ingest_table(context: dg.AssetExecutionContext, spark: SparkResource,  # noqa: ANN202
                      segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
                      iceberg_catalog: IcebergCatalogResource):
+        if not (context.has_partition_key or context.has_partition_key_range):
+            raise dg.Failure(description=(
+                f"a run of {table} lands Kafka partitions of topic {topic!r}: launch it for a partition or a "
+                "range of them (`dg launch --assets ... --partition 0`, `--partition-range 0...3`)"))
         partitions = sorted(kafka_partition_id(key) for key in context.partition_keys)
         context.log.info("topic %s → %s: ingesting Kafka partitions %s", topic, table, partitions)
         planned_tag = context.run.tags.get(PLANNED_RANGES_TAG)

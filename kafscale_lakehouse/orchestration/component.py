@@ -38,6 +38,7 @@ from kafscale_lakehouse.orchestration.land_tables import build_land_tables_job
 from kafscale_lakehouse.orchestration.maintenance import build_maintenance
 from kafscale_lakehouse.orchestration.namespace_sensor import build_namespace_sensor
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, table_asset_key
+from kafscale_lakehouse.orchestration.partitions import register_topic_partitions
 from kafscale_lakehouse.orchestration.replay import build_replay_job
 from kafscale_lakehouse.orchestration.resources import CATALOG_RESOURCE_KEY, SPARK_RESOURCE_KEY, lakehouse_resources
 from kafscale_lakehouse.orchestration.sensors import build_sensors
@@ -51,12 +52,16 @@ from kafscale_lakehouse.storage import StorageError
 log = logging.getLogger(__name__)
 
 
-def build_definitions(config: LakehouseConfig, *, source: str = "<config>",
-                      webserver_url: str | None = None) -> dg.Definitions:
+def build_definitions(config: LakehouseConfig, *, source: str = "<config>", webserver_url: str | None = None,
+                      instance: dg.DagsterInstance | None = None) -> dg.Definitions:
     """The definitions of `config` (`source` names the config file in errors). With `topic_pattern` mappings, a
     mapping per matching topic that exists now, and the sensor that reloads the code location (through the webserver
-    at `webserver_url`, default `$KAFSCALE_LAKEHOUSE_WEBSERVER_URL`) when another one appears."""
+    at `webserver_url`, default `$KAFSCALE_LAKEHOUSE_WEBSERVER_URL`) when another one appears. With `instance`, the
+    topics' partitions that exist now are registered in it (`partitions.py`), so they can be materialized by hand
+    before any sensor tick."""
     config = _with_pattern_topics(config, source)
+    if instance is not None:
+        register_partitions_on_load(config, instance, source)
     resources: dict[str, object] = dict(lakehouse_resources(config))
     resources[ICEBERG_IO_MANAGER_KEY] = KafscaleIcebergIOManager(
         iceberg_catalog=resources[CATALOG_RESOURCE_KEY], spark=resources[SPARK_RESOURCE_KEY],
@@ -92,6 +97,25 @@ def build_definitions(config: LakehouseConfig, *, source: str = "<config>",
     if any(mapping.table == DEMO_LANDED_TABLE for mapping in config.mappings):
         definitions = dg.Definitions.merge(definitions, demo_definitions())
     return definitions
+
+
+def register_partitions_on_load(config: LakehouseConfig, instance: dg.DagsterInstance, source: str) -> None:
+    """`register_topic_partitions`, logged instead of raised when a server cannot be reached or answers wrong: a
+    server that is down never keeps the location from loading (the sensors register the partitions later)."""
+    try:
+        register_topic_partitions(config, instance)
+    except Exception as exc:  # noqa: BLE001 - any failure to reach or read a server; the load goes on without it
+        log.warning("%s: the topics' partitions could not be registered while loading (%s); the sensors register "
+                    "them on their first tick", source, exc)
+
+
+def _instance_of_this_process() -> dg.DagsterInstance | None:
+    """The instance of `$DAGSTER_HOME` (the code server's, `dg launch`'s), or None when it is not set."""
+    if not os.environ.get("DAGSTER_HOME"):
+        log.info("DAGSTER_HOME is not set: the topics' partitions are registered by the sensors, not when the "
+                 "definitions load")
+        return None
+    return dg.DagsterInstance.get()
 
 
 def _with_pattern_topics(config: LakehouseConfig, source: str) -> LakehouseConfig:
@@ -159,6 +183,11 @@ class KafscaleLakehouseComponent(dg.Component, dg.Model, dg.Resolvable):
                                   "this code location when a new topic matches a pattern; default "
                                   f"${WEBSERVER_URL_ENV_VAR}.")
 
+    register_partitions_on_load: bool = Field(
+        default=True, description="Register the Kafka partitions each topic has now as its table asset's partitions "
+                                  "in the instance of $DAGSTER_HOME when the definitions load, so they can be "
+                                  "materialized before any sensor tick.")
+
     @model_validator(mode="after")
     def _one_config(self) -> KafscaleLakehouseComponent:
         if self.config_path is not None and self.config is not None:
@@ -178,4 +207,9 @@ class KafscaleLakehouseComponent(dg.Component, dg.Model, dg.Resolvable):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         config, source = self.lakehouse_config(context.path)
-        return build_definitions(config, source=source, webserver_url=self.webserver_url)
+        instance = _instance_of_this_process() if self.register_partitions_on_load else None
+        try:
+            return build_definitions(config, source=source, webserver_url=self.webserver_url, instance=instance)
+        finally:
+            if instance is not None:
+                instance.dispose()

@@ -55,13 +55,8 @@ from kafscale_lakehouse.orchestration.land_tables import (
     TableToLand,
     land_tables_run_config,
 )
-from kafscale_lakehouse.orchestration.naming import (
-    ingest_job_name,
-    kafka_partition_key,
-    partitions_def_name,
-    table_asset_key,
-    topic_partitions_def,
-)
+from kafscale_lakehouse.orchestration.naming import ingest_job_name, table_asset_key
+from kafscale_lakehouse.orchestration.partitions import unregistered_partitions
 from kafscale_lakehouse.orchestration.sensors import (
     ACTIVE_RUN_STATUSES,
     CURSOR_VERSION,
@@ -202,7 +197,7 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
             topic_scan = scan.topics[mapping.topic]
             table_cursor = cursor.table(mapping.table)
             if set(topic_scan.partitions) - set(table_cursor.partitions):  # else registered on an earlier tick
-                partition_requests += _new_partitions(context.instance, mapping.topic, topic_scan)
+                partition_requests += unregistered_partitions(context.instance, mapping.topic, topic_scan.partitions)
             table_cursor.partitions = topic_scan.cursors
             observation = topic_observation(mapping.topic, topic_scan, table_cursor)
             if observation is not None:
@@ -427,14 +422,6 @@ def _tables_in_flight(instance: dg.DagsterInstance, mappings: Iterable[MappingCo
         elif run.job_name in by_job:
             busy[by_job[run.job_name]] = f"run {run.run_id} of {run.job_name} is {status}"
     return flight
-
-
-def _new_partitions(instance: dg.DagsterInstance, topic: str,
-                    scan: TopicScan) -> list[dg.AddDynamicPartitionsRequest]:
-    """The request that registers the topic's Kafka partitions Dagster does not know yet (none when it knows all)."""
-    known = set(instance.get_dynamic_partitions(partitions_def_name(topic)))
-    new_keys = [kafka_partition_key(p) for p in sorted(scan.partitions) if kafka_partition_key(p) not in known]
-    return [topic_partitions_def(topic).build_add_request(new_keys)] if new_keys else []
 
 
 def _log_problems(context: dg.SensorEvaluationContext, mapping: MappingConfig, scan: TopicScan) -> None:
