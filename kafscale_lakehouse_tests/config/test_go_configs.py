@@ -16,7 +16,7 @@ from kafscale_lakehouse_tests.config.test_config import MINIMAL_GO
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # `addons/processors/iceberg-processor/config/config.yaml` of github.com/scalytics/kafscale at f7e23363 (main,
 # 2026-04-17), byte for byte.
-GO_MAIN_CONFIG = REPO_ROOT / "examples" / "go-processor-main.yaml"
+GO_MAIN_CONFIG = REPO_ROOT / "kafscale_lakehouse" / "examples" / "go-processor-main.yaml"
 # The same commit's Helm chart (`deploy/helm/iceberg-processor`): values.yaml and the ConfigMap template, verbatim.
 CHART = Path(__file__).parent / "fixtures"
 
