@@ -55,7 +55,11 @@ from kafscale_lakehouse.orchestration.land_tables import (
     TableToLand,
     land_tables_run_config,
 )
-from kafscale_lakehouse.orchestration.naming import ingest_job_name, table_asset_key
+from kafscale_lakehouse.orchestration.naming import (
+    ingest_job_name,
+    mapping_asset_key,
+    mapping_topic_key,
+)
 from kafscale_lakehouse.orchestration.partitions import unregistered_partitions
 from kafscale_lakehouse.orchestration.sensors import (
     ACTIVE_RUN_STATUSES,
@@ -199,7 +203,7 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
             if set(topic_scan.partitions) - set(table_cursor.partitions):  # else registered on an earlier tick
                 partition_requests += unregistered_partitions(context.instance, mapping.topic, topic_scan.partitions)
             table_cursor.partitions = topic_scan.cursors
-            observation = topic_observation(mapping.topic, topic_scan, table_cursor)
+            observation = topic_observation(mapping_topic_key(mapping), topic_scan, table_cursor)
             if observation is not None:
                 moved.append((mapping, observation, topic_scan))
             _log_problems(context, mapping, topic_scan)
@@ -269,7 +273,7 @@ def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topi
     attempt = 1
     if {p: (r.start, r.end) for p, r in planned.items()} == table_cursor.requested and table_cursor.request is not None:
         wait, attempt = retry_wait(context, LAND_TABLES_JOB, table_cursor.request, poll_interval_seconds, now,
-                                   table_asset_key(table), runs)
+                                   mapping_asset_key(mapping), runs)
         if wait is not None:
             return None, wait
     return _Candidate(mapping, planned, scan.topic_pending_bytes(mapping.topic), attempt, since,

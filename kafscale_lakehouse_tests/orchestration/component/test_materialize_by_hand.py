@@ -1,6 +1,7 @@
 """A table asset's partition materialized by hand on a new instance, before any sensor tick: the component registers
 the topics' partitions when its definitions load (in the instance of `$DAGSTER_HOME`), in process and through
-`dagster asset materialize` (what `dg launch --assets` runs), on the embedded default (examples/embedded.yaml)."""
+`dagster asset materialize` (what `dg launch --assets` runs), on the embedded
+default (examples/embedded.yaml)."""
 
 from __future__ import annotations
 
