@@ -7,8 +7,8 @@ cannot be used (unknown key, wrong type, invalid table name) fails here, when th
 `ConfigError` naming the key. Loading contacts no server (S3, etcd, the catalog, the registry), except to list the
 topics when the config has `topic_pattern` mappings (one discovery request; when it fails, the explicit mappings
 load): a topic that does not exist yet or a server that is down is reported by the topic's sensor and by the run,
-naming it, and never takes the other mappings' sensors down. With the demo's mapping (`rpc.pizzas`), the demo
-lakehouse's downstream assets (`demo_assets.py`) are added.
+naming it, and never takes the other mappings' sensors down. Beside it, `defs/demo` adds the demo lakehouse's
+downstream assets and automation (`demo_assets.py`); only this code location has them.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ from kafscale_lakehouse.config.loading import (
 from kafscale_lakehouse.config.models import (
     PARTITION_TRANSFORM_PATTERN,
     PARTITION_TRANSFORM_SOURCE_TYPES,
+    AssetConfig,
     CatalogConfig,
     CdcConfig,
     ColumnEntry,
@@ -110,6 +111,7 @@ __all__ = [
     "TOPIC_PLACEHOLDER",
     "YAML11_FALSE",
     "YAML11_TRUE",
+    "AssetConfig",
     "CatalogConfig",
     "CdcConfig",
     "ColumnEntry",

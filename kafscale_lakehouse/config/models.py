@@ -478,6 +478,26 @@ class CdcConfig(ConfigModel):
     delete_ops: list[str] = Field(default_factory=lambda: ["d"])
 
 
+class AssetConfig(ConfigModel):
+    """Extension `mappings[].asset`: how the mapping's Dagster assets are named and described (the translation
+    dagster-dbt and dagster-sling offer). Unset keys take the component's `translation`, then the defaults below.
+    `description` may name `{table}` and `{topic}`."""
+
+    key: list[str] | None = None  # the table asset; default: the table identifier split on `.`
+    key_prefix: list[str] | None = None  # put before the table asset's key
+    topic_key: list[str] | None = None  # the topic asset; default kafscale/<topic>
+    group: str | None = None  # both assets' group; default `kafscale`
+    description: str | None = None  # the table asset's
+    kinds: list[str] | None = None  # the table asset's; default iceberg, pyspark
+
+    @field_validator("key", "key_prefix", "topic_key")
+    @classmethod
+    def _no_empty_parts(cls, parts: list[str] | None) -> list[str] | None:
+        if parts is not None and (not all(parts) or parts == []):
+            raise ValueError("an asset key is a list of non-empty strings")
+        return parts
+
+
 class MappingConfig(ConfigModel):
     """`mappings[]`: one KafScale topic landed into one Iceberg table (`namespace.table`); or, with `topic_pattern`,
     a template for every topic the pattern matches (`config/topic_patterns.py`)."""
@@ -517,6 +537,7 @@ class MappingConfig(ConfigModel):
     freshness_warn_window_seconds: PositiveInt | None = None
     owners: list[str] = Field(default_factory=list)  # extension: Dagster asset owners (emails or team:name)
     tags: StringMap = Field(default_factory=dict)  # extension: Dagster asset tags
+    asset: AssetConfig = Field(default_factory=AssetConfig)  # extension: Dagster asset keys, group, description, kinds
     # records whose value is a KafScale LFS envelope
     lfs: LfsConfig = Field(default_factory=LfsConfig)
     # extension: `json` (the Go processor's JSON values), or `avro` / `protobuf` / `json_schema` in the Confluent wire

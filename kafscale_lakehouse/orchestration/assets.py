@@ -50,9 +50,12 @@ from kafscale_lakehouse.orchestration.naming import (
     dagster_name_part,
     kafka_partition_id,
     kafka_partition_key,
+    mapping_asset_key,
+    mapping_description,
+    mapping_group,
+    mapping_kinds,
+    mapping_topic_key,
     pool_name,
-    table_asset_key,
-    topic_asset_key,
     topic_partitions_def,
 )
 from kafscale_lakehouse.orchestration.resources import (
@@ -66,7 +69,6 @@ from kafscale_lakehouse.orchestration.sensors import PLANNED_RANGES_TAG, retenti
 from kafscale_lakehouse.storage import DiscoveryMode
 
 ICEBERG_IO_MANAGER_KEY = "iceberg_io_manager"
-ASSET_GROUP = "kafscale"
 
 
 def scan_topic_now(config: LakehouseConfig, mapping: MappingConfig, segment_store: SegmentStoreResource,
@@ -93,9 +95,10 @@ def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) ->
     """`kafscale/<topic>`: an observable external asset (an `AssetSpec`), observed with the broker watermark, the
     completed segments and the lag per partition."""
     topic = mapping.topic
-    key = topic_asset_key(topic)
+    key = mapping_topic_key(mapping)
     spec = dg.AssetSpec(
-        key=key, group_name=ASSET_GROUP, owners=list(mapping.owners), tags=dict(mapping.tags), kinds={"kafka"},
+        key=key, group_name=mapping_group(mapping), owners=list(mapping.owners), tags=dict(mapping.tags),
+        kinds={"kafka"},
         description=f"KafScale topic {topic!r}: completed segments in the segment store, broker watermarks in etcd.",
         metadata={"kafscale/topic": topic})
 
@@ -127,19 +130,19 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
     topic, table = mapping.topic, mapping.table
 
     @dg.asset(
-        key=table_asset_key(table),
-        deps=[topic_asset_key(topic)],
+        key=mapping_asset_key(mapping),
+        deps=[mapping_topic_key(mapping)],
         partitions_def=topic_partitions_def(topic),
         backfill_policy=dg.BackfillPolicy.single_run(),
         pool=pool_name(table),
         # Nothing is stored (a MaterializeResult has no value); downstream assets load the table through it.
         io_manager_key=ICEBERG_IO_MANAGER_KEY,
-        group_name=ASSET_GROUP,
-        kinds={"iceberg", "pyspark"},
+        group_name=mapping_group(mapping),
+        kinds=mapping_kinds(mapping),
         owners=list(mapping.owners),
         tags=dict(mapping.tags),
         freshness_policy=table_freshness_policy(mapping),
-        description=f"Iceberg table {table}, landed from KafScale topic {topic!r}; partitions are Kafka partition ids.",
+        description=mapping_description(mapping),
         metadata={TABLE_NAME_KEY: table, TOPIC_KEY: topic},
         # publish audited: the body runs these blocking checks on the audited snapshot before main moves to it
         check_specs=audited_check_specs(mapping),
@@ -149,6 +152,10 @@ def build_table_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.Ass
     def ingest_table(context: dg.AssetExecutionContext, spark: SparkResource,  # noqa: ANN202
                      segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
                      iceberg_catalog: IcebergCatalogResource):
+        if not (context.has_partition_key or context.has_partition_key_range):
+            raise dg.Failure(description=(
+                f"a run of {table} lands Kafka partitions of topic {topic!r}: launch it for a partition or a "
+                "range of them (`dg launch --assets ... --partition 0`, `--partition-range 0...3`)"))
         partitions = sorted(kafka_partition_id(key) for key in context.partition_keys)
         context.log.info("topic %s → %s: ingesting Kafka partitions %s", topic, table, partitions)
         planned_tag = context.run.tags.get(PLANNED_RANGES_TAG)
@@ -168,7 +175,7 @@ def audited_check_specs(mapping: MappingConfig) -> list[dg.AssetCheckSpec]:
     (engine/tables/audit.py) instead of after the commit, so main never holds rows that fail them."""
     if mapping.publish != "audited":
         return []
-    return [dg.AssetCheckSpec(name, asset=table_asset_key(mapping.table), blocking=True,
+    return [dg.AssetCheckSpec(name, asset=mapping_asset_key(mapping), blocking=True,
                               description=f"{name} on the audited snapshot, before main is fast-forwarded to it")
             for name in AUDITED_CHECKS]
 
@@ -186,7 +193,7 @@ def audited_check_results(mapping: MappingConfig, result: IngestResult) -> list[
     a pass that says main did not change."""
     if mapping.publish != "audited":
         return []
-    asset_key, report = table_asset_key(mapping.table), result.audit
+    asset_key, report = mapping_asset_key(mapping), result.audit
     if report is None:
         return [dg.AssetCheckResult(asset_key=asset_key, check_name=name, passed=True,
                                     description="nothing landed in this run: main is unchanged")

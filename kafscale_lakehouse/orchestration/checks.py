@@ -59,7 +59,7 @@ from kafscale_lakehouse.orchestration.metadata import (
     invalid_samples_from_metadata,
     snapshot_id_from_metadata,
 )
-from kafscale_lakehouse.orchestration.naming import table_asset_key
+from kafscale_lakehouse.orchestration.naming import mapping_asset_key
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, OffsetStoreResource, SegmentStoreResource
 from kafscale_lakehouse.storage import TopicRetention
 
@@ -422,7 +422,7 @@ def _table_or_none(catalog: IcebergCatalogResource, identifier: str) -> Table | 
 def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[dg.AssetChecksDefinition]:
     """The four checks of a mapping's table asset."""
     max_lag_records = mapping.freshness_max_lag_records
-    asset_key = table_asset_key(mapping.table)
+    asset_key = mapping_asset_key(mapping)
     topic, table_name = mapping.topic, mapping.table
     no_table = dg.AssetCheckResult(passed=True, description=f"table {table_name} does not exist yet")
 

@@ -80,7 +80,11 @@ from kafscale_lakehouse.orchestration.checks import (
     evaluate_schema_valid,
     integrity_scopes,
 )
-from kafscale_lakehouse.orchestration.naming import kafka_partition_key, table_asset_key
+from kafscale_lakehouse.orchestration.naming import (
+    asset_key_of_table,
+    kafka_partition_key,
+    mapping_asset_key,
+)
 from kafscale_lakehouse.orchestration.resources import (
     IcebergCatalogResource,
     OffsetStoreResource,
@@ -199,19 +203,19 @@ def _record(context: dg.OpExecutionContext, lakehouse_config: LakehouseConfig,
     checks = _BatchChecks(lakehouse_config, segment_store, offset_store, iceberg_catalog,
                           {run.mapping.table: run.table for _, _, run in prepared},
                           {run.mapping.topic for _, _, run in prepared}, context.instance)
-    latest = _latest_materializations(context, [table_asset_key(run.mapping.table) for _, _, run in prepared])
+    latest = _latest_materializations(context, [mapping_asset_key(run.mapping) for _, _, run in prepared])
     with ThreadPoolExecutor(BATCH_TABLE_THREADS, thread_name_prefix="checks") as pool:
         # Each table's events are recorded as soon as its checks are done, while the others' still run: the
         # event-log writes (one per event; on sqlite the slowest part of a batch) overlap the checks.
         checking = {pool.submit(_outcome, _table_events, mapping, entry, run, outcome, checks,
-                                latest.get(table_asset_key(mapping.table))): mapping
+                                latest.get(mapping_asset_key(mapping))): mapping
                     for (mapping, entry, run), outcome in zip(prepared, outcomes, strict=True)}
         for future in as_completed(checking):
             mapping, table_events = checking[future], future.result()
             if isinstance(table_events, _NotLanded):
                 yield from table_events.events
                 if isinstance(table_events.error, IngestFailedError):  # what its partial commit landed
-                    yield from partial_commit_materializations(table_asset_key(mapping.table),
+                    yield from partial_commit_materializations(mapping_asset_key(mapping),
                                                                table_events.error.result, iceberg_catalog,
                                                                context.log, context.instance)
                 context.log.error("table %s (topic %s) did not land: %s", mapping.table, mapping.topic,
@@ -338,7 +342,7 @@ def _table_events(mapping: MappingConfig, entry: TableToLand, run: PreparedInges
     `_NotLanded` when it did not land. `latest`: the table asset's latest materialization before the run."""
     if isinstance(outcome, Exception):
         raise _NotLanded(outcome)
-    asset_key = table_asset_key(mapping.table)
+    asset_key = mapping_asset_key(mapping)
     result = run.result
     table = checks.landed_table(result)
     partition_keys = [kafka_partition_key(p) for p in sorted(entry.partitions)]
@@ -403,13 +407,14 @@ class _BatchChecks:
                 watermarks = sources.offsets.broker_watermarks_by_topic(self._topics)
                 self._offsets = {topic: TopicOffsets(committed[topic], watermarks[topic]) for topic in self._topics}
                 # What each table's integrity checks read, from their latest evaluations: one event-log query.
-                self._scopes = integrity_scopes(self.instance, [table_asset_key(t) for t in self._tables])
+                self._scopes = integrity_scopes(self.instance, [asset_key_of_table(self.lakehouse.mappings, t)
+                                                                for t in self._tables])
                 self._sources = sources
             sources = self._sources
         scan = scan_topic(sources, mapping.topic, table=mapping.table,
                           partitions=self._partitions.get(mapping.topic, []), offsets=self._offsets.get(mapping.topic),
                           lag_only=True)
-        scope = self._scopes[table_asset_key(mapping.table)]
+        scope = self._scopes[mapping_asset_key(mapping)]
         # A batch over hundreds of topics lists segments only of topics whose retention is limited.
         retention = scan_retention(sources, mapping.topic, scan, list_unlimited=False)
         return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan, scope, retention))
@@ -433,7 +438,7 @@ def table_check_evaluations(lakehouse: LakehouseConfig, mapping: MappingConfig, 
                             retention: tuple[TopicRetention | None, str | None]) -> Iterator[dg.AssetCheckEvaluation]:
     """The checks of `build_table_checks` as evaluations of the table's checks: on `table`, the run's
     materialization `metadata` and `scan`, its topic now; the integrity checks read `scope`."""
-    asset_key = table_asset_key(mapping.table)
+    asset_key = mapping_asset_key(mapping)
     upsert = mapping.mode == "upsert"
     results = {SCHEMA_VALID: (evaluate_schema_valid(metadata, lakehouse.schema_config.mode), True)}
     if upsert:

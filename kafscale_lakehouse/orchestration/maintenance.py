@@ -25,7 +25,7 @@ from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.connections import catalog_settings, table_maintenance
 from kafscale_lakehouse.engine.maintenance import MaintenanceNeed, maintain_mapping, maintenance_need
 from kafscale_lakehouse.engine.tables import TableNotFoundError, load_catalog, open_table
-from kafscale_lakehouse.orchestration.naming import table_asset_key
+from kafscale_lakehouse.orchestration.naming import mapping_asset_key
 from kafscale_lakehouse.orchestration.resources import SPARK_RESOURCE_KEY, SparkResource
 
 MAINTENANCE_JOB = "maintain_tables"
@@ -72,7 +72,7 @@ def build_maintenance_job(lakehouse: LakehouseConfig) -> dg.JobDefinition:
                         if value is not None and key != "properties_set"}
             metadata["properties_set"] = dg.MetadataValue.json(summary.properties_set)
             metadata["reasons"] = dg.MetadataValue.json(list(need.reasons))
-            context.log_event(dg.AssetObservation(asset_key=table_asset_key(mapping.table), metadata=metadata))
+            context.log_event(dg.AssetObservation(asset_key=mapping_asset_key(mapping), metadata=metadata))
         context.log.info("maintained %s; left for the next run %s", [m.table for m, _, _ in chosen
                                                                       if m.table not in failed],
                          [m.table for m, _, _ in later])

@@ -57,11 +57,10 @@ from kafscale_lakehouse.orchestration.land_tables import (
 )
 from kafscale_lakehouse.orchestration.naming import (
     ingest_job_name,
-    kafka_partition_key,
-    partitions_def_name,
-    table_asset_key,
-    topic_partitions_def,
+    mapping_asset_key,
+    mapping_topic_key,
 )
+from kafscale_lakehouse.orchestration.partitions import unregistered_partitions
 from kafscale_lakehouse.orchestration.sensors import (
     ACTIVE_RUN_STATUSES,
     CURSOR_VERSION,
@@ -202,9 +201,9 @@ def build_namespace_sensor(config: LakehouseConfig, sources: Callable[[], WatchS
             topic_scan = scan.topics[mapping.topic]
             table_cursor = cursor.table(mapping.table)
             if set(topic_scan.partitions) - set(table_cursor.partitions):  # else registered on an earlier tick
-                partition_requests += _new_partitions(context.instance, mapping.topic, topic_scan)
+                partition_requests += unregistered_partitions(context.instance, mapping.topic, topic_scan.partitions)
             table_cursor.partitions = topic_scan.cursors
-            observation = topic_observation(mapping.topic, topic_scan, table_cursor)
+            observation = topic_observation(mapping_topic_key(mapping), topic_scan, table_cursor)
             if observation is not None:
                 moved.append((mapping, observation, topic_scan))
             _log_problems(context, mapping, topic_scan)
@@ -274,7 +273,7 @@ def _candidate(context: dg.SensorEvaluationContext, mapping: MappingConfig, topi
     attempt = 1
     if {p: (r.start, r.end) for p, r in planned.items()} == table_cursor.requested and table_cursor.request is not None:
         wait, attempt = retry_wait(context, LAND_TABLES_JOB, table_cursor.request, poll_interval_seconds, now,
-                                   table_asset_key(table), runs)
+                                   mapping_asset_key(mapping), runs)
         if wait is not None:
             return None, wait
     return _Candidate(mapping, planned, scan.topic_pending_bytes(mapping.topic), attempt, since,
@@ -427,14 +426,6 @@ def _tables_in_flight(instance: dg.DagsterInstance, mappings: Iterable[MappingCo
         elif run.job_name in by_job:
             busy[by_job[run.job_name]] = f"run {run.run_id} of {run.job_name} is {status}"
     return flight
-
-
-def _new_partitions(instance: dg.DagsterInstance, topic: str,
-                    scan: TopicScan) -> list[dg.AddDynamicPartitionsRequest]:
-    """The request that registers the topic's Kafka partitions Dagster does not know yet (none when it knows all)."""
-    known = set(instance.get_dynamic_partitions(partitions_def_name(topic)))
-    new_keys = [kafka_partition_key(p) for p in sorted(scan.partitions) if kafka_partition_key(p) not in known]
-    return [topic_partitions_def(topic).build_add_request(new_keys)] if new_keys else []
 
 
 def _log_problems(context: dg.SensorEvaluationContext, mapping: MappingConfig, scan: TopicScan) -> None:

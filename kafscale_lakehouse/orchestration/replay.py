@@ -11,7 +11,7 @@ from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.ingestion import ReplayError, replay_range
 from kafscale_lakehouse.engine.tables import RewriteAbandonedError, read_topic_offsets
 from kafscale_lakehouse.offsets.ranges import OffsetRange
-from kafscale_lakehouse.orchestration.naming import dagster_name_part, pool_name, table_asset_key
+from kafscale_lakehouse.orchestration.naming import dagster_name_part, mapping_asset_key, pool_name
 from kafscale_lakehouse.orchestration.resources import (
     IcebergCatalogResource,
     OffsetStoreResource,
@@ -52,7 +52,7 @@ def build_replay_job(lakehouse: LakehouseConfig, mapping: MappingConfig) -> dg.J
         except (ValueError, ReplayError, RewriteAbandonedError) as err:
             raise dg.Failure(description=str(err)) from err
         context.log.info(result.describe())
-        context.log_event(dg.AssetObservation(asset_key=table_asset_key(table_name), metadata={
+        context.log_event(dg.AssetObservation(asset_key=mapping_asset_key(mapping), metadata={
             "kafscale/replay": f"partition {offsets.partition} offsets {offsets.start}..{offsets.end - 1}",
             "snapshot_id": result.snapshot_id, "rows_removed": result.rows_removed,
             "rows_added": result.rows_added, "files_removed": result.files_removed,

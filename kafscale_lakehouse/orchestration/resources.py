@@ -16,7 +16,6 @@ import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
 from pydantic import BaseModel, PrivateAttr, SecretStr
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
@@ -96,11 +95,12 @@ class _SecretsHiddenInRepr(_PydanticModel):
             yield name, _secret_shown(value) if name in self._SECRET_FIELDS else value
 
 
-class SparkResource(PySparkResource):
-    """The Spark session of `spark.*` through dagster-pyspark, built by `engine.spark.get_spark_session` (loopback
-    binding for local masters, the venv's Python for workers, `KAFSCALE_SPARK_*` deployment overrides): a client of
-    the Spark engine at `remote` (or `$SPARK_REMOTE`) when set, else embedded. Created on first use, so steps that
-    never touch Spark do not pay its start-up."""
+class SparkResource(dg.ConfigurableResource):
+    """The Spark session of `spark.*`, built by `engine.spark.get_spark_session` (loopback binding for local masters,
+    the venv's Python for workers, `KAFSCALE_SPARK_*` deployment overrides): a client of the Spark engine at
+    `remote` (or `$SPARK_REMOTE`) when set, else embedded. Created on first use, so steps that never touch Spark do
+    not pay its start-up. The same `spark_session` / `spark_context` as dagster-pyspark's `PySparkResource`, without
+    that package: it pins one Dagster release and brings Dagster's preview Spark pipeline component."""
 
     master: str = "local[*]"
     spark_config: dict[str, Any] = {}  # noqa: RUF012 - a config field; pydantic copies the default
@@ -108,6 +108,7 @@ class SparkResource(PySparkResource):
     # Without `remote`, runs share the local Spark engine (engine/spark/local_engine.py) unless
     # KAFSCALE_SPARK_AUTO_ENGINE=0: each run worker would otherwise start a JVM and its Python workers.
     local_engine: bool = False
+    _spark_session: SparkSession | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         # Deliberately lazy: see `spark_session`.
@@ -120,6 +121,10 @@ class SparkResource(PySparkResource):
             self._spark_session = get_spark_session(self.master, {k: str(v) for k, v in self.spark_config.items()},
                                                     remote=self.remote, local_engine=local_engine)
         return self._spark_session
+
+    @property
+    def spark_context(self) -> Any:
+        return self.spark_session.sparkContext
 
 
 def _secret_field(config_key: str) -> str:

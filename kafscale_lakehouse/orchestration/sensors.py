@@ -50,8 +50,8 @@ from kafscale_lakehouse.orchestration.naming import (
     dagster_name_part,
     ingest_job_name,
     kafka_partition_key,
+    mapping_topic_key,
     partitions_def_name,
-    topic_asset_key,
     topic_partitions_def,
 )
 from kafscale_lakehouse.storage import TopicRetention
@@ -206,7 +206,7 @@ def _mapping_sensor(config: LakehouseConfig, mapping: MappingConfig, get_sources
         new_keys = [kafka_partition_key(p) for p in sorted(scan.partitions) if kafka_partition_key(p) not in known]
         partition_requests = [partitions_def.build_add_request(new_keys)] if new_keys else []
 
-        observation = topic_observation(topic, scan, cursor)
+        observation = topic_observation(mapping_topic_key(mapping), scan, cursor)
         if observation is not None:
             new_cursor.observed = observed_state(scan)
         asset_events = [observation] if observation is not None else []
@@ -355,11 +355,11 @@ def offsets_disagreement(scan: TopicScan) -> dict[int, dict[str, int | None]]:
             for p, s in sorted(scan.partitions.items()) if s.offsets_disagree}
 
 
-def topic_observation(topic: str, scan: TopicScan, cursor: SensorCursor) -> dg.AssetObservation | None:
+def topic_observation(key: dg.AssetKey, scan: TopicScan, cursor: SensorCursor) -> dg.AssetObservation | None:
     """An observation of the topic asset when any partition's watermark, committed offset or segments end moved."""
     if observed_state(scan) == cursor.observed:
         return None
-    return dg.AssetObservation(asset_key=topic_asset_key(topic), metadata=topic_observation_metadata(scan))
+    return dg.AssetObservation(asset_key=key, metadata=topic_observation_metadata(scan))
 
 
 def retention_metadata(retention: TopicRetention | None, error: str | None) -> dict[str, dg.RawMetadataValue]:

@@ -12,7 +12,7 @@ from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.schema import NumericTimestampUnit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO_ROOT / "examples"
+EXAMPLES = REPO_ROOT / "kafscale_lakehouse" / "examples"
 
 MINIMAL_GO = """
 s3:

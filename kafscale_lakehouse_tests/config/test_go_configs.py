@@ -17,7 +17,7 @@ from kafscale_lakehouse_tests.config.test_config import MINIMAL_GO
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # `addons/processors/iceberg-processor/config/config.yaml` of github.com/KafScale/platform at v1.6.0 (the same bytes
 # as at f7e23363 of main, 2026-04-17, when the repository was scalytics/kafscale), byte for byte.
-GO_CONFIG = REPO_ROOT / "examples" / "go-processor-v1.6.0.yaml"
+GO_CONFIG = REPO_ROOT / "kafscale_lakehouse" / "examples" / "go-processor-v1.6.0.yaml"
 # The same release's Helm chart (`deploy/helm/iceberg-processor`): values.yaml and the ConfigMap template, verbatim.
 CHART = Path(__file__).parent / "fixtures"
 

@@ -21,7 +21,7 @@ PARTITION_SEGMENTS = {  # partition → (records, codecs of its segments in turn
 
 def go_processor_config(world: IngestWorld) -> dict:
     """`examples/go-processor.yaml` pointed at this world: only the Go processor's keys, no credentials in it."""
-    document = yaml.safe_load((REPO_ROOT / "examples" / "go-processor.yaml").read_text())
+    document = yaml.safe_load((REPO_ROOT / "kafscale_lakehouse" / "examples" / "go-processor.yaml").read_text())
     document["s3"].update(bucket=S3_BUCKET, namespace=world.name, endpoint=world.seaweedfs.s3_endpoint,
                           region=REGION, path_style=True)
     del document["iceberg"]["catalog"]["token"]

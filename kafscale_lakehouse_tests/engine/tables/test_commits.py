@@ -18,13 +18,13 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from kafscale_lakehouse.engine.tables import commits
 
-PINNED_PYICEBERG = "0.12.0"
+PYICEBERG_LINE = "0.12."
 
 
-def test_pyiceberg_is_the_version_the_commit_machinery_was_written_for():
-    assert version("pyiceberg") == PINNED_PYICEBERG, (
+def test_pyiceberg_is_the_release_line_the_commit_machinery_was_written_for():
+    assert version("pyiceberg").startswith(PYICEBERG_LINE), (
         "pyiceberg changed: re-check every private name in engine/tables/commits.py (and this test) against the "
-        "new release, then update PINNED_PYICEBERG and the pin in pyproject.toml")
+        "new release line, then update PYICEBERG_LINE and the range in pyproject.toml")
 
 
 def test_the_private_names_the_commit_machinery_relies_on_exist_with_their_shapes():

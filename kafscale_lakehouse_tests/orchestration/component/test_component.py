@@ -15,7 +15,12 @@ from dagster.components.testing import create_defs_folder_sandbox
 from kafscale_lakehouse.apps.workload import PIZZA_TOPIC, write_partition_segments
 from kafscale_lakehouse.config import load_config
 from kafscale_lakehouse.demo_assets import DEMO_LANDED_TABLE
-from kafscale_lakehouse.orchestration.component import SCAFFOLDED_CONFIG, KafscaleLakehouseComponent, build_definitions
+from kafscale_lakehouse.orchestration.component import (
+    KafscaleLakehouseComponent,
+    ScaffoldParams,
+    build_definitions,
+    scaffolded_config,
+)
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, table_asset_key
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 
@@ -36,22 +41,98 @@ def shape(definitions: dg.Definitions) -> dict[str, set]:
 
 
 def demo_config_in(directory: Path) -> Path:
-    """examples/embedded.yaml as `lakehouse.yaml` of `directory`, with one segment of the demo topic."""
+    """The embedded example (examples/embedded.yaml) as `lakehouse.yaml` of `directory`, with one demo segment."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "lakehouse.yaml"
-    shutil.copy(REPO_ROOT / "examples" / "embedded.yaml", path)
+    shutil.copy(REPO_ROOT / "kafscale_lakehouse" / "examples" / "embedded.yaml", path)
     write_partition_segments(directory / "var" / "segments", record_count=10, records_per_segment=10)
     return path
 
 
-def test_scaffolded_component_points_at_a_lakehouse_yaml_beside_it():
+def test_scaffolded_component_points_at_an_embedded_lakehouse_yaml_beside_it():
     with create_defs_folder_sandbox() as sandbox:
         defs_path = sandbox.scaffold_component(component_cls=KafscaleLakehouseComponent)
         declared = yaml.safe_load((defs_path / "defs.yaml").read_text())
         assert declared["type"] == COMPONENT_TYPE
         assert declared["attributes"] == {"config_path": "lakehouse.yaml"}
-        assert (defs_path / "lakehouse.yaml").read_text() == SCAFFOLDED_CONFIG
-        assert [m["table"] for m in yaml.safe_load(SCAFFOLDED_CONFIG)["mappings"]] == ["prod.orders"]
+        written = (defs_path / "lakehouse.yaml").read_text()
+        assert written == scaffolded_config(ScaffoldParams())
+        config = load_config(defs_path / "lakehouse.yaml")
+        assert [(m.topic, m.table) for m in config.mappings] == [(PIZZA_TOPIC, DEMO_LANDED_TABLE)]
+        assert (config.iceberg.catalog.type, config.offsets.backend) == ("sql", "local")
+        assert config.segments.local_root == defs_path / "var" / "segments"
+        assert config.segments.local_root.is_dir()
+
+
+def test_scaffold_parameters_choose_the_template_and_the_mapping():
+    with create_defs_folder_sandbox() as sandbox:
+        defs_path = sandbox.scaffold_component(
+            component_cls=KafscaleLakehouseComponent,
+            scaffold_params={"template": "remote", "topic": "orders-eu", "table": "prod.orders_eu",
+                             "bucket": "broker-segments", "catalog_uri": "https://rest.example:8181",
+                             "etcd_endpoint": "http://etcd.example:2379"})
+        document = yaml.safe_load((defs_path / "lakehouse.yaml").read_text())
+    assert document["mappings"] == [{"topic": "orders-eu", "table": "prod.orders_eu",
+                                     "create_table_if_missing": True}]
+    assert document["s3"]["bucket"] == "broker-segments"
+    assert document["s3"]["secret_access_key"] == "${AWS_SECRET_ACCESS_KEY}"
+    assert document["iceberg"]["catalog"] == {"type": "rest", "uri": "https://rest.example:8181"}
+    assert document["etcd"]["endpoints"] == ["http://etcd.example:2379"]
+
+
+def test_an_inline_config_is_checked_against_the_config_schema_naming_the_key():
+    with pytest.raises(Exception, match=r"iceberg\.catalog\.urii") as raised:
+        KafscaleLakehouseComponent.resolve_from_yaml(
+            "config:\n  iceberg:\n    catalog:\n      type: sql\n      urii: sqlite:///c.db\n")
+    assert "Extra inputs are not permitted" in str(raised.value)
+    schema = KafscaleLakehouseComponent.get_model_cls().model_json_schema()
+    assert {"config", "config_path", "translation", "register_partitions_on_load"} <= set(schema["properties"])
+    assert "MappingConfig" in schema["$defs"] and "mappings" in schema["$defs"]["LakehouseConfig"]["properties"]
+
+
+def test_secrets_come_from_dg_env_templates_and_from_dollar_references(tmp_path, monkeypatch):
+    monkeypatch.setenv("CATALOG_TOKEN", "t0ken")
+    monkeypatch.setenv("ETCD_PASSWORD", "pa55")
+    component = KafscaleLakehouseComponent.resolve_from_yaml("""
+config:
+  s3: {bucket: segments}
+  iceberg: {catalog: {type: rest, uri: "http://rest:8181", token: "{{ env.CATALOG_TOKEN }}"}}
+  etcd: {endpoints: ["http://etcd:2379"], username: lake, password: "${ETCD_PASSWORD}"}
+  mappings: [{topic: orders, table: prod.orders}]
+""")
+    config, _ = component.lakehouse_config(tmp_path)
+    assert config.iceberg.catalog.token.get_secret_value() == "t0ken"
+    assert config.etcd.password.get_secret_value() == "pa55"
+
+
+def test_translation_names_groups_describes_and_kinds_assets_by_default_and_per_mapping(tmp_path):
+    (tmp_path / "segments").mkdir()
+    component = KafscaleLakehouseComponent.resolve_from_yaml(f"""
+config:
+  segments: {{local_root: {tmp_path / "segments"}}}
+  iceberg: {{catalog: {{type: sql, uri: "sqlite:///{tmp_path / "c.db"}"}}, warehouse: {tmp_path / "wh"}}}
+  offsets: {{backend: local, local_path: {tmp_path / "o.db"}}}
+  mappings:
+    - {{topic: orders, table: prod.orders}}
+    - topic: payments
+      table: prod.payments
+      asset: {{key: [finance, payments_raw], group: finance, kinds: [iceberg, kafka], topic_key: [broker, payments]}}
+translation:
+  key_prefix: [lake]
+  group: ingestion
+  description: "{{table}} from {{topic}}"
+register_partitions_on_load: false
+""")
+    config, source = component.lakehouse_config(tmp_path)
+    graph = build_definitions(config, source=source).resolve_asset_graph()
+    orders, payments = dg.AssetKey(["lake", "prod", "orders"]), dg.AssetKey(["lake", "finance", "payments_raw"])
+    assert {orders, payments, dg.AssetKey(["kafscale", "orders"]), dg.AssetKey(["broker", "payments"])} == \
+        set(graph.get_all_asset_keys())
+    assert (graph.get(orders).group_name, graph.get(payments).group_name) == ("ingestion", "finance")
+    assert graph.get(orders).description == "prod.orders from orders"
+    assert graph.get(orders).kinds == {"iceberg", "pyspark"} and graph.get(payments).kinds == {"iceberg", "kafka"}
+    assert graph.get(payments).parent_keys == {dg.AssetKey(["broker", "payments"])}
+    assert {key.asset_key for key in graph.asset_check_keys} == {orders, payments}
 
 
 def test_component_on_a_config_file_builds_what_build_definitions_builds():
@@ -64,6 +145,9 @@ def test_component_on_a_config_file_builds_what_build_definitions_builds():
         expected = shape(build_definitions(load_config(config_path)))
     assert built == expected
     assert table_asset_key(DEMO_LANDED_TABLE) in built["assets"]
+    # Landing a table named rpc.pizzas brings none of the demo's downstream assets or its automation sensor.
+    assert not {dg.AssetKey(["rpc", "pizzas_clean"]), dg.AssetKey(["rpc", "sauce_daily"])} & built["assets"]
+    assert "pizza_lakehouse_automation" not in built["sensors"]
     assert ingest_job_name(DEMO_LANDED_TABLE) in built["jobs"]
     assert any(name.startswith("kafscale_") for name in built["sensors"])
     assert {"iceberg_catalog", "iceberg_io_manager"} <= built["resources"]

@@ -31,7 +31,7 @@ DEMO_TOPIC_KEY = dg.AssetKey(["kafscale", PIZZA_TOPIC])
 def demo_config_path(tmp_path, monkeypatch) -> Path:
     """examples/embedded.yaml as `lakehouse.yaml` of a fresh directory (its var/ lands there), with one segment."""
     path = tmp_path / "lakehouse.yaml"
-    shutil.copy(REPO_ROOT / "examples" / "embedded.yaml", path)
+    shutil.copy(REPO_ROOT / "kafscale_lakehouse" / "examples" / "embedded.yaml", path)
     write_partition_segments(tmp_path / "var" / "segments", record_count=10, records_per_segment=10)
     monkeypatch.setenv(CONFIG_PATH_ENV_VAR, str(path))
     return path

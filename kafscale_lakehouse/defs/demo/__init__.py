@@ -1,0 +1,1 @@
+"""The demo lakehouse of our own code location (definitions.py)."""
