@@ -303,6 +303,8 @@ def yaml_problem(document: object) -> str | None:
     all_names = {path.rsplit(".", 1)[-1].removesuffix("[]") for path in KNOWN_KEYS}
     if not any(str(key) in all_names for key in top):
         return None  # not a config snippet (dagster.yaml, Helm values, …)
+    if isinstance(document, dict) and "type" in document and "attributes" in document:
+        return None  # a dg `defs.yaml` (the component's attributes), not a lakehouse config
     known = KNOWN_KEYS
     best: list[str] | None = None
     for section in section_paths():
