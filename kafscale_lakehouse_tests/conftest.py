@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 from kafscale_lakehouse.apps.warm_cli import WARM_CLI_VARIABLE
-from kafscale_lakehouse.engine.spark.engine import ConnectAddress, start_connect_server, stop_connect_server
+from kafscale_lakehouse.engine.spark.engine import (
+    CLASS_ARCHIVE_VARIABLE,
+    ConnectAddress,
+    start_connect_server,
+    stop_connect_server,
+)
 from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
 from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
 
@@ -25,6 +30,9 @@ from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
 os.environ[AUTO_ENGINE_VARIABLE] = "0"
 # Nor the warm `ingest --once` process (apps/warm_cli.py; its own tests turn it on).
 os.environ[WARM_CLI_VARIABLE] = "0"
+# Nor a class-data archive written by every local engine as it stops (engine/spark/engine.py; its own test turns it
+# on): up to minutes of a stopping engine on a busy machine.
+os.environ[CLASS_ARCHIVE_VARIABLE] = "0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("KAFSCALE_SHARED_DIR", REPO_ROOT.parent / "shared"))

@@ -22,10 +22,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import json
 import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 
 from kafscale_lakehouse.config.spark_remote import DEFAULT_CONNECT_PORT, ConnectAddress, parse_remote_url
 from kafscale_lakehouse.engine.errors import EngineError
-from kafscale_lakehouse.local_processes import LocalProcessError, records_directory
+from kafscale_lakehouse.local_processes import LocalProcessError, digest, records_directory, switched_on
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,11 @@ TOKEN_VARIABLE = "SPARK_CONNECT_AUTHENTICATE_TOKEN"  # noqa: S105 - a variable's
 TOKEN_PARAMETER = "token"  # noqa: S105 - a parameter's name
 READY_TIMEOUT_SECONDS = 300  # a busy 2-core machine took 147 s
 STOP_GRACE_SECONDS = 20
+CLASS_ARCHIVE_VARIABLE = "KAFSCALE_SPARK_CLASS_ARCHIVE"  # 0/false/no/off: no class-data archive
+# How long a stopping engine may take to write its class-data archive (~120 MB; 30-60 s on a busy 2-core machine).
+CLASS_ARCHIVE_WRITE_SECONDS = 180
+# The JVM's class-data sharing messages (classes it leaves out of an archive) are not the engine log's business.
+CLASS_ARCHIVE_QUIET = "-Xlog:cds*=off"
 
 
 class SparkEngineError(EngineError):
@@ -77,6 +84,9 @@ class SparkEngineError(EngineError):
 
 # The token files of the servers this process started, by the server's pid: removed when it is stopped.
 _token_files: dict[int, tuple[Path, str]] = {}
+# The class-data archives the servers this process started write when they stop, by the server's pid: (the file
+# the server writes, the archive's name once it is complete).
+_archives_written: dict[int, tuple[Path, Path]] = {}
 
 
 def shared_session_url(url: str) -> str:
@@ -143,20 +153,79 @@ def parse_engine_address(address: str) -> ConnectAddress:
     return ConnectAddress(host, int(port))
 
 
-def spark_home() -> Path:
+def spark_home(environ: Mapping[str, str] = os.environ) -> Path:
     """The pyspark package directory: it holds `bin/spark-submit` and the jars (no separate Spark install)."""
     import pyspark
 
-    return Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    return Path(environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+
+
+def java_executable(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The Java `spark-submit` runs (`$JAVA_HOME/bin/java`, else `java` on the PATH), links resolved; None: none."""
+    if environ.get("JAVA_HOME"):
+        java: str | None = str(Path(environ["JAVA_HOME"]) / "bin" / "java")
+    else:
+        java = shutil.which("java", path=environ.get("PATH"))
+    return Path(java).resolve() if java and Path(java).is_file() else None
+
+
+def class_archive_path(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The class-data archive of the engine's JVM in this user's records directory, named by what it holds classes
+    of: the Java executable and the Spark jars (names, sizes, modification times). None: switched off
+    (`KAFSCALE_SPARK_CLASS_ARCHIVE`) or no Java found."""
+    try:
+        if not switched_on(environ, CLASS_ARCHIVE_VARIABLE):
+            return None
+        directory = records_directory(environ)
+    except LocalProcessError as err:
+        raise SparkEngineError(str(err)) from None
+    java = java_executable(environ)
+    if java is None:
+        return None
+    jars = sorted((jar.name, jar.stat().st_size, jar.stat().st_mtime_ns)
+                  for jar in (spark_home(environ) / "jars").glob("*.jar"))
+    identity = json.dumps([str(java), java.stat().st_size, java.stat().st_mtime_ns, jars])
+    return directory / f"spark-classes-{digest(identity, 16)}.jsa"
+
+
+def class_archive_options(archive: Path) -> tuple[list[str], Path | None]:
+    """The JVM options that use `archive` when it exists, else write it (to a file of this start's own, renamed
+    to `archive` once the JVM stopped cleanly: `finish_class_archive`); and the file the JVM writes (None: none)."""
+    if archive.is_file():
+        return [f"-XX:SharedArchiveFile={archive}", CLASS_ARCHIVE_QUIET], None
+    for stale in archive.parent.glob("spark-classes-*.tmp"):  # left by a JVM killed while writing
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > CLASS_ARCHIVE_WRITE_SECONDS:
+                stale.unlink()
+    written = archive.with_name(f"{archive.name}.{secrets.token_hex(4)}.tmp")
+    return [f"-XX:ArchiveClassesAtExit={written}", CLASS_ARCHIVE_QUIET], written
+
+
+def finish_class_archive(written: Path, archive: Path, returncode: int | None) -> None:
+    """Once the JVM that wrote `written` stopped: `written` becomes `archive` unless the JVM was killed (a JVM killed
+    while writing leaves half a file), and archives of other Java or Spark versions are removed."""
+    if returncode in (None, -signal.SIGKILL) or not written.is_file():
+        written.unlink(missing_ok=True)
+        return
+    os.replace(written, archive)
+    for other in archive.parent.glob("spark-classes-*.jsa"):
+        if other != archive:
+            other.unlink(missing_ok=True)  # an engine still running keeps its mapping of it
+    log.info("class-data archive of the Spark engine's JVM written: %s (%.0f MB)", archive,
+             archive.stat().st_size / 1e6)
 
 
 def connect_server_command(address: ConnectAddress, master: str, conf: Mapping[str, str], *,
-                           ui_enabled: bool = True) -> list[str]:
-    """The `spark-submit` command line of a Spark Connect server on `address` running Spark on `master`."""
+                           ui_enabled: bool = True, java_options: Sequence[str] = ()) -> list[str]:
+    """The `spark-submit` command line of a Spark Connect server on `address` running Spark on `master`;
+    `java_options` go before the ones `conf` gives the driver (`spark.driver.defaultJavaOptions`)."""
     settings = {"spark.ui.enabled": "true" if ui_enabled else "false",
                 "spark.connect.session.manager.defaultSessionTimeout": SHARED_SESSION_TIMEOUT, **conf,
                 "spark.connect.grpc.binding.address": address.host,
                 "spark.connect.grpc.binding.port": str(address.port)}
+    if java_options:
+        default_options = " ".join((*java_options, conf.get("spark.driver.defaultJavaOptions", "")))
+        settings["spark.driver.defaultJavaOptions"] = default_options.strip()
     if _is_loopback(address.host):
         settings.setdefault("spark.driver.bindAddress", address.host)
         settings.setdefault("spark.driver.host", address.host)
@@ -183,15 +252,20 @@ def connect_server_env(environ: Mapping[str, str], address: ConnectAddress, toke
 
 def start_connect_server(address: ConnectAddress, master: str = "local[*]", conf: Mapping[str, str] | None = None,
                          *, log_path: Path | None = None, ui_enabled: bool = True,
-                         environ: Mapping[str, str] | None = None) -> subprocess.Popen:
+                         environ: Mapping[str, str] | None = None, class_archive: bool = False,
+                         while_starting: Callable[[], None] | None = None) -> subprocess.Popen:
     """Start the server in a process group of its own (so `stop_connect_server` also stops its Python workers)
     and return once it accepts connections; raises `SparkEngineError` with its log tail when it does not. On a
-    loopback address it accepts only clients with a new token (`create_engine_token`; `with_engine_token`)."""
+    loopback address it accepts only clients with a new token (`create_engine_token`; `with_engine_token`).
+    `class_archive`: its JVM maps the class-data archive (`class_archive_path`), or writes it when it stops.
+    `while_starting` is called once the server process runs, before waiting for it."""
     if port_open(address):
         raise SparkEngineError(f"{address.host}:{address.port} is already in use: is a Spark engine already running? "
                                f"(runs connect to it with SPARK_REMOTE={address.url})")
     environ = os.environ if environ is None else environ
-    command = connect_server_command(address, master, conf or {}, ui_enabled=ui_enabled)
+    archive = class_archive_path(environ) if class_archive else None
+    java_options, archive_written = class_archive_options(archive) if archive is not None else ([], None)
+    command = connect_server_command(address, master, conf or {}, ui_enabled=ui_enabled, java_options=java_options)
     token_file, token = create_engine_token(address.port, environ) if _is_loopback(address.host) else (None, None)
     output = log_path.open("ab") if log_path is not None else None
     log.info("starting the Spark engine (Spark Connect) on %s, master %s%s", address.url, master,
@@ -203,7 +277,12 @@ def start_connect_server(address: ConnectAddress, master: str = "local[*]", conf
         output.close()  # the child has its own descriptor
     if token_file is not None and token is not None:
         _token_files[process.pid] = (token_file, token)
+    if archive is not None and archive_written is not None:
+        log.info("the Spark engine's JVM writes its class-data archive %s when it stops", archive)
+        _archives_written[process.pid] = (archive_written, archive)
     try:
+        if while_starting is not None:
+            while_starting()
         wait_until_ready(process, address, log_path=log_path)
     except BaseException:
         stop_connect_server(process)
@@ -227,7 +306,11 @@ def wait_until_ready(process: subprocess.Popen, address: ConnectAddress, *, time
 
 
 def stop_connect_server(process: subprocess.Popen, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
-    """SIGTERM to the server's process group (JVM and Python workers), SIGKILL after `grace_seconds`."""
+    """SIGTERM to the server's process group (JVM and Python workers), SIGKILL after `grace_seconds` (or after
+    `CLASS_ARCHIVE_WRITE_SECONDS` when its JVM writes a class-data archive as it stops)."""
+    archive = _archives_written.pop(process.pid, None)
+    if archive is not None:
+        grace_seconds = max(grace_seconds, CLASS_ARCHIVE_WRITE_SECONDS)
     for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(process.pid, sig)
@@ -240,6 +323,8 @@ def stop_connect_server(process: subprocess.Popen, grace_seconds: float = STOP_G
         except subprocess.TimeoutExpired:
             continue
     _remove_token_file(process.pid)
+    if archive is not None:
+        finish_class_archive(*archive, process.returncode)
     # Python workers outlive the JVM briefly; the group is gone once they noticed.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -279,14 +364,18 @@ def _import_modules(modules: tuple[str, ...], batches: Iterator[pa.RecordBatch])
 
 
 def serve(address: ConnectAddress, master: str, conf: Mapping[str, str], *, warm_modules: Sequence[str],
-          keep_serving: Callable[[], bool] | None = None, watch_parent: bool = True) -> int:
+          keep_serving: Callable[[], bool] | None = None, watch_parent: bool = True,
+          class_archive: bool = False) -> int:
     """Run the engine at `address` until SIGTERM or Ctrl-C, or until the parent process is gone (`make demo` killed
     hard; unless not `watch_parent`), or `keep_serving()` says no (checked every second: the local engine's idle
     timeout); runs connect to it with `SPARK_REMOTE`. Returns the exit code: 1 when the server died by itself.
-    `SparkEngineError` when it cannot start or its workers cannot import `warm_modules`."""
+    `class_archive`: as `start_connect_server`'s. `SparkEngineError` when it cannot start or its workers cannot
+    import `warm_modules`."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parent = os.getppid()
-    server = start_connect_server(address, master, conf)
+    # Its client (the warm-up below) loads while the server starts rather than after.
+    server = start_connect_server(address, master, conf, class_archive=class_archive,
+                                  while_starting=import_connect_client)
     wildcard = address.host in ("0.0.0.0", "::")  # noqa: S104 - a wildcard server is reached on loopback
     client_url = f"sc://127.0.0.1:{address.port}" if wildcard else address.url
     os.environ.pop(SPARK_REMOTE_VARIABLE, None)  # this process is a client of its own engine only
@@ -327,6 +416,11 @@ def serve(address: ConnectAddress, master: str, conf: Mapping[str, str], *, warm
 
 def _exit_on_sigterm(signum: int, frame: object) -> Never:
     raise SystemExit(128 + signum)
+
+
+def import_connect_client() -> None:
+    """Load pyspark's Spark Connect client (`open_connect_session`'s), 1-1.5 s of imports."""
+    importlib.import_module("pyspark.sql.connect.session")
 
 
 def open_connect_session(url: str, conf: Mapping[str, str], app_name: str) -> tuple[SparkSession, str]:

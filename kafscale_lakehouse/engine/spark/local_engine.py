@@ -43,6 +43,7 @@ from kafscale_lakehouse.engine.spark.engine import (
     SPARK_REMOTE_VARIABLE,
     ConnectAddress,
     SparkEngineError,
+    import_connect_client,
     port_open,
     serve,
     wait_until_ready,
@@ -218,6 +219,9 @@ def start_engine(key: str, master: str, conf: Mapping[str, str], request: LocalE
         process = subprocess.Popen(command, env=env, cwd=log_path.parent, stdin=subprocess.DEVNULL, stdout=output,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        # This process connects once the engine serves: its Spark Connect client loads while the engine starts
+        # (1-1.5 s of imports otherwise after it).
+        import_connect_client()
         wait_until_ready(process, address, log_path=log_path)
     except BaseException:
         _signal_group(process.pid, signal.SIGKILL)
@@ -385,7 +389,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep_serving: Callable[[], bool] = watch.keep_serving
     try:
         return serve(ConnectAddress("127.0.0.1", args.port), args.master, json.loads(args.conf),
-                     warm_modules=args.warm_module, keep_serving=keep_serving, watch_parent=False)
+                     warm_modules=args.warm_module, keep_serving=keep_serving, watch_parent=False,
+                     class_archive=True)
     except SparkEngineError as err:
         log.error("%s", err)
         return 2
