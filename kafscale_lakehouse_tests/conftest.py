@@ -27,8 +27,9 @@ os.environ[AUTO_ENGINE_VARIABLE] = "0"
 os.environ[WARM_CLI_VARIABLE] = "0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("KAFSCALE_SHARED_DIR", REPO_ROOT.parent / "shared"))
-FIXTURE_SEGMENTS = SHARED / "fixtures" / "segments"
+# Files the tests read, kept in the repository (fixtures/README.md): golden segments, the Dagster chart's schemas.
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURE_SEGMENTS = FIXTURES / "segments"
 
 # Fixtures that start a real server (or need one): a test that uses any of them, directly or through another
 # fixture, is an integration test. Modules that start servers of their own mark themselves.
@@ -57,7 +58,7 @@ def signal_handlers_restored() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def fixture_segments_dir() -> Path:
     if not FIXTURE_SEGMENTS.is_dir():
-        pytest.fail(f"golden fixtures not found at {FIXTURE_SEGMENTS} (set KAFSCALE_SHARED_DIR)")
+        pytest.fail(f"golden fixtures not found at {FIXTURE_SEGMENTS}: the repository's checkout is incomplete")
     return FIXTURE_SEGMENTS
 
 
