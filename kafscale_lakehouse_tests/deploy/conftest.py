@@ -34,7 +34,7 @@ def size(request) -> str:
 @pytest.fixture(scope="session")
 def chart_schema() -> ChartSchema:
     if not CHART_SCHEMA_DIR.is_dir():
-        pytest.fail(f"the Dagster chart's schemas are not at {CHART_SCHEMA_DIR}: the repository's checkout is incomplete")
+        pytest.fail(f"the Dagster chart's schemas are not at {CHART_SCHEMA_DIR}: the checkout is incomplete")
     return ChartSchema(CHART_SCHEMA_DIR)
 
 
