@@ -28,7 +28,7 @@ install-test: $(BIN)/python
 SPARK_ENGINE_PORT ?= 15002
 DAGSTER_PORT ?= 3000
 demo: install
-	$(BIN)/kafscale-lakehouse dagster-home $(DAGSTER_HOME)  # dagster.yaml with the kept-connection sqlite storage
+	$(BIN)/kafscale-lakehouse dagster-home $(DAGSTER_HOME)  # the repository's dagster.yaml: Dagster's defaults
 	$(BIN)/kafscale-lakehouse demo-producer --lfs --avro --cdc --rounds 1  # segments before the first sensor tick
 	DAGSTER_HOME=$(DAGSTER_HOME) scripts/run-demo.sh $(BIN) $(SPARK_ENGINE_PORT) $(DAGSTER_PORT)
 

@@ -633,12 +633,19 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     dagster_home = commands.add_parser(
         "dagster-home",
-        help="make DIR a Dagster instance directory (DAGSTER_HOME) for local use: its dagster.yaml is the template "
-        "with Dagster's sqlite storage keeping its connections open (an existing dagster.yaml stays as it is)",
+        help="make DIR a Dagster instance directory (DAGSTER_HOME) for local use: its dagster.yaml is the template, "
+        "Dagster's own run launcher and sqlite storage unless an opt-in below is given (an existing dagster.yaml "
+        "stays as it is)",
     )
     dagster_home.add_argument("directory", help="the DAGSTER_HOME directory (created if missing)")
     dagster_home.add_argument("--template", default="dagster.yaml",
                               help="the instance settings to start from (default: ./dagster.yaml, the repository's)")
+    dagster_home.add_argument("--kept-connections", action="store_true",
+                              help="opt-in for one host of hundreds of topics: the sqlite storage keeping its "
+                              "connections open (docs/operations-one-host.md)")
+    dagster_home.add_argument("--forking-launcher", action="store_true",
+                              help="opt-in for one host of hundreds of topics: each run's process forked from one "
+                              "that has loaded the code location (docs/operations-one-host.md)")
     return parser
 
 
@@ -719,9 +726,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "spark-engine":
             return run_spark_engine_command(args.config, address=args.address)
         if args.command == "dagster-home":
-            from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
+            from kafscale_lakehouse.orchestration.dagster_home import DagsterHomeError, write_dagster_home
 
-            print(write_dagster_home(Path(args.directory), Path(args.template)))
+            try:
+                print(write_dagster_home(Path(args.directory), Path(args.template),
+                                         kept_connections=args.kept_connections,
+                                         forking_launcher=args.forking_launcher))
+            except DagsterHomeError as err:
+                raise CommandError(str(err)) from None
             return 0
     except _reported_errors() as err:
         print(f"error: {err}", file=sys.stderr)
