@@ -13,8 +13,8 @@ partition, so each run lands records (a run with nothing pending skips the Spark
    the temporary directory, `KAFSCALE_SPARK_ENGINE_CODE_VERSION` fixed), then with a Spark engine
    (`kafscale-lakehouse spark-engine` on a loopback port, `SPARK_REMOTE`; its own start and first warm-up are shown
    apart). The local engine and the Spark engine are each measured twice: every run in its own process
-   (`KAFSCALE_WARM_CLI=0`), then as a user's shell runs them by default, handed to the warm process of
-   apps/warm_cli.py (the run that starts it is shown apart; the series says how many runs it served). Each run's
+   (`KAFSCALE_WARM_CLI=0`, the default), then handed to the warm process of apps/warm_cli.py (the opt-in
+   `KAFSCALE_WARM_CLI=1`; the run that starts it is shown apart, the series says how many runs it served). Each run's
    log lines (timestamps) split it into: start to the first log line (interpreter, imports, config), Spark session,
    the run (planning, Spark job, commit), and exit;
 3. in this process, against the engine: the run's phases (`engine.phases.phase_listener`) and its round trips
@@ -209,7 +209,7 @@ def whole_process_runs(topic: Topic, config_path: Path, env: dict[str, str], log
 
 def warm_series(topic: Topic, config_path: Path, env: dict[str, str], logs: Path, repeat: int, label: str,
                 engines: Path, title: str, target: float) -> None:
-    """The default: each run handed to the warm process (apps/warm_cli.py). The run that starts it is printed
+    """The opt-in: each run handed to the warm process (apps/warm_cli.py). The run that starts it is printed
     apart; every measured run must have been served by it (its log names each command it ran)."""
     warm_env = {**env, WARM_CLI_VARIABLE: "1"}
     stop_warm_processes(engines)  # another series' warm process has other variables: not this series' key

@@ -23,7 +23,8 @@ from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
 # Tests choose their Spark (the `spark` session, the `spark_engine`); the CLI and Dagster runs they start would
 # otherwise start local engines that outlive the test (engine/spark/local_engine.py; its own tests turn it on).
 os.environ[AUTO_ENGINE_VARIABLE] = "0"
-# Nor the warm `ingest --once` process (apps/warm_cli.py; its own tests turn it on).
+# Nor the warm `ingest --once` process (apps/warm_cli.py, off unless a user's environment turns it on; its own
+# tests turn it on).
 os.environ[WARM_CLI_VARIABLE] = "0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
