@@ -1,5 +1,4 @@
-"""What a table costs a `land_tables` run: CPU seconds per table and where they go, without a deployment's noise
-(issue 22).
+"""What a table costs a `land_tables` run: CPU seconds per table and where they go, without a deployment's noise.
 
 Run from the repository root: `.venv/bin/python benchmarks/batch_cost.py [--tables 100] [--cycles 4]`.
 

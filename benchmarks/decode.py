@@ -11,7 +11,7 @@ CRC checks; kafka-python reads
 the same segment bodies record by record (CRC per batch, touching offset, timestamp, key, value and headers).
 Prints records/s and MB/s (of segment bytes), the ratio, and each process's peak RSS.
 
-`--values avro` (issue 20): the same realistic orders (unique trace headers, keys, mixed sizes through the free-text
+`--values avro`: the same realistic orders (unique trace headers, keys, mixed sizes through the free-text
 `notes`) with Avro values, `PIZZA_AVRO_SCHEMA` in the Confluent wire format (a nested list of toppings, a uuid, a
 timestamp), schema in the test registry served by this process; three decoders, from segment bytes to Arrow columns
 of the values: ours (`decode_segment`, then `AvroValueDecoder` per segment into the table's nested types: the

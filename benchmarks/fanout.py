@@ -1,4 +1,4 @@
-"""Fan-out benchmark: N topics on one deployment, each partition receiving a segment every few seconds (issue 22).
+"""Fan-out benchmark: N topics on one deployment, each partition receiving a segment every few seconds.
 
 Run from the repository root: `.venv/bin/python benchmarks/fanout.py --topics 10 50 200 [--duration 300]
 [--watch per_table|namespace] ...`. For each N, in a temporary directory: SeaweedFS (S3 + Iceberg REST catalog) and

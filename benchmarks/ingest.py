@@ -20,7 +20,7 @@ what each run committed (runs, byte limit per run, snapshots, data files, averag
 ours/reference and ours/floor, and where our run spent its wall time (driver phases). Both tables must hold every
 record exactly once and the floor's files every record, or the benchmark fails.
 
-`--values avro` (issue 20): the same orders (`--workload`: realistic by default, so unique trace headers and mixed
+`--values avro`: the same orders (`--workload`: realistic by default, so unique trace headers and mixed
 value sizes) with Avro values, `PIZZA_AVRO_SCHEMA` in the Confluent wire format (a nested list of toppings), the
 schema in the test registry this process serves. Our pipeline maps the topic with `value_format: avro`; the reference
 decodes each value with confluent-kafka's `AvroDeserializer` (per record) and builds the same nested columns with

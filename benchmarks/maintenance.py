@@ -1,4 +1,4 @@
-"""Table-lifecycle benchmarks (issue #10): run cost against history length, compaction, metadata size.
+"""Table-lifecycle benchmarks: run cost against history length, compaction, metadata size.
 
     .venv/bin/python benchmarks/maintenance.py [--snapshots 10,1000,5000] [--small-files 2000] [--commits 5000]
                                               [--unmaintained-commits 1000] [--only run-cost|compaction|metadata]

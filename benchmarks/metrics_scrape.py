@@ -8,7 +8,7 @@ partitions have committed offsets and broker watermarks in etcd and one complete
 stalled-segment listing reads). `serve-metrics` (`MetricsServer` over `LakehouseStateCollector`, the same code the
 command runs) serves on a free loopback port and `/metrics` is fetched over HTTP `--repeat` times, as Prometheus
 does: the first scrape (a fresh process: every table's snapshots are walked) and the later ones (the steady state)
-are printed apart, with the series count and the errors the collector counted. The target (issue 22): a scrape
+are printed apart, with the series count and the errors the collector counted. The target: a scrape
 with 200 tables under a second.
 """
 

@@ -1,4 +1,4 @@
-"""What planning a partition costs: every new segment's footer read against the newest one's only (issue 22).
+"""What planning a partition costs: every new segment's footer read against the newest one's only.
 
 Run from the repository root: `.venv/bin/python benchmarks/plan_footers.py [--segments 25] [--repeat 5]`. Starts
 SeaweedFS (`kafscale_lakehouse/testing/servers.py`) under a temporary directory, uploads `--segments` segments of 40

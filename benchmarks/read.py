@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/read.py --rows 20000000
 
-Builds (once, in --dir) a sqlite-catalog table of `--rows` pizza orders written by `engine.table_writes` on the
+Builds (once, in --dir) a sqlite-catalog table of `--rows` pizza orders written by `engine.spark.writes` on the
 executors, then runs, each in a fresh process with `spark.driver.memory=1g`:
-- `executors`: `engine.table_reads.read_table` (the IO manager's `load_input`), aggregate orders per store and sauce;
+- `executors`: `engine.spark.table_source.read_table` (the IO manager's `load_input`), aggregate orders per store
+  and sauce;
 - `driver`: the old `load_input`, `table.scan().to_arrow()` then `spark.createDataFrame`, same aggregate.
 Prints rows/s and the peak RSS of the driver: its Python process (VmHWM) and its JVM (VmHWM, sampled; in local mode
 that JVM also runs the executor threads).

@@ -24,7 +24,7 @@ broker watermark moved (one listing of the whole namespace per tick), for A/B fi
 printed cursor size is what the daemon stores after each tick.
 Each topic's table (SeaweedFS's Iceberg REST catalog) holds `--table-snapshots` commits of ours (no data files; the
 last at the committed end), and each tick reads its offsets as the sensor does in production: one `loadTable` per
-tick (`TableOffsetsReader`). `--no-table` ticks without reading the table (the sensor before issue 19, hole 7).
+tick (`TableOffsetsReader`). `--no-table` ticks without reading the table (as a sensor that reads no table).
 S3 requests are the segment store's request counters (`SegmentStore.request_counts`), etcd calls are counted at
 `EtcdClient._call` (one per logical call, retries not counted). Each scenario is ticked `--repeat` times; counts
 are the same every time, the tick time printed is the median.
@@ -478,7 +478,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--table-snapshots", type=int, default=50,
                         help="commits of ours in each topic's table (its metadata grows with them)")
     parser.add_argument("--no-table", action="store_true",
-                        help="tick without reading the table's offsets (the sensor before issue 19, hole 7)")
+                        help="tick without reading the table's offsets (as a sensor that reads no table)")
     parser.add_argument("--cold", action="store_true",
                         help="also tick with an empty cursor and nothing committed (a never-ingested backlog)")
     parser.add_argument("--watch", choices=("per_table", "namespace"), default="per_table",
@@ -487,8 +487,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--new-per-partition", type=int, nargs="+", default=[1, 2],
                         help="new segments per partition before each measured busy tick (--watch namespace)")
     parser.add_argument("--scan", choices=("watermarks", "namespace-listing"), default="watermarks",
-                        help="namespace-listing: the namespace watch's scan before issue 22's listing by watermark "
-                             "(one listing of the whole namespace per tick), for A/B figures (--watch namespace)")
+                        help="namespace-listing: one listing of the whole namespace per tick, not of the partitions "
+                             "whose watermark moved, for A/B figures (--watch namespace)")
     parser.add_argument("--verbose", action="store_true", help="log at INFO level")
     args = parser.parse_args()
     if min(*args.segments, args.partitions, args.repeat, args.table_snapshots) < 1:

@@ -3,7 +3,7 @@
 Run from the repository root: `.venv/bin/python benchmarks/tiny_run.py [--records 400] [--repeat 3]`.
 Starts SeaweedFS (S3 + Iceberg REST catalog) and etcd (`kafscale_lakehouse/testing/servers.py`) under a temporary
 directory; before every measured run it uploads `--records` new pizza orders (realistic workload) as one segment per
-partition, so each run lands records (a run with nothing pending skips the Spark job). Measures (issue 22):
+partition, so each run lands records (a run with nothing pending skips the Spark job). Measures:
 
 1. imports: a fresh interpreter's `import` of what `ingest --once` loads (`python -X importtime`), in total and the
    heaviest top-level packages, and a bare interpreter's start for comparison;

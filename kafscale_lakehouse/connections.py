@@ -1,7 +1,7 @@
 """From config to clients: the one place that turns a `LakehouseConfig` into the segment store, the etcd client, the
 offsets store, the Iceberg catalog settings and the schema registry client.
 
-The CLI, `engine.ingest.IngestContext`, the sensors, metrics and report, and the Dagster resources (which hold the
+The CLI, `engine.ingestion.IngestContext`, the sensors, metrics and report, and the Dagster resources (which hold the
 config and delegate here) all open their connections through these functions; nothing else reads connection keys.
 
 The layers below take plain values and never quote config keys; a value they refuse (`ValueError`) comes back out
@@ -158,7 +158,7 @@ def table_maintenance(config: LakehouseConfig, mapping: MappingConfig) -> TableM
     """What maintaining the table of `mapping` takes: the catalog, its tables and `mappings[].maintenance`. The
     dead-letter table is the one ingestion writes to (`mapping_dead_letter_table`, the default one included), so
     expiry keeps the table snapshots that name its unpublished staged dead letters."""
-    # Imported here: ingestion, which imports this module, never maintains (issue 22, the fixed cost of a run).
+    # Imported here: ingestion, which imports this module, never maintains (the fixed cost of a run).
     from kafscale_lakehouse.engine.maintenance import MaintenanceSettings, TableMaintenance
 
     block = mapping.maintenance

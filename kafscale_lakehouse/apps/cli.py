@@ -35,7 +35,7 @@ class CommandError(Exception):
 def startup_without_collections(own_process: bool) -> Iterator[None]:
     """In a process of its own, no garbage collection while the command starts (imports, config, Spark session), and
     what starting made is frozen (never walked by a later collection): those objects live as long as the process,
-    and the collections that ~1,700 imported modules trigger cost 1.1 of 2.7 CPU-s of a process that imports what
+    and the collections that ~1,700 imported modules trigger cost 0.9 of 2.6 CPU-s of a process that imports what
     `ingest --once` does (benchmarks/cli_startup.py, load ~20). Called as a function (`main(argv)` in a caller's
     process), it does nothing."""
     if not own_process or not gc.isenabled():
@@ -204,7 +204,7 @@ def run_offsets(config_path: str | None, *, command: str, topic: str, source: st
     next_offsets.update({p.partition: p.table_next if p.table_next is not None else p.store_next
                          for p in view.partitions})
     stalled = stalled_partitions(segments, topic, next_offsets,
-                                 grace_seconds=config.processor.orphan_segment_grace_seconds)
+                                 grace_seconds=config.processor.orphan_segment_grace_seconds).stalled
     print("\n".join([*view.lines(), *(f"STALLED partition {p}: {s.describe()}" for p, s in stalled.items())]))
     return 0
 
@@ -424,7 +424,7 @@ def run_spark_engine_command(config_path: str | None, *, address: str | None) ->
 class EndWithoutTeardown:
     """An exit function that ends the process once the interpreter has joined its threads and run the exit functions
     registered after this one (pyspark's, the collector's freeze): logging is shut down, stdout and stderr flushed,
-    then `os._exit(status)`, skipping the teardown of ~1,700 modules' objects one by one: 0.5 of 2.3 CPU-s of a
+    then `os._exit(status)`, skipping the teardown of ~1,700 modules' objects one by one: 0.5 of 2.6 CPU-s of a
     process that imports what `ingest --once` does (benchmarks/cli_startup.py, load ~20). Without a `status` (the
     command raised) the ordinary exit goes on."""
 
@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if own_process:
         # What is left at the end goes with the process: otherwise the interpreter's last garbage collection walks
-        # every object pyspark, pyiceberg and pandas made: 0.5 of 2.5 CPU-s after the imports of `ingest --once`
+        # every object pyspark, pyiceberg and pandas made: 0.5 of 2.6 CPU-s after the imports of `ingest --once`
         # alone, more after a run (benchmarks/cli_startup.py; about 1 s of each `ingest --once`, tiny_run.py).
         atexit.register(gc.freeze)
     try:

@@ -2,8 +2,9 @@
 
 Every round it appends a segment of pizza orders (`workload.pizza_orders`) to each partition of the topic: first it
 publishes the partition's new broker watermark (the broker has accepted the records, so lag shows before the segment
-lands), then it uploads the segment `.kfs` first and `.index` second, as the broker does. Batches inside a segment
-rotate through every Kafka codec. Orders are stamped with the wall clock so the table's day partitions are today.
+lands), then it uploads the segment's `.kfs` and `.index` (the broker uploads them in parallel; the segment is
+complete when both exist). Batches inside a segment rotate through every Kafka codec. Orders are stamped with the
+wall clock so the table's day partitions are today.
 It resumes after the last complete segment of each partition, so restarting it never rewrites ingested offsets.
 Watermarks go where the sensors read them: the sqlite offsets store (`offsets.backend: local`) or the broker's
 `next_offset` keys in etcd.

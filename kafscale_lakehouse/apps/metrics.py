@@ -20,7 +20,7 @@ Prometheus scrapes it, under the Go processor's names and labels, and dashboards
 | `kafscale_processor_last_offset{topic,partition}` | last committed offset in etcd / the offsets store |
 | `kafscale_processor_watermark_offset{topic,partition}` | the same (Go sets both to the last committed offset) |
 | `kafscale_processor_watermark_timestamp_ms{topic,partition}` | timestamp of the last record committed (below) |
-| `kafscale_processor_lag{topic,partition}` | our addition: broker `next_offset` - committed next offset |
+| `kafscale_processor_lag{topic,partition}` | our addition: broker `next_offset` (else segments' end) - next offset |
 | `kafscale_processor_stalled_segment_age_seconds{topic,partition}` | our addition: a stalled partition (below) |
 | `kafscale_processor_errors_total{stage}` | this process's failures to read state (`checkpoint`, `sink`, `discover`) |
 
@@ -53,6 +53,11 @@ source, with a shorter deadline); when the store does not answer, the series is 
 listing is kept between scrapes (listed again in the background after `STALLED_REFRESH_SECONDS`, its ages advanced
 meanwhile): only the first scrape of the process waits for it.
 
+`retention_headroom_seconds` and `replay_window_seconds` come from the same listing, for the same partitions (those
+with records not landed): the seconds before the topic's `retention.ms` (its config in etcd, set through the broker)
+deletes the oldest segment holding records not landed (negative: past due, records will be lost), and the age of the
+partition's oldest segment, how far back a replay can reach (storage/retention.py).
+
 With `topic_pattern` mappings, the topics scraped are those the patterns match, listed again every
 `TOPICS_REFRESH_SECONDS` (one discovery request), so a topic that appears gets its series without a restart.
 
@@ -71,6 +76,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import TypeVar, cast
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -88,6 +94,7 @@ from kafscale_lakehouse.connections import (
 from kafscale_lakehouse.engine.ingestion import (
     ERROR_DECODE,
     ERROR_RESOLVE,
+    ListedPartitions,
     NamespaceWatchMemory,
     TopicOffsets,
     stalled_partitions,
@@ -112,8 +119,10 @@ from kafscale_lakehouse.storage import (
     METADATA_SNAPSHOT_KEY,
     DiscoveryMode,
     MetadataSnapshotError,
-    StalledSegment,
+    StorageError,
+    TopicRetention,
     parse_metadata_snapshot,
+    topic_retention,
 )
 
 log = logging.getLogger(__name__)
@@ -307,7 +316,7 @@ class LakehouseStateCollector:
         if self._etcd is not None and self._discovery_mode is not DiscoveryMode.S3:
             self._errors[STAGE_DISCOVER] = 0
         self._errors_lock = threading.Lock()
-        self._stalled: tuple[float, dict[str, dict[int, StalledSegment]]] | None = None  # (listed at, result)
+        self._stalled: tuple[float, _SegmentsView] | None = None  # (listed at, result)
         self._partitions = NamespaceWatchMemory()  # with S3 discovery: each topic's partition prefixes
         self._topics_listed_at: float | None = None
         self._discovery_caller = _BoundedCaller(f"topic discovery of {self._segments.location}",
@@ -411,7 +420,7 @@ class LakehouseStateCollector:
         with ThreadPoolExecutor(min(READ_THREADS, len(topics)), thread_name_prefix="serve-metrics read") as pool:
             return list(zip(topics, pool.map(read, topics), strict=True))
 
-    def _read_stalled(self, offsets: dict[str, TopicOffsets]) -> dict[str, dict[int, StalledSegment]]:
+    def _read_stalled(self, offsets: dict[str, TopicOffsets]) -> _SegmentsView:
         """Per topic (of those whose offsets were read), the partitions waiting behind an incomplete segment past the
         grace period: listed from the committed next offset, or from the start for partitions nothing is committed
         of. A partition whose broker watermark is at its committed next offset holds no pending segment (a segment
@@ -420,7 +429,8 @@ class LakehouseStateCollector:
         namespace watch, grew with the retained segments: ~7M objects a day at 200 topics and a segment per 10 s).
         A topic's partitions are those etcd holds offsets or watermarks of and those `discovery.mode` finds, as the
         namespace watch finds them (`watched_partitions`: the broker's metadata snapshot, or each topic's partition
-        prefixes in the store, listed about once a minute)."""
+        prefixes in the store, listed about once a minute). A partition without a broker watermark (a topic
+        `kafscale-cli restore` made) is listed to its newest completed segment, where its lag is measured to."""
         grace = self._config.processor.orphan_segment_grace_seconds
         try:
             in_store = watched_partitions(self._discovery_mode, self._segments, self._etcd, self._partitions,
@@ -429,7 +439,7 @@ class LakehouseStateCollector:
             log.debug("stalled segments: the partitions etcd holds offsets or watermarks of only (%s)", exc)
             in_store = {}
 
-        def read(topic: str) -> dict[int, StalledSegment] | None:
+        def read(topic: str) -> tuple[ListedPartitions, TopicRetention | None] | None:
             if topic not in offsets:
                 return None
             watermarks = offsets[topic].watermarks
@@ -437,11 +447,22 @@ class LakehouseStateCollector:
             next_offsets.update({p: c.next_offset for p, c in offsets[topic].committed.items()})
             pending = {p: next_offset for p, next_offset in next_offsets.items()
                        if watermarks.get(p) is None or watermarks[p] != (next_offset or 0)}
-            return stalled_partitions(self._segments, topic, pending, grace_seconds=grace)
+            listed = stalled_partitions(self._segments, topic, pending, grace_seconds=grace,
+                                        listed_whole=[p for p in pending if watermarks.get(p) is None])
+            try:
+                retention = topic_retention(self._segments, self._etcd, topic,
+                                            {p: (n, watermarks.get(p)) for p, n in pending.items()},
+                                            datetime.now(UTC))
+            except (EtcdError, StorageError) as exc:  # the stalled segments are still served
+                log.warning("cannot read the retention of topic %s: %s", topic, describe_failure(exc))
+                retention = None
+            return listed, retention
 
-        return {topic: stalled for topic, stalled in self._each_topic(read) if stalled is not None}
+        found = {topic: read for topic, read in self._each_topic(read) if read is not None}
+        return _SegmentsView({topic: listed for topic, (listed, _) in found.items()},
+                             {topic: retention for topic, (_, retention) in found.items() if retention is not None})
 
-    def _list_stalled(self, offsets: dict[str, TopicOffsets]) -> dict[str, dict[int, StalledSegment]]:
+    def _list_stalled(self, offsets: dict[str, TopicOffsets]) -> _SegmentsView:
         """`_read_stalled`, kept for the next scrapes (even when the scrape that started it stopped waiting)."""
         listed_at = time.monotonic()
         try:
@@ -451,17 +472,18 @@ class LakehouseStateCollector:
         finally:
             self._stalled_refreshing.clear()
 
-    def _current_stalled(self, offsets: dict[str, TopicOffsets]) -> dict[str, dict[int, StalledSegment]]:
+    def _current_stalled(self, offsets: dict[str, TopicOffsets]) -> _SegmentsView:
         """The stalled partitions: listed now on the first scrape (within the segment store's deadline), afterwards
         the last listing with its ages advanced, listed again in the background when older than
         `STALLED_REFRESH_SECONDS`; none when the last listing is older than `STALLED_MAX_AGE_SECONDS`."""
         where = f"segments from {self._segments.location}"
         if self._stalled is None:
             if self._stalled_refreshing.is_set():
-                return {}  # the first listing has not finished yet: no waiting for it again
+                return _SegmentsView({}, {})  # the first listing has not finished yet: no waiting for it again
             self._stalled_refreshing.set()
-            return self._read_source(self._segments_caller, lambda: self._list_stalled(offsets), None, where)
-        listed_at, stalled = self._stalled
+            read = self._read_source(self._segments_caller, lambda: {"view": self._list_stalled(offsets)}, None, where)
+            return read.get("view", _SegmentsView({}, {}))
+        listed_at, view = self._stalled
         age = time.monotonic() - listed_at
         if age > STALLED_REFRESH_SECONDS and not self._stalled_refreshing.is_set():
             self._stalled_refreshing.set()
@@ -476,9 +498,8 @@ class LakehouseStateCollector:
         if age > STALLED_MAX_AGE_SECONDS:
             log.warning("cannot read %s: the last listing is %.0f s old (more than %.0f s); stalled partitions are "
                         "left out", where, age, STALLED_MAX_AGE_SECONDS)
-            return {}
-        return {topic: {p: replace(segment, age_seconds=segment.age_seconds + age) for p, segment in found.items()}
-                for topic, found in stalled.items()}
+            return _SegmentsView({}, {})
+        return view.aged(age)
 
     def _read_source(self, caller: _BoundedCaller, read: Callable[[], dict], stage: str | None, where: str) -> dict:
         try:
@@ -523,12 +544,13 @@ class LakehouseStateCollector:
         offsets = self._read_source(
             self._offsets_caller, self._read_offsets, STAGE_CHECKPOINT, f"offsets from {self._offsets.location}"
         )
-        stalled = self._current_stalled(offsets)
+        segments = self._current_stalled(offsets)
         catalog_reader.join()
         totals = tables[0]
         yield from _table_families(totals)
-        yield from _offset_families(offsets, totals)
-        yield _stalled_family(stalled)
+        yield from _offset_families(offsets, totals, segments.listed)
+        yield _stalled_family(segments.listed)
+        yield from _retention_families(segments.retention)
         errors = CounterMetricFamily(
             f"{NAMESPACE}_errors_total",
             "Failures of serve-metrics to read etcd/offsets (checkpoint), the catalog "
@@ -624,15 +646,56 @@ def _table_families(totals: dict[str, TopicTotals]) -> Iterable[Metric]:
     return records, batches, latency, lfs_resolved, lfs_bytes, lfs_errors, lfs_duration
 
 
-def _stalled_family(stalled: dict[str, dict[int, StalledSegment]]) -> Metric:
+@dataclass(frozen=True)
+class _SegmentsView:
+    """What a listing of the partitions with records not landed found: per topic, stalled segments and where the
+    completed segments end (`ListedPartitions`), and its retention."""
+
+    listed: dict[str, ListedPartitions]
+    retention: dict[str, TopicRetention]
+
+    def aged(self, seconds: float) -> _SegmentsView:
+        """As seen `seconds` after the listing: ages grow, headroom shrinks."""
+        listed = {topic: replace(found, stalled={p: replace(segment, age_seconds=segment.age_seconds + seconds)
+                                                 for p, segment in found.stalled.items()})
+                  for topic, found in self.listed.items()}
+        retention = {topic: replace(found, partitions={p: replace(
+            r, headroom_seconds=None if r.headroom_seconds is None else r.headroom_seconds - seconds,
+            replay_window_seconds=None if r.replay_window_seconds is None else r.replay_window_seconds + seconds)
+            for p, r in found.partitions.items()}) for topic, found in self.retention.items()}
+        return _SegmentsView(listed, retention)
+
+
+def _retention_families(retention: dict[str, TopicRetention]) -> Iterable[Metric]:
+    headroom = GaugeMetricFamily(
+        f"{NAMESPACE}_retention_headroom_seconds",
+        "Seconds before the topic's retention.ms deletes the oldest segment holding records not landed; negative: "
+        "past due (kafscale-lakehouse addition).",
+        labels=["topic", "partition"],
+    )
+    window = GaugeMetricFamily(
+        f"{NAMESPACE}_replay_window_seconds",
+        "Age of the partition's oldest segment: how far back a replay can reach (kafscale-lakehouse addition).",
+        labels=["topic", "partition"],
+    )
+    for topic, found in sorted(retention.items()):
+        for partition, r in sorted(found.partitions.items()):
+            if r.headroom_seconds is not None:
+                headroom.add_metric([topic, str(partition)], round(r.headroom_seconds, 3))
+            if r.replay_window_seconds is not None:
+                window.add_metric([topic, str(partition)], round(r.replay_window_seconds, 3))
+    return [headroom, window]
+
+
+def _stalled_family(listed: dict[str, ListedPartitions]) -> Metric:
     family = GaugeMetricFamily(
         f"{NAMESPACE}_stalled_segment_age_seconds",
         "Seconds since the incomplete segment a partition waits behind was written, for partitions waiting past "
         "processor.orphan_segment_grace_seconds (kafscale-lakehouse addition).",
         labels=["topic", "partition"],
     )
-    for topic, partitions in sorted(stalled.items()):
-        for partition, segment in sorted(partitions.items()):
+    for topic, found in sorted(listed.items()):
+        for partition, segment in sorted(found.stalled.items()):
             family.add_metric([topic, str(partition)], round(segment.age_seconds, 3))
     return family
 
@@ -646,7 +709,8 @@ def _cumulative_buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[
     return buckets
 
 
-def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTotals]) -> Iterable[Metric]:
+def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTotals],
+                     listed: dict[str, ListedPartitions]) -> Iterable[Metric]:
     labels = ["topic", "partition"]
     last_offset = GaugeMetricFamily(
         f"{NAMESPACE}_last_offset", "Last committed offset per topic/partition.", labels=labels
@@ -661,8 +725,8 @@ def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTo
     )
     lag = GaugeMetricFamily(
         f"{NAMESPACE}_lag",
-        "Records the broker has that are not committed: broker next offset - committed next "
-        "offset (kafscale-lakehouse addition).",
+        "Records the broker has that are not committed: broker next offset (else the end of the completed "
+        "segments) - committed next offset (kafscale-lakehouse addition).",
         labels=labels,
     )
     for topic, topic_offsets in sorted(offsets.items()):
@@ -675,7 +739,9 @@ def _offset_families(offsets: dict[str, TopicOffsets], totals: dict[str, TopicTo
             watermark_offset.add_metric(partition_labels, committed.offset)
             if partition in timestamps:
                 watermark_timestamp.add_metric(partition_labels, timestamps[partition])
-        for partition, log_end in sorted(topic_offsets.watermarks.items()):
+        # The broker's watermark, else (none published: a restored topic) where the completed segments end.
+        segments_ends = listed[topic].segments_ends if topic in listed else {}
+        for partition, log_end in sorted({**segments_ends, **topic_offsets.watermarks}.items()):
             partition_committed = topic_offsets.committed.get(partition)
             next_offset = partition_committed.next_offset if partition_committed is not None else None
             # `lag` is None only for an unknown log end; this one is known.

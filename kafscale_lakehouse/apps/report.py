@@ -30,8 +30,13 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ADDED_RECORDS
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.connections import catalog_settings, etcd_client_from_config, offset_store_from_config
-from kafscale_lakehouse.engine.ingestion import lag, with_pattern_topics
+from kafscale_lakehouse.connections import (
+    catalog_settings,
+    etcd_client_from_config,
+    offset_store_from_config,
+    segment_store_from_config,
+)
+from kafscale_lakehouse.engine.ingestion import lag, stalled_partitions, with_pattern_topics
 from kafscale_lakehouse.engine.tables import (
     CHECK_NAMES,
     ID_UNIQUE,
@@ -82,10 +87,11 @@ class PartitionLag:
     partition: int
     committed: int | None  # the table's next offset (None: nothing committed)
     watermark: int | None  # the broker's next offset
+    segments_end: int | None = None  # without a watermark (a restored topic): where the completed segments end
 
     @property
     def lag(self) -> int | None:
-        return lag(self.watermark, self.committed)
+        return lag(self.watermark if self.watermark is not None else self.segments_end, self.committed)
 
 
 @dataclass(frozen=True)
@@ -199,12 +205,31 @@ def _read_lag(report: TableReport, config: LakehouseConfig) -> None:
     except Exception as exc:  # noqa: BLE001 - the page says what is missing instead of failing as a whole
         log.warning("report of %s: broker watermarks unavailable: %s", report.table, exc)
         report.notes.append(f"Lag unavailable: the broker watermarks could not be read ({type(exc).__name__}: {exc}).")
-        watermarks = {}
+        report.lags = [PartitionLag(p, n, None) for p, n in sorted(committed.items())]
+        return
     finally:
         if etcd is not None:
             etcd.close()
-    partitions = sorted(set(committed) | set(watermarks))
-    report.lags = [PartitionLag(p, committed.get(p), watermarks.get(p)) for p in partitions]
+    segments_ends = _segments_ends(report, config, committed, watermarks)
+    partitions = sorted(set(committed) | set(watermarks) | set(segments_ends))
+    report.lags = [PartitionLag(p, committed.get(p), watermarks.get(p), segments_ends.get(p)) for p in partitions]
+
+
+def _segments_ends(report: TableReport, config: LakehouseConfig, committed: dict[int, int],
+                   watermarks: dict[int, int]) -> dict[int, int]:
+    """Where the completed segments end of the partitions without a broker watermark (`kafscale-cli restore` writes
+    none for a partition it copied no record of): listed from the table's next offset."""
+    try:
+        store = segment_store_from_config(config)
+        without = {p: committed.get(p) for p in {*store.list_partitions(report.topic), *committed}
+                   if p not in watermarks}
+        return stalled_partitions(store, report.topic, without, listed_whole=without,
+                                  grace_seconds=config.processor.orphan_segment_grace_seconds).segments_ends
+    except Exception as exc:  # noqa: BLE001 - the page says what is missing instead of failing as a whole
+        log.warning("report of %s: segments unavailable: %s", report.table, exc)
+        report.notes.append("Lag of the partitions without a broker watermark unavailable: the segments could not "
+                            f"be listed ({type(exc).__name__}: {exc}).")
+        return {}
 
 
 def _read_dead_letters(report: TableReport, catalog: Catalog, mapping: MappingConfig, config: LakehouseConfig) -> None:

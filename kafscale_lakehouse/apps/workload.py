@@ -116,7 +116,7 @@ def pizza_order(index: int, *, seed: int = 0, partition: int = 0, start_ms: int 
                   timestamp_ms=timestamp_ms)
 
 
-# The demo's Avro topic: the same orders as a record with a nested list of toppings (issue 20), written in the Confluent
+# The demo's Avro topic: the same orders as a record with a nested list of toppings, written in the Confluent
 # wire format (`pizza_order_as_avro`).
 PIZZA_AVRO_SCHEMA = {"type": "record", "name": "PizzaOrder", "namespace": "kafscale.demo", "fields": [
     {"name": "order_id", "type": {"type": "string", "logicalType": "uuid"}},

@@ -2,7 +2,9 @@
 
 In order: the YAML is read as the Go processor reads it (`go_yaml.py`); the top-level keys KafScale's Helm chart
 renders into the file (`HELM_CHART_KEYS`) are dropped with a log line; `${VAR}` references are replaced from the
-environment (`$${` is a literal `${`; a missing variable is an error naming the key); the `KAFSCALE_ICEBERG_LFS_*`
+environment (`$${` is a literal `${`; a value that is one reference to a variable that is not set is an error naming
+the key; inside other text an unset variable, and any `${...}` that is no variable name, is kept as written, as the
+Go processor, which expands nothing, reads it: a secret may hold `${`); the `KAFSCALE_ICEBERG_LFS_*`
 variables override `lfs` of every mapping, as in Go; the models validate strictly; relative paths and derived
 defaults are resolved and the cross-key rules applied (`rules.py`). Every problem found is reported at once in one
 `ConfigError` whose lines name the file and the key.
@@ -168,11 +170,16 @@ def _expand_env(value: Any, path: tuple[str | int, ...], problems: list[str]) ->
             return "${"
         name = match.group(1)
         if not _ENV_NAME.match(name):
-            problems.append(f"{format_path(path)}: '${{{name}}}' is not a valid environment variable reference")
-            return match.group(0)
-        if name not in os.environ:
+            return match.group(0)  # no reference (`${a-b}`, `${}`): text, as the Go processor reads every value
+        if name in os.environ:
+            return os.environ[name]
+        if match.group(0) == value:
+            # The whole value is a reference: meant for the environment, never a secret (fail fast, name it).
             problems.append(f"{format_path(path)}: environment variable {name} is not set")
-            return match.group(0)
-        return os.environ[name]
+        else:
+            # Inside other text (a password `p${a}ss`): kept as written, as the Go processor keeps it.
+            log.warning("%s: ${%s} is kept as written: no environment variable %s is set", format_path(path),
+                        name, name)
+        return match.group(0)
 
     return _ENV_REFERENCE.sub(substitute, value)

@@ -71,19 +71,27 @@ LocalPath = Annotated[Path, Field(strict=False)]
 class SseConfig(ConfigModel):
     """Extension `s3.sse`: server-side encryption of the objects we write, passed through to S3."""
 
+    # the server-side encryption S3 applies: `AES256` (S3-managed keys) or `aws:kms`
     type: SseType
+    # with `aws:kms`, the KMS key; default: the bucket's or account's default key
     kms_key_id: str | None = None
 
 
 class S3ConnectionConfig(ConfigModel):
     """How to reach an S3 endpoint. Without `access_key_id` the standard AWS chain (env vars, profile, role) is used."""
 
+    # the S3 endpoint URL (SeaweedFS, MinIO...); default: AWS's for the region
     endpoint: str | None = None
+    # the S3 region
     region: str | None = None
+    # path-style addressing (`endpoint/bucket/key`), as most S3-compatible stores need
     path_style: bool = False
-    access_key_id: str | None = None  # extension
-    secret_access_key: SecretStr | None = None  # extension
-    sse: SseConfig | None = None  # extension
+    # extension: a static access key (with `secret_access_key`); without it, the AWS chain
+    access_key_id: str | None = None
+    # extension: the static key's secret (write `${VAR}`)
+    secret_access_key: SecretStr | None = None
+    # extension: server-side encryption of the objects we write
+    sse: SseConfig | None = None
 
 
 class S3Config(S3ConnectionConfig):
@@ -92,12 +100,14 @@ class S3Config(S3ConnectionConfig):
     _EMPTY_IS_A_VALUE = frozenset({"namespace"})
 
     bucket: str | None = None  # required unless segments.local_root is set
+    # the KafScale namespace: the first directory of the segment keys (`""` is a value: no directory)
     namespace: str = "default"
 
 
 class SegmentsConfig(ConfigModel):
     """Extension: read segments from a local directory (same layout as the bucket) instead of S3."""
 
+    # the directory holding `<namespace>/<topic>/<partition>/segment-<base>.kfs` (relative to the config)
     local_root: LocalPath | None = None
 
 
@@ -114,12 +124,16 @@ class CatalogConfig(ConfigModel):
     pyiceberg's SqlCatalog, e.g. `uri: sqlite:///var/catalog.db`; `glue`, `hive`, `dynamodb`, `bigquery` and
     `in-memory` take their pyiceberg properties from `properties` (secrets as `${VAR}`; shown masked)."""
 
+    # the catalog: `rest` (the Go processor's), or another pyiceberg catalog type
     type: CatalogType
     # required for rest, hive (the thrift URI) and sql (an SQLAlchemy URL); glue, dynamodb... have none
     uri: str = Field(default="", validate_default=True)
     name: str = "default"  # extension: the pyiceberg catalog name (SqlCatalog stores it with every table)
+    # the REST catalog's bearer token
     token: SecretStr | None = None
+    # the REST catalog's user (with `password`)
     username: str | None = None
+    # the REST catalog's password
     password: SecretStr | None = None
     credential: SecretStr | None = None  # extension: OAuth2 client credential `id:secret`
     # extension: passed to pyiceberg's catalog as they are (SigV4 `rest.sigv4-enabled`, OAuth `scope`, `header.*`,
@@ -150,6 +164,7 @@ def _masked_properties(properties: dict[str, str]) -> dict[str, str]:
 
 
 class IcebergConfig(ConfigModel):
+    # the Iceberg catalog the tables live in
     catalog: CatalogConfig
     warehouse: str | None = None  # for `sql`, a local path (made a file:// URI) or an object-store URI
     s3: S3ConnectionConfig | None = None  # extension: the warehouse FileIO when it is not the segment store's S3
@@ -159,28 +174,56 @@ class OffsetsConfig(ConfigModel):
     _ZERO_MEANS_DEFAULT = frozenset({"lease_ttl_seconds"})
 
     backend: Literal["etcd", "local"] = "etcd"  # `local` (extension): a sqlite file at `local_path`
+    # the TTL of a partition's lease; a killed processor's leases expire after it
     lease_ttl_seconds: PositiveInt = 30
+    # prefix of the KafScale keys we write: `<prefix>/offsets/...`, `/watermarks/...`, `/leases/...`
     key_prefix: str = "processors"
-    local_path: LocalPath | None = None  # extension
+    # extension: the sqlite file of `backend: local` (relative to the config)
+    local_path: LocalPath | None = None
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _known_backend(cls, backend: Any) -> Any:
+        # The Go processor takes any other value and then keeps no offsets and holds no leases (checkpoint.go:51-55,
+        # its no-op store, whose LoadOffset is always 0): every poll appends every completed segment again, and the
+        # record at offset 0 never (processor.go:181, 259). That is refused here, with what to write instead.
+        if isinstance(backend, str) and backend not in ("etcd", "local"):
+            raise PydanticCustomError(
+                "offsets_backend",
+                "is not one of etcd, local: the Go processor keeps no offsets and holds no leases for any other value, "
+                "so it appends every completed segment again at every poll; write etcd (shared, KafScale's keys) or "
+                "local with offsets.local_path (one machine)",
+            )
+        return backend
 
 
 class DiscoveryConfig(ConfigModel):
+    # how topics and partitions are found: the broker's metadata snapshot in etcd (`etcd`), the topic and partition
+    # directories in S3 (`s3`), or `auto`: S3 without etcd, else the snapshot, falling back to S3 (with a warning)
+    # when it is absent or unreadable (storage/discovery.py)
     mode: Annotated[Literal["auto", "etcd", "s3"], BeforeValidator(_lowercase)] = "auto"
 
 
 class EtcdTlsConfig(ConfigModel):
     """Extension `etcd.tls`: a CA to verify the server and an optional client certificate."""
 
+    # the CA that signed etcd's certificate
     ca_file: LocalPath | None = None
+    # a client certificate (with `key_file`)
     cert_file: LocalPath | None = None
+    # the client certificate's key
     key_file: LocalPath | None = None
 
 
 class EtcdConfig(ConfigModel):
+    # etcd's client URLs (`http://etcd:2379`); required with `offsets.backend: etcd`
     endpoints: list[str] = Field(default_factory=list)
+    # etcd user (with `password`)
     username: str | None = None
+    # etcd password
     password: SecretStr | None = None
-    tls: EtcdTlsConfig | None = None  # extension
+    # extension: TLS to etcd
+    tls: EtcdTlsConfig | None = None
 
 
 class RegistryConfig(ConfigModel):
@@ -189,8 +232,11 @@ class RegistryConfig(ConfigModel):
 
     _ZERO_MEANS_DEFAULT = frozenset({"timeout_seconds", "cache_seconds"})
 
+    # where each topic's JSON Schema is fetched: `<base_url>/<topic>.json`; required when `schema.mode` is not `off`
     base_url: str | None = None
+    # timeout of one registry request
     timeout_seconds: PositiveInt = 5
+    # how long a fetched schema is reused
     cache_seconds: PositiveInt = 300
 
     def __repr_args__(self):  # noqa: ANN204 - pydantic's signature
@@ -205,13 +251,17 @@ class RegistryConfig(ConfigModel):
 class SchemaValidationConfig(ConfigModel):
     """Top-level `schema`: JSON Schema validation of record values against `<base_url>/<topic>.json`."""
 
+    # `off`: no validation; `lenient`: invalid records go to the dead-letter table; `strict`: an invalid record fails
+    # the run before it commits
     mode: Annotated[Literal["off", "lenient", "strict"], BeforeValidator(_lowercase)] = "off"
+    # the JSON Schema registry
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
 
 
 class ProcessorConfig(ConfigModel):
     _ZERO_MEANS_DEFAULT = frozenset({"poll_interval_seconds"})
 
+    # the sensors' interval and the `ingest` loop's; the base of the retry backoff
     poll_interval_seconds: PositiveInt = 5
     max_bytes_per_run: PositiveInt = 1 << 30  # extension: segment bytes one run may read
     target_file_size_bytes: PositiveInt = 128 << 20  # extension: Parquet data file size before rolling over
@@ -242,8 +292,12 @@ class SparkConfig(ConfigModel):
     (Spark Connect, `sc://host:port`) runs connect to instead of starting Spark themselves; `$SPARK_REMOTE` wins over
     it. `master` is where the engine (`kafscale-lakehouse spark-engine`), or without `remote` the run, runs Spark."""
 
+    # the Spark master (`local[*]`, `k8s://...`)
     master: str = "local[*]"
+    # extra Spark settings (`spark.driver.memory: 2g`); `KAFSCALE_SPARK_CONF_<LABEL>=<key>=<value>` variables add
+    # to them
     conf: StringMap = Field(default_factory=dict)
+    # the Spark engine's address, `sc://host:port`; `$SPARK_REMOTE` wins over it
     remote: str | None = None
 
 
@@ -251,8 +305,11 @@ class ColumnEntry(ConfigModel):
     """`mappings[].schema.columns[]` as written: the top-level JSON key `name` of the record value, coerced to `type`
     (matched case-insensitively, as in Go). It is held as the schema layer's `Column` (`MappedColumn`)."""
 
+    # the top-level JSON key of the record value, and the column's name
     name: str
+    # the column type the value is coerced to
     type: Annotated[ColumnType, BeforeValidator(_lowercase)]
+    # a record without a valid value for it is invalid (the column stays optional in the table: tombstones)
     required: bool = False
 
     def parsed(self) -> Column:
@@ -268,7 +325,9 @@ class MappingSchemaConfig(ConfigModel):
     # Resolved after loading (as in Go): `mapping` when columns are given, else `registry` when
     # `schema.registry.base_url` is set, else `none`.
     source: Literal["mapping", "registry", "none"] | None = None
+    # the mapped columns, after the eight base columns
     columns: list[MappedColumn] = Field(default_factory=list)
+    # allow a mapped column's type to widen in the table (`int` to `long`, `float` to `double`)
     allow_type_widening: bool = False
     # Extension: what a JSON number in a `timestamp` column counts since the epoch; micros is what the Go processor
     # stores (the raw number), so rows agree across a cut-over.
@@ -283,6 +342,7 @@ class MappingSchemaConfig(ConfigModel):
 class PartitionFieldConfig(ConfigModel):
     """Extension: one Iceberg partition field, e.g. `{source: date_ordered, transform: day}`."""
 
+    # the column the field is derived from (a base, mapped or value column)
     source: str
     transform: str  # identity | year | month | day | hour | bucket[N] | truncate[W]
     name: str | None = None  # default: see field_name
@@ -322,6 +382,7 @@ class MaintenanceConfig(ConfigModel):
     """`mappings[].maintenance` (extension): the table's maintenance (engine/maintenance.py), run on a schedule by
     Dagster and by `kafscale-lakehouse maintain`."""
 
+    # whether the table is maintained at all
     enabled: bool = True
     cron_schedule: str = "17 * * * *"  # hourly, off the hour: a streaming table gains ~120 snapshots an hour
     snapshot_max_age_hours: PositiveInt = 120  # Iceberg's history.expire.max-snapshot-age-ms default (5 days)
@@ -335,6 +396,7 @@ class MaintenanceConfig(ConfigModel):
     # Data manifests of the current snapshot before they are merged (every fast append adds one); Iceberg's
     # commit.manifest.min-count-to-merge and commit.manifest.target-size-bytes defaults.
     manifest_min_count: int = Field(default=100, ge=2)
+    # the size of the manifests a merge writes
     manifest_target_size_bytes: PositiveInt = 8 * 1024 * 1024
 
 
@@ -357,11 +419,17 @@ class LfsConfig(ConfigModel):
     model_config = ConfigDict(frozen=True)
     _ZERO_MEANS_DEFAULT = frozenset({"resolve_concurrency"})
 
+    # `resolve`: the value becomes the blob; `reference`: the envelope stays; `skip`: not written; `hybrid`: resolve up
+    # to `max_inline_size`, else reference
     mode: Annotated[Literal["off", "resolve", "reference", "skip", "hybrid"], BeforeValidator(_lowercase),
                     BeforeValidator(_lfs_mode_off)] = "off"
+    # bytes: hybrid's limit; in resolve mode a larger blob is an error when it is > 0
     max_inline_size: Annotated[int, Field(ge=0)] = 0
+    # add `lfs_content_type`, `lfs_blob_size`, `lfs_checksum`, `lfs_checksum_alg`, `lfs_bucket`, `lfs_key`
     store_metadata: bool = False
+    # check the blob against the envelope's checksum (sha256, md5, crc32 or none)
     validate_checksum: bool = True
+    # blob fetches in flight per Spark task
     resolve_concurrency: Annotated[int, Field(ge=0)] = 4
 
 
@@ -370,13 +438,18 @@ class ConfluentRegistryConfig(ConfigModel):
     `protobuf` and `json_schema` values name their schema ids in (schema/confluent_registry.py). Secrets through
     `${ENV}` references."""
 
+    # the registry's base URL (Confluent, Karapace, Redpanda, Apicurio's ccompat API)
     url: str
     username: str | None = None  # HTTP Basic, with `password`
+    # HTTP Basic password (write `${VAR}`)
     password: SecretStr | None = None
+    # a bearer token instead of HTTP Basic (write `${VAR}`)
     bearer_token: SecretStr | None = None
     ca_file: LocalPath | None = None  # TLS: the CA that signed the registry's certificate
     cert_file: LocalPath | None = None  # TLS client certificate (and `key_file`)
+    # the client certificate's key
     key_file: LocalPath | None = None
+    # timeout of one registry request
     timeout_seconds: PositiveInt = 10
     # Kafka Connect's value.subject.name.strategy: TopicNameStrategy `<topic>-value`, RecordNameStrategy
     # `<record_name>`, TopicRecordNameStrategy `<topic>-<record_name>`.
@@ -397,8 +470,11 @@ class CdcConfig(ConfigModel):
     `op_field`: the value is the row itself and its field `op_field` deletes the key when it is one of
     `delete_ops`. A tombstone (null value) deletes its key in both."""
 
+    # the change events' shape
     format: Literal["debezium", "op_field"] = "debezium"
+    # with `op_field`: the value's field naming the operation
     op_field: str = "op"
+    # with `op_field`: the operations that delete the key
     delete_ops: list[str] = Field(default_factory=lambda: ["d"])
 
 
@@ -410,6 +486,7 @@ class MappingConfig(ConfigModel):
     # Extension: a regular expression (full match) of topics; `table` is then a template with `{topic}` (the topic
     # escaped as in Dagster names: `orders-eu` -> `orders_dash_eu`) and every other key applies to each topic.
     topic_pattern: str | None = None
+    # the Iceberg table, `namespace.table` (with `topic_pattern`, a template with `{topic}`)
     table: str
     # `upsert` (extension): the table holds the latest row per `id_columns` (engine/tables/upserts.py)
     mode: Literal["append", "upsert"] = "append"
@@ -419,19 +496,28 @@ class MappingConfig(ConfigModel):
     # without it takes the envelope's source.ts_ms, and without order_column source.ts_ms orders the changes
     order_column: str | None = None
     cdc: CdcConfig | None = None  # extension: values are change events (mode upsert)
+    # create the table at the first run when it does not exist
     create_table_if_missing: bool = False
+    # the mapped columns
     schema_config: MappingSchemaConfig = Field(default_factory=MappingSchemaConfig, alias="schema")
-    partition_spec: list[PartitionFieldConfig] = Field(default_factory=list)  # extension
-    table_properties: StringMap = Field(default_factory=dict)  # extension
+    # extension: the table's partition fields; a change evolves the table's spec at the next run
+    partition_spec: list[PartitionFieldConfig] = Field(default_factory=list)
+    # extension: Iceberg table properties set at creation
+    table_properties: StringMap = Field(default_factory=dict)
     dead_letter_table: str | None = None  # extension: where lenient validation puts invalid records
     allow_gaps: bool | None = None  # extension; resolved to processor.allow_gaps when not set
     freshness_max_lag_records: PositiveInt = 10_000  # extension: the freshness check warns above this lag
-    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)  # extension
+    # extension: the retention_headroom check warns when retention would delete offsets not landed within this
+    retention_headroom_warn_seconds: NonNegativeInt = 24 * 3600
+    # extension: the table's maintenance
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     # extension: the table's Dagster FreshnessPolicy fails when no commit landed for this long (ingestion stalled)
     freshness_fail_window_seconds: PositiveInt = 3600
+    # extension: the FreshnessPolicy warns when no commit landed for this long
     freshness_warn_window_seconds: PositiveInt | None = None
     owners: list[str] = Field(default_factory=list)  # extension: Dagster asset owners (emails or team:name)
     tags: StringMap = Field(default_factory=dict)  # extension: Dagster asset tags
+    # records whose value is a KafScale LFS envelope
     lfs: LfsConfig = Field(default_factory=LfsConfig)
     # extension: `json` (the Go processor's JSON values), or `avro` / `protobuf` / `json_schema` in the Confluent wire
     # format through `schema_registry` (Kafka Connect's AvroConverter / ProtobufConverter / JsonSchemaConverter)
@@ -467,15 +553,25 @@ class MappingConfig(ConfigModel):
 class LakehouseConfig(ConfigModel):
     """The whole config file. Build it with `load_config` or `parse_config`, which also apply the cross-key rules."""
 
+    # the segment store: KafScale's bucket
     s3: S3Config = Field(default_factory=S3Config)
-    segments: SegmentsConfig = Field(default_factory=SegmentsConfig)  # extension
+    # extension: segments from a local directory instead of S3
+    segments: SegmentsConfig = Field(default_factory=SegmentsConfig)
+    # the Iceberg catalog and warehouse
     iceberg: IcebergConfig
+    # the offsets store: offsets, watermarks and leases
     offsets: OffsetsConfig = Field(default_factory=OffsetsConfig)
+    # how topics and partitions are found
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
+    # the etcd cluster of the broker's metadata and of `offsets.backend: etcd`
     etcd: EtcdConfig = Field(default_factory=EtcdConfig)
+    # JSON Schema validation of record values
     schema_config: SchemaValidationConfig = Field(default_factory=SchemaValidationConfig, alias="schema")
+    # polling, run sizes and the watch
     processor: ProcessorConfig = Field(default_factory=ProcessorConfig)
-    spark: SparkConfig = Field(default_factory=SparkConfig)  # extension
+    # extension: the Spark master and settings, and the Spark engine runs connect to
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    # one entry per topic (or topic pattern) and table
     mappings: list[MappingConfig] = Field(default_factory=list)
     # The `topic_pattern` mappings with their index in `mappings[]`, taken out of `mappings` by `parse_config` (which
     # then holds the mappings of one topic each); `config/topic_patterns.py` resolves them against the topics found.

@@ -24,7 +24,9 @@ from kafscale_lakehouse.config.spark_remote import parse_remote_url
 from kafscale_lakehouse.format.lfs import LFS_METADATA_COLUMNS
 from kafscale_lakehouse.schema.columns import BASE_COLUMNS, KAFKA_TIMESTAMP_COLUMN
 
-_IDENTIFIER_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A part of a table identifier: what the Go processor lands (it splits `table` on `.` and takes any part) and every
+# Dagster name can hold once escaped (`name_part`): letters, digits, `_` and `-` (`prod.orders-v2`, `raw.2024_orders`).
+_IDENTIFIER_PART = re.compile(r"^[A-Za-z0-9_-]+$")
 _KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # In the `table` (and `dead_letter_table`) of a `topic_pattern` mapping: the matched topic, escaped (topic_patterns.py).
 TOPIC_PLACEHOLDER = "{topic}"
@@ -158,12 +160,9 @@ def _check_mapping(config: LakehouseConfig, index: int, mapping: MappingConfig, 
             identifier = identifier.replace(TOPIC_PLACEHOLDER, "t")
             if "{" in identifier or "}" in identifier:
                 continue  # reported by _check_topic_pattern
-        if identifier is not None and not is_table_identifier(identifier):
-            problem(
-                f"{at}.{key}",
-                f"{identifier!r} is not a table identifier namespace.table (each part a letter or _ "
-                "then letters, digits, _)",
-            )
+        reason = table_identifier_problem(identifier) if identifier is not None else None
+        if reason is not None:
+            problem(f"{at}.{key}", reason)
     if mapping.dead_letter_table is not None and mapping.dead_letter_table == mapping.table:
         problem(f"{at}.dead_letter_table", "must differ from the mapping's table")
 
@@ -416,10 +415,23 @@ def _check_unique(config: LakehouseConfig, problem) -> None:  # noqa: ANN001
             )
 
 
-def is_table_identifier(identifier: str) -> bool:
-    """`namespace.table` (or deeper), each part a letter or `_`, then letters, digits, `_`."""
+def table_identifier_problem(identifier: str) -> str | None:
+    """Why `identifier` cannot be a mapped table, or None: `namespace.table` (or deeper), each part letters, digits,
+    `_` or `-`.
+
+    A name without a namespace (`orders`) is refused although the Go processor takes it: iceberg-go makes it the
+    one-part identifier `["orders"]` (`catalog.ToIdentifier`), creates no namespace for it (sink/iceberg.go:295) and
+    addresses it in the REST catalog's empty namespace (`/v1/namespaces//tables/orders`, iceberg-go rest.go:733),
+    which pyiceberg refuses to address and most catalogs do not have."""
     parts = identifier.split(".")
-    return len(parts) >= 2 and all(_IDENTIFIER_PART.match(part) for part in parts)
+    if len(parts) < 2:
+        return (f"{identifier!r} has no namespace: write <namespace>.{identifier} (the Go processor puts it in "
+                "the catalog's empty namespace, which pyiceberg cannot address; docs/configuration-compat.md)")
+    bad = [part for part in parts if not _IDENTIFIER_PART.match(part)]
+    if bad:
+        return (f"{identifier!r} is not a table identifier namespace.table: part {bad[0]!r} is not made of letters, "
+                "digits, _ and - (names the Dagster assets and jobs are built from)")
+    return None
 
 
 def _resolve_path(path: Path, base_dir: Path) -> Path:

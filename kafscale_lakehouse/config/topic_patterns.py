@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kafscale_lakehouse.config.models import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.config.rules import TOPIC_PLACEHOLDER, is_table_identifier
+from kafscale_lakehouse.config.rules import TOPIC_PLACEHOLDER, table_identifier_problem
 
 # `_` is doubled so that the `_dot_`/`_dash_` escapes cannot be produced by a name that contained them literally.
 _ESCAPES = {"_": "__", ".": "_dot_", "-": "_dash_"}
@@ -103,9 +103,10 @@ def _table_problem(at: str, topic: str, mapping: MappingConfig, tables: dict[str
     for key, table in (("table", mapping.table), ("dead_letter_table", mapping.dead_letter_table)):
         if table is None:
             continue
-        if not is_table_identifier(table):
-            return (f"{at}.{key}: topic {topic!r} would land in {table!r}, which is not a table identifier (each part "
-                    "a letter or _ then letters, digits, _); map the topic explicitly. It is not landed until then")
+        reason = table_identifier_problem(table)
+        if reason is not None:
+            return (f"{at}.{key}: topic {topic!r} would land in a table that cannot be mapped: {reason}; map the "
+                    "topic explicitly. It is not landed until then")
         if table in tables:
             return (f"{at}.{key}: topic {topic!r} would land in {table!r}, already {tables[table]}; map the topic "
                     "explicitly. It is not landed until then")

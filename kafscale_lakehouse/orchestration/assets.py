@@ -30,6 +30,7 @@ from kafscale_lakehouse.engine.ingestion import (
     WatchSources,
     commit_ingest,
     prepare_ingest,
+    scan_retention,
     scan_topic,
 )
 from kafscale_lakehouse.engine.tables import OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, RowCount
@@ -61,7 +62,7 @@ from kafscale_lakehouse.orchestration.resources import (
     SparkResource,
     ingest_context,
 )
-from kafscale_lakehouse.orchestration.sensors import PLANNED_RANGES_TAG, topic_observation_metadata
+from kafscale_lakehouse.orchestration.sensors import PLANNED_RANGES_TAG, retention_metadata, topic_observation_metadata
 from kafscale_lakehouse.storage import DiscoveryMode
 
 ICEBERG_IO_MANAGER_KEY = "iceberg_io_manager"
@@ -75,11 +76,17 @@ def scan_topic_now(config: LakehouseConfig, mapping: MappingConfig, segment_stor
     broker offsets, completed segments. Without cursors each partition is listed from its committed next offset on,
     so the cost is that of the pending segments; with `lag_only` (the freshness check) only the partitions without a
     broker watermark are (`scan_topic`)."""
-    sources = WatchSources(store=segment_store.open_store(), offsets=offset_store.offset_store(),
-                           discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=offset_store.etcd_client(),
-                           tables=TableOffsetsReader(iceberg_catalog.settings()),
-                           orphan_grace_seconds=config.processor.orphan_segment_grace_seconds)
-    return scan_topic(sources, mapping.topic, table=mapping.table, lag_only=lag_only)
+    return scan_topic(watch_sources_now(config, segment_store, offset_store, iceberg_catalog), mapping.topic,
+                      table=mapping.table, lag_only=lag_only)
+
+
+def watch_sources_now(config: LakehouseConfig, segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
+                      iceberg_catalog: IcebergCatalogResource) -> WatchSources:
+    """The connections of a scan from a step's resources."""
+    return WatchSources(store=segment_store.open_store(), offsets=offset_store.offset_store(),
+                        discovery_mode=DiscoveryMode.parse(config.discovery.mode), etcd=offset_store.etcd_client(),
+                        tables=TableOffsetsReader(iceberg_catalog.settings()),
+                        orphan_grace_seconds=config.processor.orphan_segment_grace_seconds)
 
 
 def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) -> dg.AssetsDefinition:
@@ -96,9 +103,12 @@ def build_topic_source_asset(config: LakehouseConfig, mapping: MappingConfig) ->
     # Dagster reads a return annotation as the output type, so the generator is left unannotated.
     def observe_topic(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,  # noqa: ANN202
                       iceberg_catalog: IcebergCatalogResource):
-        scan = scan_topic_now(config, mapping, segment_store, offset_store, iceberg_catalog)
+        sources = watch_sources_now(config, segment_store, offset_store, iceberg_catalog)
+        scan = scan_topic(sources, topic, table=mapping.table)
         ends = ",".join(f"{p}:{s.log_end}:{s.segments_end}" for p, s in sorted(scan.partitions.items()))
         metadata = topic_observation_metadata(scan) if scan.partitions else {"partitions": 0}
+        if scan.partitions:
+            metadata.update(retention_metadata(*scan_retention(sources, topic, scan)))
         yield dg.ObserveResult(asset_key=key, metadata=metadata, data_version=dg.DataVersion(ends or "empty"))
 
     return observe_topic

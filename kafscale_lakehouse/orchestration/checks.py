@@ -9,6 +9,9 @@
 - `offsets_contiguous`: the `kafscale.offsets.<topic>` history of the table's snapshots never moves back or drops a
   partition, no rows lie at or beyond the committed next offsets, and gaps skipped by `allow_gaps` are reported.
 - `freshness`: lag of the table behind the broker watermark (or the completed segments when there is none).
+- `retention_headroom`: per partition, how long until the topic's retention deletes a segment not landed yet, and
+  how far back the log still reaches (storage/retention.py); warns below `retention_headroom_warn_seconds`, fails
+  when offsets not landed are gone or past their retention.
 The checks run in the ingest run after the commit; run alone, they look at the table's latest commit of ours.
 
 What the integrity checks read (`integrity_scope`, in their `scope` metadata): the data files added since our commit
@@ -29,12 +32,13 @@ import dagster as dg
 from pyiceberg.table import Table
 
 from kafscale_lakehouse.config import LakehouseConfig, MappingConfig
-from kafscale_lakehouse.engine.ingestion import PartitionState, lag_and_reference
+from kafscale_lakehouse.engine.ingestion import PartitionState, lag_and_reference, scan_retention, scan_topic
 from kafscale_lakehouse.engine.tables import (
     FRESHNESS,
     ID_UNIQUE,
     OFFSETS_CONTIGUOUS,
     RECORD_ID_UNIQUE,
+    RETENTION_HEADROOM,
     SAMPLE_SIZE,
     SCHEMA_VALID,
     WHOLE_TABLE,
@@ -46,7 +50,7 @@ from kafscale_lakehouse.engine.tables import (
     new_data_files,
 )
 from kafscale_lakehouse.offsets.ranges import OffsetRange
-from kafscale_lakehouse.orchestration.assets import scan_topic_now
+from kafscale_lakehouse.orchestration.assets import scan_topic_now, watch_sources_now
 from kafscale_lakehouse.orchestration.metadata import (
     DEAD_LETTER_TABLE_KEY,
     INVALID_RECORDS_KEY,
@@ -57,6 +61,7 @@ from kafscale_lakehouse.orchestration.metadata import (
 )
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, OffsetStoreResource, SegmentStoreResource
+from kafscale_lakehouse.storage import TopicRetention
 
 if TYPE_CHECKING:
     from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord
@@ -308,6 +313,54 @@ def evaluate_freshness(states: Mapping[int, PartitionState], max_lag_records: in
                                description=f"every partition within {max_lag_records} records of the broker")
 
 
+def evaluate_retention_headroom(retention: TopicRetention | None, error: str | None = None, *,
+                                warn_seconds: float) -> dg.AssetCheckResult:
+    """Fails (ERROR) when offsets not landed are gone from the log or past the topic's retention; warns when a
+    partition's headroom is below `warn_seconds` or the retention cannot be read (`error`)."""
+    if retention is None:
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                   description=f"{error}: the retention headroom is unknown")
+    policy = retention.policy
+    rows = [dg.TableRecord({
+        "partition": p, "headroom_seconds": _rounded(r.headroom_seconds), "headroom_bytes": r.headroom_bytes,
+        "log_start_offset": r.log_start_offset, "replay_window_seconds": _rounded(r.replay_window_seconds),
+        "replay_window_records": r.replay_window_records, "at_risk_segment": r.at_risk_key})
+        for p, r in sorted(retention.partitions.items())]
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "retention_ms": policy.retention_ms, "retention_bytes": policy.retention_bytes,
+        "headroom_warn_seconds": warn_seconds,
+        "retention_by_partition": dg.MetadataValue.table(rows, schema=dg.TableSchema(columns=[
+            dg.TableColumn("partition", "int"), dg.TableColumn("headroom_seconds", "float"),
+            dg.TableColumn("headroom_bytes", "int"), dg.TableColumn("log_start_offset", "int"),
+            dg.TableColumn("replay_window_seconds", "float"), dg.TableColumn("replay_window_records", "int"),
+            dg.TableColumn("at_risk_segment", "string")])),
+    }
+    if retention.min_headroom_seconds is not None:
+        metadata["min_headroom_seconds"] = _rounded(retention.min_headroom_seconds)
+    gaps = retention.gaps
+    if gaps:
+        return dg.AssetCheckResult(
+            passed=False, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata,
+            description="; ".join(f"partition {p}: {gap}" for p, gap in gaps.items()) + " (those records are lost "
+                        "to the table unless retention is raised before the next pass; `offsets skip` records a "
+                        "gap that is accepted)")
+    short = {p: r for p, r in sorted(retention.partitions.items()) if r.headroom_below(warn_seconds)}
+    if short:
+        return dg.AssetCheckResult(
+            passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
+            description=f"{policy.describe()}: partitions {sorted(short)} have less than {warn_seconds:.0f} s before "
+                        "retention deletes records not landed ("
+                        + ", ".join(f"{p}: {r.headroom_seconds:.0f} s" for p, r in short.items())
+                        + "); land faster or raise retention.ms")
+    return dg.AssetCheckResult(passed=True, metadata=metadata,
+                               description=f"{policy.describe()}: no record not landed within {warn_seconds:.0f} s "
+                                           "of retention")
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
 def evaluate_schema_valid(metadata: Mapping[str, dg.MetadataValue] | None,
                           schema_mode: str) -> dg.AssetCheckResult:
     if metadata is None:
@@ -427,6 +480,20 @@ def build_table_checks(config: LakehouseConfig, mapping: MappingConfig) -> list[
         scan = scan_topic_now(config, mapping, segment_store, offset_store, iceberg_catalog, lag_only=True)
         return evaluate_freshness(scan.partitions, max_lag_records, scan.table_error)
 
+    warn_seconds = mapping.retention_headroom_warn_seconds
+
+    @dg.asset_check(
+        asset=asset_key,
+        name=RETENTION_HEADROOM,
+        description=f"Time before the topic's retention deletes records not landed yet, and how far back the log "
+                    f"reaches; warns below {warn_seconds} s, fails when records not landed are gone.",
+    )
+    def retention_headroom(segment_store: SegmentStoreResource, offset_store: OffsetStoreResource,
+                           iceberg_catalog: IcebergCatalogResource) -> dg.AssetCheckResult:
+        sources = watch_sources_now(config, segment_store, offset_store, iceberg_catalog)
+        scan = scan_topic(sources, topic, table=table_name, lag_only=True)
+        return evaluate_retention_headroom(*scan_retention(sources, topic, scan), warn_seconds=warn_seconds)
+
     if mapping.publish == "audited":  # the asset evaluates these on the audited snapshot (assets.audited_check_specs)
-        return [schema_valid, freshness]
-    return [schema_valid, record_id_unique, offsets_contiguous, freshness]
+        return [schema_valid, freshness, retention_headroom]
+    return [schema_valid, record_id_unique, offsets_contiguous, freshness, retention_headroom]

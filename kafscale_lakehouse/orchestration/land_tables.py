@@ -53,6 +53,7 @@ from kafscale_lakehouse.engine.ingestion import (
     WatchSources,
     commit_ingests,
     prepare_ingest,
+    scan_retention,
     scan_topic,
 )
 from kafscale_lakehouse.engine.tables import (
@@ -60,6 +61,7 @@ from kafscale_lakehouse.engine.tables import (
     ID_UNIQUE,
     OFFSETS_CONTIGUOUS,
     RECORD_ID_UNIQUE,
+    RETENTION_HEADROOM,
     SCHEMA_VALID,
     read_topic_offsets,
 )
@@ -74,6 +76,7 @@ from kafscale_lakehouse.orchestration.checks import (
     evaluate_id_unique,
     evaluate_offsets_contiguous,
     evaluate_record_id_unique,
+    evaluate_retention_headroom,
     evaluate_schema_valid,
     integrity_scopes,
 )
@@ -86,7 +89,7 @@ from kafscale_lakehouse.orchestration.resources import (
     ingest_context,
 )
 from kafscale_lakehouse.orchestration.sensors import ACTIVE_RUN_STATUSES
-from kafscale_lakehouse.storage import DiscoveryMode, discover_partitions
+from kafscale_lakehouse.storage import DiscoveryMode, TopicRetention, discover_partitions
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +386,7 @@ class _BatchChecks:
 
     def evaluations(self, mapping: MappingConfig, table: Table,
                     metadata: Mapping[str, dg.MetadataValue] | None) -> list[dg.AssetCheckEvaluation]:
-        """The table's four checks (build_table_checks) on what the run landed (`table` after its commit, `metadata`
+        """The table's checks (build_table_checks) on what the run landed (`table` after its commit, `metadata`
         its materialization's), as evaluations of the table's checks."""
         with self._lock:  # the partitions are discovered once, at the first table's checks (after every commit)
             if self._sources is None:
@@ -407,7 +410,9 @@ class _BatchChecks:
                           partitions=self._partitions.get(mapping.topic, []), offsets=self._offsets.get(mapping.topic),
                           lag_only=True)
         scope = self._scopes[table_asset_key(mapping.table)]
-        return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan, scope))
+        # A batch over hundreds of topics lists segments only of topics whose retention is limited.
+        retention = scan_retention(sources, mapping.topic, scan, list_unlimited=False)
+        return list(table_check_evaluations(self.lakehouse, mapping, table, metadata, scan, scope, retention))
 
 
 class _LandedTableOffsets(TableOffsetsReader):
@@ -424,8 +429,9 @@ class _LandedTableOffsets(TableOffsetsReader):
 
 def table_check_evaluations(lakehouse: LakehouseConfig, mapping: MappingConfig, table: Table,
                             metadata: Mapping[str, dg.MetadataValue] | None,
-                            scan: TopicScan, scope: IntegrityScope) -> Iterator[dg.AssetCheckEvaluation]:
-    """The four checks of `build_table_checks` as evaluations of the table's checks: on `table`, the run's
+                            scan: TopicScan, scope: IntegrityScope,
+                            retention: tuple[TopicRetention | None, str | None]) -> Iterator[dg.AssetCheckEvaluation]:
+    """The checks of `build_table_checks` as evaluations of the table's checks: on `table`, the run's
     materialization `metadata` and `scan`, its topic now; the integrity checks read `scope`."""
     asset_key = table_asset_key(mapping.table)
     upsert = mapping.mode == "upsert"
@@ -438,6 +444,8 @@ def table_check_evaluations(lakehouse: LakehouseConfig, mapping: MappingConfig, 
     results[OFFSETS_CONTIGUOUS] = (evaluate_offsets_contiguous(table, mapping.topic, scope), True)
     results[FRESHNESS] = (evaluate_freshness(scan.partitions, mapping.freshness_max_lag_records, scan.table_error),
                           False)
+    results[RETENTION_HEADROOM] = (evaluate_retention_headroom(
+        *retention, warn_seconds=mapping.retention_headroom_warn_seconds), False)
     for name, (check, blocking) in results.items():
         yield dg.AssetCheckEvaluation(asset_key=asset_key, check_name=name, passed=check.passed,
                                       metadata=check.metadata, severity=check.severity,

@@ -54,6 +54,7 @@ from kafscale_lakehouse.orchestration.naming import (
     topic_asset_key,
     topic_partitions_def,
 )
+from kafscale_lakehouse.storage import TopicRetention
 
 CURSOR_VERSION = 1
 PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -361,12 +362,33 @@ def topic_observation(topic: str, scan: TopicScan, cursor: SensorCursor) -> dg.A
     return dg.AssetObservation(asset_key=topic_asset_key(topic), metadata=topic_observation_metadata(scan))
 
 
+def retention_metadata(retention: TopicRetention | None, error: str | None) -> dict[str, dg.RawMetadataValue]:
+    """The topic's retention in an observation: per partition the seconds before retention deletes records not landed
+    (`retention_headroom_seconds`, absent when none is at risk) and how far back the log reaches (its oldest offset
+    and that segment's age); the smallest headroom as a number, so the UI plots it."""
+    if retention is None:
+        return {"retention_error": error or "unknown"}
+    parts = retention.partitions.items()
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "retention": retention.policy.describe(),
+        "retention_headroom_seconds": dg.MetadataValue.json(
+            {str(p): round(r.headroom_seconds) for p, r in parts if r.headroom_seconds is not None}),
+        "replay_window": dg.MetadataValue.json(
+            {str(p): {"log_start_offset": r.log_start_offset, "age_seconds": round(r.replay_window_seconds)}
+             for p, r in parts if r.replay_window_seconds is not None}),
+    }
+    if retention.min_headroom_seconds is not None:
+        metadata["min_retention_headroom_seconds"] = round(retention.min_headroom_seconds)
+    if retention.gaps:
+        metadata["retention_gaps"] = dg.MetadataValue.json({str(p): gap for p, gap in retention.gaps.items()})
+    return metadata
+
+
 def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue]:
     """What an observation of the topic asset reports: per partition the broker watermark, the committed next offset
     (the table's, else the store's), the end of the completed segments and the lag, the pending partitions, the
     total lag (plotted by the UI), and where the table and the offsets store disagree, both sides."""
     states = [scan.partitions[p] for p in sorted(scan.partitions)]
-    lags = [s.lag for s in states if s.lag is not None]
     metadata: dict[str, dg.RawMetadataValue] = {
         "partitions": len(states),
         "broker_next_offset": dg.MetadataValue.json({str(s.partition): s.log_end for s in states}),
@@ -383,6 +405,6 @@ def topic_observation_metadata(scan: TopicScan) -> dict[str, dg.RawMetadataValue
         metadata["offsets_disagree"] = dg.MetadataValue.json({str(p): sides for p, sides in disagree.items()})
     if scan.table_error is not None:
         metadata["table_error"] = scan.table_error
-    if lags:
-        metadata["lag"] = sum(lags)  # an int, so the UI plots it over time
+    if states:
+        metadata["lag"] = sum(s.lag for s in states)  # an int, so the UI plots it over time
     return metadata

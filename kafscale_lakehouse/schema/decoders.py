@@ -8,7 +8,7 @@ from kafscale_lakehouse.schema.framed import FramedValueSchemas, ValueDecoder
 def value_decoder(schemas: FramedValueSchemas) -> ValueDecoder:
     """A decoder of `schemas.value_format` values (one per executor task: it caches parsed schemas)."""
     # Each format's module (fastavro, protobuf, jsonschema) is imported by the first task that decodes it, not by
-    # every run's driver that imports this module (issue 22, the fixed cost of a run).
+    # every run's driver that imports this module (the fixed cost of a run).
     if schemas.value_format == "protobuf":
         from kafscale_lakehouse.schema.protobuf import ProtobufValueDecoder
 

@@ -4,11 +4,12 @@ The batch coercion (`coercion.py`) does the common cases vectorized and hands ev
 functions, so the rules live here once. Differences from KafScale's Go processor are marked (Go).
 
 - null or a missing key: a missing value (null; makes the record invalid for a required column).
-- boolean: JSON true/false, or the strings "true"/"false" in any case. Numbers are not booleans.
+- boolean: JSON true/false, or the strings "true"/"false" in any case (Go: null for strings). Numbers are not
+  booleans.
 - int (32-bit) and long (64-bit): a JSON integer, exact at any size (Go: rounded through float64 above 2^53);
   out of range is not coercible (Go: int silently wraps). A number with a fraction or exponent counts when its
-  value is integral (`3.0`, `1e3`). A string holding a JSON number counts as that number (`"42"`; JavaScript
-  producers write longs above 2^53 that way).
+  value is integral (`3.0`, `1e3`); `3.7` is not coercible (Go: truncated to 3). A string holding a JSON number
+  counts as that number (`"42"`; JavaScript producers write longs above 2^53 that way; Go: null).
 - float and double: a JSON number (or a string holding one), rounded to the nearest value; a number that does
   not fit (`1e39` for float) is not coercible.
 - string: a JSON string as is; any other value is stored as its compact JSON text (`42`, `true`, `{"a":1}`;
@@ -24,7 +25,8 @@ functions, so the rules live here once. Differences from KafScale's Go processor
   small; we do not.) Seconds 60 (leap seconds) are not coercible, nor instants outside the years 0001-9999
   (the range Python, Java and Spark parse; Arrow could hold more, but most readers could not).
 - date: a string `YYYY-MM-DD` (Go: null), or a timestamp string as above, giving the UTC date of that instant
-  (as Go does); a JSON integer is days since 1970-01-01 (as in Go); years 0001-9999 as for timestamps.
+  (as Go does); a JSON integer is days since 1970-01-01 (as in Go; `1.5` is not coercible, Go truncates it to day 1);
+  years 0001-9999 as for timestamps.
 Values that are not JSON numbers/strings of these shapes are not coercible; the reason names the value.
 """
 

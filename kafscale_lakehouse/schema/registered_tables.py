@@ -115,7 +115,7 @@ def evolve_table_to_key_columns(table: Table, table_name: str, columns: Sequence
 def _value_fields(version: RegisteredSchema, registered: RegisteredValueSchemas, first_id: int) -> list:
     what = f"schema id {version.schema_id} (subject {registered.subject} version {version.version})"
     # Each format's module (fastavro, protobuf, jsonschema) is imported when a table of that format is opened, not
-    # by every run that imports this module (issue 22, the fixed cost of a run).
+    # by every run that imports this module (the fixed cost of a run).
     if registered.value_format == "protobuf":
         from kafscale_lakehouse.schema.protobuf import protobuf_value_fields
 

@@ -34,6 +34,13 @@ from kafscale_lakehouse.storage.keys import (
 from kafscale_lakehouse.storage.local_store import LocalSegmentStore
 from kafscale_lakehouse.storage.namespace_listing import NamespaceListing
 from kafscale_lakehouse.storage.offset_listing import segments_from
+from kafscale_lakehouse.storage.retention import (
+    PartitionRetention,
+    RetentionPolicy,
+    TopicConfigError,
+    TopicRetention,
+    topic_retention,
+)
 from kafscale_lakehouse.storage.s3_store import SSE_TYPES, S3SegmentStore, SseType
 from kafscale_lakehouse.storage.stalls import StalledSegment, find_stalled_segment
 from kafscale_lakehouse.storage.store import (
@@ -61,6 +68,8 @@ __all__ = [
     "ObjectKind",
     "ObjectNotFoundError",
     "OffsetBeyondSegmentsError",
+    "PartitionRetention",
+    "RetentionPolicy",
     "S3SegmentStore",
     "SegmentKey",
     "SegmentListing",
@@ -73,6 +82,8 @@ __all__ = [
     "StorageError",
     "StorageRequestError",
     "StorageUnreachableError",
+    "TopicConfigError",
+    "TopicRetention",
     "discover_partitions",
     "find_gaps",
     "find_stalled_segment",
@@ -84,4 +95,5 @@ __all__ = [
     "segment_key",
     "segments_from",
     "topic_prefix",
+    "topic_retention",
 ]

@@ -8,10 +8,10 @@ Compatible with the Go iceberg-processor (`internal/discovery/discovery.go`):
   absent, unreadable or etcd fails. The Go processor falls back silently; we log a warning with the reason.
 The snapshot is Go's `json.Marshal` of structs without tags, so field names are matched case-insensitively (as Go's
 decoder does, the last matching key wins) and `null` slices are empty. Two shapes exist and both are read: KafScale
-v1.5.0 (topic `Name`, partition `PartitionIndex`) and main's franz-go `kmsg` types (topic `Topic`, a string or null;
-partition `Partition`). Where a topic or partition carries both names, the franz-go one wins (main's Go processor
-reads only that one). A snapshot that yields no topic while the segment store has some is logged as a warning that
-names the keys found (a third shape would otherwise look like an idle cluster).
+v1.5.0 and earlier (topic `Name`, partition `PartitionIndex`) and v1.6.0's franz-go `kmsg` types (topic `Topic`, a
+string or null; partition `Partition`). Where a topic or partition carries both names, the franz-go one wins (the
+v1.6.0 Go processor reads only that one). A snapshot that yields no topic while the segment store has some is logged
+as a warning that names the keys found (a third shape would otherwise look like an idle cluster).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A partition stopped for longer than a grace period at an incomplete segment: which object, which offsets.
 
-KafScale's broker (main) uploads a segment's `.kfs` and `.index` in parallel (`pkg/storage/log.go`, `uploadFlush`);
+KafScale's broker (v1.6.0) uploads a segment's `.kfs` and `.index` in parallel (`pkg/storage/log.go`, `uploadFlush`);
 when one upload fails the flush fails and its records are gone from the broker's buffer, while the other object
 stays: an orphan that no broker will complete. A listing stops at the first incomplete segment (store.py), so the
 partition waits behind it. Within the grace period that may be an upload still under way (store.py logs it at info);

@@ -223,7 +223,8 @@ class SegmentStore(ABC):
     # ---- segments -----------------------------------------------------------------------------------------
     def write_segment(self, topic: str, partition: int, base_offset: int, segment: bytes,
                       index: bytes) -> tuple[str, str]:
-        """Upload a segment the way the broker does: `.kfs` first, then `.index` (which makes it complete)."""
+        """Upload a segment's `.kfs`, then its `.index` (the broker uploads both at once; the segment is complete when
+        both exist)."""
         kfs_key = segment_key(self.namespace, topic, partition, base_offset, ObjectKind.SEGMENT)
         index_key = segment_key(self.namespace, topic, partition, base_offset, ObjectKind.INDEX)
         self.put(kfs_key, segment)

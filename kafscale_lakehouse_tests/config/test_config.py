@@ -170,11 +170,17 @@ def test_error_names_file_key_and_allowed_values(tmp_path, monkeypatch):
         ),
         (
             lambda t: t.replace("table: prod.orders", "table: orders"),
-            "mappings[0].table: 'orders' is not a table identifier namespace.table",
+            "mappings[0].table: 'orders' has no namespace: write <namespace>.orders (the Go processor puts it in "
+            "the catalog's empty namespace",
         ),
         (
-            lambda t: t.replace("table: prod.orders", "table: prod.1orders"),
-            "mappings[0].table: 'prod.1orders' is not a table identifier",
+            lambda t: t.replace("table: prod.orders", "table: 'prod.or ders'"),
+            "mappings[0].table: 'prod.or ders' is not a table identifier namespace.table: part 'or ders'",
+        ),
+        (
+            lambda t: t + "offsets:\n  backend: memory\n",
+            "offsets.backend: is not one of etcd, local: the Go processor keeps no offsets and holds no leases for "
+            "any other value",
         ),
         (
             lambda t: t.replace("topic: orders", "topic: 'bad topic'"),
@@ -394,6 +400,19 @@ def test_environment_expansion(tmp_path, monkeypatch):
     assert config.s3.namespace == "prefix-ns1-${LITERAL}"
 
 
+@pytest.mark.parametrize("table", ["prod.orders-v2", "prod.1orders", "prod.eu.orders_2024"])
+def test_table_names_the_go_processor_lands_load(tmp_path, table):
+    config = load_config(write_config(tmp_path, MINIMAL_GO.replace("table: prod.orders", f"table: {table}")))
+    assert config.mappings[0].table == table
+
+
+def test_dollar_brace_inside_a_secret_is_kept_as_written_as_go_reads_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    password = "pa${NOT_SET_ANYWHERE}ss${a-b}${}!"
+    text = MINIMAL_GO.replace("[http://etcd:2379]", f"[http://etcd:2379]\n  username: u\n  password: '{password}'")
+    assert load_config(write_config(tmp_path, text)).etcd.password.get_secret_value() == password
+
+
 def test_missing_environment_variable_names_key_and_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     problems = problems_of(
@@ -495,7 +514,7 @@ def test_parse_config_resolves_relative_paths_against_base_dir(tmp_path):
 
 
 def test_numeric_timestamp_unit_defaults_to_go_micros_and_a_wrong_one_names_the_key(tmp_path):
-    # Issue 19: the Go processor stores a JSON number in a timestamp column as microseconds.
+    # The Go processor stores a JSON number in a timestamp column as microseconds.
     (mapping,) = load_config(write_config(tmp_path, MINIMAL_GO)).mappings
     assert mapping.schema_config.timestamp_unit is NumericTimestampUnit.MICROS
     millis = MINIMAL_GO + "    schema:\n      numeric_timestamp_unit: MILLIS\n"

@@ -1,5 +1,6 @@
-"""Every config KafScale's Go processor (main) loads, loads here with the same meaning: its `config/config.yaml`
-verbatim, the config its Helm chart renders, and the scalars Go's yaml.v3 accepts in its typed fields."""
+"""Every config KafScale's Go processor (v1.6.0) loads, loads here with the same meaning: its
+`addons/processors/iceberg-processor/config/config.yaml` verbatim, the config its Helm chart renders, and the
+scalars Go's yaml.v3 accepts in its typed fields."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from kafscale_lakehouse.config import YAML11_FALSE, YAML11_TRUE, ConfigError, La
 from kafscale_lakehouse_tests.config.test_config import MINIMAL_GO
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# `addons/processors/iceberg-processor/config/config.yaml` of github.com/scalytics/kafscale at f7e23363 (main,
-# 2026-04-17), byte for byte.
-GO_MAIN_CONFIG = REPO_ROOT / "examples" / "go-processor-main.yaml"
-# The same commit's Helm chart (`deploy/helm/iceberg-processor`): values.yaml and the ConfigMap template, verbatim.
+# `addons/processors/iceberg-processor/config/config.yaml` of github.com/KafScale/platform at v1.6.0 (the same bytes
+# as at f7e23363 of main, 2026-04-17, when the repository was scalytics/kafscale), byte for byte.
+GO_CONFIG = REPO_ROOT / "examples" / "go-processor-v1.6.0.yaml"
+# The same release's Helm chart (`deploy/helm/iceberg-processor`): values.yaml and the ConfigMap template, verbatim.
 CHART = Path(__file__).parent / "fixtures"
 
 def write(directory: Path, text: str, name: str = "config.yaml") -> Path:
@@ -75,11 +76,11 @@ def assert_means_what_go_reads(config: LakehouseConfig) -> None:
 
 def test_the_go_processors_config_yaml_loads_verbatim():
     # Needs `mappings[].lfs` (LFS support); everything else is checked by the test below.
-    assert_means_what_go_reads(load_config(GO_MAIN_CONFIG))
+    assert_means_what_go_reads(load_config(GO_CONFIG))
 
 
 def test_the_go_processors_config_yaml_means_the_same_apart_from_lfs(tmp_path):
-    text = GO_MAIN_CONFIG.read_text()
+    text = GO_CONFIG.read_text()
     assert "    lfs:\n      mode: off\n" in text  # the verbatim copy, with the block LFS support reads
     assert_means_what_go_reads(load_config(write(tmp_path, without_lfs(text))))
 

@@ -84,17 +84,17 @@ def test_two_patterns_matching_one_topic_is_an_error_naming_both():
     assert "mappings[0].topic_pattern 'orders-.*'" in problem and "mappings[1].topic_pattern '.*-eu'" in problem
 
 
-def test_topic_whose_table_is_no_identifier_or_taken_is_left_out_naming_it():
+def test_topic_whose_table_is_taken_is_left_out_naming_it():
     config = config_with(
-        {"topic": "x", "table": "raw.t_a"},
+        {"topic": "x", "table": "raw.ok"},
         {"topic_pattern": ".*", "table": "raw.{topic}"},
         {"topic_pattern": "y.*", "table": "raw.t_{topic}", "dead_letter_table": "dl.{topic}"},
     )
     resolution = resolve_topic_patterns(config, ["2024-orders", "x", "ok"])
-    assert [m.topic for m in resolution.config.mappings] == ["x", "ok"]
+    assert {m.topic: m.table for m in resolution.config.mappings} == {
+        "x": "raw.ok", "2024-orders": "raw.2024_dash_orders"}
     assert len(resolution.problems) == 1
-    assert resolution.problems[0].startswith("mappings[1].table: topic '2024-orders' would land in "
-                                             "'raw.2024_dash_orders', which is not a table identifier")
+    assert resolution.problems[0].startswith("mappings[1].table: topic 'ok' would land in 'raw.ok', already ")
 
 
 def test_config_without_patterns_resolves_to_itself():

@@ -1,4 +1,4 @@
-"""The LFS hook of a task's read (`kafscale_source.read_input_partition`, no Spark needed): a failing record stops
+"""The LFS hook of a task's read (`segment_reader.read_input_partition`, no Spark needed): a failing record stops
 the partition out of band like a failing segment, naming record and blob; the `lfs_*` columns must end the columns."""
 
 from __future__ import annotations

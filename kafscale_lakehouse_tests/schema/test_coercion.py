@@ -255,7 +255,7 @@ def test_values_that_are_not_json_objects(arrow_reader):
 @pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])
 @pytest.mark.parametrize(("unit", "scale"), [(NumericTimestampUnit.MICROS, 1), (NumericTimestampUnit.MILLIS, 1000)])
 def test_a_number_in_a_timestamp_column_counts_the_mapping_unit(arrow_reader, unit, scale):
-    # Issue 19: the Go processor stores the raw number (microseconds); `millis` is the mapping's choice.
+    # The Go processor stores the raw number (microseconds); `millis` is the mapping's choice.
     out_of_range = 253_402_300_800_000_000 // scale  # 10000-01-01
     values = [b'{"at":%d}' % (1_700_000_000_000_000 // scale), b'{"at":-1}', b'{"at":%d}' % out_of_range]
     coercer = JsonColumnCoercer([Column(name="at", type="timestamp")], use_arrow_reader=arrow_reader,
@@ -273,7 +273,7 @@ def test_a_number_in_a_timestamp_column_counts_the_mapping_unit(arrow_reader, un
 
 @pytest.mark.parametrize("arrow_reader", [True, False], ids=["arrow", "reference"])
 def test_tombstones_are_records_with_null_columns_never_invalid(arrow_reader):
-    # KafScale has no compaction: null values (tombstones) stay in the log and land like any record (issue 19).
+    # KafScale has no compaction: null values (tombstones) stay in the log and land like any record.
     values = [b'{"id":1,"note":"a"}', None, b'{"id":3}', None]
     columns = [Column(name="id", type="long", required=True), Column(name="note", type="string", required=True)]
 

@@ -28,7 +28,7 @@ def test_table_schema_has_base_columns_then_mapped_columns():
         (6, "key", BinaryType(), False),
         (7, "value", BinaryType(), False),
         (8, "headers", StringType(), False),
-        (9, "order_id", StringType(), False),  # required, yet optional: tombstones land with nulls (issue 19)
+        (9, "order_id", StringType(), False),  # required, yet optional: tombstones land with nulls
         (10, "store_id", IntegerType(), False),
         (11, "date_ordered", TimestampType(), False),  # without zone, as the Go processor creates it
         (12, "day", DateType(), False),

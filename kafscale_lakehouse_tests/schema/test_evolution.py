@@ -127,7 +127,7 @@ def test_other_type_changes_are_errors_naming_the_column(catalog, column, new_ty
 
 
 def test_mapped_columns_are_optional_in_the_table_even_when_required(catalog):
-    # Tombstones (null values) land with nulls in every mapped column (issue 19): `required` judges records only.
+    # Tombstones (null values) land with nulls in every mapped column: `required` judges records only.
     table = create(catalog)
     assert not table.schema().find_field("order_id").required and table.schema().find_field("offset").required
     assert not evolve_table_schema(table, ORDERS, allow_type_widening=False)

@@ -128,7 +128,7 @@ def test_chunked_values_and_arrow_record_ids():
 
 
 def test_tombstones_are_valid_and_never_judged_by_the_schema():
-    # A null value is a tombstone (issue 19): the schema is not applied to it, even one requiring an object.
+    # A null value is a tombstone: the schema is not applied to it, even one requiring an object.
     result = validate_values(pa.array([None, b"null"], type=pa.binary()), record_ids(2), PIZZA_SCHEMA)
     assert result.valid.to_pylist() == [True, False] and result.invalid_count == 1
 

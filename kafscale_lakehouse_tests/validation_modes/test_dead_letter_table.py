@@ -151,7 +151,7 @@ def test_a_run_that_stopped_after_its_table_commit_gets_its_dead_letters_publish
 
 def test_a_run_that_died_before_publishing_is_found_behind_a_later_run_that_published(catalog, namespace,
                                                                                       source_batches, tmp_path):
-    """Issue 19 hole 6 (a): runs A and B on disjoint partitions; B settled the table before A committed, A commits
+    """Runs A and B on disjoint partitions; B settled the table before A committed, A commits
     and dies before publishing, B commits and publishes. The next walk must reach A's staged snapshot behind B's
     published one (B's `published-through` names the snapshot before A's commit)."""
     table = open_table(catalog, f"{namespace}.pizzas", schema=table_schema(COLUMNS), create_if_missing=True)

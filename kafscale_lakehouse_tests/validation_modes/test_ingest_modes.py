@@ -185,7 +185,7 @@ def lose_the_dead_letters_of_a_stopped_run(world: IngestWorld, config, spark, mo
 
 def test_a_run_that_finds_dead_letters_lost_fails_naming_them_once_and_keeps_its_commit(embedded_world, registry,
                                                                                        spark, monkeypatch):
-    """Issue 19 hole 6 (c): a run stops between its table commit and publishing, then its staged snapshot goes
+    """A run stops between its table commit and publishing, then its staged snapshot goes
     (the dead-letter table dropped). The next run commits what it read, then fails naming the stopped run, the
     record count and the offsets to replay; the run after it is not wedged."""
     world = embedded_world
@@ -207,7 +207,7 @@ def test_a_run_that_finds_dead_letters_lost_fails_naming_them_once_and_keeps_its
 
 def test_ingest_once_exits_1_on_dead_letters_found_lost_then_0(embedded_world, registry, spark, monkeypatch,
                                                                  caplog):
-    """Issue 19 hole 6 (c), through `kafscale-lakehouse ingest --once`: exit 1 naming the lost dead letters, once."""
+    """Through `kafscale-lakehouse ingest --once`: exit 1 naming the lost dead letters, once."""
     world = embedded_world
     serve_schema(registry, world.topic)
     write_faulty_topic(world)
@@ -307,7 +307,7 @@ def test_registry_columns_shape_the_table(embedded_world, registry, spark):
 
 @pytest.mark.parametrize("mode", ["off", "lenient", "strict"])
 def test_tombstones_land_with_null_columns_and_count_as_written_in_every_mode(embedded_world, registry, spark, mode):
-    # KafScale has no compaction: null values stay in the log and are records (issue 19). order_id is required
+    # KafScale has no compaction: null values stay in the log and are records. order_id is required
     # and the schema requires an object, yet a tombstone is neither invalid nor judged.
     world = embedded_world
     serve_schema(registry, world.topic)

@@ -2,7 +2,13 @@
 
 from kafscale_lakehouse.engine.ingestion.lag import lag, lag_and_reference
 from kafscale_lakehouse.engine.ingestion.lfs import ERROR_DECODE, ERROR_RESOLVE
-from kafscale_lakehouse.engine.ingestion.planning import SkipPlan, SkipRefusedError, plan_skip, stalled_partitions
+from kafscale_lakehouse.engine.ingestion.planning import (
+    ListedPartitions,
+    SkipPlan,
+    SkipRefusedError,
+    plan_skip,
+    stalled_partitions,
+)
 from kafscale_lakehouse.engine.ingestion.positions import offsets_view, reset_from_store, reset_from_table
 from kafscale_lakehouse.engine.ingestion.replay import ReplayError, move_position, plan_replay, replay_range
 from kafscale_lakehouse.engine.ingestion.run import (
@@ -31,6 +37,7 @@ from kafscale_lakehouse.engine.ingestion.topic_scan import (
     TopicScan,
     WatchSources,
     scan_namespace,
+    scan_retention,
     scan_topic,
     watched_partitions,
 )
@@ -45,6 +52,7 @@ __all__ = [
     "IngestContext",
     "IngestFailedError",
     "IngestResult",
+    "ListedPartitions",
     "NamespaceScan",
     "NamespaceWatchMemory",
     "PartitionCursor",
@@ -75,6 +83,7 @@ __all__ = [
     "reset_from_table",
     "resolve_record_validation",
     "scan_namespace",
+    "scan_retention",
     "scan_topic",
     "stalled_partitions",
     "watched_partitions",

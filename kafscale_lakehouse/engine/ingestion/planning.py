@@ -18,7 +18,7 @@ object and its offsets, until an operator skips them (`offsets skip`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from kafscale_lakehouse.engine.errors import EngineError
@@ -58,6 +58,7 @@ class PartitionPlanning:
     plan: SegmentPlan | None = None
     skipped: OffsetRange | None = None
     error: str | None = None
+    segments_end: int | None = None  # the offset after the newest completed segment listed (None: none listed)
 
 
 @timed("plan (list segments, newest footers)")
@@ -83,6 +84,7 @@ def plan_partition(
     segments = listing.segments
     if not segments:
         return PartitionPlanning(error=stall_error)
+    segments_end = segments[-1].last_offset + 1
     skipped = error = None
     gaps = find_gaps(segments, next_offset=start)
     read_start = segments[0].base_offset if start is None else start
@@ -106,7 +108,7 @@ def plan_partition(
         if not allow_gaps:  # reported from the first run that sees it, not only once the partition reaches it
             error = gap_error(gap.expected_offset, gap.found_offset, gap.kfs_key)
         if gap.expected_offset == read_start:
-            return PartitionPlanning(skipped=skipped, error=_either(error, stall_error))
+            return PartitionPlanning(skipped=skipped, error=_either(error, stall_error), segments_end=segments_end)
         segments = [s for s in segments if s.last_offset < gap.expected_offset]  # read up to the gap this run
     chosen: list[SegmentRef] = []
     used = 0
@@ -116,7 +118,8 @@ def plan_partition(
         chosen.append(segment)
         used += segment.kfs_size
     read = OffsetRange(partition, read_start, chosen[-1].last_offset + 1)
-    return PartitionPlanning(SegmentPlan(commit_start, read, chosen), skipped, _either(error, stall_error))
+    return PartitionPlanning(SegmentPlan(commit_start, read, chosen), skipped, _either(error, stall_error),
+                             segments_end)
 
 
 def gap_error(start: int, end: int, following_key: str) -> str:
@@ -195,19 +198,34 @@ def plan_skip(store: SegmentStore, topic: str, partition: int, next_offset: int 
     return SkipPlan(topic, partition, start, stalled.end_offset, stalled)
 
 
+@dataclass(frozen=True)
+class ListedPartitions:
+    """What `stalled_partitions` found: the stalled partitions, and where the completed segments end of those it
+    listed whole."""
+
+    stalled: dict[int, StalledSegment]
+    segments_ends: dict[int, int]  # the offset after the newest completed segment (absent: none after the next offset)
+
+
 def stalled_partitions(store: SegmentStore, topic: str, next_offsets: Mapping[int, int | None], *,
-                       grace_seconds: float) -> dict[int, StalledSegment]:
+                       grace_seconds: float, listed_whole: Collection[int] = ()) -> ListedPartitions:
     """The partitions of `next_offsets` (partition -> next offset; None: nothing committed) that wait behind an
     incomplete segment for longer than `grace_seconds`: for `offsets show` and the metrics (a listing from the next
     offset and at most one footer read per partition; a partition that cannot be listed from there is left out, the
-    run reports it)."""
+    run reports it). The partitions of `listed_whole` are listed to their newest completed segment (still one footer
+    read), for their lag when the broker publishes no watermark."""
     found: dict[int, StalledSegment] = {}
+    ends: dict[int, int] = {}
     for partition, next_offset in sorted(next_offsets.items()):
+        whole = partition in listed_whole
         try:
-            listing = segments_from(store, topic, partition, next_offset, limit=1)
+            listing = segments_from(store, topic, partition, next_offset, limit=None if whole else 1,
+                                    newest_footer_only=whole)
         except PARTITION_PLANNING_ERRORS:
             continue
+        if whole and listing.segments:
+            ends[partition] = listing.segments[-1].last_offset + 1
         stalled = find_stalled_segment(store, listing, grace_seconds=grace_seconds)
         if stalled is not None:
             found[partition] = stalled
-    return found
+    return ListedPartitions(found, ends)

@@ -51,8 +51,9 @@ from kafscale_lakehouse.offsets import (
 log = logging.getLogger(__name__)
 
 RESET_OWNER = "kafscale-lakehouse-offsets-reset"
-# How long a hand-over waits for a held lease, in lease TTLs: a holder that stopped without releasing its lease
-# (killed) loses it after one TTL; waiting two covers a holder whose last renewal just happened.
+# How long a hand-over waits for a held lease, in lease TTLs: a Go processor never releases its lease when it stops
+# (its release runs on the context SIGTERM cancelled, processor.go:131), so a stopped or killed one loses it at most
+# one TTL after its last renewal; waiting two covers that with room to spare.
 LEASE_WAIT_TTLS = 2
 LEASE_POLL_SECONDS = 0.5
 

@@ -1,5 +1,5 @@
 """Replay of a Kafka partition's offset range: its rows in the table replaced by the records read again from the
-segments, in one commit (DESIGN.md, "Dagster model": an explicit replay never duplicates); and an explicit move of
+segments, in one commit (an explicit replay never duplicates); and an explicit move of
 a partition's position in the table.
 
     result = replay_range(context, mapping, OffsetRange(partition, start, end))
@@ -14,7 +14,7 @@ that partition waits, the others go on), registered as a run (run_files.py) so a
    writes no dead letters);
 3. the table's files holding rows of the range: those holding only such rows are removed, the others rewritten
    without them (`spark.rewrite_job.run_rewrite_job`);
-4. one overwrite snapshot removes the old files and adds the new ones (`table_rewrites.commit_rewrite`), carrying the
+4. one overwrite snapshot removes the old files and adds the new ones (`rewrites.commit_rewrite`), carrying the
    offsets of every topic forward unchanged: a replay never moves the table's position.
 """
 

@@ -4,7 +4,7 @@ An ingestion task (`engine/ingestion/spark_job.py`) writes the rows of one `Segm
 partition. Before the rows reach Parquet, invalid records (a required mapped column missing or not coercible, or a value
 violating the topic's JSON Schema) are taken out and accounted for here, so the driver can decide what to commit:
 nothing at all while invalid records have nowhere to go. (A segment that cannot be read ends the task's rows; the
-task reports it beside its stats, `spark_ingestion.IngestionTaskOutput.failure`.)
+task reports it beside its stats, `spark_job.IngestionTaskOutput.failure`.)
 
 With a dead-letter target, the held-back invalid records are written by the same task as Parquet data files of the
 dead-letter table (`DEAD_LETTER_SCHEMA`), returned uncommitted in the task's stats; `engine/tables/dead_letters.py`

@@ -1,11 +1,11 @@
-"""One ingestion run of a topic→table mapping: the exactly-once commit protocol of DESIGN.md, without Dagster.
+"""One ingestion run of a topic→table mapping, without Dagster: the exactly-once commit protocol (docs/architecture.md).
 
     context = IngestContext.from_config(config, spark)
     result = ingest_mapping(context, config.mappings[0])
 
 A run: claim a lease per Kafka partition → start offsets from the table (etcd repaired from it) → plan whole
 completed segments up to the run's byte budget → one Spark job reads them and writes Parquet data files
-(`spark_ingestion.run_ingestion_spark_job`: each task decodes its segments and writes its files, no record goes
+(`spark_job.run_ingestion_spark_job`: each task decodes its segments and writes its files, no record goes
 through the JVM)
 → keep, per partition, only the files below the first segment that could not be read → one
 Iceberg commit that re-checks the start offsets → etcd offsets, fenced by the leases → leases released.
@@ -45,7 +45,7 @@ from kafscale_lakehouse.connections import (
     schema_registry_client,
     segment_store_from_config,
 )
-from kafscale_lakehouse.engine.ingestion.lag import lag
+from kafscale_lakehouse.engine.ingestion.lag import lag_and_reference
 from kafscale_lakehouse.engine.ingestion.lfs import LFS_ERROR_TYPE, lfs_read_settings
 from kafscale_lakehouse.engine.ingestion.planning import (
     PARTITION_PLANNING_ERRORS,
@@ -169,7 +169,10 @@ class PartitionOutcome:
     value_bytes: int = 0
     data_files: int = 0
     segments: int = 0
-    lag: int | None = None  # broker next_offset - end_offset
+    # broker next_offset - end_offset, else (no next_offset key: a restored topic) the end of the completed
+    # segments the run listed - end_offset; None for a partition that could not be planned
+    lag: int | None = None
+    segments_end: int | None = None  # the offset after the newest completed segment the run listed
     skipped: OffsetRange | None = None  # offsets deleted before ingestion, skipped by config
     error: str | None = None
     dead_lettered: int = 0  # invalid records of the committed range, now in the dead-letter table
@@ -508,7 +511,7 @@ def _plan(prepared: PreparedIngest, planned: Mapping[int, OffsetRange], identity
             log.error("topic %s partition %d stops: %s", topic, partition, exc)
             outcome.error = str(exc)
             continue
-        outcome.skipped, outcome.error = planning.skipped, planning.error
+        outcome.skipped, outcome.error, outcome.segments_end = planning.skipped, planning.error, planning.segments_end
         if planning.plan is not None:
             plan = planning.plan
             prepared.plans[partition] = _PartitionPlan(outcome, plan.commit_start, plan.read, plan.segments)
@@ -518,7 +521,8 @@ def _record_lag(prepared: PreparedIngest) -> None:
     watermarks = prepared.context.offsets.broker_watermarks(prepared.mapping.topic)
     for outcome in prepared.result.partitions.values():
         if outcome.end_offset is not None:
-            outcome.lag = lag(watermarks.get(outcome.partition), outcome.end_offset)
+            outcome.lag = lag_and_reference(watermarks.get(outcome.partition), outcome.segments_end,
+                                            outcome.end_offset)[0]
 
 
 # How many tables of a batch (a run that lands many) prepare, commit or are checked at once: their catalog, etcd and

@@ -8,13 +8,14 @@ bytes (a larger segment is a run of its own), and carries its own offset sub-ran
 Reading (one Spark task of `engine/ingestion/spark_job.py`, `read_input_partition`): each segment is fetched once and
 checked with its CRCs (`frame_segment`), limited to the range; the records of consecutive segments are then decoded
 together (`decode_framed`). A segment in which the start offset falls mid-way is range-read: its
-`.index` (one GET), then one ranged GET from the index entry at or before the start offset to the end of the object.
+`.index` (one GET), then one ranged GET from the index entry at or before the start offset to the end of the object;
+when the `.index` is missing or corrupt (or the range it points at is not a batch) the whole `.kfs` is read instead.
 Arrow batches of at most `MAX_ROWS_PER_BATCH` rows are yielded in
 `source_arrow_schema`: the base columns (`BASE_SCHEMA`), the mapped columns (types from the schema layer, all
 nullable: a required column is null in an invalid record), then `_kafscale_invalid_reason` (string, nullable),
 then, only with a JSON Schema, `_kafscale_invalid_schema_path` (string, nullable).
 
-LFS (`lfs`, `lfs_resolution.LfsReadSettings`, from the task spec): envelope records are resolved, referenced or
+LFS (`lfs`, `lfs.LfsReadSettings`, from the task spec): envelope records are resolved, referenced or
 skipped before the mapped columns are computed (engine/ingestion/lfs.py); with `store_metadata` the `lfs_*`
 columns (`schema.columns.LFS_METADATA_COLUMNS`) end `columns` and are filled by that stage. A record that fails
 there is an invalid record (on_error dead_letter, schema mode lenient) or stops its partition like a failing
@@ -368,7 +369,8 @@ def fetch_segment(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange
     records to be decoded (`decode_framed`).
 
     When `offsets.start` falls mid-way, only the bytes from the index entry at or before it are fetched; then the
-    batch CRCs are verified but not the footer's body CRC, which covers bytes that were not fetched.
+    batch CRCs are verified but not the footer's body CRC, which covers bytes that were not fetched. Without a usable
+    `.index` (gone, corrupt, pointing at no batch) the whole `.kfs` is fetched and checked instead.
 
     Invariant: records are delivered only from the segment planned (`segment`: base offset, `.kfs` size, and its
     last offset when planned from its footer), since the run commits up to the planned end. An object replaced
@@ -378,16 +380,32 @@ def fetch_segment(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange
     after (an overlap: `SegmentOverlapError`).
     """
     if offsets.start > segment.base_offset:
-        entries = parse_index(store.read(segment.index_key), key=segment.index_key)
-        entry = entry_for_offset(entries, offsets.start)
-        if entry.position > HEADER_SIZE:
-            entry_position = INDEX_HEADER_SIZE + entries.index(entry) * INDEX_ENTRY_SIZE
-            return _frame_from_index_entry(store, segment, offsets, entry.offset, entry.position, entry_position)
+        try:
+            ranged = _fetch_from_index(store, segment, offsets)
+        except (StorageError, SegmentFormatError) as exc:
+            # The `.index` only saves bytes: a missing or corrupt one (or a range read it sent astray) never stops a
+            # read the segment itself can serve. The Go processor never reads it (decoder.go:104).
+            log.warning("%s: the range read from %s failed (%s: %s); reading the whole segment instead",
+                        segment.kfs_key, segment.index_key, type(exc).__name__, exc)
+        else:
+            if ranged is not None:
+                return ranged
     data = store.read(segment.kfs_key)
     ends_early_at = _check_planned(segment, data)
     framed = frame_segment(data, key=segment.kfs_key, topic=segment.topic, partition=segment.partition,
                            start_offset=offsets.start, end_offset=offsets.end)
     return FetchedSegment(framed.run, ends_early_at)
+
+
+def _fetch_from_index(store: SegmentStore, segment: SegmentRef, offsets: OffsetRange) -> FetchedSegment | None:
+    """The batches from the index entry at or before `offsets.start` on (one GET of the `.index`, one ranged GET of
+    the `.kfs`); None when that entry is the first batch (the whole segment is read then)."""
+    entries = parse_index(store.read(segment.index_key), key=segment.index_key)
+    entry = entry_for_offset(entries, offsets.start)
+    if entry.position <= HEADER_SIZE:
+        return None
+    entry_position = INDEX_HEADER_SIZE + entries.index(entry) * INDEX_ENTRY_SIZE
+    return _frame_from_index_entry(store, segment, offsets, entry.offset, entry.position, entry_position)
 
 
 def _check_planned(segment: SegmentRef, data: bytes) -> int | None:

@@ -4,15 +4,15 @@ another thing): each task reads one segment run and writes it as Parquet data fi
 A run's records never cross into the JVM. The job is `mapInArrow` over one row per planned `SegmentRunPartition`;
 the tasks share one pickled `IngestionTaskSpec` (the opened segment store, which pickles as its settings, the input
 partitions, columns, JSON Schema, sink and dead-letter target). A task fetches and decodes its segments, coerces and
-validates the values (`kafscale_source.read_input_partition`), holds back invalid records (`SourceRowSplitter`,
+validates the values (`segment_reader.read_input_partition`), holds back invalid records (`SourceRowSplitter`,
 which writes the dead letters), writes the rest with the sink's file writer
-(`iceberg_sink.write_batches_as_data_files`) and returns only an `IngestionTaskOutput`, pickled: the `DataFile`s,
+(`data_files.write_batches_as_data_files`) and returns only an `IngestionTaskOutput`, pickled: the `DataFile`s,
 its stats, and the `SegmentReadFailure` when a segment could not be read (the rows before it are written; the
 driver commits that Kafka partition only below it). Reading through a Spark data source instead would cost an
 Arrow → row → Arrow conversion of every record in the JVM: about 3 CPU s per 200k records, as much as all our
 Python work (benchmarks/README.md).
 
-Like the sink, nothing is committed here: the caller commits the files (`table_offsets.commit_append`) or deletes
+Like the sink, nothing is committed here: the caller commits the files (`appends.commit_append`) or deletes
 them. A task that fails deletes what it wrote; when the job fails, the files of tasks that had finished are found
 in the writers' own directories and deleted.
 """

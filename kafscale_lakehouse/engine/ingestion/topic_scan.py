@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
@@ -36,7 +37,7 @@ from kafscale_lakehouse.connections import (
     offset_store_from_config,
     segment_store_from_config,
 )
-from kafscale_lakehouse.engine.ingestion.lag import lag
+from kafscale_lakehouse.engine.ingestion.lag import lag_and_reference
 from kafscale_lakehouse.engine.tables.catalogs import (
     CatalogError,
     CatalogSettings,
@@ -55,11 +56,14 @@ from kafscale_lakehouse.storage import (
     OffsetBeyondSegmentsError,
     SegmentRef,
     SegmentStore,
+    StorageError,
+    TopicRetention,
     discover_partitions,
     find_stalled_segment,
     list_partitions_of,
     segment_key,
     segments_from,
+    topic_retention,
 )
 
 log = logging.getLogger(__name__)
@@ -123,9 +127,10 @@ class PartitionState:
         return OffsetRange(self.partition, self.next_offset or 0, self.segments_end)  # type: ignore[arg-type]
 
     @property
-    def lag(self) -> int | None:
-        """Records the broker has that are not committed yet (engine/ingestion/lag.py)."""
-        return lag(self.log_end, self.next_offset)
+    def lag(self) -> int:
+        """Records the broker has that are not committed yet, against the end of the completed segments when the
+        broker publishes no watermark (a restored topic; engine/ingestion/lag.py)."""
+        return lag_and_reference(self.log_end, self.segments_end, self.next_offset)[0]
 
 
 @dataclass(frozen=True)
@@ -495,3 +500,15 @@ def _table_offsets(sources: WatchSources, table: str | None, topic: str, stored:
         return sources.tables.read(table, topic) or {}, None
     except (CatalogError, CorruptOffsetsPropertyError) as exc:
         return {}, f"table {table}: its offsets of topic {topic} cannot be read ({exc}); the offsets store's are used"
+
+
+def scan_retention(sources: WatchSources, topic: str, scan: TopicScan, now: datetime | None = None, *,
+                   list_unlimited: bool = True) -> tuple[TopicRetention | None, str | None]:
+    """The topic's retention headroom and replay window for the partitions of `scan` (storage/retention.py), or None
+    and why it cannot be read (etcd or the segment store failing, a topic config that is not KafScale's)."""
+    positions = {p: (s.next_offset, s.log_end) for p, s in scan.partitions.items()}
+    try:
+        return topic_retention(sources.store, sources.etcd, topic, positions, now or datetime.now(UTC),
+                               list_unlimited=list_unlimited), None
+    except (EtcdError, StorageError) as exc:
+        return None, f"cannot read the retention of topic {topic}: {exc}"

@@ -1,4 +1,4 @@
-"""The local Spark engine: started by the first run that needs Spark and reused by the runs after it (issue 22).
+"""The local Spark engine: started by the first run that needs Spark and reused by the runs after it.
 
 Without `SPARK_REMOTE` or `spark.remote`, every `ingest --once` and every Dagster run worker would start its own
 JVM and Python workers (7-10 s and more on 2 cores) before a job of a second. With a `local` master, they instead

@@ -2,7 +2,7 @@
 
 The offsets live in our snapshots' summaries (`engine/tables/summary.py`: `kafscale.offsets.<topic>`, the next
 offset of every partition committed so far); a commit re-reads them from the latest commit of ours
-(DESIGN.md, "Exactly-once commit protocol").
+(docs/architecture.md, "Commit protocol").
 """
 
 from __future__ import annotations

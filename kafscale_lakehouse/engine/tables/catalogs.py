@@ -249,9 +249,10 @@ def open_table(
 
     def create() -> Table:  # "if not exists" both: a create the server made before failing its answer is found
         catalog.create_namespace_if_not_exists(namespace)
+        location = _unused_location(catalog, identifier)
         return catalog.create_table_if_not_exists(
-            identifier, schema, partition_spec=spec, properties=table_properties,
-            location=_unused_location(catalog, identifier),
+            identifier, schema, partition_spec=spec, properties={**_go_paths(location), **table_properties},
+            location=location,
         )
 
     with catalog_errors(endpoint):
@@ -386,25 +387,52 @@ BOUNDED_METADATA_PROPERTIES = {
 }
 
 
+def go_table_location(catalog: Catalog, identifier: str) -> str | None:
+    """Where the Go processor creates `identifier`: `<warehouse>/<namespace parts>/<table>` (sink/iceberg.go:314-316),
+    when the catalog's `warehouse` is a location (`s3://...`, `file://...`); None when it is none (a REST catalog's
+    warehouse may be a name, which Go would make a relative path of): the catalog chooses then."""
+    warehouse = catalog.properties.get("warehouse") or ""
+    if "://" not in warehouse:
+        return None
+    return f"{warehouse.rstrip('/')}/{'/'.join(Catalog.identifier_to_tuple(identifier))}"
+
+
+def _go_paths(location: str | None) -> dict[str, str]:
+    """The table properties the Go processor creates a table with beside its location (sink/iceberg.go:321-324): the
+    data and metadata directories, so that either engine writes a table's files where the other would."""
+    if location is None:
+        return {}
+    return {TableProperties.WRITE_DATA_PATH: f"{location}/data", TableProperties.WRITE_METADATA_PATH:
+            f"{location}/metadata"}
+
+
 def _unused_location(catalog: Catalog, identifier: str) -> str | None:
-    """None (the catalog's default location) unless that location already holds files, e.g. of a table renamed
+    """The location to create `identifier` at: the Go processor's (`go_table_location`), else the catalog's default
+    (None, when the catalog chooses itself), unless that location already holds files, e.g. of a table renamed
     away to keep it as a backup: the new table then gets a location of its own next to it, so that nothing of
     the new table (clean-up, orphan-file removal, a purge) can ever touch the other table's files.
 
     A location of its own rather than an error: `create_table_if_missing` must keep working after an operator's
-    rename without a manual step, and no configuration key has to be invented for it. Catalogs that choose
-    locations themselves (REST) are asked for nothing here.
+    rename without a manual step, and no configuration key has to be invented for it.
     """
+    default = go_table_location(catalog, identifier)
     resolve = getattr(catalog, "_resolve_table_location", None)
-    if resolve is None:
+    if default is None and resolve is not None:
+        namespace, name = Catalog.namespace_from(identifier), Catalog.table_name_from(identifier)
+        default = resolve(None, Catalog.namespace_to_string(namespace), name)
+    if default is None:
         return None
-    namespace, name = Catalog.namespace_from(identifier), Catalog.table_name_from(identifier)
-    default = resolve(None, Catalog.namespace_to_string(namespace), name)
     io = PyArrowFileIO(catalog.properties)
     scheme, netloc, path = io.parse_location(default, io.properties)
-    # One non-recursive listing of the table root (`data/`, `metadata/`): never the files below.
-    if not io.fs_by_scheme(scheme, netloc).get_file_info(FileSelector(path, allow_not_found=True)):
-        return None
+    try:
+        # One non-recursive listing of the table root (`data/`, `metadata/`): never the files below.
+        held = io.fs_by_scheme(scheme, netloc).get_file_info(FileSelector(path, allow_not_found=True))
+    except OSError as exc:  # e.g. a REST catalog that vends the storage credentials: the catalog judges the location
+        log.info("table %s: cannot list %s to see whether it holds files (%s); creating it there", identifier,
+                 default, exc)
+        return default
+    if not held:
+        return default
     own = f"{default}-{uuid.uuid4().hex[:12]}"
     log.warning("table %s: the default location %s already holds files of another table; creating it at %s",
                 identifier, default, own)

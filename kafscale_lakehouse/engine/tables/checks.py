@@ -44,7 +44,8 @@ RECORD_ID_UNIQUE = "record_id_unique"
 ID_UNIQUE = "id_unique"  # in place of record_id_unique on upsert tables (mode upsert): one row per key
 OFFSETS_CONTIGUOUS = "offsets_contiguous"
 FRESHNESS = "freshness"
-CHECK_NAMES = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS)  # of an append table
+RETENTION_HEADROOM = "retention_headroom"  # time before retention deletes offsets not landed yet
+CHECK_NAMES = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS, RETENTION_HEADROOM)  # of an append table
 
 
 def table_asset_path(table: str) -> list[str]:

@@ -188,7 +188,7 @@ def _keep_until_outcome_known() -> None:
 
 def find_commit_after_refresh(table: Table, commit_id: str, since: int | None,
                               branch: str = MAIN_BRANCH) -> int | None:
-    """The snapshot id of our commit on `branch` after a refresh (see `snapshot_summary.find_commit`), or None, also
+    """The snapshot id of our commit on `branch` after a refresh (see `summary.find_commit`), or None, also
     when the catalog cannot be read."""
     try:
         table.refresh()

@@ -6,7 +6,7 @@ statistics, partition values): `RollingDataFiles` (one task's open files, rolled
 history, FileIO settings, run id) into the tasks, pickled. The ingestion Spark job (`engine/ingestion/spark_job.py`)
 uses them through `mapInArrow`; any job that writes Arrow batches of a table's columns can.
 
-Nothing is committed here: the caller commits the files with its own checks (`table_offsets.commit_append`) or deletes
+Nothing is committed here: the caller commits the files with its own checks (`appends.commit_append`) or deletes
 them (`delete_data_files`). A task that fails deletes its own files before it re-raises. Data file names start with
 `data_file_prefix(run_id)` and lie in the writer's own directory (`writer_data_dir`: one per table a run writes, per
 attempt), so that files left by a crash can be found and removed without listing the table, and without touching

@@ -9,7 +9,7 @@ Order of one run, and what a crash between the steps leaves:
 1. Spark job: table data files + dead-letter data files, all uncommitted.
 2. `stage_dead_letters`: the dead-letter files become a *staged* snapshot of the dead-letter table: durable and
    referenced (orphan cleanup keeps its files), but on no branch, so no reader sees it.
-3. The table commit (`table_offsets.commit_append`) carries `StagedDeadLetters.summary_properties()`: the dead-letter
+3. The table commit (`appends.commit_append`) carries `StagedDeadLetters.summary_properties()`: the dead-letter
    table, the staged snapshot id and the record count, next to the new offsets.
 4. `publish_dead_letters`: the staged snapshot's files are appended to the dead-letter table's main branch, with the
    run id, the table snapshot and the offset ranges in the summary.

@@ -135,3 +135,20 @@ def test_offset_gauges_come_from_the_local_offsets_store_too(world, config, tabl
                                                                                         1_699_999_999_000)
     assert committed[3].last_timestamp_ms == 1_700_000_000_500  # what the caller gave, stored as is
     assert (gauge("lag", 0), gauge("lag", 3)) == (50 - 42, None)
+
+
+def test_lag_without_a_broker_watermark_is_measured_against_the_completed_segments(world, config, table, registry):
+    """A restored topic (`kafscale-cli restore` writes no `next_offset` for it): partition 0 has 42 records
+    committed of 100 in segments, partition 1 none of 60; partition 2 has a watermark, which wins."""
+    world.write_segments(0, 100, records_per_segment=50)
+    world.write_segments(1, 60, records_per_segment=30)
+    world.write_segments(2, 10, records_per_segment=10)
+    with offset_store_from_config(config) as store:
+        with held_leases(store, world.topic, [0], "test-owner") as leases:
+            store.commit_offsets(leases.values(), {0: (42, 1_700_000_000_000)})
+        store.record_broker_watermark(world.topic, 2, 15)
+
+    lags = {p: registry.get_sample_value("kafscale_processor_lag", {"topic": world.topic, "partition": str(p)})
+            for p in (0, 1, 2)}
+
+    assert lags == {0: 58, 1: 60, 2: 15}

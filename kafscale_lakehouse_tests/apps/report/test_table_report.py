@@ -11,8 +11,10 @@ import dagster as dg
 from kafscale_lakehouse.apps import cli
 from kafscale_lakehouse.apps.report import build_table_report
 from kafscale_lakehouse.apps.report_html import render_report_html
-from kafscale_lakehouse.connections import catalog_settings
+from kafscale_lakehouse.apps.workload import pizza_orders
+from kafscale_lakehouse.connections import catalog_settings, segment_store_from_config
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
+from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.orchestration.naming import table_asset_key
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse_tests.apps.report.conftest import (
@@ -162,3 +164,15 @@ def test_a_table_without_commits_gets_a_page_saying_so(report_world: ReportWorld
 
     assert "rows in the table unknown" in text and "No commit yet." in text
     assert "Dead-letter table rpt.quiet_dead_letters does not exist yet" in text
+
+
+def test_a_partition_without_a_broker_watermark_has_its_lag_against_the_completed_segments(
+        report_world: ReportWorld):
+    """A partition of a restored topic: `kafscale-cli restore` wrote its segments but no `next_offset`."""
+    segment = encode_segment(pizza_orders(0, 40, partition=2), base_offset=0)
+    segment_store_from_config(report_world.config).write_segment(TOPIC, 2, 0, segment.kfs, segment.index)
+
+    report = build_table_report(report_world.config, TABLE, dagster_home=None)
+
+    assert {lag.partition: (lag.watermark, lag.lag) for lag in report.lags} == {0: (80, 30), 1: (20, 0), 2: (None, 40)}
+    assert "lag now (records) 70" in _Page(render_report_html(report)).text

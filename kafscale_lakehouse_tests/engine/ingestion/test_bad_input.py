@@ -106,7 +106,7 @@ def test_invalid_records_commit_nothing_and_are_named(embedded_world, spark):
 
 def test_segment_replaced_between_planning_and_reading_stops_its_partition_and_loses_nothing(
         embedded_world, spark, monkeypatch):
-    """Issue 19 hole 4: a segment re-cut after planning (offsets 100..199 → 100..149) is not read as the planned one:
+    """A segment re-cut after planning (offsets 100..199 → 100..149) is not read as the planned one:
     the partition commits below it, the error names the object, and a later run lands every offset once."""
     world = embedded_world
     world.write_segments(0, 200, records_per_segment=100)  # segments 0, 100
@@ -142,7 +142,7 @@ def test_segment_replaced_between_planning_and_reading_stops_its_partition_and_l
 
 
 def test_overlapping_or_duplicate_segments_stop_only_their_own_partition(embedded_world, spark):
-    # Issue 19: a SegmentOverlapError or DuplicateSegmentError used to fail every partition of the run.
+    # A SegmentOverlapError or DuplicateSegmentError used to fail every partition of the run.
     world = embedded_world
     world.write_segments(0, 80, records_per_segment=40)  # segments 0, 40
     overlapping = world.write_records(0, 30, pizza_orders(30, 40))  # offsets 30..69: overlaps segment 0

@@ -1,6 +1,6 @@
 """How a batch's Spark job packs its segment runs (one per Kafka partition's segments) into Spark tasks: a Spark task
 costs more than reading a small segment run, so hundreds of tables' small partitions share a task per engine slot;
-large ones spread by bytes (issue 22). Pure logic: `pack_tasks`."""
+large ones spread by bytes. Pure logic: `pack_tasks`."""
 
 from __future__ import annotations
 

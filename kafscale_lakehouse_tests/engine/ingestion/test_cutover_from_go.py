@@ -88,7 +88,7 @@ def test_cut_over_from_the_go_processor_and_back(production_world, spark, caplog
     go_committed_at = int(time.time() * 1000) - 60_000
     with EtcdClient([world.etcd_endpoint]) as client:
         put_go_offsets(client, world, {0: 49, 1: 29}, go_committed_at)
-        # The Go processor was just stopped without releasing its lease (killed): it lapses after its TTL.
+        # The Go processor was just stopped (or killed): it never releases its lease, which lapses after its TTL.
         go_lease = client.grant_lease(2)
         client.put(f"{world.name}/leases/{world.topic}/0", go_lease_value(go_committed_at + 2000), go_lease)
 

@@ -1,4 +1,4 @@
-"""Dead letters stay exactly once when offsets are read again (issue 19, hole 7): after a position moved back
+"""Dead letters stay exactly once when offsets are read again: after a position moved back
 (`offsets reset --to-offset`, engine/ingestion/replay.py), after an operator rolled the table back (also past a move
 back), and when the records read again are valid now. A publication replaces the dead letters of the offsets it covers
 (engine/tables/dead_letters.py); until then those of offsets beyond the table's position stay."""

@@ -1,5 +1,5 @@
 """A JSON number in a timestamp column, landed through a real run: micros as the Go processor stores it, or millis
-(`mappings[].schema.numeric_timestamp_unit`, issue 19)."""
+(`mappings[].schema.numeric_timestamp_unit`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Orphaned segment objects (issue 19, today's KafScale broker): the broker uploads `.kfs` and `.index` in parallel,
+"""Orphaned segment objects (today's KafScale broker): the broker uploads `.kfs` and `.index` in parallel,
 so a failed upload leaves one without the other and the records are gone from the broker. Within
 `processor.orphan_segment_grace_seconds` the partition waits (the upload may still complete); after it, the run, the
 sensor's scan and `offsets show` name the object and the offsets it should hold, the other partitions land, and

@@ -136,7 +136,7 @@ def test_an_explicit_position_moves_back_removing_the_rows_to_land_again_and_for
 
 def test_a_position_moved_back_while_a_run_commits_the_partition_lands_every_record_once(embedded_world, spark,
                                                                                         monkeypatch):
-    """Issue 19, hole 3: the move read the partition's position before holding its lease, and its rewrite did not
+    """The move read the partition's position before holding its lease, and its rewrite did not
     re-check it at commit; a run that committed 200..299 in between left those rows behind position 100, and the
     next run landed them again."""
     world = embedded_world

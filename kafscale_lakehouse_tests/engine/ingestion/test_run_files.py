@@ -82,7 +82,7 @@ def test_a_live_run_keeps_its_files_while_another_run_prepares(production_world,
 
 def test_a_run_that_opened_the_table_before_an_ended_runs_commit_keeps_that_runs_files(embedded_world, spark,
                                                                                        monkeypatch):
-    """Issue 19, hole 1: run A commits and dies before forgetting its record; run B, which opened the table before
+    """Run A commits and dies before forgetting its record; run B, which opened the table before
     A's commit, takes the lease once A's is gone and cleaned up with its old view: A's committed files deleted."""
     world = embedded_world
     world.write_segments(0, 100, records_per_segment=50)

@@ -88,7 +88,7 @@ def test_expired_history_after_a_foreign_commit_stops_until_the_table_takes_the_
 
 
 def test_reset_from_the_table_with_expired_offsets_but_landed_rows_continues_after_them(embedded_world, spark):
-    """Issue 19, hole 7: another engine expired the snapshots carrying our offsets, the rows remain; resetting the
+    """Another engine expired the snapshots carrying our offsets, the rows remain; resetting the
     store from the table sets it after the highest landed offset, not back to the oldest segment."""
     world = embedded_world
     land_two_partitions(world, spark)

@@ -1,5 +1,5 @@
 """When a scan may reuse a table's offsets instead of loading the table (`TableOffsetsReader.read_reusing`): pure
-logic over what the last load found and the offsets store's offsets, with the catalog load counted (issue 22: at 200
+logic over what the last load found and the offsets store's offsets, with the catalog load counted (at 200
 topics every batch's tables were loaded again on the tick after it)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 19 hole 5: a merge-on-read delete that another engine (Trino, Spark) commits while a compaction runs must
+"""A merge-on-read delete that another engine (Trino, Spark) commits while a compaction runs must
 not be undone by the compaction's commit (Java's `validateNoNewDeletesForDataFiles`)."""
 
 from __future__ import annotations

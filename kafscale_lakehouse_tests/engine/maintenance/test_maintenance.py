@@ -189,7 +189,7 @@ def test_expiry_by_count_keeps_the_newest_and_the_offsets_chain(embedded_world, 
 @pytest.mark.parametrize("world_kind", ["embedded", "production"])  # the sqlite and the REST catalog enforce it
 def test_expiry_re_plans_when_a_commit_lands_between_its_planning_and_its_commit(request, world_kind, spark,
                                                                                   monkeypatch):
-    """Issue 19, hole 7: the expiry commit requires main to be where it was planned; a rollback to an older
+    """The expiry commit requires main to be where it was planned; a rollback to an older
     snapshot landing in between makes it re-plan instead of removing main's new head and its offsets."""
     world = request.getfixturevalue(f"{world_kind}_world")
     _land_in_rounds(world, spark, rounds=2)
@@ -250,7 +250,7 @@ def test_orphan_removal_keeps_young_files_referenced_files_and_other_tables(embe
 
 
 def test_orphan_removal_keeps_the_files_of_a_commit_that_lands_while_it_lists(embedded_world, spark, monkeypatch):
-    """Issue 19, hole 7: the references are read after the listing, so a commit landing during it is kept."""
+    """The references are read after the listing, so a commit landing during it is kept."""
     world = embedded_world
     _land_in_rounds(world, spark, rounds=1)
     for partition in (0, 1):
@@ -280,7 +280,7 @@ def test_orphan_removal_keeps_the_files_of_a_commit_that_lands_while_it_lists(em
 
 def test_orphan_removal_checks_every_unreferenced_metadata_file_for_another_table(embedded_world, spark,
                                                                                  monkeypatch):
-    """Issue 19, hole 7: the shared-location guard reads every unreferenced metadata file, not the first five."""
+    """The shared-location guard reads every unreferenced metadata file, not the first five."""
     world = embedded_world
     _land_in_rounds(world, spark, rounds=1)
     table = world.table()
@@ -347,7 +347,7 @@ def test_dagster_maintenance_job_runs_the_same_code_and_records_what_it_did(embe
 
 
 def test_expiry_keeps_unpublished_staged_dead_letters_of_the_default_dead_letter_table(embedded_world):
-    """Issue 19 hole 6 (b): in lenient mode without `dead_letter_table`, invalid records go to `<table>_dead_letters`;
+    """In lenient mode without `dead_letter_table`, invalid records go to `<table>_dead_letters`;
     maintenance protects the table snapshot naming its unpublished staged dead letters all the same."""
     world = embedded_world
     document = world.config_document()

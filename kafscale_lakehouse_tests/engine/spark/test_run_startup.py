@@ -1,4 +1,4 @@
-"""The fixed cost of a run (issue 22): `kafscale-lakehouse ingest --once` as a process of its own, on a real Spark
+"""The fixed cost of a run: `kafscale-lakehouse ingest --once` as a process of its own, on a real Spark
 engine (Spark Connect), SeaweedFS S3 + REST catalog and etcd. What it loads and how it starts, not its wall time
 (benchmarks/tiny_run.py measures that): a command loads only its own modules, starting (imports, config, session)
 runs without garbage collections, which walked everything the ~1,700 imported modules made, again and again, and

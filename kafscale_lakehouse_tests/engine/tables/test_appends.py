@@ -220,7 +220,7 @@ def test_unknown_outcome_keeps_files_until_cleanup_proves_them_unreferenced(cata
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
 def test_an_ended_runs_commit_applied_late_by_the_catalog_keeps_its_files(catalog, make_table, monkeypatch, tmp_path):
-    """Issue 19, hole 1: a commit whose outcome was unknown is applied by the catalog after its run ended; the
+    """A commit whose outcome was unknown is applied by the catalog after its run ended; the
     clean-up of ended runs must not delete its files before main has moved past the snapshot it was built on."""
     table = make_table()
     commit_append(table, write_batch(table, "t", {0: (0, 3)}, "run-first"), "t", {0: 0}, {0: 3}, "run-first")
@@ -325,7 +325,7 @@ def test_clean_up_never_deletes_a_file_a_snapshot_of_any_ref_references(catalog,
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
 def test_a_run_whose_commit_was_expired_behind_an_older_tag_is_not_proven_uncommitted(make_table, monkeypatch):
-    """Issue 19, hole 2: the walk stopped at the first retained snapshot older than the run's start (here a tag) and
+    """The walk stopped at the first retained snapshot older than the run's start (here a tag) and
     answered "not committed" although the snapshot after it, the run's commit, had been expired."""
     monkeypatch.setattr(run_files, "CLOCK_SKEW_MS", 0)
     table = make_table()
@@ -348,7 +348,7 @@ def test_a_run_whose_commit_was_expired_behind_an_older_tag_is_not_proven_uncomm
 
 @pytest.mark.parametrize("catalog", ["sql"], indirect=True)
 def test_a_rewrite_moving_a_position_back_refuses_when_the_refreshed_table_moved_it(make_table):
-    """Issue 19, hole 3, at the commit: a rewrite planned with partition 0 at 5 must not set it back to 3 once another
+    """At the commit: a rewrite planned with partition 0 at 5 must not set it back to 3 once another
     run has landed 5..7 (those rows would stay behind position 3 and land again)."""
     table = make_table()
     commit_append(table, write_batch(table, "t", {0: (0, 5)}, "run-1"), "t", {0: 0}, {0: 5}, "run-1")

@@ -1,4 +1,4 @@
-"""The sql catalog's SQLAlchemy loads only for a sql catalog (issue 22: the fixed cost of a run)."""
+"""The sql catalog's SQLAlchemy loads only for a sql catalog (the fixed cost of a run)."""
 
 from __future__ import annotations
 

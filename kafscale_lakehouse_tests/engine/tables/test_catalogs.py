@@ -142,3 +142,16 @@ def test_a_rest_catalog_used_by_many_threads_keeps_its_connections(seaweedfs, na
             assert sorted(set(pool.map(load, range(32)))) == identifiers
             start.reset()
     assert not [r.getMessage() for r in caplog.records if "Connection pool is full" in r.getMessage()]
+
+
+def test_a_created_table_is_laid_out_where_the_go_processor_creates_it(catalog, namespace):
+    """`<warehouse>/<namespace>/<table>`, with `write.data.path` and `write.metadata.path` set to its `data` and
+    `metadata` directories, as the Go processor creates a table (sink/iceberg.go createTable), so a table created
+    by either engine is laid out the same."""
+    table = open_table(catalog, f"{namespace}.orders", schema=lakehouse_schema(), create_if_missing=True)
+
+    location = f"{catalog.properties['warehouse'].rstrip('/')}/{namespace}/orders"
+    assert table.location() == location
+    assert (table.properties["write.data.path"], table.properties["write.metadata.path"]) == (
+        f"{location}/data", f"{location}/metadata")
+    assert table.metadata_location.startswith(f"{location}/metadata/")

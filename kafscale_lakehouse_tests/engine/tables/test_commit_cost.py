@@ -1,4 +1,4 @@
-"""`table_offsets.HistoryIndependentTransaction`: the commit view's transactions read the staged metadata without
+"""`commits.HistoryIndependentTransaction`: the commit view's transactions read the staged metadata without
 pyiceberg's deep copy of the whole history per read, and stage exactly what pyiceberg stages."""
 
 from __future__ import annotations

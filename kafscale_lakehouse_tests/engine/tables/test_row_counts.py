@@ -1,4 +1,4 @@
-"""Exact row counts per Kafka partition whose cost follows what was added (issue 22: a landed table's materialization
+"""Exact row counts per Kafka partition whose cost follows what was added (a landed table's materialization
 records `dagster/partition_row_count` after every run, at hundreds of tables a run every few seconds): an earlier
 count is carried over the appends since, reading only the manifests they wrote; a delete, a rewrite, a rollback or an
 expired counted snapshot make it count again. On a local sqlite catalog and warehouse, no servers needed."""

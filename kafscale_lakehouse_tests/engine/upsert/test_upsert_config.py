@@ -79,7 +79,7 @@ def test_an_upsert_table_checks_id_unique_in_place_of_record_id_unique():
     upsert = _config(mode="upsert", id_columns=["store_id"])
     append = _config()
     names = {c.check_key.name for c in build_table_checks(upsert, upsert.mappings[0])}
-    assert names == {"schema_valid", "id_unique", "offsets_contiguous", "freshness"}
+    assert names == {"schema_valid", "id_unique", "offsets_contiguous", "freshness", "retention_headroom"}
     assert "record_id_unique" in {c.check_key.name for c in build_table_checks(append, append.mappings[0])}
     [id_unique] = [c for c in build_table_checks(upsert, upsert.mappings[0]) if c.check_key.name == "id_unique"]
     assert id_unique.check_specs_by_output_name and all(s.blocking for s in id_unique.check_specs)

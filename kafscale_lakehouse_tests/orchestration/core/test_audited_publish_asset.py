@@ -8,7 +8,13 @@ import dagster as dg
 import pytest
 
 import kafscale_lakehouse.engine.ingestion.run as run_module
-from kafscale_lakehouse.engine.tables.checks import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
+from kafscale_lakehouse.engine.tables.checks import (
+    FRESHNESS,
+    OFFSETS_CONTIGUOUS,
+    RECORD_ID_UNIQUE,
+    RETENTION_HEADROOM,
+    SCHEMA_VALID,
+)
 from kafscale_lakehouse_tests.orchestration.core.conftest import run_ingest_job
 from kafscale_lakehouse_tests.orchestration.core.test_materialize import check_results, materializations
 
@@ -31,7 +37,7 @@ def test_the_audited_asset_publishes_a_clean_run_and_reports_a_failed_check_with
     assert metadata["published"] is True
     assert metadata["audit_snapshot_id"] == metadata["snapshot_id"] == table.current_snapshot().snapshot_id
     checks = check_results(clean)
-    assert set(checks) == {SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS}
+    assert set(checks) == {SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS, RETENTION_HEADROOM}
     assert all(e.passed for e in checks.values()), {n: e.description for n, e in checks.items()}
     assert checks[RECORD_ID_UNIQUE].metadata["rows_scanned"].value == 60
     assert checks[RECORD_ID_UNIQUE].metadata["published"].value is True

@@ -19,11 +19,13 @@ from kafscale_lakehouse.orchestration.checks import (
     evaluate_freshness,
     evaluate_offsets_contiguous,
     evaluate_record_id_unique,
+    evaluate_retention_headroom,
     evaluate_schema_valid,
     run_committed_ranges,
 )
 from kafscale_lakehouse.orchestration.metadata import run_metadata
 from kafscale_lakehouse.schema import table_schema
+from kafscale_lakehouse.storage import PartitionRetention, RetentionPolicy, TopicRetention
 
 TOPIC = "orders.v1"
 
@@ -195,3 +197,34 @@ def test_schema_valid_reads_the_run_invalid_records_from_its_materialization_met
     result.invalid_count, result.invalid_samples = 0, []
     assert evaluate_schema_valid(run_metadata(result), "lenient").passed
     assert evaluate_schema_valid(None, "strict").passed
+
+
+def retention_of(policy: RetentionPolicy, **partitions: PartitionRetention) -> TopicRetention:
+    return TopicRetention("orders", policy, {int(p[1:]): r for p, r in partitions.items()})
+
+
+def at_risk(partition: int, headroom_seconds: float | None, gap: str | None = None) -> PartitionRetention:
+    return PartitionRetention(partition, headroom_seconds, None, 0, 7200.0, 100, "ns/orders/0/segment-0.kfs", gap)
+
+
+def test_retention_headroom_passes_warns_below_the_threshold_and_fails_on_a_certain_gap():
+    day = RetentionPolicy(retention_ms=86_400_000)
+    fine = evaluate_retention_headroom(retention_of(day, p0=at_risk(0, 80_000), p1=at_risk(1, None)),
+                                       warn_seconds=3600)
+    assert fine.passed and fine.metadata["min_headroom_seconds"].value == 80_000
+    rows = {r.data["partition"]: r.data for r in fine.metadata["retention_by_partition"].value.records}
+    assert rows[1]["headroom_seconds"] is None and rows[0]["replay_window_records"] == 100
+    short = evaluate_retention_headroom(retention_of(day, p0=at_risk(0, 1800), p1=at_risk(1, 80_000)),
+                                        warn_seconds=3600)
+    assert not short.passed and short.severity == dg.AssetCheckSeverity.WARN
+    assert "partitions [0] have less than 3600 s" in short.description
+    gone = evaluate_retention_headroom(retention_of(day, p0=at_risk(0, -5, gap="offsets 3..9 are gone")),
+                                       warn_seconds=3600)
+    assert not gone.passed and gone.severity == dg.AssetCheckSeverity.ERROR
+    assert "partition 0: offsets 3..9 are gone" in gone.description
+
+
+def test_retention_headroom_unreadable_warns_naming_why():
+    result = evaluate_retention_headroom(None, "cannot read the retention of topic orders: etcd down", warn_seconds=1)
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
+    assert "etcd down" in result.description

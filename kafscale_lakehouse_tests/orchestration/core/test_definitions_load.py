@@ -115,7 +115,7 @@ def test_dagster_reports_a_bad_config_when_it_loads_the_code_location(demo_confi
                           cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120)
 
     assert done.returncode != 0
-    assert (f"ConfigError: {demo_config_path}: mappings[0].table: 'pizzas' is not a table identifier"
+    assert (f"ConfigError: {demo_config_path}: mappings[0].table: 'pizzas' has no namespace"
             in done.stdout + done.stderr)
 
 
@@ -156,4 +156,5 @@ def test_landed_tables_gate_downstream_assets_on_their_blocking_checks(demo_conf
     checks = {
         s.key.name: s.blocking for d in defs().asset_checks for s in d.check_specs if s.key.asset_key == DEMO_TABLE_KEY
     }
-    assert checks == {"schema_valid": True, "record_id_unique": True, "offsets_contiguous": True, "freshness": False}
+    assert checks == {"schema_valid": True, "record_id_unique": True, "offsets_contiguous": True, "freshness": False,
+                      "retention_headroom": False}

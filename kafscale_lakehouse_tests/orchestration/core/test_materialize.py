@@ -7,11 +7,19 @@ import dagster as dg
 from pyiceberg.expressions import And, EqualTo
 
 from kafscale_lakehouse.definitions import build_definitions
-from kafscale_lakehouse.engine.tables.checks import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
+from kafscale_lakehouse.engine.tables.checks import (
+    FRESHNESS,
+    OFFSETS_CONTIGUOUS,
+    RECORD_ID_UNIQUE,
+    RETENTION_HEADROOM,
+    SCHEMA_VALID,
+)
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.orchestration.naming import topic_asset_key
+from kafscale_lakehouse.storage.retention import topic_config_key
 from kafscale_lakehouse_tests.orchestration.core.conftest import run_ingest_job
+from kafscale_lakehouse_tests.storage.test_retention import topic_config
 
 
 def materializations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, object]]:
@@ -59,13 +67,18 @@ def test_partitions_materialize_in_one_run_and_one_commit_with_metadata_and_pass
         assert "record_id" in [c.name for c in metadata["dagster/column_schema"].columns]
     assert by_partition["0"]["lag"] == 30
     checks = check_results(result)
-    assert set(checks) == {SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS}
+    assert set(checks) == {SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS, RETENTION_HEADROOM}
     assert all(evaluation.passed for evaluation in checks.values()), {n: e.description for n, e in checks.items()}
     unique = checks[RECORD_ID_UNIQUE].metadata
     assert unique["rows_scanned"].value == 180
     assert unique["offset_ranges_scanned"].value == {"0": [0, 120], "1": [0, 60]}
     lag_rows = {r.data["partition"]: r.data for r in checks[FRESHNESS].metadata["lag_by_partition"].value.records}
     assert (lag_rows[0]["lag"], lag_rows[0]["measured_against"]) == (30, "broker watermark")
+    retention = checks[RETENTION_HEADROOM]
+    assert "unlimited retention" in retention.description  # no topic config in etcd: KafScale's default
+    windows = {r.data["partition"]: r.data for r in retention.metadata["retention_by_partition"].value.records}
+    assert {p: (w["log_start_offset"], w["replay_window_records"]) for p, w in windows.items()} == {0: (0, 120),
+                                                                                                   1: (0, 60)}
 
 
 def test_record_id_unique_scans_only_the_run_ranges_and_catches_an_injected_duplicate(production_world, spark):
@@ -128,11 +141,12 @@ def test_an_unreadable_segment_fails_the_run_naming_it_after_committing_the_othe
     world.assert_exactly_once(runs=1, expected={0: range(40)})
 
 
-def test_the_topic_observation_reports_watermark_completed_segments_and_lag(production_world, spark):
+def test_the_topic_observation_reports_watermark_completed_segments_lag_and_retention(production_world, spark):
     world = production_world
     world.write_segments(0, 50, records_per_segment=25)
     with EtcdClient([world.etcd_endpoint]) as etcd:
         etcd.put(broker_next_offset_key(world.topic, 0), "70")
+        etcd.put(topic_config_key(world.topic), topic_config(world.topic, retention_ms=7_200_000))
     definitions = build_definitions(world.config())
     observe_job = dg.define_asset_job("observe_topic", selection=dg.AssetSelection.assets(topic_asset_key(world.topic)))
     job = dg.Definitions.merge(definitions, dg.Definitions(jobs=[observe_job])).resolve_job_def("observe_topic")
@@ -146,3 +160,6 @@ def test_the_topic_observation_reports_watermark_completed_segments_and_lag(prod
     assert metadata["completed_segments_end"] == {"0": 50}
     assert metadata["committed_next_offset"] == {"0": None}  # nothing committed
     assert metadata["lag"] == 70
+    assert metadata["retention"] == "retention.ms 7200000"
+    assert 6600 < metadata["min_retention_headroom_seconds"] <= 7200  # nothing landed: the oldest segment counts
+    assert metadata["replay_window"]["0"]["log_start_offset"] == 0

@@ -1,4 +1,4 @@
-"""`offsets_contiguous` after a position moved back on purpose (issue 19, hole 7): the move's commit records itself
+"""`offsets_contiguous` after a position moved back on purpose: the move's commit records itself
 (`kafscale.moved-back.<topic>`), and the check accepts exactly that move, naming it, while any other move back
 still fails."""
 

@@ -1,7 +1,7 @@
 """The namespace watch keeps up to `processor.max_batch_runs` `land_tables` runs in flight over disjoint tables, on the
 real servers (SeaweedFS S3 + Iceberg REST, etcd, a Dagster instance; Spark where a run lands): a tick requests a run
 per free slot, the longest waiting tables first, never a table with a run in flight, and a table that just landed
-does not go before one waiting longer; a tick while every slot is taken lists nothing (issue 22: batches that
+does not go before one waiting longer; a tick while every slot is taken lists nothing (batches that
 overlap)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a run's checks read on a table with a long history: the manifests and data files the run's commit (and any
-writer since our commit before it) added, not every manifest of the table (issue 22: hundreds of tables, a commit
+writer since our commit before it) added, not every manifest of the table (hundreds of tables, a commit
 each every few seconds, checked after every commit). On a local sqlite catalog and warehouse, no servers needed."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The integrity checks read only what was added since our previous commit, but do not forget a problem they saw once
-(issue 22 follow-up): another writer appends a file of rows beyond our committed offsets of partition 1; the run that
+"""The integrity checks read only what was added since our previous commit, but do not forget a problem they saw once:
+another writer appends a file of rows beyond our committed offsets of partition 1; the run that
 lands only partition 0 sees it (offsets_contiguous fails), and the run that then lands partition 1 duplicates its
 rows. That file is older than our previous commit by then, so an incremental scan would not read it: the checks must
 scan the whole table after a failure, fail on the duplicates, and say what they scanned. In a `land_tables` batch and

@@ -1,6 +1,6 @@
 """A `land_tables` run on the real servers and a real Dagster instance: it lands each table of its batch with its own
 commit, and Dagster files each table's materializations and check results under the table's own asset, partitions
-and checks; a table whose commit fails leaves the others landed and is requested again after the backoff (issue 22)."""
+and checks; a table whose commit fails leaves the others landed and is requested again after the backoff."""
 
 from __future__ import annotations
 
@@ -20,7 +20,13 @@ from pyiceberg.exceptions import CommitFailedException, ValidationError
 from kafscale_lakehouse.engine.ingestion import IngestContext, prepare_ingest
 from kafscale_lakehouse.engine.ingestion import run as ingest_run
 from kafscale_lakehouse.engine.ingestion.spark_job import _BatchTasks, ingestion_task_spec
-from kafscale_lakehouse.engine.tables import FRESHNESS, OFFSETS_CONTIGUOUS, RECORD_ID_UNIQUE, SCHEMA_VALID
+from kafscale_lakehouse.engine.tables import (
+    FRESHNESS,
+    OFFSETS_CONTIGUOUS,
+    RECORD_ID_UNIQUE,
+    RETENTION_HEADROOM,
+    SCHEMA_VALID,
+)
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.offsets.store import OffsetStore
@@ -30,7 +36,7 @@ from kafscale_lakehouse.storage import S3SegmentStore, topic_prefix
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import POLL_INTERVAL_SECONDS
 from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables, publish_watermarks
 
-CHECKS = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS)
+CHECKS = (SCHEMA_VALID, RECORD_ID_UNIQUE, OFFSETS_CONTIGUOUS, FRESHNESS, RETENTION_HEADROOM)
 
 
 def latest_check_runs(instance: dg.DagsterInstance, table: str) -> dict[str, tuple[str, bool]]:

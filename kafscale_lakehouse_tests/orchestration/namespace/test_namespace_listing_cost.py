@@ -1,7 +1,6 @@
 """What the namespace watch lists per tick on the real servers (SeaweedFS S3, etcd): only the partitions whose broker
 watermark moved past the segments seen, each from its cursor, so a tick's listing does not grow with the segments the
-namespace keeps; new topics and partitions are still found, and the pending bytes a batch is packed by stay right
-(issue 22)."""
+namespace keeps; new topics and partitions are still found, and the pending bytes a batch is packed by stay right."""
 
 from __future__ import annotations
 

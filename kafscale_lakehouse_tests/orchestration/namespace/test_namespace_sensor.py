@@ -1,6 +1,6 @@
 """The namespace watch's sensor on the real servers: one tick lists only the partitions whose broker watermark moved
 past the segments seen (each from its cursor) and requests `land_tables` runs over the tables with new segments,
-packed by the byte budget (issue 22)."""
+packed by the byte budget."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """How the namespace watch splits a tick's pending tables over the free `land_tables` run slots (`pack_batches`): pure
-logic over candidates, no servers (issue 22: batches that overlap)."""
+logic over candidates, no servers (batches that overlap)."""
 
 from __future__ import annotations
 

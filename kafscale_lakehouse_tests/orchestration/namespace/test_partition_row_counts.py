@@ -1,5 +1,5 @@
 """`dagster/partition_row_count` of a landed table's materializations, in `land_tables` runs on the real servers and
-a real Dagster instance (issue 22): each run's count costs what the run added (the manifests a run reads do not grow
+a real Dagster instance: each run's count costs what the run added (the manifests a run reads do not grow
 with the table's history), and the count stays exact when an operator deletes rows or maintenance rewrites the files
 between runs."""
 

@@ -1,5 +1,5 @@
 """A sensor tick names the orphaned segment object a partition waits behind past
-`processor.orphan_segment_grace_seconds` (issue 19: the broker uploads `.kfs` and `.index` in parallel), in its skip
+`processor.orphan_segment_grace_seconds` (the broker uploads `.kfs` and `.index` in parallel), in its skip
 message and the topic's observation, with and without its listing cursor; the other partitions are still requested."""
 
 from __future__ import annotations

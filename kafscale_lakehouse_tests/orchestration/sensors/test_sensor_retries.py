@@ -1,5 +1,5 @@
 """A run the sensor requested that failed (a transient error) is requested again after a backoff that grows per
-consecutive failure; a run that succeeded without progress, or was canceled, is not requested again (issue 19)."""
+consecutive failure; a run that succeeded without progress, or was canceled, is not requested again."""
 
 from __future__ import annotations
 

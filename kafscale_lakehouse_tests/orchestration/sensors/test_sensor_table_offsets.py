@@ -1,5 +1,5 @@
 """The sensor, the topic observation and the freshness check take the table's offsets, not the offsets store's:
-after an operator rolls the table back, the rolled-back offsets are pending again (issue 19, hole 7)."""
+after an operator rolls the table back, the rolled-back offsets are pending again."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Planning is the ingestion run's (`engine/ingestion/run.py`: `segments_from`, `find_gaps`, then
 `segment_run_partitions`); the ingestion Spark job's tasks run the same `read_input_partition` in their Python
-workers (see test_spark_ingestion.py).
+workers (see test_spark_job.py).
 """
 
 from __future__ import annotations
@@ -26,11 +26,19 @@ from kafscale_lakehouse.engine.ingestion.segment_reader import (
     read_input_partition,
     segment_run_partitions,
 )
-from kafscale_lakehouse.format import CrcMismatchError, encode_segment, entry_for_offset, go_headers_json, parse_index
+from kafscale_lakehouse.format import (
+    CrcMismatchError,
+    encode_index,
+    encode_segment,
+    entry_for_offset,
+    go_headers_json,
+    parse_index,
+)
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.storage import LocalSegmentStore, ObjectKind, ObjectNotFoundError, S3SegmentStore, segment_key
 from kafscale_lakehouse_tests.engine.ingestion.reader.conftest import (
+    INDEX_INTERVAL,
     PIZZA_COLUMNS,
     TOPIC,
     ReadRequest,
@@ -311,16 +319,38 @@ def test_a_failing_segment_stops_its_kafka_partition_and_other_partitions_read_o
 def test_a_storage_error_reports_the_first_offset_not_delivered(local_store):
     write_pizza_segments(local_store, 0, [100])
     [partition] = ReadRequest(starting={0: 47}, ending={0: 100}).plan(local_store).input_partitions
-    segment_path(local_store, 0, 0, ObjectKind.INDEX).unlink()  # gone between planning and reading
+    segment_path(local_store, 0, 0, ObjectKind.SEGMENT).unlink()  # gone between planning and reading
 
     with pytest.raises(SegmentReadError) as raised:
         list(read_input_partition(local_store, partition, ()))
 
     failure = raised.value.failure
-    index_key = segment_key(local_store.namespace, TOPIC, 0, 0, ObjectKind.INDEX)
+    kfs_key = segment_key(local_store.namespace, TOPIC, 0, 0, ObjectKind.SEGMENT)
     assert (failure.key, failure.position, failure.error_type, failure.next_offset) == (
-        index_key, None, ObjectNotFoundError.__name__, 47)
-    assert index_key in failure.message
+        kfs_key, None, ObjectNotFoundError.__name__, 47)
+    assert kfs_key in failure.message
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "points_astray"])
+def test_a_missing_or_corrupt_index_does_not_stop_a_read_mid_segment(local_store, damage):
+    """The `.index` only saves bytes: without a usable one the whole segment is read, as the Go processor always
+    reads it."""
+    [segment] = write_pizza_segments(local_store, 0, [100])
+    [partition] = ReadRequest(starting={0: 47}, ending={0: 100}).plan(local_store).input_partitions
+    index_path = segment_path(local_store, 0, 0, ObjectKind.INDEX)
+    if damage == "deleted":
+        index_path.unlink()  # gone between planning and reading
+    elif damage == "truncated":
+        index_path.write_bytes(segment.index[:-3])
+    else:  # a well-formed entry at a byte where no batch starts
+        entries = parse_index(segment.index, key="index")
+        entry = entry_for_offset(entries, 47)
+        astray = [dataclasses.replace(e, position=e.position + 7) if e == entry else e for e in entries]
+        index_path.write_bytes(encode_index(astray, interval=INDEX_INTERVAL))
+
+    table = pa.Table.from_batches(list(read_input_partition(local_store, partition, ())))
+
+    assert_pizza_rows(table, 0, 47, 100)
 
 
 def test_mapped_columns_come_out_typed_and_invalid_records_are_kept_with_a_reason(local_store, fixture_segments_dir):
@@ -343,7 +373,7 @@ def test_mapped_columns_come_out_typed_and_invalid_records_are_kept_with_a_reaso
         (500, None, None), (501, None, None), (502, "Zoë <b>&</b>", 1), (503, None, None)]
     reasons = [row[INVALID_REASON_COLUMN] for row in rows]
     assert reasons[0] == "name: required value is missing or null"
-    assert reasons[1] is None  # a tombstone (null value) is a record like any other (issue 19)
+    assert reasons[1] is None  # a tombstone (null value) is a record like any other
     assert reasons[2] is None
     assert reasons[3].startswith("value is not valid JSON")
 

@@ -1,4 +1,4 @@
-"""A segment replaced between planning and reading (issue 19 hole 4): the read checks the object it fetched against
+"""A segment replaced between planning and reading: the read checks the object it fetched against
 the planned segment (base offset, last offset, size), so a re-cut object never yields records for offsets the run
 would then commit past."""
 
@@ -14,7 +14,7 @@ from kafscale_lakehouse_tests.engine.ingestion.reader.conftest import TOPIC, Rea
 
 
 def test_a_segment_replaced_after_planning_stops_its_partition_naming_planned_and_found(local_store):
-    """Issue 19 hole 4: the object read is checked against the planned segment, not only against itself."""
+    """The object read is checked against the planned segment, not only against itself."""
     write_pizza_segments(local_store, 0, [200])
     write_pizza_segments(local_store, 1, [60])
     replaced, other = ReadRequest(starting={0: None, 1: None}).plan(local_store).input_partitions
