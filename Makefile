@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: install install-test lint docs demo test fuzz
+.PHONY: install install-test lint docs demo test test-fast fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ install-test: $(BIN)/python
 SPARK_ENGINE_PORT ?= 15002
 DAGSTER_PORT ?= 3000
 demo: install
-	$(BIN)/kafscale-lakehouse dagster-home $(DAGSTER_HOME)  # dagster.yaml with the kept-connection sqlite storage
+	$(BIN)/kafscale-lakehouse dagster-home $(DAGSTER_HOME)  # the repository's dagster.yaml: Dagster's defaults
 	$(BIN)/kafscale-lakehouse demo-producer --lfs --avro --cdc --rounds 1  # segments before the first sensor tick
 	DAGSTER_HOME=$(DAGSTER_HOME) scripts/run-demo.sh $(BIN) $(SPARK_ENGINE_PORT) $(DAGSTER_PORT)
 
@@ -49,6 +49,13 @@ docs: install-test
 PYTEST_WORKERS ?= 2
 test: lint docs
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The tests that need no server (not marked `integration`: no SeaweedFS, etcd, Spark or `dagster dev`; conftest.py
+# marks every test using a server fixture) and no fuzz run: the tier to run while changing code, a few minutes.
+FAST_MARKERS := not integration and not fuzz
+test-fast: install-test
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -n $(PYTEST_WORKERS) --dist loadfile \
+		-m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # The Avro decoder extension under AddressSanitizer and UBSan, fuzzed by atheris from the seed corpus for
 # FUZZ_SECONDS (the suite runs the same for 60 s: kafscale_lakehouse_tests/fuzz/test_avro_fuzz.py).

@@ -27,19 +27,12 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import statistics
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fanout import FanoutProducer, ProcessSampler, config_document, topic_name  # one producer and sampler
-from freshness import start_spark_engine, stop_process_group
 
 from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, parse_config
 from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready
@@ -47,7 +40,17 @@ from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
 from kafscale_lakehouse.orchestration.component import build_definitions
 from kafscale_lakehouse.orchestration.land_tables import LAND_TABLES_JOB
 from kafscale_lakehouse.orchestration.namespace_sensor import NAMESPACE_SENSOR_NAME
-from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
+from kafscale_lakehouse.testing.harness import (
+    FanoutProducer,
+    ProcessSampler,
+    add_instance_options,
+    bench_servers,
+    config_document,
+    dagster_home,
+    start_spark_engine,
+    stop_process_group,
+    topic_name,
+)
 from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -104,13 +107,16 @@ def main() -> None:
     parser.add_argument("--segments", type=int, default=1,
                         help="segments per partition per cycle (default 1; a 200-topic fanout.py run carries ~13)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    add_instance_options(parser)  # a run executed in this process: only the storage opt-in applies
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    workdir = Path(tempfile.mkdtemp(prefix="batch-cost-"))
-    seaweedfs = SeaweedFS(workdir / "seaweedfs").start()
-    etcd = Etcd(workdir / "etcd").start()
+    with bench_servers("batch-cost-", keep=args.keep) as servers:
+        measure(args, servers.workdir, servers.seaweedfs, servers.etcd)
+
+
+def measure(args: argparse.Namespace, workdir: Path, seaweedfs: SeaweedFS, etcd: Etcd) -> None:
     engine = None
     try:
         document = config_document(seaweedfs, etcd, seaweedfs.s3_endpoint, args.tables, "namespace",
@@ -121,10 +127,8 @@ def main() -> None:
         os.environ[CONFIG_PATH_ENV_VAR] = str(config_path)
         config = parse_config(document, source=str(config_path))
         producer = FanoutProducer(config, [topic_name(t) for t in range(args.tables)], 2, RECORDS_PER_SEGMENT)
-        dagster_home = workdir / "dagster_home"
-        dagster_home.mkdir()
-        write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
-        os.environ["DAGSTER_HOME"] = str(dagster_home)
+        home = dagster_home(workdir, args, REPO_ROOT / "dagster.yaml")  # as `make demo`
+        os.environ["DAGSTER_HOME"] = str(home)
         os.environ[AUTO_ENGINE_VARIABLE] = "0"
         (engine_port,) = free_ports(1)
         engine = start_spark_engine(workdir, {k: v for k, v in os.environ.items() if k != SPARK_REMOTE_VARIABLE},
@@ -163,12 +167,6 @@ def main() -> None:
     finally:
         if engine is not None:
             stop_process_group(engine)
-        etcd.stop()
-        seaweedfs.stop()
-        if args.keep:
-            print(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -51,47 +51,48 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from freshness import (  # the demo's process handling: one implementation for both benchmarks
-    _raise_keyboard_interrupt,
-    _tail,
-    dequeue_interval_seconds,
-    percentile,
-    start_dagster_dev,
-    start_spark_engine,
-    stop_process_group,
-    wait_for_webserver,
-)
-from tiny_run import with_bytecode_cache
-
-from kafscale_lakehouse.apps.demo_producer import RECORDS_PER_BATCH, watermark_publisher
-from kafscale_lakehouse.apps.workload import PIZZA_COLUMNS, pizza_orders
-from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, LakehouseConfig, parse_config
-from kafscale_lakehouse.connections import segment_store_from_config
+from kafscale_lakehouse.config import CONFIG_PATH_ENV_VAR, parse_config
 from kafscale_lakehouse.engine.spark.engine import (
     SPARK_REMOTE_VARIABLE,
     ConnectAddress,
     wait_until_ready,
 )
 from kafscale_lakehouse.etcd import EtcdClient
-from kafscale_lakehouse.format import EncodedSegment, encode_segment
 from kafscale_lakehouse.offsets.records import decode_offset
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
-from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
+from kafscale_lakehouse.testing.harness import (
+    CLOCK_TICKS,
+    KEY_PREFIX,
+    FanoutProducer,
+    Landings,
+    ProcessSampler,
+    add_instance_options,
+    config_document,
+    dagster_home,
+    dequeue_interval_seconds,
+    log_tail,
+    mapping_document,
+    percentile,
+    proc_stat,
+    process_cmdline,
+    process_kind,
+    raise_keyboard_interrupt,
+    run_sampler,
+    start_dagster_dev,
+    start_spark_engine,
+    stop_process_group,
+    topic_name,
+    wait_for_webserver,
+    with_bytecode_cache,
+)
 from kafscale_lakehouse.testing.servers import (
-    ACCESS_KEY,
-    REGION,
-    S3_BUCKET,
-    SECRET_KEY,
-    TABLE_BUCKET,
     Etcd,
     SeaweedFS,
     free_ports,
@@ -100,136 +101,10 @@ from kafscale_lakehouse.testing.servers import (
 log = logging.getLogger("benchmarks.fanout")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-KEY_PREFIX = "fanout"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 
 # ------------------------------------------------------------------------------------------------ processes by kind
-
-
-# Run workers started by a code server (spawn), by `dagster api execute_run`, or forked (and their forker, whose
-# command line imports serve_forks; a code server's names the launcher's module in its instance ref).
-RUN_WORKER_MARKS = ("multiprocessing.spawn", "execute_run", "resource_tracker", "import serve_forks")
-
-
-def process_kind(cmdline: str) -> str:
-    """What a process of `dagster dev` or the engine is, by its command line."""
-    if "SparkConnectServer" in cmdline:
-        return "engine JVM"
-    if "pyspark.daemon" in cmdline or "pyspark/daemon.py" in cmdline or "pyspark.worker" in cmdline:
-        return "engine Python workers"
-    if "spark-engine" in cmdline:
-        return "engine launcher"
-    if "dagster._daemon" in cmdline or "dagster-daemon" in cmdline:
-        return "daemon"
-    if "dagster-webserver" in cmdline or "dagster_webserver" in cmdline:
-        return "webserver"
-    if any(mark in cmdline for mark in RUN_WORKER_MARKS):
-        return "run workers"
-    if "api grpc" in cmdline or "code-server start" in cmdline or "code_server start" in cmdline:
-        return "code server"
-    if " dev " in f"{cmdline} ":
-        return "dagster dev"
-    return "other"
-
-
-def _proc_stat(pid: int) -> tuple[int, int, int] | None:
-    """(ppid, CPU ticks user+system, RSS bytes) of `pid`."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE_SIZE
-
-
-def _machine_busy_ticks() -> int:
-    """CPU ticks of every core spent not idle (user, nice, system, irq, softirq, steal) since boot."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    return sum(fields) - fields[3] - fields[4]  # less idle and iowait
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-@dataclass
-class ProcessSampler:
-    """Every second: the processes under `roots` (dagster dev, the engine), their kind, CPU and RSS."""
-
-    roots: list[int]
-    # Processes outside those trees, counted under a kind of their own (not their children): the servers and this
-    # benchmark (producer, offsets poller, this sampler), which share the machine with the deployment.
-    labelled: dict[int, str] = field(default_factory=dict)
-    kinds: dict[int, str] = field(default_factory=dict)
-    cpu_ticks: dict[int, int] = field(default_factory=dict)
-    baseline_ticks: dict[int, int] = field(default_factory=dict)
-    peak_rss: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # by kind: peak of the kind's sum
-    peak_process_rss: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    measuring: bool = False
-    baseline_machine_ticks: int = 0  # every core's non-idle time (/proc/stat), at the start and the last sample
-    machine_ticks: int = 0
-
-    def sample(self) -> None:
-        parents: dict[int, int] = {}
-        stats: dict[int, tuple[int, int]] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            stat = _proc_stat(int(entry.name))
-            if stat is not None:
-                parents[int(entry.name)] = stat[0]
-                stats[int(entry.name)] = stat[1:]
-        ours = set(self.roots)
-        changed = True
-        while changed:
-            changed = False
-            for pid, parent in parents.items():
-                if parent in ours and pid not in ours:
-                    ours.add(pid)
-                    changed = True
-        rss_by_kind: Counter[str] = Counter()
-        with self.lock:
-            self.kinds.update(self.labelled)
-            for pid in ours | set(self.labelled):
-                if pid not in stats:
-                    continue
-                kind = self.kinds.get(pid)
-                if kind is None:
-                    kind = self.kinds[pid] = process_kind(_cmdline(pid))
-                ticks, rss = stats[pid]
-                if not self.measuring:
-                    self.baseline_ticks[pid] = ticks
-                self.cpu_ticks[pid] = ticks
-                rss_by_kind[kind] += rss
-                if self.measuring:
-                    self.peak_process_rss[kind] = max(self.peak_process_rss[kind], rss)
-            busy = _machine_busy_ticks()
-            if not self.measuring:
-                self.baseline_machine_ticks = busy
-            self.machine_ticks = busy
-            if self.measuring:
-                for kind, rss in rss_by_kind.items():
-                    self.peak_rss[kind] = max(self.peak_rss[kind], rss)
-
-    def cpu_seconds(self) -> dict[str, float]:
-        by_kind: Counter[str] = Counter()
-        with self.lock:
-            for pid, ticks in self.cpu_ticks.items():
-                by_kind[self.kinds[pid]] += (ticks - self.baseline_ticks.get(pid, 0)) / CLOCK_TICKS
-        return dict(by_kind)
-
-
-def run_sampler(sampler: ProcessSampler, stop: threading.Event) -> None:
-    while not stop.is_set():
-        sampler.sample()
-        stop.wait(1.0)
 
 
 # ------------------------------------------------------------------------------------------------ counting S3 proxy
@@ -253,7 +128,7 @@ def _children_by_parent() -> dict[int, list[int]]:
     children: dict[int, list[int]] = defaultdict(list)
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            stat = _proc_stat(int(entry.name))
+            stat = proc_stat(int(entry.name))
             if stat is not None:
                 children[stat[0]].append(int(entry.name))
     return children
@@ -302,7 +177,7 @@ class ConnectionOwners:
                 continue
             kind = self.kinds.get(pid)
             if kind is None:
-                kind = self.kinds[pid] = process_kind(_cmdline(pid))
+                kind = self.kinds[pid] = process_kind(process_cmdline(pid))
             return kind
         return "unknown"
 
@@ -496,135 +371,6 @@ class ProxyProcess:
 # ------------------------------------------------------------------------------------------------ topics, producing
 
 
-def topic_name(number: int) -> str:
-    return f"fan-{number:03d}"
-
-
-def mapping_document(topic: str, table: str) -> dict:
-    return {"topic": topic, "table": table, "create_table_if_missing": True,
-            "schema": {"columns": [asdict(column) for column in PIZZA_COLUMNS]}}
-
-
-def config_document(seaweedfs: SeaweedFS, etcd: Etcd, s3_endpoint: str, topics: int, watch: str,
-                    max_batch_runs: int | None = None) -> dict:
-    mappings = [mapping_document(topic_name(i), f"fanout.t{i:03d}") for i in range(topics)]
-    return {
-        "s3": {"bucket": S3_BUCKET, "namespace": KEY_PREFIX, "endpoint": s3_endpoint, "region": REGION,
-               "path_style": True, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY},
-        "iceberg": {"catalog": {"type": "rest", "uri": seaweedfs.rest_uri, "credential": f"{ACCESS_KEY}:{SECRET_KEY}"},
-                    "warehouse": f"s3://{TABLE_BUCKET}"},
-        "offsets": {"backend": "etcd", "key_prefix": KEY_PREFIX},
-        "etcd": {"endpoints": [etcd.endpoint]},
-        "discovery": {"mode": "s3"},
-        "processor": {"watch": watch, **({"max_batch_runs": max_batch_runs} if max_batch_runs else {})},
-        "mappings": mappings,
-    }
-
-
-@dataclass
-class Landings:
-    """When each segment landed and became visible, by (topic, partition, last offset)."""
-
-    landed: dict[tuple[str, int, int], float] = field(default_factory=dict)
-    visible: dict[tuple[str, int, int], float] = field(default_factory=dict)
-    records: dict[tuple[str, int, int], int] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    error: BaseException | None = None
-
-    def pending(self) -> int:
-        with self.lock:
-            return sum(1 for segment in self.landed if segment not in self.visible)
-
-
-class FanoutProducer:
-    """A segment of realistic records per partition per `interval_seconds`, the partitions' writes spread evenly over
-    the interval; next offsets continue from what it wrote before."""
-
-    def __init__(self, config: LakehouseConfig, topics: list[str], partitions: int, records_per_segment: int) -> None:
-        self.store = segment_store_from_config(config)
-        self.publish_watermark = watermark_publisher(config)
-        self.slots = [(topic, p) for topic in topics for p in range(partitions)]
-        self.records_per_segment = records_per_segment
-        self.next_offsets = dict.fromkeys(self.slots, 0)
-        self.kfs_bytes = 0
-        self.lock = threading.Lock()
-        # Every topic gets the same segment bytes for the same partition, offsets and count (`write`): generating and
-        # encoding realistic records costs ~10k records/s per core, which at 200 topics took a third of a core from
-        # the deployment it measures (a producer runs elsewhere in production).
-        self.same_segments: dict[tuple[int, int, int], EncodedSegment] = {}
-
-    def write(self, topic: str, partition: int, now: float, count: int | None = None,
-              same_segments: dict[tuple[int, int, int], EncodedSegment] | None = None,
-              ) -> tuple[tuple[str, int, int], float, int]:
-        """Writes the partition's next segment of `count` (default `records_per_segment`) records. With
-        `same_segments`, every topic gets the same segment bytes for the same partition, offset and count (encoded
-        once: generating realistic records costs ~10k records/s per core, and the topics' contents do not matter)."""
-        base = self.next_offsets[(topic, partition)]
-        count = count or self.records_per_segment
-        segment = same_segments.get((partition, base, count)) if same_segments is not None else None
-        if segment is None:
-            records = pizza_orders(base, count, partition=partition, start_ms=int(now * 1000), interval_ms=10,
-                                   workload="realistic", seed=hash(topic) & 0xFFFF)
-            segment = encode_segment(records, base_offset=base, codec="zstd", records_per_batch=RECORDS_PER_BATCH,
-                                     created_ms=int(now * 1000))
-            if same_segments is not None:
-                same_segments[(partition, base, count)] = segment
-        self.publish_watermark(topic, partition, segment.last_offset + 1)
-        self.store.write_segment(topic, partition, base, segment.kfs, segment.index)  # returns once .index is in
-        self.next_offsets[(topic, partition)] = segment.last_offset + 1
-        with self.lock:
-            self.kfs_bytes += len(segment.kfs)
-        return (topic, partition, segment.last_offset), time.time(), count
-
-    def round_once(self) -> None:
-        """One segment per partition at once (before `dagster dev`, so the topics exist when the definitions load)."""
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda slot: self.write(*slot, time.time(), same_segments=self.same_segments), self.slots))
-
-    def write_backlog(self, records: int, landings: Landings) -> None:
-        """`records` in all, spread evenly over the partitions, each partition's in segments of at most
-        `records_per_segment` (before the deployment starts: the producer does not compete with it for the cores)."""
-        per_slot = {slot: records // len(self.slots) + (1 if n < records % len(self.slots) else 0)
-                    for n, slot in enumerate(self.slots)}
-
-        def write_slot(slot: tuple[str, int]) -> None:
-            left = per_slot[slot]
-            while left:
-                segment, landed_at, count = self.write(*slot, time.time(), min(left, self.records_per_segment),
-                                                       self.same_segments)
-                left -= count
-                with landings.lock:
-                    landings.landed[segment] = landed_at
-                    landings.records[segment] = count
-
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(write_slot, [slot for slot, count in per_slot.items() if count]))
-
-    def run(self, interval_seconds: float, stop: threading.Event, landings: Landings) -> None:
-        spacing = interval_seconds / len(self.slots)
-        started = time.monotonic()
-        try:
-            with ThreadPoolExecutor(4) as pool:
-                for number in range(1 << 62):
-                    due = started + number * spacing
-                    if stop.wait(max(0.0, due - time.monotonic())):
-                        return
-                    topic, partition = self.slots[number % len(self.slots)]
-                    pool.submit(self._write_recorded, topic, partition, landings)
-        except BaseException as exc:
-            landings.error = exc
-
-    def _write_recorded(self, topic: str, partition: int, landings: Landings) -> None:
-        try:
-            segment, landed_at, records = self.write(topic, partition, time.time(), same_segments=self.same_segments)
-        except BaseException as exc:
-            landings.error = exc
-            return
-        with landings.lock:
-            landings.landed[segment] = landed_at
-            landings.records[segment] = records
-
-
 def poll_committed(etcd: EtcdClient, landings: Landings) -> None:
     """Mark the segments whose last offset the offsets store now covers (one prefix read for every topic)."""
     prefix = f"{KEY_PREFIX}/offsets/"
@@ -809,14 +555,13 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
                                    args.watch, args.max_batch_runs)
         config_path = workdir / "lakehouse.yaml"
         config_path.write_text(json.dumps(document))  # JSON is YAML
-        dagster_home = workdir / "dagster_home"
-        dagster_home.mkdir()
-        instance_yaml = write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
+        home = dagster_home(workdir, args, REPO_ROOT / "dagster.yaml")  # as `make demo`
+        instance_yaml = home / "dagster.yaml"
         if args.max_concurrent_runs:
             set_max_concurrent_runs(instance_yaml, args.max_concurrent_runs)
         # Bytecode caches as an installed package has them (PYTHONDONTWRITEBYTECODE, set in some shells, would have
         # every run worker compile this project's modules again: ~0.6 CPU-s a run).
-        env = with_bytecode_cache({**os.environ, "DAGSTER_HOME": str(dagster_home),
+        env = with_bytecode_cache({**os.environ, "DAGSTER_HOME": str(home),
                                    CONFIG_PATH_ENV_VAR: str(config_path)}, workdir / "pycache")
         env.pop(SPARK_REMOTE_VARIABLE, None)
         port, engine_port = free_ports(2)
@@ -861,7 +606,7 @@ def measure(args: argparse.Namespace, topics: int, workdir: Path) -> None:
             load_samples, producing_ended = stream(args, producer, dagster_dev, workdir, etcd, landings, stop)
         measured_until = time.time()
         stop_sampling.set()
-        figures = read_instance(dagster_home)  # before stopping: runs in flight are not yet interrupted
+        figures = read_instance(home)  # before stopping: runs in flight are not yet interrupted
     finally:
         stop.set()
         stop_sampling.set()
@@ -895,7 +640,7 @@ def stream(args: argparse.Namespace, producer: FanoutProducer, dagster_dev: subp
         while time.monotonic() < deadline:
             if dagster_dev.poll() is not None:
                 raise SystemExit(f"dagster dev exited with {dagster_dev.returncode}; log:\n"
-                                 f"{_tail(workdir / 'dagster.log')}")
+                                 f"{log_tail(workdir / 'dagster.log')}")
             if landings.error is not None:
                 raise SystemExit(f"the producer failed: {landings.error!r}")
             poll_committed(client, landings)
@@ -920,7 +665,7 @@ def wait_for_backlog(args: argparse.Namespace, dagster_dev: subprocess.Popen, wo
         while landings.pending() and time.monotonic() < deadline:
             if dagster_dev.poll() is not None:
                 raise SystemExit(f"dagster dev exited with {dagster_dev.returncode}; log:\n"
-                                 f"{_tail(workdir / 'dagster.log')}")
+                                 f"{log_tail(workdir / 'dagster.log')}")
             poll_committed(client, landings)
             load_samples.append(os.getloadavg()[0])
             time.sleep(args.poll_seconds)
@@ -1010,7 +755,7 @@ def report(args: argparse.Namespace, topics: int, landings: Landings, figures: I
           f"{len(everything)} visible, {sum(never.values())} never (drain {args.drain_seconds:g} s); load average "
           f"{min(load_samples):.1f}-{max(load_samples):.1f} (median {statistics.median(load_samples):.1f}) on "
           f"{os.cpu_count()} cores; sensor interval {args.poll_interval_label}, dequeue every "
-          f"{dequeue_interval_seconds()} s")
+          f"{dequeue_interval_seconds(REPO_ROOT / 'dagster.yaml')} s")
     if everything:
         p90 = percentile(everything, 0.9)
         print(f"freshness over all segments (s): p50 {percentile(everything, 0.5):.1f}, p90 {p90:.1f}, max "
@@ -1271,6 +1016,7 @@ def parse_args() -> argparse.Namespace:
                         help="S3 straight to SeaweedFS, not through the counting proxy (S3 requests not counted): "
                              "what the proxy costs is the difference")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directories (logs, data)")
+    add_instance_options(parser)
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: --duration 60 --drain-seconds 60 unless given")
     parser.add_argument("--verbose", action="store_true")
@@ -1289,7 +1035,7 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     for topics in args.topics:
         workdir = Path(tempfile.mkdtemp(prefix=f"kafscale-fanout-{topics}-"))
         try:

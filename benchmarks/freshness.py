@@ -26,25 +26,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import logging
-import math
 import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from pyiceberg.exceptions import NoSuchTableError
 
 from kafscale_lakehouse.apps.demo_producer import (
@@ -61,25 +55,26 @@ from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
-from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
+from kafscale_lakehouse.testing.harness import (
+    RUNS_QUERY,
+    add_instance_options,
+    dagster_home,
+    dequeue_interval_seconds,
+    graphql,
+    log_tail,
+    percentile,
+    raise_keyboard_interrupt,
+    start_dagster_dev,
+    start_spark_engine,
+    stop_process_group,
+    wait_for_webserver,
+)
 from kafscale_lakehouse.testing.servers import free_ports
 
 log = logging.getLogger("benchmarks.freshness")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-WEBSERVER_TIMEOUT_SECONDS = 180
-STOP_GRACE_SECONDS = 30
-DEFAULT_DEQUEUE_SECONDS = 5  # Dagster's QueuedRunCoordinator default
-
-RUNS_QUERY = """
-query Runs($job: String!) {
-  runsOrError(filter: {pipelineName: $job}) {
-    __typename
-    ... on Runs { results { runId status creationTime startTime endTime } }
-    ... on PythonError { message }
-  }
-}"""
 
 
 RUN_EVENTS_QUERY = """
@@ -127,66 +122,6 @@ class RunTimes:
 # ------------------------------------------------------------------------------------------------ processes
 
 
-def start_dagster_dev(workdir: Path, env: dict[str, str], port: int) -> subprocess.Popen:
-    # A session of its own, so stopping the process group also stops the daemon, code servers and run workers.
-    return subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
-                             "-m", "kafscale_lakehouse.definitions"],
-                            cwd=workdir, env=env, stdout=(workdir / "dagster.log").open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def start_spark_engine(workdir: Path, env: dict[str, str], port: int) -> subprocess.Popen:
-    """As `make demo`: the engine command in a session of its own; it stops its Spark Connect server on Ctrl-C."""
-    return subprocess.Popen([str(BIN / "kafscale-lakehouse"), "spark-engine", "--address", f"127.0.0.1:{port}"],
-                            cwd=workdir, env=env, stdout=(workdir / "engine.log").open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop_process_group(process: subprocess.Popen) -> None:
-    """Ctrl-C for the whole process group, as in a terminal; SIGKILL for what is left after a grace period."""
-    for sig, wait in ((signal.SIGINT, STOP_GRACE_SECONDS), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            process.poll()
-            try:
-                os.killpg(process.pid, 0)  # anything of the group still alive (children included)?
-            except ProcessLookupError:
-                return
-            time.sleep(0.5)
-
-
-def _raise_keyboard_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def graphql(url: str, query: str, **variables) -> dict:
-    body = json.dumps({"query": query, "variables": variables}).encode()
-    request = urllib.request.Request(f"{url}/graphql", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        answer = json.load(response)
-    if "errors" in answer:
-        raise RuntimeError(f"GraphQL errors from {url}: {answer['errors']}")
-    return answer["data"]
-
-
-def wait_for_webserver(url: str, job: str, dagster_dev: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + WEBSERVER_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if dagster_dev.poll() is not None:
-            raise SystemExit(f"dagster dev exited with {dagster_dev.returncode}; log:\n{_tail(log_path)}")
-        try:
-            graphql(url, RUNS_QUERY, job=job)
-            return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, RuntimeError):
-            time.sleep(1)
-    raise SystemExit(f"dagster dev webserver at {url} not answering after {WEBSERVER_TIMEOUT_SECONDS} s; log:\n"
-                     f"{_tail(log_path)}")
-
-
 def job_runs(url: str, job: str) -> list[RunTimes]:
     answer = graphql(url, RUNS_QUERY, job=job)["runsOrError"]
     if answer["__typename"] != "Runs":
@@ -216,13 +151,6 @@ def run_phases(url: str, runs: list[RunTimes]) -> dict[str, list[float]]:
             if start in first and end in first:
                 phases[label].append(first[end] - first[start])
     return phases
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 # ------------------------------------------------------------------------------------------------ producing, polling
@@ -271,18 +199,6 @@ def poll_visibility(config: LakehouseConfig, times: SegmentTimes) -> None:
 # ------------------------------------------------------------------------------------------------ output
 
 
-def dequeue_interval_seconds() -> int:
-    instance = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text()) or {}
-    coordinator = (instance.get("run_coordinator") or {}).get("config") or {}
-    return coordinator.get("dequeue_interval_seconds", DEFAULT_DEQUEUE_SECONDS)
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    """Nearest-rank percentile: the smallest value with at least `fraction` of the values at or below it."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
-
-
 def print_freshness(label: str, freshness: list[float], not_visible: int) -> None:
     if not freshness:
         print(f"  {label:<38} no segments{f', {not_visible} never visible' if not_visible else ''}")
@@ -301,7 +217,8 @@ def print_report(args: argparse.Namespace, config: LakehouseConfig, times: Segme
     print(f"demo configuration: {args.partitions} partitions, a segment of {args.records_per_segment} orders per "
           f"partition every {args.interval_seconds:g} s; sensor minimum interval "
           f"{config.processor.poll_interval_seconds} s (processor.poll_interval_seconds); run queue dequeue interval "
-          f"{dequeue_interval_seconds()} s (dagster.yaml); visibility polled every {args.poll_seconds:g} s")
+          f"{dequeue_interval_seconds(REPO_ROOT / 'dagster.yaml')} s (dagster.yaml); visibility polled every "
+          f"{args.poll_seconds:g} s")
     print(f"dagster dev webserver up {measuring_from - dagster_started:.1f} s after start; first run finished "
           + (f"{first_ended - dagster_started:.1f} s after start" if first_ended else "never"))
     print(f"freshness (s, segment .index landed → last offset visible in {config.mappings[0].table}):")
@@ -353,6 +270,7 @@ def parse_args() -> argparse.Namespace:
                         help="connect: runs use one Spark engine, as `make demo` (default); embedded: each run "
                              "starts its own local Spark (the fallback when no engine is configured)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data) and print it")
+    add_instance_options(parser)
     parser.add_argument("--verbose", action="store_true", help="log at INFO level")
     args = parser.parse_args()
     if min(args.duration, args.partitions, args.interval_seconds, args.records_per_segment, args.poll_seconds) <= 0:
@@ -365,7 +283,7 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     workdir = Path(tempfile.mkdtemp(prefix="kafscale-freshness-bench-"))
     try:
         benchmark(args, workdir)
@@ -381,9 +299,7 @@ def main() -> None:
 
 def benchmark(args: argparse.Namespace, workdir: Path) -> None:
     shutil.copy(REPO_ROOT / "lakehouse.yaml", workdir / "lakehouse.yaml")  # relative paths resolve in workdir
-    dagster_home = workdir / "dagster_home"
-    dagster_home.mkdir()
-    write_dagster_home(dagster_home, REPO_ROOT / "dagster.yaml")  # as `make demo`
+    home = dagster_home(workdir, args, REPO_ROOT / "dagster.yaml")  # as `make demo`
     config = load_config(workdir / "lakehouse.yaml")
     mapping = config.mappings[0]
     job = ingest_job_name(mapping.table)
@@ -393,7 +309,7 @@ def benchmark(args: argparse.Namespace, workdir: Path) -> None:
     # As `make demo`: one round before `dagster dev`, so the topic exists when the definitions load (not measured).
     producer.produce_round(time.time_ns() // 1_000_000, int(args.interval_seconds * 1000))
 
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), CONFIG_PATH_ENV_VAR: str(workdir / "lakehouse.yaml")}
+    env = {**os.environ, "DAGSTER_HOME": str(home), CONFIG_PATH_ENV_VAR: str(workdir / "lakehouse.yaml")}
     env.pop(SPARK_REMOTE_VARIABLE, None)
     if args.engine == "embedded":  # each run worker its own Spark, not the local engine the first run would start
         env[AUTO_ENGINE_VARIABLE] = "0"
@@ -416,14 +332,14 @@ def benchmark(args: argparse.Namespace, workdir: Path) -> None:
                   flush=True)
         wait_for_webserver(url, job, dagster_dev, workdir / "dagster.log")
         measuring_from = time.time()
-        print(f"dagster dev up at {url} (DAGSTER_HOME {dagster_home}); producing for {args.duration:g} s",
+        print(f"dagster dev up at {url} (DAGSTER_HOME {home}); producing for {args.duration:g} s",
               flush=True)
         producing.start()
         deadline = time.monotonic() + args.duration
         while time.monotonic() < deadline:
             if dagster_dev.poll() is not None:
                 raise SystemExit(f"dagster dev exited with {dagster_dev.returncode}; log:\n"
-                                 f"{_tail(workdir / 'dagster.log')}")
+                                 f"{log_tail(workdir / 'dagster.log')}")
             if times.producer_error is not None:
                 raise SystemExit(f"the demo producer failed: {times.producer_error!r}")
             poll_visibility(config, times)

@@ -19,7 +19,6 @@ import gc
 import hashlib
 import logging
 import os
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -35,6 +34,7 @@ from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.storage import ObjectKind, segment_key
+from kafscale_lakehouse.testing.harness import bench_servers
 from kafscale_lakehouse.testing.process_usage import ProcessTreeSampler
 from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
@@ -102,13 +102,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     namespace = f"lfs-{uuid.uuid4().hex[:8]}"
-    with tempfile.TemporaryDirectory(prefix="kafscale-lfs-bench-") as workdir_name:
-        workdir = Path(workdir_name)
-        seaweedfs = SeaweedFS(workdir / "seaweedfs").start()
-        try:
-            benchmark(args, seaweedfs, workdir, namespace)
-        finally:
-            seaweedfs.stop()
+    with bench_servers("kafscale-lfs-bench-", etcd=False) as servers:
+        benchmark(args, servers.seaweedfs, servers.workdir, namespace)
 
 
 def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, workdir: Path, namespace: str) -> None:

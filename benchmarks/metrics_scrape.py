@@ -18,14 +18,12 @@ import argparse
 import logging
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from pathlib import Path
 
 import kafscale_lakehouse.apps.metrics as metrics
 from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
@@ -39,6 +37,7 @@ from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import ObjectKind, segment_key
+from kafscale_lakehouse.testing.harness import bench_servers
 from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
@@ -135,26 +134,17 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     namespace = f"m{uuid.uuid4().hex[:8]}"
-    with tempfile.TemporaryDirectory(prefix="kafscale-metrics-bench-") as workdir_name:
-        workdir = Path(workdir_name)
-        seaweedfs = SeaweedFS(workdir / "seaweedfs").start()
-        try:
-            etcd = Etcd(workdir / "etcd").start()
-            try:
-                topics = [f"topic-{number:03d}" for number in range(args.tables)]
-                config = benchmark_config(seaweedfs, etcd, namespace, topics, args.watch)
-                started = time.perf_counter()
-                land_topics(config, seaweedfs, partitions=args.partitions, snapshots=args.snapshots)
-                print(f"setup: {args.tables} tables x {args.snapshots} snapshots, {args.partitions} partitions "
-                      f"each, in {time.perf_counter() - started:.1f} s", flush=True)
-                for threads in args.threads:
-                    metrics.READ_THREADS = threads
-                    print(f"READ_THREADS {threads}:")
-                    run_scrapes(config, args)
-            finally:
-                etcd.stop()
-        finally:
-            seaweedfs.stop()
+    with bench_servers("kafscale-metrics-bench-") as servers:
+        topics = [f"topic-{number:03d}" for number in range(args.tables)]
+        config = benchmark_config(servers.seaweedfs, servers.etcd, namespace, topics, args.watch)
+        started = time.perf_counter()
+        land_topics(config, servers.seaweedfs, partitions=args.partitions, snapshots=args.snapshots)
+        print(f"setup: {args.tables} tables x {args.snapshots} snapshots, {args.partitions} partitions "
+              f"each, in {time.perf_counter() - started:.1f} s", flush=True)
+        for threads in args.threads:
+            metrics.READ_THREADS = threads
+            print(f"READ_THREADS {threads}:")
+            run_scrapes(config, args)
 
 
 def run_scrapes(config: LakehouseConfig, args: argparse.Namespace) -> None:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from kafscale_lakehouse.storage import S3SegmentStore
+from kafscale_lakehouse.testing.harness import bench_servers
 from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 
 OBJECT_BYTES = 12_000
@@ -33,12 +33,8 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="s3-requests-") as workdir:
-        seaweedfs = SeaweedFS(Path(workdir)).start()
-        try:
-            measure(seaweedfs, args.objects, args.rounds)
-        finally:
-            seaweedfs.stop()
+    with bench_servers("s3-requests-", etcd=False) as servers:
+        measure(servers.seaweedfs, args.objects, args.rounds)
 
 
 def server_cpu_seconds(seaweedfs: SeaweedFS) -> float:

@@ -36,7 +36,6 @@ import argparse
 import json
 import logging
 import statistics
-import tempfile
 import threading
 import time
 import uuid
@@ -74,6 +73,7 @@ from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import DiscoveryMode, NamespaceListing, ObjectKind, discover_partitions, segment_key
 from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY
+from kafscale_lakehouse.testing.harness import bench_servers
 from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
@@ -504,20 +504,9 @@ def main() -> None:
         # The sensor's `context.log` is a console logger outside the logging hierarchy, at INFO: mute INFO globally.
         logging.disable(logging.INFO)
     run = uuid.uuid4().hex[:8]
-    with tempfile.TemporaryDirectory(prefix="kafscale-sensor-bench-") as workdir_name:
-        workdir = Path(workdir_name)
-        seaweedfs = SeaweedFS(workdir / "seaweedfs").start()
-        try:
-            etcd = Etcd(workdir / "etcd").start()
-            try:
-                if args.watch == "namespace":
-                    benchmark_namespace(args, seaweedfs, etcd, workdir, run)
-                else:
-                    benchmark(args, seaweedfs, etcd, workdir, run)
-            finally:
-                etcd.stop()
-        finally:
-            seaweedfs.stop()
+    with bench_servers("kafscale-sensor-bench-") as servers:
+        measure = benchmark_namespace if args.watch == "namespace" else benchmark
+        measure(args, servers.seaweedfs, servers.etcd, servers.workdir, run)
 
 
 def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd, workdir: Path, run: str) -> None:

@@ -13,8 +13,8 @@ partition, so each run lands records (a run with nothing pending skips the Spark
    the temporary directory, `KAFSCALE_SPARK_ENGINE_CODE_VERSION` fixed), then with a Spark engine
    (`kafscale-lakehouse spark-engine` on a loopback port, `SPARK_REMOTE`; its own start and first warm-up are shown
    apart). The local engine and the Spark engine are each measured twice: every run in its own process
-   (`KAFSCALE_WARM_CLI=0`), then as a user's shell runs them by default, handed to the warm process of
-   apps/warm_cli.py (the run that starts it is shown apart; the series says how many runs it served). Each run's
+   (`KAFSCALE_WARM_CLI=0`, the default), then handed to the warm process of apps/warm_cli.py (the opt-in
+   `KAFSCALE_WARM_CLI=1`; the run that starts it is shown apart, the series says how many runs it served). Each run's
    log lines (timestamps) split it into: start to the first log line (interpreter, imports, config), Spark session,
    the run (planning, Spark job, commit), and exit;
 3. in this process, against the engine: the run's phases (`engine.phases.phase_listener`) and its round trips
@@ -38,7 +38,6 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -55,6 +54,7 @@ from kafscale_lakehouse.engine.spark.local_engine import (
     stop_engine,
 )
 from kafscale_lakehouse.local_processes import CODE_VERSION_VARIABLE, DIRECTORY_VARIABLE
+from kafscale_lakehouse.testing.harness import bench_servers, stop_process_group, with_bytecode_cache
 from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
     REGION,
@@ -123,13 +123,6 @@ class ImportFigures:
     import_seconds: float  # wall, interpreter start + imports
     cumulative_us: int  # -X importtime, sum of the top-level imports
     by_package: dict[str, int]  # top-level package → microseconds it cost first (self time of all its modules)
-
-
-def with_bytecode_cache(env: Mapping[str, str], cache: Path) -> dict[str, str]:
-    """`env` for a process that reads and writes its bytecode caches under `cache`, as an installed package runs."""
-    cached = {name: value for name, value in env.items() if name != "PYTHONDONTWRITEBYTECODE"}
-    cached["PYTHONPYCACHEPREFIX"] = str(cache)
-    return cached
 
 
 def measure_imports(env: Mapping[str, str]) -> ImportFigures:
@@ -216,7 +209,7 @@ def whole_process_runs(topic: Topic, config_path: Path, env: dict[str, str], log
 
 def warm_series(topic: Topic, config_path: Path, env: dict[str, str], logs: Path, repeat: int, label: str,
                 engines: Path, title: str, target: float) -> None:
-    """The default: each run handed to the warm process (apps/warm_cli.py). The run that starts it is printed
+    """The opt-in: each run handed to the warm process (apps/warm_cli.py). The run that starts it is printed
     apart; every measured run must have been served by it (its log names each command it ran)."""
     warm_env = {**env, WARM_CLI_VARIABLE: "1"}
     stop_warm_processes(engines)  # another series' warm process has other variables: not this series' key
@@ -335,8 +328,8 @@ def main() -> None:
 
     run = uuid.uuid4().hex[:8]
     namespace = f"tiny-{run}"
-    with tempfile.TemporaryDirectory(prefix="kafscale-tiny-run-") as workdir_name:
-        workdir = Path(workdir_name)
+    with bench_servers("kafscale-tiny-run-") as servers:
+        workdir, seaweedfs, etcd = servers.workdir, servers.seaweedfs, servers.etcd
         base_env = with_bytecode_cache(os.environ, workdir / "pycache")
         imports = measure_imports(base_env)
         print(f"imports of `ingest --once` ({', '.join(INGEST_IMPORTS)}): {imports.import_seconds:.2f} s wall in a "
@@ -345,8 +338,6 @@ def main() -> None:
         for package, microseconds in list(imports.by_package.items())[:12]:
             print(f"    {package:<30} {microseconds / 1e6:6.2f} s")
         engines = workdir / "engines"
-        seaweedfs = SeaweedFS(workdir / "seaweedfs").start()
-        etcd = Etcd(workdir / "etcd").start()
         engine = None
         try:
             topic = Topic(seaweedfs.s3_client(), workdir / "segments", namespace, args.records)
@@ -412,14 +403,8 @@ def main() -> None:
             stop_warm_processes(engines)
             for record_path in engines.glob("*.json"):
                 stop_engine(EngineRecord(**json.loads(record_path.read_text())))
-            if engine is not None and engine.poll() is None:
-                os.killpg(engine.pid, 2)
-                try:
-                    engine.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(engine.pid, 9)
-            etcd.stop()
-            seaweedfs.stop()
+            if engine is not None:
+                stop_process_group(engine)
 
 
 if __name__ == "__main__":

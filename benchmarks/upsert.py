@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -207,5 +206,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.exit(main())

@@ -60,12 +60,15 @@ def records_directory(environ: Mapping[str, str] = os.environ) -> Path:
     return directory
 
 
-def switched_on(environ: Mapping[str, str], variable: str) -> bool:
-    """A switch that is on unless set to 0/false/no/off; another value than those or 1/true/yes/on names it."""
-    value = environ.get(variable, "1").strip().lower()
+def switched_on(environ: Mapping[str, str], variable: str, *, default: bool = True) -> bool:
+    """A switch: on when set to 1/true/yes/on, off when set to 0/false/no/off, `default` when unset or empty; another
+    value names the variable."""
+    value = environ.get(variable, "").strip().lower()
+    if not value:
+        return default
     if value in ("0", "false", "no", "off"):
         return False
-    if value not in ("1", "true", "yes", "on", ""):
+    if value not in ("1", "true", "yes", "on"):
         raise LocalProcessError(f"{variable}: {value!r} is neither 1/true/yes/on nor 0/false/no/off")
     return True
 

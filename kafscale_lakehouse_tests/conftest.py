@@ -28,15 +28,17 @@ from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
 # Tests choose their Spark (the `spark` session, the `spark_engine`); the CLI and Dagster runs they start would
 # otherwise start local engines that outlive the test (engine/spark/local_engine.py; its own tests turn it on).
 os.environ[AUTO_ENGINE_VARIABLE] = "0"
-# Nor the warm `ingest --once` process (apps/warm_cli.py; its own tests turn it on).
+# Nor the warm `ingest --once` process (apps/warm_cli.py, off unless a user's environment turns it on; its own
+# tests turn it on).
 os.environ[WARM_CLI_VARIABLE] = "0"
 # Nor a class-data archive written by every local engine as it stops (engine/spark/engine.py; its own test turns it
 # on): up to minutes of a stopping engine on a busy machine.
 os.environ[CLASS_ARCHIVE_VARIABLE] = "0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("KAFSCALE_SHARED_DIR", REPO_ROOT.parent / "shared"))
-FIXTURE_SEGMENTS = SHARED / "fixtures" / "segments"
+# Files the tests read, kept in the repository (fixtures/README.md): golden segments, the Dagster chart's schemas.
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURE_SEGMENTS = FIXTURES / "segments"
 
 # Fixtures that start a real server (or need one): a test that uses any of them, directly or through another
 # fixture, is an integration test. Modules that start servers of their own mark themselves.
@@ -65,7 +67,7 @@ def signal_handlers_restored() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def fixture_segments_dir() -> Path:
     if not FIXTURE_SEGMENTS.is_dir():
-        pytest.fail(f"golden fixtures not found at {FIXTURE_SEGMENTS} (set KAFSCALE_SHARED_DIR)")
+        pytest.fail(f"golden fixtures not found at {FIXTURE_SEGMENTS}: the repository's checkout is incomplete")
     return FIXTURE_SEGMENTS
 
 

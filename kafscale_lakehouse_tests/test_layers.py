@@ -6,6 +6,7 @@ import each other (directly or through others), `engine/tables` is pyiceberg onl
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,15 +49,22 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
 def all_modules() -> dict[str, Path]:
     return {module_name(path): path for path in PACKAGE_DIR.rglob("*.py")}
+
+
+@functools.cache
+def syntax_tree(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once for all the tests of this file."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> Iterator[Import]:
     """Every import statement anywhere in the module, resolved to the project's module it reads (a name imported
     from a package is the submodule when one has that name, else the package)."""
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(syntax_tree(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield Import(name, alias.name, node.lineno)
@@ -72,10 +80,11 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> Iterator[Impo
                 yield Import(name, candidate if candidate in modules else source, node.lineno)
 
 
-def project_graph() -> tuple[dict[str, Path], list[Import]]:
+@functools.cache
+def project_graph() -> tuple[dict[str, Path], tuple[Import, ...]]:
     modules = all_modules()
-    edges = [imp for name, path in modules.items() for imp in imports_of(name, path, modules)
-             if imp.imported.startswith(ROOT) and imp.imported != imp.importer]
+    edges = tuple(imp for name, path in modules.items() for imp in imports_of(name, path, modules)
+                  if imp.imported.startswith(ROOT) and imp.imported != imp.importer)
     return modules, edges
 
 
@@ -175,7 +184,7 @@ def test_only_the_commit_machinery_imports_private_pyiceberg_api():
     modules, _ = project_graph()
     found = []
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(syntax_tree(path)):
             private = []
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pyiceberg"):
                 private = [a.name for a in node.names if a.name.startswith("_")]

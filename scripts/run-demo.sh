@@ -34,9 +34,10 @@ start_canceller() {
   canceller_pid=$!
 }
 
-# Run workers: forked by the launcher (orchestration/forking_launcher.py: the forker's command line, which its children
-# keep; the forker exits with the daemon) or, for a run it cannot fork, started by a code server (multiprocessing's
-# spawn). Not the launcher's module name: a code server's command line holds it (the instance ref).
+# Run workers: started by a code server (Dagster's launcher: multiprocessing's spawn) or, with the opt-in forking
+# launcher in DAGSTER_HOME's dagster.yaml, forked by it (orchestration/forking_launcher.py: the forker's command line,
+# which its children keep; the forker exits with the daemon). Not the launcher's module name: a code server's command
+# line holds it (the instance ref).
 runs_in_flight() { pgrep -g "$dev" -f "multiprocessing.spawn|import serve_forks" >/dev/null; }
 dev_running() { kill -0 -"$dev" 2>/dev/null; }
 

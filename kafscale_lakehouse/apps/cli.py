@@ -35,8 +35,9 @@ class CommandError(Exception):
 def startup_without_collections(own_process: bool) -> Iterator[None]:
     """In a process of its own, no garbage collection while the command starts (imports, config, Spark session), and
     what starting made is frozen (never walked by a later collection): those objects live as long as the process,
-    and the collections that ~1,700 imported modules trigger cost 0.15-0.5 s of each `ingest --once` (2 cores,
-    load 2-8; benchmarks/tiny_run.py). Called as a function (`main(argv)` in a caller's process), it does nothing."""
+    and the collections that ~1,700 imported modules trigger cost 0.9 of 2.6 CPU-s of a process that imports what
+    `ingest --once` does (benchmarks/cli_startup.py, load ~20). Called as a function (`main(argv)` in a caller's
+    process), it does nothing."""
     if not own_process or not gc.isenabled():
         yield
         return
@@ -423,8 +424,9 @@ def run_spark_engine_command(config_path: str | None, *, address: str | None) ->
 class EndWithoutTeardown:
     """An exit function that ends the process once the interpreter has joined its threads and run the exit functions
     registered after this one (pyspark's, the collector's freeze): logging is shut down, stdout and stderr flushed,
-    then `os._exit(status)`, skipping the teardown of ~1,700 modules' objects one by one, which took 0.05-0.15 s of
-    each `ingest --once` (2 cores, load 1-6). Without a `status` (the command raised) the ordinary exit goes on."""
+    then `os._exit(status)`, skipping the teardown of ~1,700 modules' objects one by one: 0.5 of 2.6 CPU-s of a
+    process that imports what `ingest --once` does (benchmarks/cli_startup.py, load ~20). Without a `status` (the
+    command raised) the ordinary exit goes on."""
 
     def __init__(self) -> None:
         self.status: int | None = None
@@ -633,12 +635,19 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     dagster_home = commands.add_parser(
         "dagster-home",
-        help="make DIR a Dagster instance directory (DAGSTER_HOME) for local use: its dagster.yaml is the template "
-        "with Dagster's sqlite storage keeping its connections open (an existing dagster.yaml stays as it is)",
+        help="make DIR a Dagster instance directory (DAGSTER_HOME) for local use: its dagster.yaml is the template, "
+        "Dagster's own run launcher and sqlite storage unless an opt-in below is given (an existing dagster.yaml "
+        "stays as it is)",
     )
     dagster_home.add_argument("directory", help="the DAGSTER_HOME directory (created if missing)")
     dagster_home.add_argument("--template", default="dagster.yaml",
                               help="the instance settings to start from (default: ./dagster.yaml, the repository's)")
+    dagster_home.add_argument("--kept-connections", action="store_true",
+                              help="opt-in for one host of hundreds of topics: the sqlite storage keeping its "
+                              "connections open (docs/operations-one-host.md)")
+    dagster_home.add_argument("--forking-launcher", action="store_true",
+                              help="opt-in for one host of hundreds of topics: each run's process forked from one "
+                              "that has loaded the code location (docs/operations-one-host.md)")
     return parser
 
 
@@ -670,7 +679,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if own_process:
         # What is left at the end goes with the process: otherwise the interpreter's last garbage collection walks
-        # every object pyspark, pyiceberg and pandas made, about 1 s of each `ingest --once` (benchmarks/tiny_run.py).
+        # every object pyspark, pyiceberg and pandas made: 0.5 of 2.6 CPU-s after the imports of `ingest --once`
+        # alone, more after a run (benchmarks/cli_startup.py; about 1 s of each `ingest --once`, tiny_run.py).
         atexit.register(gc.freeze)
     try:
         if args.command == "segment" and args.segment_command == "inspect":
@@ -719,9 +729,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "spark-engine":
             return run_spark_engine_command(args.config, address=args.address)
         if args.command == "dagster-home":
-            from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
+            from kafscale_lakehouse.orchestration.dagster_home import DagsterHomeError, write_dagster_home
 
-            print(write_dagster_home(Path(args.directory), Path(args.template)))
+            try:
+                print(write_dagster_home(Path(args.directory), Path(args.template),
+                                         kept_connections=args.kept_connections,
+                                         forking_launcher=args.forking_launcher))
+            except DagsterHomeError as err:
+                raise CommandError(str(err)) from None
             return 0
     except _reported_errors() as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """`ForkingRunLauncher`: Dagster's default run launcher, each run's process forked from one that has already loaded
-the code location.
+the code location. An opt-in for one host landing hundreds of topics (docs/operations-one-host.md, with its measured
+gain: `kafscale-lakehouse dagster-home DIR --forking-launcher`, or the `run_launcher` section shown there).
 
 The default launcher has the code server spawn a new interpreter per run, which imports Dagster and the location's
 code and builds its definitions again before the run starts: ~8 CPU-s with 200 mappings (imports 3.4, definitions
@@ -33,9 +34,8 @@ from collections.abc import Mapping
 from io import BufferedRWPair
 from typing import Any
 
-from dagster import DefaultRunLauncher
+from dagster import DefaultRunLauncher, deserialize_value, serialize_value
 from dagster._core.launcher import LaunchRunContext
-from dagster._serdes import serialize_value
 
 from kafscale_lakehouse.local_processes import fork_unsafe_threads, run_entry_point, start_ticks
 
@@ -294,7 +294,6 @@ def _load_location(location_name: str, serialized_origin: str, serialized_instan
     from dagster._core.definitions.reconstruct import ReconstructableRepository
     from dagster._core.instance.ref import InstanceRef
     from dagster._core.origin import RepositoryPythonOrigin
-    from dagster._serdes import deserialize_value
 
     instance_ref = deserialize_value(serialized_instance_ref, InstanceRef)
     secrets = instance_ref.secrets_loader

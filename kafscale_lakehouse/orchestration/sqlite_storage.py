@@ -1,4 +1,4 @@
-"""Dagster's sqlite instance storage (`dagster dev`'s default, `make demo`'s) with its database connections kept open.
+"""Dagster's sqlite instance storage (the default of `dagster dev` and `make demo`) with its connections kept open.
 
 Dagster's sqlite run, event-log and schedule storages create a SQLAlchemy engine and open a new sqlite connection for
 every read and write (`NullPool`), and closing the last connection of a database file checkpoints its write-ahead log:
@@ -11,27 +11,22 @@ write-ahead log (Dagster creates every file in WAL mode) lets the daemon, the we
 read and write the same files beside each other's open connections, as before. A deployment of hundreds of topics in
 production uses Postgres (README).
 
-It needs DAGSTER_HOME (or `base_dir`), which `dagster dev` and `dg` run in the repository's folder without one do not
-have (they make a temporary instance from the folder's dagster.yaml): so the repository's dagster.yaml keeps Dagster's
-default storage, and `write_dagster_home` (`kafscale-lakehouse dagster-home`, `make demo`) adds this one to the
-dagster.yaml of a DAGSTER_HOME.
+An opt-in for one host landing hundreds of topics (docs/operations-one-host.md, with its measured gain):
+`kafscale-lakehouse dagster-home DIR --kept-connections` adds it to the dagster.yaml of a DAGSTER_HOME. It needs
+DAGSTER_HOME (or `base_dir`), which `dagster dev` and `dg` run in a folder without one do not have (they make a
+temporary instance from the folder's dagster.yaml).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-import yaml
-from dagster._config import Field, StringSource
-from dagster._config.config_schema import UserConfigSchema
-from dagster._core.errors import DagsterInvalidConfigError
+from dagster import DagsterInvalidConfigError, Field, StringSource
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME, SqliteEventLogStorage
 from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
 from dagster._core.storage.schedules.sqlite.sqlite_schedule_storage import SqliteScheduleStorage
@@ -46,15 +41,6 @@ from dagster._serdes import ConfigurableClassData
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, StaticPool
-
-STORAGE_SECTION = f"""
-# Dagster's sqlite files under $DAGSTER_HOME with their connections kept open: ~2.4x less CPU per event written
-# ({__name__}; added by `kafscale-lakehouse dagster-home`). Production: Postgres.
-storage:
-  custom:
-    module: {__name__}
-    class: KeptConnectionsSqliteStorage
-"""
 
 # Run shards' engines a process keeps (the event log has one file per run): a run writes its own and the index; the
 # webserver and the daemon read a few at a time. The least recently used one is dropped beyond this.
@@ -221,7 +207,7 @@ class KeptConnectionsSqliteStorage(DagsterSqliteStorage):
         super(DagsterSqliteStorage, self).__init__()  # DagsterStorage's: DagsterSqliteStorage's makes stock storages
 
     @classmethod
-    def config_type(cls) -> UserConfigSchema:
+    def config_type(cls) -> dict[str, Field]:
         return {"base_dir": Field(StringSource, is_required=False)}
 
     @classmethod
@@ -235,22 +221,3 @@ class KeptConnectionsSqliteStorage(DagsterSqliteStorage):
                 "set: set DAGSTER_HOME to the instance's directory (`make demo` does), or remove the `storage` section "
                 "to let `dagster dev` use a temporary instance", [], None)
         return cls.from_local(inst_data=inst_data, base_dir=base_dir)
-
-
-def write_dagster_home(dagster_home: Path, template: Path) -> Path:
-    """Make `dagster_home` a Dagster instance directory: its dagster.yaml is `template` (the repository's) with the
-    kept-connection storage, unless `template` sets a storage of its own. An existing dagster.yaml is the operator's
-    and stays as it is. Returns its path."""
-    config_path = dagster_home / "dagster.yaml"
-    if config_path.exists():
-        return config_path
-    text = template.read_text(encoding="utf-8")
-    own = yaml.safe_load(text) or {}
-    if not any(key in own for key in ("storage", "run_storage", "event_log_storage", "schedule_storage")):
-        # base_dir written out: a process that opens the directory without DAGSTER_HOME set
-        # (`DagsterInstance.from_config(dir)`) finds its files too.
-        text = (text.rstrip("\n") + "\n" + STORAGE_SECTION
-                + f"    config:\n      base_dir: {json.dumps(str(dagster_home.resolve()))}\n")
-    dagster_home.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(text, encoding="utf-8")
-    return config_path

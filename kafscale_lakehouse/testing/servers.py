@@ -46,17 +46,17 @@ def _wait_for(check, what: str, timeout: float, proc: subprocess.Popen, log_path
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}; log:\n{_tail(log_path)}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}; log:\n{log_tail(log_path)}")
         try:
             if check():
                 return
         except Exception:  # noqa: BLE001 - not up yet
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"{what} not ready after {timeout}s; log:\n{_tail(log_path)}")
+    raise RuntimeError(f"{what} not ready after {timeout}s; log:\n{log_tail(log_path)}")
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def log_tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from kafscale_lakehouse_tests.conftest import REPO_ROOT, SHARED
+from kafscale_lakehouse_tests.conftest import FIXTURES, REPO_ROOT
 from kafscale_lakehouse_tests.deploy.dockerfile import Dockerfile
 from kafscale_lakehouse_tests.deploy.helm_chart import ChartSchema, Release, load_values, merge_values
 from kafscale_lakehouse_tests.deploy.install_guide import InstallGuide
 
 VALUES_DIR = REPO_ROOT / "helm-values"
-CHART_SCHEMA_DIR = SHARED / "vendor" / "dagster-helm"
+CHART_SCHEMA_DIR = FIXTURES / "dagster-helm"
 SIZES = ("small", "large")
 # The release of the install guide: `helm install kafscale-lakehouse … --namespace kafscale-lakehouse`.
 RELEASE = Release(name="kafscale-lakehouse", namespace="kafscale-lakehouse")
@@ -34,7 +34,7 @@ def size(request) -> str:
 @pytest.fixture(scope="session")
 def chart_schema() -> ChartSchema:
     if not CHART_SCHEMA_DIR.is_dir():
-        pytest.fail(f"the Dagster chart's schemas are not at {CHART_SCHEMA_DIR} (set KAFSCALE_SHARED_DIR)")
+        pytest.fail(f"the Dagster chart's schemas are not at {CHART_SCHEMA_DIR}: the checkout is incomplete")
     return ChartSchema(CHART_SCHEMA_DIR)
 
 

@@ -1,4 +1,4 @@
-"""The golden segments in shared/fixtures decode to their expected.jsonl exactly, by us and by kafka-python."""
+"""The golden segments of fixtures/segments decode to their expected.jsonl exactly, by us and by kafka-python."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ _BYTES = st.one_of(
 _HEADERS = st.lists(st.tuples(_BYTES, st.one_of(st.none(), _BYTES)), max_size=12)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_HEADERS, min_size=1, max_size=20))
 def test_column_matches_the_reference(records):
     keys = [key for headers in records for key, _ in headers]
@@ -35,7 +35,7 @@ def test_column_matches_the_reference(records):
     assert column.to_pylist() == [go_headers_json(headers) for headers in records]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_HEADERS, min_size=1, max_size=30), st.integers(min_value=1, max_value=7))
 def test_decoded_segment_headers_match_the_reference(records, records_per_batch):
     segment = encode_segment([Record(b"k", b"v", tuple(headers), 1_700_000_000_000 + i)

@@ -64,7 +64,7 @@ def kafka_python_codecs():
         yield
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch_records=st.lists(records, min_size=1, max_size=60), options=segment_options)
 def test_decode_gives_back_exactly_what_was_encoded(batch_records, options):
     options = dict(options)

@@ -1,7 +1,7 @@
-"""The storage `make demo` puts in its DAGSTER_HOME (`KeptConnectionsSqliteStorage`): Dagster's sqlite files, fewer
-connections.
+"""The opt-in storage `kafscale-lakehouse dagster-home --kept-connections` puts in a DAGSTER_HOME
+(`KeptConnectionsSqliteStorage`): Dagster's sqlite files, fewer connections.
 
-Real sqlite files and real processes: what the daemon, the webserver and the runs of `make demo` share."""
+Real sqlite files and real processes: what the daemon, the webserver and the runs of one host share."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.events.log import EventLogEntry
 from dagster._core.instance.ref import InstanceRef
@@ -27,11 +26,9 @@ from sqlalchemy.engine import Engine
 
 from kafscale_lakehouse.apps.cli import main
 from kafscale_lakehouse.orchestration.sqlite_storage import (
-    STORAGE_SECTION,
     KeptConnectionsEventLogStorage,
     KeptConnectionsRunStorage,
     KeptConnectionsScheduleStorage,
-    write_dagster_home,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
-    assert main(["dagster-home", str(home), "--template", str(REPO_ROOT / "dagster.yaml")]) == 0  # as `make demo`
+    assert main(["dagster-home", str(home), "--template", str(REPO_ROOT / "dagster.yaml"), "--kept-connections"]) == 0
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     return home
 
@@ -60,7 +57,7 @@ def _latest_rows(instance: dg.DagsterInstance, key: str) -> int | None:
     return None if event is None else event.asset_materialization.metadata["rows"].value
 
 
-def test_the_demos_instance_keeps_dagsters_sqlite_files(instance: dg.DagsterInstance, dagster_home: Path):
+def test_the_kept_connections_keep_dagsters_sqlite_files(instance: dg.DagsterInstance, dagster_home: Path):
     assert isinstance(instance.event_log_storage, KeptConnectionsEventLogStorage)
     assert isinstance(instance.run_storage, KeptConnectionsRunStorage)
     assert isinstance(instance.schedule_storage, KeptConnectionsScheduleStorage)
@@ -154,18 +151,6 @@ def test_the_repository_folder_keeps_dagsters_temporary_instance(tmp_path: Path,
         assert _latest_rows(instance, "orders") == 3
 
 
-def test_dagster_home_keeps_an_existing_config_and_a_templates_own_storage(tmp_path: Path):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    write_dagster_home(home, REPO_ROOT / "dagster.yaml")
-    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"  # the operator's
-    template = tmp_path / "postgres.yaml"
-    template.write_text("storage:\n  postgres:\n    postgres_url: postgresql://dagster@db/dagster\n")
-    write_dagster_home(tmp_path / "other", template)
-    assert yaml.safe_load((tmp_path / "other" / "dagster.yaml").read_text()) == yaml.safe_load(template.read_text())
-
-
 def test_the_home_opens_without_dagster_home_set(dagster_home: Path, monkeypatch: pytest.MonkeyPatch):
     """`DagsterInstance.from_config(dir)` (benchmarks/fanout.py reads its instance so) with DAGSTER_HOME unset."""
     with dg.DagsterInstance.get() as instance:
@@ -179,7 +164,9 @@ def test_the_home_opens_without_dagster_home_set(dagster_home: Path, monkeypatch
 def test_without_base_dir_or_dagster_home_the_error_says_what_to_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     config_dir = tmp_path / "project"
     config_dir.mkdir()
-    (config_dir / "dagster.yaml").write_text(STORAGE_SECTION)  # a hand-written section without base_dir
+    (config_dir / "dagster.yaml").write_text(  # a hand-written section without base_dir
+        "storage:\n  custom:\n    module: kafscale_lakehouse.orchestration.sqlite_storage\n"
+        "    class: KeptConnectionsSqliteStorage\n")
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     with pytest.raises(DagsterInvalidConfigError, match="DAGSTER_HOME"):
         dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(tmp_path / "tmp_home"), config_dir=str(config_dir)))

@@ -13,7 +13,7 @@ import urllib.error
 import pytest
 import yaml
 
-from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
+from kafscale_lakehouse.orchestration.dagster_home import write_dagster_home
 from kafscale_lakehouse.orchestration.topic_patterns import WEBSERVER_URL_ENV_VAR
 from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.orchestration.smoke.test_dagster_dev import (

@@ -385,7 +385,7 @@ def _raw_values(draw) -> bytes | None:
     return text.encode("utf-8", "surrogatepass")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(values=st.lists(_raw_values(), min_size=1, max_size=120))
 def test_arrow_fast_path_matches_the_reference_rules(values):
     assert_fast_path_matches_reference(values)
@@ -446,7 +446,7 @@ def _shaped_batches(draw) -> list[bytes | None]:
     return values
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(values=_shaped_batches())
 def test_vectorized_conversions_match_the_reference_rules(values):
     assert_fast_path_matches_reference(values)

@@ -188,8 +188,9 @@ def test_a_child_runs_the_console_script_the_package_installs():
     assert scripts["kafscale-lakehouse"] == CONSOLE_SCRIPT
 
 
-def test_the_switch_opts_out_and_names_itself():
-    assert enabled({}) and enabled({WARM_CLI_VARIABLE: "on"})
+def test_the_warm_process_is_an_opt_in_whose_switch_names_itself():
+    assert not enabled({}) and not enabled({WARM_CLI_VARIABLE: ""})
+    assert enabled({WARM_CLI_VARIABLE: "on"}) and enabled({WARM_CLI_VARIABLE: "1"})
     assert not enabled({WARM_CLI_VARIABLE: "0"}) and not enabled({WARM_CLI_VARIABLE: "Off"})
     with pytest.raises(LocalProcessError, match=f"{WARM_CLI_VARIABLE}: 'maybe' is neither"):
         enabled({WARM_CLI_VARIABLE: "maybe"})
