@@ -94,7 +94,7 @@ def test_production_config_loads_against_the_servers_and_keeps_secrets_out_of_re
     (lambda d: d.update(procesor={"poll_interval_seconds": 5}), "procesor: unknown key (did you mean 'processor'?)"),
     (lambda d: d.update(processor={"poll_interval_seconds": "often"}), "processor.poll_interval_seconds: expected an "
                                                                        "integer"),
-    (lambda d: d["mappings"][0].update(table="rpc.pizza-orders"), "mappings[0].table: 'rpc.pizza-orders' is not a "
+    (lambda d: d["mappings"][0].update(table="rpc.pizza orders"), "mappings[0].table: 'rpc.pizza orders' is not a "
                                                                   "table identifier"),
 ], ids=["unknown-key", "wrong-type", "invalid-table"])
 def test_a_bad_config_fails_when_definitions_load_naming_the_key(demo_config_path, edit, named):
