@@ -51,7 +51,6 @@ from kafscale_lakehouse.engine.tables.commits import (
     CommitOutcomeUnknownError,
     arrow_schema_as_iceberg,
     commit_settled,
-    find_commit_after_refresh,
     require_refs,
     without_client_retries,
 )
@@ -301,7 +300,7 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
                     raise
                 except Exception as exc:
                     # No answer, or one that does not say (a 5xx, a timeout): the table tells.
-                    if find_commit_after_refresh(table, commit_id, before_first, write.branch) is None:
+                    if _landed_commit(table, write.branch, commit_id, before_first) is None:
                         raise CommitOutcomeUnknownError(
                             f"table {write.identifier}: the commit of run {write.run_id} failed with an unknown "
                             f"outcome ({type(exc).__name__}: {exc}); its {len(data_files)} data files are kept "
@@ -336,6 +335,23 @@ def _landed_write(table: Table, write_ids: frozenset[str] | set[str]) -> int | N
     summaries are in the loaded metadata: no request)."""
     for snapshot in ancestry(table):
         if summary_properties(snapshot).get(WRITE_ID_PROPERTY) in write_ids:
+            return snapshot.snapshot_id
+    return None
+
+
+def _landed_commit(table: Table, branch: str, commit_id: str, since: int | None) -> int | None:
+    """After an answer that did not say: the snapshot of `branch` our commit `commit_id` added, looked for in the
+    refreshed table back to `since` (the head before the first attempt), or None, also when the catalog cannot be
+    read."""
+    try:
+        table.refresh()
+    except Exception:  # the outcome stays unknown
+        log.warning("table %s: cannot refresh to check the commit outcome", ".".join(table.name()), exc_info=True)
+        return None
+    for snapshot in ancestry(ref_view(table, branch)):
+        if snapshot.snapshot_id == since:
+            return None
+        if summary_properties(snapshot).get(COMMIT_ID_PROPERTY) == commit_id:
             return snapshot.snapshot_id
     return None
 
