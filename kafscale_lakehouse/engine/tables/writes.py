@@ -296,11 +296,13 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
                     require_refs(transaction, {MAIN_BRANCH: table.metadata.current_snapshot_id})
                 try:
                     committed = commit_settled(transaction)
+                    snapshot_id = ref_view(committed, write.branch).metadata.current_snapshot_id
                 except CommitFailedException:
                     raise
                 except Exception as exc:
                     # No answer, or one that does not say (a 5xx, a timeout): the table tells.
-                    if _landed_commit(table, write.branch, commit_id, before_first) is None:
+                    snapshot_id = _landed_commit(table, write.branch, commit_id, before_first)
+                    if snapshot_id is None:
                         raise CommitOutcomeUnknownError(
                             f"table {write.identifier}: the commit of run {write.run_id} failed with an unknown "
                             f"outcome ({type(exc).__name__}: {exc}); its {len(data_files)} data files are kept "
@@ -321,12 +323,10 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
                 table.refresh()
             continue
         table.metadata, table.metadata_location = committed.metadata, committed.metadata_location
-        snapshot = ref_view(table, write.branch).current_snapshot()
         log.info("table %s: run %s committed %s of %d rows in %d data files (snapshot %s on %s, attempt %d)",
-                 write.identifier, write.run_id, write.mode, rows, len(data_files),
-                 snapshot.snapshot_id if snapshot else None, write.branch, attempt)
-        return _result(table, write, snapshot.snapshot_id if snapshot else None, rows, len(data_files), created,
-                       added, attempt)
+                 write.identifier, write.run_id, write.mode, rows, len(data_files), snapshot_id, write.branch,
+                 attempt)
+        return _result(table, write, snapshot_id, rows, len(data_files), created, added, attempt)
     raise AssertionError("unreachable")
 
 
