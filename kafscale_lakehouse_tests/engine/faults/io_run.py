@@ -38,11 +38,11 @@ JOB_NAME = "io_write"
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
-def spec_document(*, config: dict, namespace: str, name: str, mode: str, remote: str, dagster_home: Path,
+def spec_document(*, config: dict, namespace: str, name: str, mode: str, dagster_home: Path,
                   fail: bool = False) -> dict:
     """What `io_job` builds a job from (written as JSON for the actor's process)."""
-    return {"config": config, "namespace": namespace, "name": name, "mode": mode, "remote": remote,
-            "dagster_home": str(dagster_home), "fail": fail}
+    return {"config": config, "namespace": namespace, "name": name, "mode": mode, "dagster_home": str(dagster_home),
+            "fail": fail}
 
 
 def ids_of(mode: str, partition: str) -> list[int]:
@@ -72,7 +72,9 @@ def io_job(spec_path: str) -> dg.JobDefinition:
         return df
 
     catalog = IcebergCatalogResource.of(parse_config(spec["config"], base_dir=Path(spec_path).parent))
-    spark = SparkResource(master="local[2]", remote=spec["remote"])
+    # The Spark engine of `$SPARK_REMOTE` in the actor's process; in the test's, its local session (a Spark Connect
+    # session there would stay the process's session for the tests after it).
+    spark = SparkResource(master="local[2]")
     definitions = dg.Definitions(
         assets=[written],
         jobs=[dg.define_asset_job(JOB_NAME, selection=[written.key], executor_def=dg.in_process_executor)],

@@ -30,6 +30,7 @@ import pytest
 
 from kafscale_lakehouse.config import parse_config
 from kafscale_lakehouse.connections import catalog_settings
+from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE
 from kafscale_lakehouse.engine.spark.writes import write_arrow
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.engine.tables.writes import TableWrite
@@ -90,7 +91,7 @@ class IoWorld:
         path = self.root / f"spec-{mode}{'-failing' if fail else ''}.json"
         if not path.exists():
             path.write_text(json.dumps(spec_document(config=self.config, namespace=self.namespace, name=self.name,
-                                                     mode=mode, remote=self.remote, dagster_home=self.root / "dagster",
+                                                     mode=mode, dagster_home=self.root / "dagster",
                                                      fail=fail)))
         return str(path)
 
@@ -106,14 +107,15 @@ class IoWorld:
         return SEED_RUN
 
     def run(self, mode: str, partition: str) -> str:
-        """A materialization of `partition` in this process; its run id."""
+        """A materialization of `partition` in this process (on the suite's local Spark session); its run id."""
         result = materialize(self.spec(mode), partition, instance=self.instance)
         assert result.success, f"the materialization of {partition} failed"
         return result.run_id
 
     def env(self) -> dict[str, str]:
+        """A materialization's process: a client of the suite's Spark engine."""
         env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION=REGION,
-                   PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+                   PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", **{SPARK_REMOTE_VARIABLE: self.remote})
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             env.pop(name, None)
         return env
@@ -169,7 +171,7 @@ class IoWorld:
 
 
 @pytest.fixture
-def io_world(seaweedfs, spark_engine, unique_prefix, tmp_path) -> IoWorld:
+def io_world(seaweedfs, spark, spark_engine, unique_prefix, tmp_path) -> IoWorld:
     return IoWorld(seaweedfs, spark_engine, unique_prefix.replace("-", "_"), tmp_path)
 
 
