@@ -11,6 +11,13 @@ keys the data holds and inserts the others, rewriting only the data files that h
 (`engine.tables.upserts.upsert_rows`). `partition_spec` metadata (`"day(order_date)"` or a list) partitions a table
 created on first write. Snapshot properties name the Dagster run and partitions.
 
+A retried step never appends twice: each write is named by its run, asset and partitions (`kafscale.write-id`,
+the same for every attempt of the step in its run), and a run re-executed from a failure retries the writes of its
+parent runs whose step did not succeed (up to the first one where it did: re-executing a step that succeeded is
+a write of its own). An append finds a commit of those that landed (the step killed or failed after its commit,
+before recording it) and commits nothing (engine/tables/writes.py); an overwrite or upsert written again gives the
+same table.
+
 `load_input` (`engine.spark.table_source`): the columns of `AssetIn(metadata={"columns": [...]})`, the downstream
 partition as a row filter (Kafka partitions of a landed table as `partition IN (...)`; otherwise through
 `partition_expr` of the input or the upstream asset), pinned to the `snapshot_id` of the upstream asset's latest
@@ -144,6 +151,7 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
         audited = publish_mode(metadata, self.publish, what) == "audited"
         if audited and upsert is not None:
             raise ValueError(f"{what}: {PUBLISH_KEY}=audited is not supported with {WRITE_MODE_KEY}=upsert")
+        write_id, retry_of = write_ids(context, partition_keys)
         write = TableWrite(
             identifier=identifier,
             run_id=context.run_id,
@@ -162,6 +170,8 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
             target_file_size_bytes=self.target_file_size_bytes,
             upsert=upsert,
             branch=DEFAULT_AUDIT_BRANCH if audited else MAIN_BRANCH,
+            write_id=write_id,
+            retry_of=retry_of,
         )
         catalog = load_catalog(self.iceberg_catalog.settings())
         if audited:
@@ -219,6 +229,28 @@ class KafscaleIcebergIOManager(dg.ConfigurableIOManager):
         return read_table(
             self.spark.spark_session, table, columns=columns, row_filter=row_filter, snapshot_id=snapshot_id
         )
+
+
+def write_ids(context: dg.OutputContext, partition_keys: list[str]) -> tuple[str, frozenset[str]]:
+    """The id of this write (its run, asset and partitions: the same for every attempt of the step in this run),
+    and those of the writes it retries: the same step's in the parent runs it was re-executed from, up to the first
+    of them where the step succeeded."""
+    step = context.step_context
+    asset = context.asset_key.to_user_string()
+
+    def write_id(run_id: str) -> str:
+        return json.dumps([run_id, asset, partition_keys])
+
+    retried = set()
+    parent_id = step.dagster_run.parent_run_id
+    while parent_id is not None:
+        records = step.instance.get_records_for_run(parent_id, of_type=dg.DagsterEventType.STEP_SUCCESS).records
+        if any(record.event_log_entry.step_key == context.step_key for record in records):
+            break
+        retried.add(write_id(parent_id))
+        parent = step.instance.get_run_by_id(parent_id)
+        parent_id = parent.parent_run_id if parent is not None else None
+    return write_id(context.run_id), frozenset(retried)
 
 
 def plain_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -30,6 +30,9 @@ SKIPPED_PROPERTY_PREFIX = "kafscale.skipped."  # + topic: {"<partition>": [from,
 MOVED_BACK_PROPERTY_PREFIX = "kafscale.moved-back."
 RUN_ID_PROPERTY = "kafscale.run-id"
 COMMIT_ID_PROPERTY = "kafscale.commit-id"
+# On a downstream write's snapshots (engine/tables/writes.py): the same for every attempt of one write, so that an
+# append retried after its commit landed finds it instead of appending again.
+WRITE_ID_PROPERTY = "kafscale.write-id"
 # Milliseconds from the start of the write to the commit, the Go processor's write latency, for `serve-metrics`.
 WRITE_LATENCY_PROPERTY = "kafscale.write-latency-ms"
 # `{"<partition>": ms}`: the Kafka timestamp of the last record committed per partition, the Go processor's

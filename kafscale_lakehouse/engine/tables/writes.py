@@ -5,6 +5,17 @@ added by name, a column may widen (int → long, float → double); any other di
 naming the column. `commit_files` makes ONE catalog commit: an append, or a delete of the replaced rows
 (`replace_filter`, all rows when None) and the append in one transaction. A commit that loses to a concurrent one
 (another partition of the same asset) is retried on the refreshed table with the same data files, so both land.
+An answer that does not say whether the commit landed is settled by looking for the commit's id in the table; when
+it is not there either the files are kept (`CommitOutcomeUnknownError`: they may be referenced).
+
+Retries. An overwrite and an upsert written again give the same table, but an append would add its rows twice, so
+an append names the write it belongs to (`write_id`, in its snapshots' summaries as `kafscale.write-id`) and the
+earlier attempts it retries (`retry_of`, e.g. a Dagster step attempted again, or a run re-executed from its failure,
+after a commit that landed before the step could record it). Every attempt checks, on the table its commit is built
+on, whether a snapshot of the branch's ancestry carries one of those ids; if so that commit stands for this one:
+nothing is appended, this attempt's files are deleted and the result names the snapshot found. The commit requires
+the branch still at the head it checked, so a commit of an earlier attempt landing in between (an answer lost, the
+request applied late) makes it check again rather than append twice.
 The data files come from `engine/spark/writes.py` (a Spark job) or from an Arrow table.
 """
 
@@ -12,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +48,7 @@ from kafscale_lakehouse.engine.tables.catalogs import (
     catalog_errors,
 )
 from kafscale_lakehouse.engine.tables.commits import (
+    CommitOutcomeUnknownError,
     arrow_schema_as_iceberg,
     commit_settled,
     require_refs,
@@ -44,6 +57,12 @@ from kafscale_lakehouse.engine.tables.commits import (
 from kafscale_lakehouse.engine.tables.data_files import (
     DEFAULT_TARGET_FILE_SIZE_BYTES,
     delete_data_files,
+)
+from kafscale_lakehouse.engine.tables.summary import (
+    COMMIT_ID_PROPERTY,
+    WRITE_ID_PROPERTY,
+    ancestry,
+    summary_properties,
 )
 from kafscale_lakehouse.engine.tables.upserts import UpsertError, UpsertOptions, upsert_rows
 
@@ -69,7 +88,10 @@ class TableWrite:
     `snapshot_properties` go into both snapshots of the commit (they name the Dagster run and partition).
     `upsert` (mode upsert only): the keys and what to do with matched and unmatched rows (`upserts.UpsertOptions`).
     `branch`: where the commit goes; an audit branch (audited publish, `audit.start_audit_branch`) is set to main's
-    head before each attempt and refuses while it holds a pending audit."""
+    head before each attempt and refuses while it holds a pending audit.
+    `write_id`: the same for every attempt of this write (e.g. the run, asset and partitions); `retry_of`: the ids
+    of earlier writes this one retries. An append finds a landed commit of any of them and appends nothing (see
+    the module docstring)."""
 
     identifier: str
     run_id: str
@@ -82,6 +104,8 @@ class TableWrite:
     commit_attempts: int = DEFAULT_COMMIT_ATTEMPTS
     upsert: UpsertOptions | None = None
     branch: str = MAIN_BRANCH
+    write_id: str | None = None
+    retry_of: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.mode not in WRITE_MODES:
@@ -230,9 +254,13 @@ def _promotes(narrow: IcebergType, wide: IcebergType) -> bool:
 def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite, *, created: bool = False,
                  added: tuple[str, ...] = ()) -> TableWriteResult:
     """One catalog commit: append `data_files`, after deleting the replaced rows for an overwrite. Retried on the
-    refreshed table when a concurrent commit wins; data files are deleted when every attempt lost."""
+    refreshed table when a concurrent commit wins; data files are deleted when every attempt lost, and kept when the
+    outcome is unknown (`CommitOutcomeUnknownError`). An append that finds a landed commit of its write or of one it
+    retries (`write_id`, `retry_of`) commits nothing (see the module docstring)."""
     endpoint = catalog_endpoint(table.catalog)
-    properties = dict(write.snapshot_properties)
+    commit_id = uuid.uuid4().hex
+    properties = {**write.snapshot_properties, COMMIT_ID_PROPERTY: commit_id,
+                  **({WRITE_ID_PROPERTY: write.write_id} if write.write_id is not None else {})}
     rows = sum(f.record_count for f in data_files)
     if write.upsert is not None:
         return _commit_upsert(table, data_files, write, write.upsert, created=created, added=added)
@@ -240,10 +268,18 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
         log.info("table %s: run %s appends no rows, nothing to commit", write.identifier, write.run_id)
         return _result(table, write, None, 0, 0, created, added, 0)
     replace = write.replace_filter if write.replace_filter is not None else AlwaysTrue()
+    same_write = write.retry_of | ({write.write_id} if write.write_id is not None else set())
+    before_first: int | None = None
     for attempt in range(1, write.commit_attempts + 1):
         try:
             if write.branch != MAIN_BRANCH:
                 start_audit_branch(table, write.branch)  # AuditPendingError while it holds a pending audit
+            if attempt == 1:
+                before_first = ref_view(table, write.branch).metadata.current_snapshot_id
+            if write.mode == "append" and same_write:
+                landed = _landed_write(ref_view(table, write.branch), same_write)
+                if landed is not None:
+                    return _adopt(table, write, landed, data_files, created, added, attempt)
             with catalog_errors(endpoint):
                 transaction = without_client_retries(table).transaction()
                 if write.mode == "overwrite" and ref_view(table, write.branch).current_snapshot() is not None:
@@ -258,7 +294,22 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
                             append.append_data_file(data_file)
                 if write.branch != MAIN_BRANCH:  # the audited snapshot must be main's child to be published
                     require_refs(transaction, {MAIN_BRANCH: table.metadata.current_snapshot_id})
-                committed = commit_settled(transaction)
+                try:
+                    committed = commit_settled(transaction)
+                    snapshot_id = ref_view(committed, write.branch).metadata.current_snapshot_id
+                except CommitFailedException:
+                    raise
+                except Exception as exc:
+                    # No answer, or one that does not say (a 5xx, a timeout): the table tells.
+                    snapshot_id = _landed_commit(table, write.branch, commit_id, before_first)
+                    if snapshot_id is None:
+                        raise CommitOutcomeUnknownError(
+                            f"table {write.identifier}: the commit of run {write.run_id} failed with an unknown "
+                            f"outcome ({type(exc).__name__}: {exc}); its {len(data_files)} data files are kept "
+                            "until the table shows whether they are referenced") from exc
+                    log.warning("table %s: the commit of run %s reported %r but landed", write.identifier,
+                                write.run_id, exc)
+                    committed = table
         except CommitFailedException as exc:
             if attempt == write.commit_attempts:
                 failed = delete_data_files(table.io, [f.file_path for f in data_files])
@@ -272,13 +323,53 @@ def commit_files(table: Table, data_files: Sequence[DataFile], write: TableWrite
                 table.refresh()
             continue
         table.metadata, table.metadata_location = committed.metadata, committed.metadata_location
-        snapshot = ref_view(table, write.branch).current_snapshot()
         log.info("table %s: run %s committed %s of %d rows in %d data files (snapshot %s on %s, attempt %d)",
-                 write.identifier, write.run_id, write.mode, rows, len(data_files),
-                 snapshot.snapshot_id if snapshot else None, write.branch, attempt)
-        return _result(table, write, snapshot.snapshot_id if snapshot else None, rows, len(data_files), created,
-                       added, attempt)
+                 write.identifier, write.run_id, write.mode, rows, len(data_files), snapshot_id, write.branch,
+                 attempt)
+        return _result(table, write, snapshot_id, rows, len(data_files), created, added, attempt)
     raise AssertionError("unreachable")
+
+
+def _landed_write(table: Table, write_ids: frozenset[str] | set[str]) -> int | None:
+    """The newest snapshot of the table's current ancestry that a write of `write_ids` committed, or None (the
+    summaries are in the loaded metadata: no request)."""
+    for snapshot in ancestry(table):
+        if summary_properties(snapshot).get(WRITE_ID_PROPERTY) in write_ids:
+            return snapshot.snapshot_id
+    return None
+
+
+def _landed_commit(table: Table, branch: str, commit_id: str, since: int | None) -> int | None:
+    """After an answer that did not say: the snapshot of `branch` our commit `commit_id` added, looked for in the
+    refreshed table back to `since` (the head before the first attempt), or None, also when the catalog cannot be
+    read."""
+    try:
+        table.refresh()
+    except Exception:  # the outcome stays unknown
+        log.warning("table %s: cannot refresh to check the commit outcome", ".".join(table.name()), exc_info=True)
+        return None
+    for snapshot in ancestry(ref_view(table, branch)):
+        if snapshot.snapshot_id == since:
+            return None
+        if summary_properties(snapshot).get(COMMIT_ID_PROPERTY) == commit_id:
+            return snapshot.snapshot_id
+    return None
+
+
+def _adopt(table: Table, write: TableWrite, snapshot_id: int, data_files: Sequence[DataFile], created: bool,
+           added: tuple[str, ...], attempt: int) -> TableWriteResult:
+    """An earlier attempt of this append landed in `snapshot_id`: this attempt's files are deleted, nothing is
+    committed, and the result names that snapshot."""
+    failed = delete_data_files(table.io, [f.file_path for f in data_files])
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    summary = snapshot.summary if snapshot is not None and snapshot.summary is not None else None
+    rows = int(summary["added-records"]) if summary is not None and "added-records" in summary else 0
+    files = int(summary["added-data-files"]) if summary is not None and "added-data-files" in summary else 0
+    log.warning("table %s: run %s appends nothing: snapshot %d already holds this write (write id %s, committed by "
+                "an earlier attempt); %d data files of this attempt deleted%s", write.identifier, write.run_id,
+                snapshot_id, summary_properties(snapshot).get(WRITE_ID_PROPERTY) if snapshot is not None else None,
+                len(data_files) - len(failed), f" ({len(failed)} could not be)" if failed else "")
+    return _result(table, write, snapshot_id, rows, files, created, added, attempt)
 
 
 def _commit_upsert(table: Table, data_files: Sequence[DataFile], write: TableWrite, options: UpsertOptions, *,

@@ -36,6 +36,7 @@ from pyiceberg.exceptions import CommitStateUnknownException
 import kafscale_lakehouse.engine.ingestion.replay as replay
 import kafscale_lakehouse.engine.ingestion.run as run
 import kafscale_lakehouse.engine.maintenance as maintenance
+import kafscale_lakehouse.engine.spark.writes as spark_writes
 import kafscale_lakehouse.engine.tables.upserts as upserts
 from kafscale_lakehouse.apps import cli
 
@@ -126,6 +127,17 @@ OTHER_POINTS: dict[str, dict[str, tuple[Any, str, str]]] = {
         "inside-commit": (upserts, "commit_rewrite", "inside"),
         "after-commit": (run, "commit_upsert", "after"),
         "before-forget": (run.PreparedIngest, "forget_run", "before"),
+    },
+    # A downstream asset's materialization by the Iceberg IO manager (io_run.py, command `materialize <spec>
+    # <partition>`): the table prepared (`before-write`), the DataFrame's files written (`after-write`), an upsert's
+    # plan made and its files rewritten (`after-rewrite`), the commit, the commit returned (`after-commit`: the
+    # materialization is not recorded yet).
+    "io": {
+        "before-write": (spark_writes, "prepare_table", "after"),
+        "after-write": (spark_writes, "commit_files", "before"),
+        "after-rewrite": (upserts, "commit_rewrite", "before"),
+        "inside-commit": (spark_writes, "commit_files", "inside"),
+        "after-commit": (spark_writes, "commit_files", "after"),
     },
 }
 
@@ -239,4 +251,8 @@ if __name__ == "__main__":
         from kafscale_lakehouse_tests.engine.faults.batch_run import main as land_batch
 
         sys.exit(land_batch(cli_args[1]))
+    if cli_args[:1] == ["materialize"]:
+        from kafscale_lakehouse_tests.engine.faults.io_run import main as materialize
+
+        sys.exit(materialize(*cli_args[1:]))
     sys.exit(cli.main(cli_args))

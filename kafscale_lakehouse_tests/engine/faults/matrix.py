@@ -28,7 +28,8 @@ picked in a fixed order. `KAFSCALE_FAULT_MATRIX=<n>` adds a sample of n drawn wi
 (`KAFSCALE_FAULT_SEED` repeats it); `KAFSCALE_FAULT_MATRIX=full` runs every case.
 
 The upsert primary, whose invariant is an upsert table's (the state per key the log leads to), has its cases in
-test_fault_matrix_upsert.py, one or more per point family.
+test_fault_matrix_upsert.py, one or more per point family; the IO manager's downstream writes, whose invariants are
+their write mode's (actor `io`, io_run.py), in orchestration/lakehouse/test_fault_matrix_io_manager.py.
 """
 
 from __future__ import annotations
