@@ -349,7 +349,7 @@ class KafScaleBroker:
         so only in its log: a test must never pass against those."""
         text = self.log_path.read_text(errors="replace")
         if "in-memory" in text:
-            raise RuntimeError(f"KafScale broker fell back to an in-memory store; log:\n{_tail(self.log_path)}")
+            raise RuntimeError(f"KafScale broker fell back to an in-memory store; log:\n{log_tail(self.log_path)}")
 
     def stop(self) -> None:
         _stop(self.proc)

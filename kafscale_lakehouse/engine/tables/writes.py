@@ -362,12 +362,12 @@ def _adopt(table: Table, write: TableWrite, snapshot_id: int, data_files: Sequen
     committed, and the result names that snapshot."""
     failed = delete_data_files(table.io, [f.file_path for f in data_files])
     snapshot = table.metadata.snapshot_by_id(snapshot_id)
-    summary = snapshot.summary if snapshot is not None and snapshot.summary is not None else None
-    rows = int(summary["added-records"]) if summary is not None and "added-records" in summary else 0
-    files = int(summary["added-data-files"]) if summary is not None and "added-data-files" in summary else 0
+    counts = summary_properties(snapshot) if snapshot is not None else {}
+    rows = int(counts.get("added-records", 0))
+    files = int(counts.get("added-data-files", 0))
     log.warning("table %s: run %s appends nothing: snapshot %d already holds this write (write id %s, committed by "
                 "an earlier attempt); %d data files of this attempt deleted%s", write.identifier, write.run_id,
-                snapshot_id, summary_properties(snapshot).get(WRITE_ID_PROPERTY) if snapshot is not None else None,
+                snapshot_id, counts.get(WRITE_ID_PROPERTY),
                 len(data_files) - len(failed), f" ({len(failed)} could not be)" if failed else "")
     return _result(table, write, snapshot_id, rows, files, created, added, attempt)
 
