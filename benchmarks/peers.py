@@ -185,6 +185,9 @@ def start_kafka_broker(workdir: Path, partitions: int) -> tuple[Server, str]:
         "offsets.topic.replication.factor=1", "transaction.state.log.replication.factor=1",
         "transaction.state.log.min.isr=1", "share.coordinator.state.topic.replication.factor=1",
         "share.coordinator.state.topic.min.isr=1", "group.initial.rebalance.delay.ms=0",
+        # The orders carry their 2024 order times as record timestamps: with the default 7-day retention the broker
+        # deletes them as soon as a segment rolls (measured: every sink consumer reset to the log end).
+        "log.retention.ms=-1",
     ]) + "\n")
     log4j = write_log4j2(directory / "log4j2.properties", "WARN")
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -596,6 +599,7 @@ class ConnectSink(System):
             "key.converter=org.apache.kafka.connect.storage.StringConverter",
             "value.converter=org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable=false",
             f"offset.storage.file.filename={directory / 'connect.offsets'}", "offset.flush.interval.ms=10000",
+            "consumer.auto.offset.reset=earliest",  # Connect's default for sinks, written out
             f"plugin.path={JARS / 'plugins'}", "plugin.discovery=service_load",  # the sink has its manifest
             f"listeners=http://127.0.0.1:{rest_port}",
         ]) + "\n")
