@@ -456,7 +456,7 @@ class System:
 
 
 class GoProcessor(System):
-    name, label = "go", "KafScale Go processor v1.6.0"
+    name, label = "go", "KafScale Go processor v1.6.0 (segments of a v1.5.0 broker)"
 
     def start(self, topic: str, table: str, run: str) -> None:
         e = self.environment
