@@ -59,13 +59,15 @@ from pathlib import Path
 import pyarrow.compute as pc
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from freshness import start_dagster_dev, start_spark_engine, stop_process_group  # the demo's process handling
-from tiny_run import with_bytecode_cache
-
 from kafscale_lakehouse.apps.workload import ALL_CODECS, PIZZA_COLUMNS, pizza_order
 from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready
-from kafscale_lakehouse.orchestration.sqlite_storage import write_dagster_home
+from kafscale_lakehouse.orchestration.dagster_home import write_dagster_home
+from kafscale_lakehouse.testing.harness import (  # the demo's process handling
+    start_dagster_dev,
+    start_spark_engine,
+    stop_process_group,
+    with_bytecode_cache,
+)
 from kafscale_lakehouse.testing.process_usage import _all_process_stats
 from kafscale_lakehouse.testing.servers import (
     ACCESS_KEY,
@@ -76,10 +78,10 @@ from kafscale_lakehouse.testing.servers import (
     Etcd,
     SeaweedFS,
     _stop,
-    _tail,
     _tcp_open,
     _wait_for,
     free_ports,
+    log_tail,
 )
 
 log = logging.getLogger("benchmarks.peers")
@@ -144,7 +146,7 @@ def start_kafscale_broker(binary: Path, workdir: Path, seaweedfs: SeaweedFS, etc
     _wait_for(lambda: _tcp_open(port), "KafScale broker", 60, server.proc, server.log_path)
     if "in-memory" in server.log_path.read_text(errors="replace"):
         server.stop()
-        raise SystemExit(f"the KafScale broker fell back to an in-memory store:\n{_tail(server.log_path)}")
+        raise SystemExit(f"the KafScale broker fell back to an in-memory store:\n{log_tail(server.log_path)}")
     return server, f"127.0.0.1:{port}"
 
 
@@ -447,7 +449,7 @@ class System:
         for server in self.servers:
             if server.proc.poll() is not None:
                 raise RuntimeError(f"{server.label} exited with {server.proc.returncode}; log "
-                                   f"{server.log_path}:\n{_tail(server.log_path)}")
+                                   f"{server.log_path}:\n{log_tail(server.log_path)}")
 
     def stop(self) -> None:
         for server in self.servers:
