@@ -157,10 +157,16 @@ def hung(engine: subprocess.Popen) -> Iterator[None]:
 
 def pytest_configure(config: pytest.Config) -> None:
     """One fault-matrix seed for the whole test run: pytest-xdist's workers inherit this environment and must collect
-    the same sample of cases (a seed of their own each would differ, and xdist refuses the run)."""
+    the same sample of cases (a seed of their own each would differ, and xdist refuses the run). And the repository on
+    the path of every process a test starts."""
     from kafscale_lakehouse_tests.engine.faults.matrix import SEED_VARIABLE
 
     os.environ.setdefault(SEED_VARIABLE, str(time.time_ns() % 1_000_000))
+    # The wheel and the editable install hold the product package only; the processes the tests start (Spark engines
+    # and their Python workers, held runs, CLIs) import test modules too (a function a job pickles by reference).
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, paths)])
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -54,7 +54,7 @@ listing is kept between scrapes (listed again in the background after `STALLED_R
 meanwhile): only the first scrape of the process waits for it.
 
 `retention_headroom_seconds` and `replay_window_seconds` come from the same listing, for the same partitions (those
-with records not landed): the seconds before the topic's `retention.ms` (its config in etcd, set through the broker)
+with records not landed) of topics whose retention is limited: the seconds before the topic's `retention.ms` (its config in etcd, set through the broker)
 deletes the oldest segment holding records not landed (negative: past due, records will be lost), and the age of the
 partition's oldest segment, how far back a replay can reach (storage/retention.py).
 
@@ -452,7 +452,7 @@ class LakehouseStateCollector:
             try:
                 retention = topic_retention(self._segments, self._etcd, topic,
                                             {p: (n, watermarks.get(p)) for p, n in pending.items()},
-                                            datetime.now(UTC))
+                                            datetime.now(UTC), list_unlimited=False)
             except (EtcdError, StorageError) as exc:  # the stalled segments are still served
                 log.warning("cannot read the retention of topic %s: %s", topic, describe_failure(exc))
                 retention = None

@@ -193,10 +193,13 @@ def read_partition_log(store: SegmentStore, topic: str, partition: int, next_off
     segment normally starts at the next offset; when one holds it inside (offsets committed by the Go processor), the
     partition is listed in full to find it."""
     prefix = partition_prefix(store.namespace, topic, partition)
+    if next_offset is None:  # nothing landed: every segment is pending, one listing
+        every = list(_segments(store, prefix, partition))
+        return PartitionLog(every[0] if every else None, every)
     oldest = next(_segments(store, prefix, partition), None)
     if oldest is None:
         return PartitionLog(None, [])
-    if next_offset is None or next_offset <= oldest.base_offset:
+    if next_offset <= oldest.base_offset:
         return PartitionLog(oldest, list(_segments(store, prefix, partition)))
     after = segment_key(store.namespace, topic, partition, next_offset - 1, ObjectKind.SEGMENT)
     listed = list(_segments(store, prefix, partition, start_after=after))
