@@ -54,9 +54,10 @@ listing is kept between scrapes (listed again in the background after `STALLED_R
 meanwhile): only the first scrape of the process waits for it.
 
 `retention_headroom_seconds` and `replay_window_seconds` come from the same listing, for the same partitions (those
-with records not landed) of topics whose retention is limited: the seconds before the topic's `retention.ms` (its config in etcd, set through the broker)
-deletes the oldest segment holding records not landed (negative: past due, records will be lost), and the age of the
-partition's oldest segment, how far back a replay can reach (storage/retention.py).
+with records not landed) of topics whose retention is limited: the seconds before the topic's `retention.ms` (its
+config in etcd, set through the broker) deletes the oldest segment holding records not landed (negative: past due,
+records will be lost), and the age of the partition's oldest segment, how far back a replay can reach
+(storage/retention.py).
 
 With `topic_pattern` mappings, the topics scraped are those the patterns match, listed again every
 `TOPICS_REFRESH_SECONDS` (one discovery request), so a topic that appears gets its series without a restart.
