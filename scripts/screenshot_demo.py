@@ -1,6 +1,6 @@
 """Screenshots of the demo while `make demo` runs: the landed table (overview, record_id_unique check), the lineage
 from the topic to the daily aggregate, the aggregate's asset page, the Avro table and the CDC topic's upsert table
-(its id_unique check).
+(its id_unique check), and the table's retention_headroom check.
 
 Not a project dependency: run it from any Python with Playwright (`pip install playwright`), driving Debian's
 Chromium (`apt-get install chromium`; Playwright's own browser download does not work on a closed network):
@@ -25,6 +25,7 @@ PAGES = {
     "demo-avro-asset.png": "/assets/rpc/pizzas_avro",
     "demo-upsert-asset.png": "/assets/rpc/store_status",
     "demo-upsert-checks.png": "/assets/rpc/store_status?view=checks&checkDetail=id_unique",
+    "demo-retention-check.png": "/assets/rpc/pizzas?view=checks&checkDetail=retention_headroom",
 }
 SCROLL = {"demo-avro-asset.png": 900}  # pixels down the page: the Avro table's nested columns and run metadata
 
