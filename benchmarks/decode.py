@@ -15,7 +15,7 @@ Prints records/s and MB/s (of segment bytes), the ratio, and each process's peak
 `notes`) with Avro values, `PIZZA_AVRO_SCHEMA` in the Confluent wire format (a nested list of toppings, a uuid, a
 timestamp), schema in the test registry served by this process; three decoders, from segment bytes to Arrow columns
 of the values: ours (`decode_segment`, then `AvroValueDecoder` per segment into the table's nested types: the
-columnar decoder, schema/avro_columns.py and its C extension, straight from Avro binary to Arrow buffers), the
+columnar decoder, value_formats/avro_columns.py and its C extension, straight from Avro binary to Arrow buffers), the
 reference (kafka-python's reader, then confluent-kafka's `AvroDeserializer` per record and `pa.Table.from_pylist`
 into the same types), and our JSON path on the same orders as JSON values (`decode_segment`, then
 `JsonColumnCoercer` into the flat columns the JSON mapping has: the toppings are the flat meats/veggies fields
@@ -53,10 +53,10 @@ def avro_decoder(name: str, registry_url: str) -> Callable[[list[tuple[str, byte
     from kafscale_lakehouse.apps.workload import PIZZA_AVRO_SCHEMA, PIZZA_COLUMNS
     from kafscale_lakehouse.format import decode_segment
     from kafscale_lakehouse.schema import JsonColumnCoercer
-    from kafscale_lakehouse.schema.avro import AvroValueDecoder, avro_value_fields, parse_avro_schema
     from kafscale_lakehouse.schema.columns import Column
-    from kafscale_lakehouse.schema.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
-    from kafscale_lakehouse.schema.framed import FramedValueSchemas
+    from kafscale_lakehouse.value_formats.avro import AvroValueDecoder, avro_value_fields, parse_avro_schema
+    from kafscale_lakehouse.value_formats.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
+    from kafscale_lakehouse.value_formats.framed import FramedValueSchemas
 
     text = json.dumps(PIZZA_AVRO_SCHEMA)
     value_schema = schema_to_pyarrow(Schema(*avro_value_fields(parse_avro_schema(text, what="bench"), what="bench")))
@@ -110,7 +110,7 @@ def write_avro_workload(directory: Path, *, records: int, records_per_segment: i
 
     from kafscale_lakehouse.apps.workload import PIZZA_AVRO_SCHEMA, pizza_order_as_avro, pizza_orders
     from kafscale_lakehouse.format import encode_segment
-    from kafscale_lakehouse.schema.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
+    from kafscale_lakehouse.value_formats.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
 
     schema_id = ConfluentRegistryClient(ConfluentRegistrySettings(registry_url)).register(
         f"{TOPIC}-value", json.dumps(PIZZA_AVRO_SCHEMA))

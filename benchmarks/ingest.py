@@ -70,10 +70,6 @@ from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import Record, decode_segment
 from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema
-from kafscale_lakehouse.schema.avro import AvroValueDecoder
-from kafscale_lakehouse.schema.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
-from kafscale_lakehouse.schema.framed import FramedValueSchemas
-from kafscale_lakehouse.schema.registered_tables import RegisteredValueSchemas
 from kafscale_lakehouse.testing.kafka_python_reference import (
     cramjam_codec_patches,
     read_segment_records,
@@ -88,6 +84,10 @@ from kafscale_lakehouse.testing.servers import (
     Etcd,
     SeaweedFS,
 )
+from kafscale_lakehouse.value_formats.avro import AvroValueDecoder
+from kafscale_lakehouse.value_formats.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
+from kafscale_lakehouse.value_formats.framed import FramedValueSchemas
+from kafscale_lakehouse.value_formats.registered_tables import RegisteredValueSchemas
 
 log = logging.getLogger("benchmarks.ingest")
 

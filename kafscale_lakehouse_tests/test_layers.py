@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("storage",),
     ("offsets",),
     ("schema",),
+    ("value_formats",),
     ("config",),
     ("engine.errors", "engine.phases"),
     ("engine.tables",),

@@ -45,15 +45,15 @@ from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.offsets import LocalOffsetStore
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
-from kafscale_lakehouse.schema.avro import parse_avro_schema
-from kafscale_lakehouse.schema.confluent_registry import (
+from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, SegmentStore
+from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+from kafscale_lakehouse.value_formats.avro import parse_avro_schema
+from kafscale_lakehouse.value_formats.confluent_registry import (
     ConfluentRegistryClient,
     ConfluentRegistrySettings,
     subject_name,
 )
-from kafscale_lakehouse.schema.registry import SchemaRegistryUnavailableError
-from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, SegmentStore
-from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+from kafscale_lakehouse.value_formats.registry import SchemaRegistryUnavailableError
 
 log = logging.getLogger(__name__)
 
