@@ -25,9 +25,11 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -37,7 +39,6 @@ from pyiceberg.schema import Schema
 
 from kafscale_lakehouse.schema import JsonColumnCoercer
 from kafscale_lakehouse.schema.columns import Column
-from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
 from kafscale_lakehouse.value_formats.avro import (
     AvroValueDecoder,
     avro_value_fields,
@@ -45,6 +46,9 @@ from kafscale_lakehouse.value_formats.avro import (
     parse_avro_schema,
 )
 from kafscale_lakehouse.value_formats.framed import FramedValueSchemas
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
 
 TOPIC = "orders-avro"
 ORDER = {"type": "record", "name": "Order", "namespace": "bench", "fields": [

@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+
 STARTED = time.perf_counter()  # as early as we can: interpreter start is not counted, imports are
 
 DECODERS = ("kafscale_lakehouse", "kafka-python")
@@ -86,7 +88,7 @@ def avro_decoder(name: str, registry_url: str) -> Callable[[list[tuple[str, byte
         from confluent_kafka.schema_registry.avro import AvroDeserializer
         from confluent_kafka.serialization import MessageField, SerializationContext
 
-        from kafscale_lakehouse.testing.kafka_python_reference import cramjam_codec_patches, read_segment_records
+        from kafscale_lakehouse_tests.support.kafka_python_reference import cramjam_codec_patches, read_segment_records
         for target, attribute, value in cramjam_codec_patches():
             setattr(target, attribute, value)
         deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
@@ -144,7 +146,7 @@ def serve_decoder(name: str, directory: Path, registry_url: str | None = None) -
             return sum(decode_segment(kfs, key=key, topic="completed-pizzas", partition=0,
                                       verify_crc=True).records.num_rows for key, kfs in segments)
     else:
-        from kafscale_lakehouse.testing.kafka_python_reference import (
+        from kafscale_lakehouse_tests.support.kafka_python_reference import (
             cramjam_codec_patches,
             read_segment_records,
         )
@@ -188,7 +190,7 @@ def main() -> None:
         return
 
     from kafscale_lakehouse.apps.workload import write_partition_segments
-    from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+    from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
 
     decoders = AVRO_DECODERS if args.values == "avro" else DECODERS
     registry = ConfluentCompatibleRegistry().start() if args.values == "avro" else None

@@ -21,7 +21,6 @@ from kafscale_lakehouse.format import BASE_SCHEMA
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema.errors import SchemaMappingError
 from kafscale_lakehouse.storage import SegmentRef
-from kafscale_lakehouse.testing.schema_registry import RegistryState
 from kafscale_lakehouse.value_formats.framed import FramedValueSchemas, arrow_column
 from kafscale_lakehouse.value_formats.json_schema_values import json_schema_value_fields
 from kafscale_lakehouse.value_formats.protobuf import (
@@ -34,6 +33,7 @@ from kafscale_lakehouse.value_formats.protobuf import (
 )
 from kafscale_lakehouse_tests.formats.protobuf_orders import ORDER_V1, order, order_message
 from kafscale_lakehouse_tests.formats.test_avro_config import BASE
+from kafscale_lakehouse_tests.support.schema_registry import RegistryState
 
 TREE = """syntax = "proto3";
 package shop;
