@@ -22,7 +22,7 @@ COPY pyproject.toml README.md ./
 COPY kafscale_lakehouse ./kafscale_lakehouse
 # The `k8s` extra adds dagster-k8s and dagster-postgres (the chart's instance keeps runs and events in PostgreSQL, and
 # run pods load that instance); `glue`, `hive` and `bigquery` every other catalog type pyiceberg ships. gcc builds
-# the package's C extension (schema/_avro_columns.c, the columnar Avro decoder) and is removed in the same layer.
+# the package's C extension (value_formats/_avro_columns.c, the columnar Avro decoder) and is removed in the same layer.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install --no-cache-dir ".[k8s,glue,hive,bigquery]" \

@@ -21,16 +21,15 @@ install-test: $(BIN)/python
 
 # `dagster dev` on the embedded default (lakehouse.yaml, data in var/) next to the demo producer, which writes a
 # segment of pizza orders per partition every few seconds (`--lfs`: every 5th order, with a photo, as a KafScale LFS
-# blob that the mapping resolves; `--avro`: the same orders as Avro to rpc.pizzas_avro, its registry served by the
-# producer; `--cdc`: Debezium change events of stores to rpc.store_status, an upsert table), and the Spark engine
-# (a Spark Connect server on 127.0.0.1:$(SPARK_ENGINE_PORT)) that every run connects to through SPARK_REMOTE, so no
-# run starts a JVM. Ctrl-C (or SIGTERM) stops all three within seconds, the engine last, once no run uses it
-# (scripts/run-demo.sh).
+# blob that the mapping resolves; `--avro`: the same orders as Avro to rpc.pizzas_avro, their schema in the test
+# registry, kafscale_lakehouse_tests/support/schema_registry.py, on 127.0.0.1:18081; `--cdc`: Debezium change events
+# of stores to rpc.store_status, an upsert table), and the Spark engine (a Spark Connect server on
+# 127.0.0.1:$(SPARK_ENGINE_PORT)) that every run connects to through SPARK_REMOTE, so no run starts a JVM. Ctrl-C (or
+# SIGTERM) stops them all within seconds, the engine last, once no run uses it (scripts/run-demo.sh).
 SPARK_ENGINE_PORT ?= 15002
 DAGSTER_PORT ?= 3000
 demo: install
 	$(BIN)/kafscale-lakehouse dagster-home $(DAGSTER_HOME)  # the repository's dagster.yaml: Dagster's defaults
-	$(BIN)/kafscale-lakehouse demo-producer --lfs --avro --cdc --rounds 1  # segments before the first sensor tick
 	DAGSTER_HOME=$(DAGSTER_HOME) scripts/run-demo.sh $(BIN) $(SPARK_ENGINE_PORT) $(DAGSTER_PORT)
 
 lint: install-test

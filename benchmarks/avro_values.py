@@ -6,7 +6,7 @@ Builds N realistic orders (a nested line-item list of 1 to 40 items, a map of at
 2,000 characters, decimals, timestamps, a uuid, so values from about 60 B to 4 KB) and frames them in the Confluent
 wire format with a schema registered in the Confluent-compatible test registry (in this process). Then, pinned to one
 core, each decoder turns the N values into Arrow columns R times (medians):
-- `ours`: `schema.avro.AvroValueDecoder.decode` over the batch, the table's nested Arrow types (what a Spark task
+- `ours`: `value_formats.avro.AvroValueDecoder.decode` over the batch, the table's nested Arrow types (what a Spark task
   does per batch);
 - `confluent-kafka`: `AvroDeserializer` per record (its schema fetched once and cached), then
   `pa.Table.from_pylist` into the same Arrow schema: the reference the issue names;
@@ -25,9 +25,11 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -36,15 +38,17 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
 from kafscale_lakehouse.schema import JsonColumnCoercer
-from kafscale_lakehouse.schema.avro import (
+from kafscale_lakehouse.schema.columns import Column
+from kafscale_lakehouse.value_formats.avro import (
     AvroValueDecoder,
     avro_value_fields,
     encode_framed_avro,
     parse_avro_schema,
 )
-from kafscale_lakehouse.schema.columns import Column
-from kafscale_lakehouse.schema.framed import FramedValueSchemas
-from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+from kafscale_lakehouse.value_formats.framed import FramedValueSchemas
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
 
 TOPIC = "orders-avro"
 ORDER = {"type": "record", "name": "Order", "namespace": "bench", "fields": [

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,9 @@ from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
 from kafscale_lakehouse.orchestration.component import build_definitions
 from kafscale_lakehouse.orchestration.land_tables import LAND_TABLES_JOB
 from kafscale_lakehouse.orchestration.namespace_sensor import NAMESPACE_SENSOR_NAME
-from kafscale_lakehouse.testing.harness import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.harness import (
     FanoutProducer,
     ProcessSampler,
     add_instance_options,
@@ -51,7 +54,7 @@ from kafscale_lakehouse.testing.harness import (
     stop_process_group,
     topic_name,
 )
-from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
+from kafscale_lakehouse_tests.support.servers import Etcd, SeaweedFS, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECORDS_PER_SEGMENT = 40  # fanout.py's realistic traffic: a segment of 40 records per partition

@@ -15,7 +15,7 @@ Prints records/s and MB/s (of segment bytes), the ratio, and each process's peak
 `notes`) with Avro values, `PIZZA_AVRO_SCHEMA` in the Confluent wire format (a nested list of toppings, a uuid, a
 timestamp), schema in the test registry served by this process; three decoders, from segment bytes to Arrow columns
 of the values: ours (`decode_segment`, then `AvroValueDecoder` per segment into the table's nested types: the
-columnar decoder, schema/avro_columns.py and its C extension, straight from Avro binary to Arrow buffers), the
+columnar decoder, value_formats/avro_columns.py and its C extension, straight from Avro binary to Arrow buffers), the
 reference (kafka-python's reader, then confluent-kafka's `AvroDeserializer` per record and `pa.Table.from_pylist`
 into the same types), and our JSON path on the same orders as JSON values (`decode_segment`, then
 `JsonColumnCoercer` into the flat columns the JSON mapping has: the toppings are the flat meats/veggies fields
@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+
 STARTED = time.perf_counter()  # as early as we can: interpreter start is not counted, imports are
 
 DECODERS = ("kafscale_lakehouse", "kafka-python")
@@ -53,10 +55,10 @@ def avro_decoder(name: str, registry_url: str) -> Callable[[list[tuple[str, byte
     from kafscale_lakehouse.apps.workload import PIZZA_AVRO_SCHEMA, PIZZA_COLUMNS
     from kafscale_lakehouse.format import decode_segment
     from kafscale_lakehouse.schema import JsonColumnCoercer
-    from kafscale_lakehouse.schema.avro import AvroValueDecoder, avro_value_fields, parse_avro_schema
     from kafscale_lakehouse.schema.columns import Column
-    from kafscale_lakehouse.schema.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
-    from kafscale_lakehouse.schema.framed import FramedValueSchemas
+    from kafscale_lakehouse.value_formats.avro import AvroValueDecoder, avro_value_fields, parse_avro_schema
+    from kafscale_lakehouse.value_formats.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
+    from kafscale_lakehouse.value_formats.framed import FramedValueSchemas
 
     text = json.dumps(PIZZA_AVRO_SCHEMA)
     value_schema = schema_to_pyarrow(Schema(*avro_value_fields(parse_avro_schema(text, what="bench"), what="bench")))
@@ -86,7 +88,7 @@ def avro_decoder(name: str, registry_url: str) -> Callable[[list[tuple[str, byte
         from confluent_kafka.schema_registry.avro import AvroDeserializer
         from confluent_kafka.serialization import MessageField, SerializationContext
 
-        from kafscale_lakehouse.testing.kafka_python_reference import cramjam_codec_patches, read_segment_records
+        from kafscale_lakehouse_tests.support.kafka_python_reference import cramjam_codec_patches, read_segment_records
         for target, attribute, value in cramjam_codec_patches():
             setattr(target, attribute, value)
         deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
@@ -110,7 +112,7 @@ def write_avro_workload(directory: Path, *, records: int, records_per_segment: i
 
     from kafscale_lakehouse.apps.workload import PIZZA_AVRO_SCHEMA, pizza_order_as_avro, pizza_orders
     from kafscale_lakehouse.format import encode_segment
-    from kafscale_lakehouse.schema.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
+    from kafscale_lakehouse.value_formats.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
 
     schema_id = ConfluentRegistryClient(ConfluentRegistrySettings(registry_url)).register(
         f"{TOPIC}-value", json.dumps(PIZZA_AVRO_SCHEMA))
@@ -144,7 +146,7 @@ def serve_decoder(name: str, directory: Path, registry_url: str | None = None) -
             return sum(decode_segment(kfs, key=key, topic="completed-pizzas", partition=0,
                                       verify_crc=True).records.num_rows for key, kfs in segments)
     else:
-        from kafscale_lakehouse.testing.kafka_python_reference import (
+        from kafscale_lakehouse_tests.support.kafka_python_reference import (
             cramjam_codec_patches,
             read_segment_records,
         )
@@ -188,7 +190,7 @@ def main() -> None:
         return
 
     from kafscale_lakehouse.apps.workload import write_partition_segments
-    from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+    from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
 
     decoders = AVRO_DECODERS if args.values == "avro" else DECODERS
     registry = ConfluentCompatibleRegistry().start() if args.values == "avro" else None

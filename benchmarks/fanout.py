@@ -67,7 +67,9 @@ from kafscale_lakehouse.engine.spark.engine import (
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import decode_offset
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
-from kafscale_lakehouse.testing.harness import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.harness import (
     CLOCK_TICKS,
     KEY_PREFIX,
     FanoutProducer,
@@ -92,7 +94,7 @@ from kafscale_lakehouse.testing.harness import (
     wait_for_webserver,
     with_bytecode_cache,
 )
-from kafscale_lakehouse.testing.servers import (
+from kafscale_lakehouse_tests.support.servers import (
     Etcd,
     SeaweedFS,
     free_ports,

@@ -55,7 +55,9 @@ from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
-from kafscale_lakehouse.testing.harness import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.harness import (
     RUNS_QUERY,
     add_instance_options,
     dagster_home,
@@ -69,7 +71,7 @@ from kafscale_lakehouse.testing.harness import (
     stop_process_group,
     wait_for_webserver,
 )
-from kafscale_lakehouse.testing.servers import free_ports
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 log = logging.getLogger("benchmarks.freshness")
 

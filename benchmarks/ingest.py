@@ -70,16 +70,18 @@ from kafscale_lakehouse.engine.spark.session import get_spark_session
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import Record, decode_segment
 from kafscale_lakehouse.schema import ARROW_TYPES, record_arrow_schema, table_schema
-from kafscale_lakehouse.schema.avro import AvroValueDecoder
-from kafscale_lakehouse.schema.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
-from kafscale_lakehouse.schema.framed import FramedValueSchemas
-from kafscale_lakehouse.schema.registered_tables import RegisteredValueSchemas
-from kafscale_lakehouse.testing.kafka_python_reference import (
+from kafscale_lakehouse.value_formats.avro import AvroValueDecoder
+from kafscale_lakehouse.value_formats.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
+from kafscale_lakehouse.value_formats.framed import FramedValueSchemas
+from kafscale_lakehouse.value_formats.registered_tables import RegisteredValueSchemas
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.kafka_python_reference import (
     cramjam_codec_patches,
     read_segment_records,
 )
-from kafscale_lakehouse.testing.process_usage import ProcessTreeSampler, ProcessUsage
-from kafscale_lakehouse.testing.servers import (
+from kafscale_lakehouse_tests.support.process_usage import ProcessTreeSampler, ProcessUsage
+from kafscale_lakehouse_tests.support.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,
@@ -452,7 +454,7 @@ def reference_import_seconds() -> float:
     """Start-up of a fresh interpreter importing what the reference uses, to compare whole processes."""
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import boto3, kafka, pyarrow.json, pyiceberg.catalog.rest, "
-                    "pyiceberg.table, kafscale_lakehouse.testing.kafka_python_reference"], check=True,
+                    "pyiceberg.table, kafscale_lakehouse_tests.support.kafka_python_reference"], check=True,
                    cwd=Path(__file__).resolve().parent.parent)
     return time.perf_counter() - started
 
@@ -602,7 +604,7 @@ def benchmark(args: argparse.Namespace, seaweedfs: SeaweedFS, etcd: Etcd | None,
     s3 = seaweedfs.s3_client()
     registry = None
     if args.values == "avro":
-        from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+        from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
 
         registry = ConfluentCompatibleRegistry().start()
     try:

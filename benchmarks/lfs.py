@@ -19,6 +19,7 @@ import gc
 import hashlib
 import logging
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -34,9 +35,11 @@ from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.storage import ObjectKind, segment_key
-from kafscale_lakehouse.testing.harness import bench_servers
-from kafscale_lakehouse.testing.process_usage import ProcessTreeSampler
-from kafscale_lakehouse.testing.servers import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.harness import bench_servers
+from kafscale_lakehouse_tests.support.process_usage import ProcessTreeSampler
+from kafscale_lakehouse_tests.support.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,

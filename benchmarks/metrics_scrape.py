@@ -1,7 +1,7 @@
 """`serve-metrics` scrape benchmark: how long one Prometheus scrape of `/metrics` takes with N mapped tables.
 
 Run from the repository root: `.venv/bin/python benchmarks/metrics_scrape.py [--tables 200] [--repeat 5]`.
-Starts SeaweedFS (S3 + Iceberg REST catalog) and etcd (`kafscale_lakehouse/testing/servers.py`) under a temporary
+Starts SeaweedFS (S3 + Iceberg REST catalog) and etcd (`kafscale_lakehouse_tests/support/servers.py`) under a temporary
 directory, then lands N topics as N ingest runs' worth of state would leave them: each topic's table holds
 `--snapshots` commits of ours (no data files, as `benchmarks/sensor_tick.py` writes them), its `--partitions`
 partitions have committed offsets and broker watermarks in etcd and one completed segment each in S3 (what the
@@ -24,6 +24,7 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 
 import kafscale_lakehouse.apps.metrics as metrics
 from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
@@ -37,9 +38,11 @@ from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import ObjectKind, segment_key
-from kafscale_lakehouse.testing.harness import bench_servers
-from kafscale_lakehouse.testing.leases import held_leases
-from kafscale_lakehouse.testing.servers import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.harness import bench_servers
+from kafscale_lakehouse_tests.support.leases import held_leases
+from kafscale_lakehouse_tests.support.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,

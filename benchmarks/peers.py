@@ -62,14 +62,16 @@ import yaml
 from kafscale_lakehouse.apps.workload import ALL_CODECS, PIZZA_COLUMNS, pizza_order
 from kafscale_lakehouse.engine.spark.engine import SPARK_REMOTE_VARIABLE, ConnectAddress, wait_until_ready
 from kafscale_lakehouse.orchestration.dagster_home import write_dagster_home
-from kafscale_lakehouse.testing.harness import (  # the demo's process handling
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.harness import (  # the demo's process handling
     start_dagster_dev,
     start_spark_engine,
     stop_process_group,
     with_bytecode_cache,
 )
-from kafscale_lakehouse.testing.process_usage import _all_process_stats
-from kafscale_lakehouse.testing.servers import (
+from kafscale_lakehouse_tests.support.process_usage import _all_process_stats
+from kafscale_lakehouse_tests.support.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,

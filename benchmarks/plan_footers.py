@@ -1,8 +1,8 @@
 """What planning a partition costs: every new segment's footer read against the newest one's only.
 
 Run from the repository root: `.venv/bin/python benchmarks/plan_footers.py [--segments 25] [--repeat 5]`. Starts
-SeaweedFS (`kafscale_lakehouse/testing/servers.py`) under a temporary directory, uploads `--segments` segments of 40
-realistic records (apps/workload.py) to each of 4 partitions, then plans each partition from offset 0, alternating
+SeaweedFS (`kafscale_lakehouse_tests/support/servers.py`) under a temporary directory, uploads `--segments` segments of
+40 realistic records (apps/workload.py) to each of 4 partitions, then plans each partition from offset 0, alternating
 A/B/A/B: A lists it reading every segment's footer (`segments_from`, what a run's plan did before 2026-11-28), B is
 `planning.plan_partition` (the newest segment's footer only; the reader checks the others against their successors).
 Prints the median wall time, the CPU time of this process and the S3 requests per partition plan.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,9 @@ from kafscale_lakehouse.config import parse_config
 from kafscale_lakehouse.connections import segment_store_from_config
 from kafscale_lakehouse.engine.ingestion.planning import plan_partition
 from kafscale_lakehouse.storage import SegmentStore, segments_from
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, SeaweedFS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, SeaweedFS
 
 PARTITIONS = 4
 TOPIC = "plan-footers"

@@ -21,8 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kafscale_lakehouse.storage import S3SegmentStore
-from kafscale_lakehouse.testing.harness import bench_servers
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.harness import bench_servers
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 
 OBJECT_BYTES = 12_000
 BUCKET = "s3-requests"

@@ -1,8 +1,8 @@
 """Sensor tick benchmark: what one tick of a mapping's sensor costs in S3 and etcd requests, by ingested backlog.
 
 Run from the repository root: `.venv/bin/python benchmarks/sensor_tick.py [--segments 10 1000 10000] ...`.
-Starts SeaweedFS (S3) and etcd (`kafscale_lakehouse/testing/servers.py`) under a temporary directory. For each N in
-`--segments`, a topic of `--partitions` partitions gets N tiny segments (one pizza order each, uploaded in
+Starts SeaweedFS (S3) and etcd (`kafscale_lakehouse_tests/support/servers.py`) under a temporary directory. For each
+N in `--segments`, a topic of `--partitions` partitions gets N tiny segments (one pizza order each, uploaded in
 parallel, `.kfs` before `.index`), its committed offsets in etcd are set to the end (so all N count as ingested),
 the broker watermarks and the broker's metadata snapshot are published in etcd as a KafScale broker does, and the
 topic's sensor (`orchestration/sensors.py`, built by `build_sensors` and evaluated with `build_sensor_context` on a
@@ -36,6 +36,7 @@ import argparse
 import json
 import logging
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -73,9 +74,11 @@ from kafscale_lakehouse.orchestration.sensors import build_sensors, sensor_name
 from kafscale_lakehouse.schema import table_schema
 from kafscale_lakehouse.storage import DiscoveryMode, NamespaceListing, ObjectKind, discover_partitions, segment_key
 from kafscale_lakehouse.storage.discovery import METADATA_SNAPSHOT_KEY
-from kafscale_lakehouse.testing.harness import bench_servers
-from kafscale_lakehouse.testing.leases import held_leases
-from kafscale_lakehouse.testing.servers import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.harness import bench_servers
+from kafscale_lakehouse_tests.support.leases import held_leases
+from kafscale_lakehouse_tests.support.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,

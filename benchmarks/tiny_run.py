@@ -1,7 +1,7 @@
 """Where a tiny run's time goes: `kafscale-lakehouse ingest --once` of a few hundred records, as a whole process.
 
 Run from the repository root: `.venv/bin/python benchmarks/tiny_run.py [--records 400] [--repeat 3]`.
-Starts SeaweedFS (S3 + Iceberg REST catalog) and etcd (`kafscale_lakehouse/testing/servers.py`) under a temporary
+Starts SeaweedFS (S3 + Iceberg REST catalog) and etcd (`kafscale_lakehouse_tests/support/servers.py`) under a temporary
 directory; before every measured run it uploads `--records` new pizza orders (realistic workload) as one segment per
 partition, so each run lands records (a run with nothing pending skips the Spark job). Measures:
 
@@ -54,8 +54,10 @@ from kafscale_lakehouse.engine.spark.local_engine import (
     stop_engine,
 )
 from kafscale_lakehouse.local_processes import CODE_VERSION_VARIABLE, DIRECTORY_VARIABLE
-from kafscale_lakehouse.testing.harness import bench_servers, stop_process_group, with_bytecode_cache
-from kafscale_lakehouse.testing.servers import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kafscale_lakehouse_tests.support: not installed
+from kafscale_lakehouse_tests.support.harness import bench_servers, stop_process_group, with_bytecode_cache
+from kafscale_lakehouse_tests.support.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,

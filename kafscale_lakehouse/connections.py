@@ -25,10 +25,10 @@ from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.etcd_store import EtcdOffsetStore
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.offsets.store import OffsetStore
-from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage.local_store import LocalSegmentStore
 from kafscale_lakehouse.storage.s3_store import S3SegmentStore
 from kafscale_lakehouse.storage.store import SegmentStore
+from kafscale_lakehouse.value_formats.registry import SchemaRegistryClient
 
 if TYPE_CHECKING:
     from kafscale_lakehouse.engine.maintenance import TableMaintenance

@@ -23,7 +23,7 @@ from kafscale_lakehouse.engine.spark.engine import (
     stop_connect_server,
 )
 from kafscale_lakehouse.engine.spark.local_engine import AUTO_ENGINE_VARIABLE
-from kafscale_lakehouse.testing.servers import Etcd, SeaweedFS, free_ports
+from kafscale_lakehouse_tests.support.servers import Etcd, SeaweedFS, free_ports
 
 # Tests choose their Spark (the `spark` session, the `spark_engine`); the CLI and Dagster runs they start would
 # otherwise start local engines that outlive the test (engine/spark/local_engine.py; its own tests turn it on).

@@ -156,7 +156,7 @@ def dotted_name_problem(name: str) -> str | None:
             module_file, rest = base.with_suffix(".py"), parts[length:]
             break
         if any(base.with_suffix(suffix).exists() for suffix in (".c", ".pyi")):
-            return None  # a C extension (schema/_avro_columns.c): its names are not read here
+            return None  # a C extension (value_formats/_avro_columns.c): its names are not read here
     else:
         return f"module {name!r} does not exist"
     if not rest or rest[0].startswith("__"):

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("storage",),
     ("offsets",),
     ("schema",),
+    ("value_formats",),
     ("config",),
     ("engine.errors", "engine.phases"),
     ("engine.tables",),
@@ -30,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.maintenance",),
     ("connections",),
     ("engine.ingestion",),
-    ("orchestration", "apps", "definitions", "defs", "demo_assets", "testing"),
+    ("orchestration", "apps", "definitions", "defs", "demo_assets"),
 )
 TOP_LEVEL_PACKAGE = ""  # kafscale_lakehouse/__init__.py
 
@@ -194,6 +195,20 @@ def test_only_the_commit_machinery_imports_private_pyiceberg_api():
             if private and name != f"{ROOT}.engine.tables.commits":
                 found.append(f"{name}: {private} (line {node.lineno})")
     assert not found, "pyiceberg's private API outside engine/tables/commits.py:\n" + "\n".join(found)
+
+
+def test_no_production_module_imports_the_test_support():
+    """The wheel ships `kafscale_lakehouse` only; the test support (the Confluent-compatible registry server, the test
+    servers, the benchmarks' harness) lives in `kafscale_lakehouse_tests/support/`, outside it, and no module of the
+    package imports it (the demo starts the registry from the repository: scripts/run-demo.sh)."""
+    import kafscale_lakehouse_tests.support.schema_registry as registry_server
+
+    assert PACKAGE_DIR not in Path(registry_server.__file__).resolve().parents
+    modules, _ = project_graph()
+    found = [f"{name} imports {imp.imported} (line {imp.line})"
+             for name, path in modules.items() for imp in imports_of(name, path, modules)
+             if imp.imported.split(".")[0] == "kafscale_lakehouse_tests"]
+    assert not found, "production modules import the test support:\n" + "\n".join(sorted(set(found)))
 
 
 def test_the_layer_rules_catch_an_upward_import():

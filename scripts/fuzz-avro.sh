@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of the columnar Avro decoder (kafscale_lakehouse/schema/_avro_columns.c) with atheris.
+# Coverage-guided fuzzing of the columnar Avro decoder (kafscale_lakehouse/value_formats/_avro_columns.c) with atheris.
 #
 # Builds the extension with clang under AddressSanitizer and UBSan plus libFuzzer's coverage instrumentation
 # (-fsanitize=address,undefined,fuzzer-no-link) into its own directory, $FUZZ_BUILD (the installed extension is left
@@ -41,7 +41,7 @@ cat > "$FUZZ_BUILD/avro_columns_malloc.c" <<C
 #define PyMem_Calloc calloc
 #define PyMem_Realloc realloc
 #define PyMem_Free free
-#include "$ROOT/kafscale_lakehouse/schema/_avro_columns.c"
+#include "$ROOT/kafscale_lakehouse/value_formats/_avro_columns.c"
 C
 # -fno-sanitize-recover: a UBSan report (signed overflow, misaligned load, bad shift) aborts like an ASan one.
 "$CC" -shared -fPIC -g -O1 -fno-omit-frame-pointer \

@@ -1,20 +1,46 @@
 #!/usr/bin/env bash
-# `make demo`: the Spark engine, the demo producer and `dagster dev`, stopped in an order in which no run fails for it.
+# `make demo`: the schema registry of the Avro mapping, a first round of the demo producer, then the Spark engine, the
+# demo producer and `dagster dev`, stopped in an order in which no run fails for it.
 # Ctrl-C or SIGTERM stops `dagster dev` (webserver, daemon, code servers) while the runs in flight finish; runs still
 # going after a few seconds are canceled (Dagster records them canceled, not failed) and unwind; only when the last
-# process `dagster dev` started is gone do the producer (which serves the Avro registry those runs read) and the
-# engine, which those runs were using, stop.
+# process `dagster dev` started is gone do the producer, the registry (which those runs read) and the engine, which
+# those runs were using, stop.
 # usage: DAGSTER_HOME=… scripts/run-demo.sh VENV_BIN ENGINE_PORT DAGSTER_PORT
 set -uo pipefail
 bin=$1 engine_port=$2 dagster_port=$3
 RUN_FINISH_SECONDS=10  # a demo run takes a few seconds on a warm engine
 DEV_STOP_TIMEOUT_SECONDS=60
+REGISTRY_PORT=18081  # lakehouse.yaml's mappings[].schema_registry.url
+REGISTRY_START_SECONDS=10
+repo=$(cd "$(dirname "$0")/.." && pwd)
 
 # Job control on: each background command gets a process group of its own, with SIGINT at its default (without it,
 # bash starts them ignoring SIGINT, and `dagster dev` maps SIGTERM to that too, so nothing could stop it). Ctrl-C
 # (SIGINT to the terminal's process group) or a SIGTERM to make's group reaches this script only, which stops the
-# three in order.
+# others in order.
 set -m
+# The Avro mapping's registry: the in-memory Confluent-compatible test registry, run from the repository (the test
+# support is not in the wheel). Ids are deterministic, so a restarted registry gives the demo's schema its id again.
+# A registry already listening on the port (another one of the user's) is used as it is.
+PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$bin/python" -m kafscale_lakehouse_tests.support.schema_registry \
+  --port "$REGISTRY_PORT" & registry=$!
+trap 'kill "$registry" 2>/dev/null; exit 130' INT  # until the others run (then `stop`, below)
+trap 'kill "$registry" 2>/dev/null; exit 143' TERM
+registry_listening() { (exec 3<>"/dev/tcp/127.0.0.1/$REGISTRY_PORT") 2>/dev/null; }
+deadline=$((SECONDS + REGISTRY_START_SECONDS))
+until registry_listening; do
+  if ((SECONDS >= deadline)); then
+    echo "run-demo: no schema registry listening on 127.0.0.1:$REGISTRY_PORT after ${REGISTRY_START_SECONDS} s" >&2
+    kill "$registry" 2>/dev/null
+    exit 1
+  fi
+  sleep 0.2
+done
+# Segments before the first sensor tick.
+if ! "$bin/kafscale-lakehouse" demo-producer --lfs --avro --cdc --rounds 1; then
+  kill "$registry" 2>/dev/null
+  exit 1
+fi
 "$bin/kafscale-lakehouse" spark-engine --address "127.0.0.1:$engine_port" & engine=$!
 "$bin/kafscale-lakehouse" demo-producer --lfs --avro --cdc & producer=$!
 # `dagster dev` with SIGINT at its default even when this script was started with it ignored (nohup, a script's `&`,
@@ -68,9 +94,11 @@ stop() {
       kill -KILL -"$dev" 2>/dev/null
     fi
   fi
-  # The producer after the runs: it serves the Avro mapping's schema registry, which a run in flight still reads.
+  # The producer and the Avro mapping's schema registry after the runs: a run in flight still reads the registry.
   kill "$producer" 2>/dev/null
   wait "$producer" 2>/dev/null
+  kill "$registry" 2>/dev/null
+  wait "$registry" 2>/dev/null
   kill "$engine" 2>/dev/null
   wait "$engine" 2>/dev/null
 }

@@ -505,7 +505,7 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=argparse.SUPPRESS,
         help="also write the orders as Avro (Confluent wire format) to the value_format avro mappings' topics, "
-        "serving their registry when it is a local port nobody serves",
+        "registering their schema in the mapping's registry (make demo starts one)",
     )
     producer.add_argument(
         "--cdc",

@@ -31,7 +31,6 @@ import logging
 import random
 import struct
 import time
-import urllib.parse
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,15 +44,15 @@ from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.format.lfs import encode_envelope
 from kafscale_lakehouse.offsets import LocalOffsetStore
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
-from kafscale_lakehouse.schema.avro import parse_avro_schema
-from kafscale_lakehouse.schema.confluent_registry import (
+from kafscale_lakehouse.redaction import redact_url
+from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, SegmentStore
+from kafscale_lakehouse.value_formats.avro import parse_avro_schema
+from kafscale_lakehouse.value_formats.confluent_registry import (
     ConfluentRegistryClient,
     ConfluentRegistrySettings,
     subject_name,
 )
-from kafscale_lakehouse.schema.registry import SchemaRegistryUnavailableError
-from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, SegmentStore
-from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+from kafscale_lakehouse.value_formats.registry import SchemaRegistryUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +238,8 @@ def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, part
                       cdc: bool = False) -> int:
     """Produce a round every `interval_seconds` until `rounds` are done or `keep_going()` is false; returns the
     number of segments written. `topic` defaults to the first mapping's topic; `avro`: the mappings with
-    `value_format: avro` get the same orders as Avro (their registry served here when it is a local port nobody
-    serves); `cdc`: the mappings with `cdc.format: debezium` get Debezium changes of stores
+    `value_format: avro` get the same orders as Avro, their schema registered in the mapping's registry (`make demo`
+    serves one for lakehouse.yaml); `cdc`: the mappings with `cdc.format: debezium` get Debezium changes of stores
     (`store_status_changes`)."""
     if topic is None:
         if not config.mappings:
@@ -253,11 +252,10 @@ def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, part
     producer = DemoProducer(segment_store_from_config(config), watermark_publisher(config), topic=topic,
                             partitions=partitions, records_per_segment=records_per_segment, lfs=lfs)
     producers = [producer]
-    registries: list[ConfluentCompatibleRegistry] = []
     if avro:
         for mapping in config.mappings:
             if mapping.value_format == "avro" and mapping.topic != topic:
-                schema_id = _register_demo_schema(mapping, registries)
+                schema_id = _register_demo_schema(mapping)
                 producers.append(DemoProducer(segment_store_from_config(config), watermark_publisher(config),
                                               topic=mapping.topic, partitions=partitions,
                                               records_per_segment=records_per_segment, avro_schema_id=schema_id))
@@ -282,27 +280,21 @@ def run_demo_producer(config: LakehouseConfig, *, topic: str | None = None, part
         done += 1
         if rounds is None or done < rounds:
             time.sleep(max(0.0, interval_seconds - (time.monotonic() - started)))
-    for registry in registries:
-        registry.stop()
     return sum(p.segments_written for p in producers)
 
 
-def _register_demo_schema(mapping: MappingConfig, registries: list[ConfluentCompatibleRegistry]) -> int:
-    """Register PIZZA_AVRO_SCHEMA under the mapping's value subject; when the mapping's registry is a local port
-    nobody serves, serve the in-memory demo registry there for as long as the producer runs (appended to
-    `registries`). Its ids are deterministic, so a restarted demo registry gives the schema its id again."""
+def _register_demo_schema(mapping: MappingConfig) -> int:
+    """Register PIZZA_AVRO_SCHEMA under the mapping's value subject in the mapping's registry; its schema id. A
+    registry that does not answer is a `ValueError` naming its URL (`make demo` serves the test registry at
+    lakehouse.yaml's URL: scripts/run-demo.sh)."""
     registry = mapping.schema_registry
     if registry is None:  # parse_config requires it for value_format avro
         raise ValueError(f"mappings[].schema_registry: is required for topic {mapping.topic}")
     client = ConfluentRegistryClient(ConfluentRegistrySettings(registry.url, timeout_seconds=2), max_attempts=1)
     subject = subject_name(mapping.topic, registry.subject_name_strategy, registry.record_name)
-    text = json.dumps(PIZZA_AVRO_SCHEMA)
     try:
-        return client.register(subject, text)
-    except SchemaRegistryUnavailableError:
-        parts = urllib.parse.urlsplit(registry.url)
-        if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
-            raise
-    log.info("demo producer: serving the demo schema registry at %s", registry.url)
-    registries.append(ConfluentCompatibleRegistry(parts.port).start())
-    return client.register(subject, text)
+        return client.register(subject, json.dumps(PIZZA_AVRO_SCHEMA))
+    except SchemaRegistryUnavailableError as err:
+        raise ValueError(f"mappings[].schema_registry.url: no schema registry answers at {redact_url(registry.url)} "
+                         f"for topic {mapping.topic} ({err}); start one there (`make demo` serves the test "
+                         "registry, scripts/run-demo.sh)") from err

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from kafscale_lakehouse.format import DEFAULT_INDEX_INTERVAL, Record, encode_segment
-from kafscale_lakehouse.schema.avro import encode_framed_avro
 from kafscale_lakehouse.schema.columns import Column
+from kafscale_lakehouse.value_formats.avro import encode_framed_avro
 
 PIZZA_TOPIC = "completed-pizzas"
 PIZZA_HEADERS = (("source", b"pizza-svc"),)

@@ -435,7 +435,7 @@ class LfsConfig(ConfigModel):
 
 class ConfluentRegistryConfig(ConfigModel):
     """`mappings[].schema_registry` (extension): the Confluent-compatible registry that `value_format: avro`,
-    `protobuf` and `json_schema` values name their schema ids in (schema/confluent_registry.py). Secrets through
+    `protobuf` and `json_schema` values name their schema ids in (value_formats/confluent_registry.py). Secrets through
     `${ENV}` references."""
 
     # the registry's base URL (Confluent, Karapace, Redpanda, Apicurio's ccompat API)
@@ -545,12 +545,13 @@ class MappingConfig(ConfigModel):
     value_format: Annotated[Literal["json", "avro", "protobuf", "json_schema"], BeforeValidator(_lowercase)] = "json"
     schema_registry: ConfluentRegistryConfig | None = None  # extension, for the registry formats
     # extension: `raw` (default: only the base column `key`, the bytes), or the record key decoded into columns
-    # `key_<field>` beside it (schema/keys.py): `json` with `key_columns`, or a registry format (subject <topic>-key)
+    # `key_<field>` beside it (value_formats/keys.py): `json` with `key_columns`, or a registry format (subject
+    # <topic>-key)
     key_format: Annotated[Literal["raw", "json", "avro", "protobuf", "json_schema"],
                           BeforeValidator(_lowercase)] = "raw"
     key_columns: list[MappedColumn] = Field(default_factory=list)  # extension: key_format json's key fields
     # extension: value_format json_schema without a registry: this JSON Schema document (relative to the config)
-    # types the plain JSON values, nested columns included (schema/json_schema_values.py)
+    # types the plain JSON values, nested columns included (value_formats/json_schema_values.py)
     value_schema_file: LocalPath | None = None
     # extension: a `kafka_timestamp` timestamptz column from the record timestamp, which partition_spec can take
     # hour/day of (`timestamp_ms` stays the Go processor's long)

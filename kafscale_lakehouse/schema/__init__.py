@@ -1,4 +1,4 @@
-"""Schema layer: table columns (Iceberg and Arrow), JSON → Arrow coercion, schema evolution."""
+"""Schema layer: table columns (Iceberg and Arrow), JSON → Arrow coercion, JSON Schema validation, evolution."""
 
 from kafscale_lakehouse.schema.coercion import CoercionResult, JsonColumnCoercer, coerce_json_values
 from kafscale_lakehouse.schema.columns import (

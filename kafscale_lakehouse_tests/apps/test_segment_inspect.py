@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kafscale_lakehouse.apps.cli import main
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
 
 FIXTURES = ["edge-cases", "pizzas-gzip", "pizzas-lz4", "pizzas-snappy", "pizzas-uncompressed", "pizzas-zstd",
             "worked-example"]

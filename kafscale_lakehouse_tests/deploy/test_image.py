@@ -18,11 +18,11 @@ from dagster._grpc.client import DagsterGrpcClient
 from dagster._utils.error import SerializableErrorInfo
 
 from kafscale_lakehouse.apps.workload import write_partition_segments
-from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.deploy.conftest import size_values
 from kafscale_lakehouse_tests.deploy.dockerfile import DockerIgnore
 from kafscale_lakehouse_tests.deploy.helm_chart import SUBCHART_KEY
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 pytestmark = pytest.mark.integration  # starts the image's code servers
 

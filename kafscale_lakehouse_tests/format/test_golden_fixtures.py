@@ -19,7 +19,7 @@ from kafscale_lakehouse.format import (
     go_headers_json,
     parse_index,
 )
-from kafscale_lakehouse.testing.kafka_python_reference import cramjam_codec_patches, read_segment_records
+from kafscale_lakehouse_tests.support.kafka_python_reference import cramjam_codec_patches, read_segment_records
 
 GOLDEN = ["edge-cases", "pizzas-gzip", "pizzas-lz4", "pizzas-snappy", "pizzas-uncompressed", "pizzas-zstd",
           "worked-example"]

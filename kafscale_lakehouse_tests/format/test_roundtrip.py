@@ -17,7 +17,7 @@ from kafscale_lakehouse.format import (
     encode_segment,
     parse_index,
 )
-from kafscale_lakehouse.testing.kafka_python_reference import cramjam_codec_patches, read_segment_records
+from kafscale_lakehouse_tests.support.kafka_python_reference import cramjam_codec_patches, read_segment_records
 
 TOPIC = "round.trip-topic"
 PARTITION = 3

@@ -9,7 +9,7 @@ from typing import Any
 
 import fastavro
 
-from kafscale_lakehouse.schema.avro import encode_framed_avro
+from kafscale_lakehouse.value_formats.avro import encode_framed_avro
 
 LINE_ITEM = {"type": "record", "name": "LineItem", "fields": [
     {"name": "sku", "type": "string"},

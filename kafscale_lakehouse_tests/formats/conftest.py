@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
 
 
 @pytest.fixture(scope="session")
 def confluent_registry() -> ConfluentCompatibleRegistry:
-    """kafscale_lakehouse/testing/schema_registry.py on a free port; tests use subjects of their own topics."""
+    """kafscale_lakehouse_tests/support/schema_registry.py on a free port; tests use subjects of their own topics."""
     server = ConfluentCompatibleRegistry().start()
     yield server
     server.stop()

@@ -9,8 +9,8 @@ from typing import Any
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
-from kafscale_lakehouse.schema.protobuf import encode_framed_protobuf, message_descriptor
-from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+from kafscale_lakehouse.value_formats.protobuf import encode_framed_protobuf, message_descriptor
+from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
 
 _ORDER = """syntax = "proto3";
 package shop;

@@ -1,4 +1,4 @@
-"""The columnar Avro decoder (schema/avro_columns.py and its C extension) against fastavro, the reference reader.
+"""The columnar Avro decoder (value_formats/avro_columns.py and its C extension) against fastavro, the reference reader.
 
 Every row is compared with what fastavro reads from the same bytes (with the writer schema, all logical types),
 put into the table's column types by pyarrow (`arrow_column`, the per-record path). Randomized values print their
@@ -29,8 +29,13 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
 from kafscale_lakehouse.apps.workload import PIZZA_AVRO_SCHEMA, pizza_order_as_avro, pizza_orders
-from kafscale_lakehouse.schema.avro import AvroValueDecoder, avro_value_fields, encode_framed_avro, parse_avro_schema
-from kafscale_lakehouse.schema.framed import WIRE_HEADER_SIZE, FramedValueSchemas, arrow_column
+from kafscale_lakehouse.value_formats.avro import (
+    AvroValueDecoder,
+    avro_value_fields,
+    encode_framed_avro,
+    parse_avro_schema,
+)
+from kafscale_lakehouse.value_formats.framed import WIRE_HEADER_SIZE, FramedValueSchemas, arrow_column
 from kafscale_lakehouse_tests.formats.avro_orders import ORDER_V1, ORDER_V2, framed, order
 
 ADDRESS = {"type": "record", "name": "Address", "fields": [

@@ -17,10 +17,10 @@ from kafscale_lakehouse.engine.ingestion.run import IngestContext, IngestFailedE
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import Record
 from kafscale_lakehouse.offsets.ranges import OffsetRange
-from kafscale_lakehouse.schema.registry import SchemaNotFoundError, SchemaRegistryUnavailableError
-from kafscale_lakehouse.testing.servers import free_ports
+from kafscale_lakehouse.value_formats.registry import SchemaNotFoundError, SchemaRegistryUnavailableError
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.formats.avro_orders import ORDER_V1, ORDER_V2, ORDER_V3, framed, order
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 TOMBSTONE_AT = 5
 GARBAGE_AT = 7

@@ -1,4 +1,4 @@
-"""Avro value schemas → Iceberg columns, and Confluent-framed values → Arrow columns (schema/avro.py)."""
+"""Avro value schemas → Iceberg columns, and Confluent-framed values → Arrow columns (value_formats/avro.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
-from kafscale_lakehouse.schema.avro import AvroValueDecoder, avro_value_fields, parse_avro_schema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.framed import FramedValueSchemas
+from kafscale_lakehouse.value_formats.avro import AvroValueDecoder, avro_value_fields, parse_avro_schema
+from kafscale_lakehouse.value_formats.framed import FramedValueSchemas
 from kafscale_lakehouse_tests.formats.avro_orders import ORDER_V1, ORDER_V2, framed, order
 
 

@@ -1,5 +1,6 @@
-"""The Confluent-compatible registry server (testing/schema_registry.py) answers as Confluent's does, and our
-client (schema/confluent_registry.py) turns its answers into schemas and errors that name the subject or id."""
+"""The Confluent-compatible registry server (kafscale_lakehouse_tests/support/schema_registry.py) answers as
+Confluent's does, and our client (value_formats/confluent_registry.py) turns its answers into schemas and errors that
+name the subject or id."""
 
 from __future__ import annotations
 
@@ -9,19 +10,19 @@ import urllib.request
 
 import pytest
 
-from kafscale_lakehouse.schema.confluent_registry import (
+from kafscale_lakehouse.value_formats.confluent_registry import (
     ConfluentRegistryClient,
     ConfluentRegistrySettings,
     subject_name,
 )
-from kafscale_lakehouse.schema.registry import (
+from kafscale_lakehouse.value_formats.registry import (
     SchemaNotFoundError,
     SchemaRegistryRequestError,
     SchemaRegistryUnavailableError,
 )
-from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
-from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.formats.avro_orders import ORDER_V1, ORDER_V2, ORDER_V3
+from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 
 def _call(registry: ConfluentCompatibleRegistry, method: str, path: str, body: object = None,

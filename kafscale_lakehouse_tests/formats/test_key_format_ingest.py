@@ -14,7 +14,7 @@ from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.ingestion.run import ingest
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import Record
-from kafscale_lakehouse.schema.avro import encode_framed_avro
+from kafscale_lakehouse.value_formats.avro import encode_framed_avro
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.formats.test_avro_ingest import _rows
 

@@ -15,8 +15,7 @@ from kafscale_lakehouse.connections import catalog_settings
 from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.format import Record
-from kafscale_lakehouse.schema.protobuf import encode_framed_protobuf
-from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
+from kafscale_lakehouse.value_formats.protobuf import encode_framed_protobuf
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.formats.protobuf_orders import (
     ORDER_V1,
@@ -27,6 +26,7 @@ from kafscale_lakehouse_tests.formats.protobuf_orders import (
     order,
 )
 from kafscale_lakehouse_tests.formats.test_avro_ingest import _data_files_for_duckdb, _rows
+from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
 
 TOMBSTONE_AT = 5
 GARBAGE_AT = 7  # framed, message index 0, but the payload is no shop.Order

@@ -1,6 +1,6 @@
 """Protobuf value schemas → Iceberg columns, message indexes, and Confluent-framed values → Arrow columns
-(schema/protobuf.py); JSON Schema value schemas → columns (schema/json_schema_values.py). Pure logic: the schemas
-are compiled by the test registry's protoc, as the registry serves them with format=serialized."""
+(value_formats/protobuf.py); JSON Schema value schemas → columns (value_formats/json_schema_values.py). Pure logic: the
+schemas are compiled by the test registry's protoc, as the registry serves them with format=serialized."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from kafscale_lakehouse.engine.ingestion.validation import registered_value_sche
 from kafscale_lakehouse.format import BASE_SCHEMA
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.framed import FramedValueSchemas, arrow_column
-from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
-from kafscale_lakehouse.schema.protobuf import (
+from kafscale_lakehouse.storage import SegmentRef
+from kafscale_lakehouse.value_formats.framed import FramedValueSchemas, arrow_column
+from kafscale_lakehouse.value_formats.json_schema_values import json_schema_value_fields
+from kafscale_lakehouse.value_formats.protobuf import (
     ProtobufValueDecoder,
     encode_framed_protobuf,
     encode_message_indexes,
@@ -30,10 +31,9 @@ from kafscale_lakehouse.schema.protobuf import (
     protobuf_value_fields,
     read_message_indexes,
 )
-from kafscale_lakehouse.storage import SegmentRef
-from kafscale_lakehouse.testing.schema_registry import RegistryState
 from kafscale_lakehouse_tests.formats.protobuf_orders import ORDER_V1, order, order_message
 from kafscale_lakehouse_tests.formats.test_avro_config import BASE
+from kafscale_lakehouse_tests.support.schema_registry import RegistryState
 
 TREE = """syntax = "proto3";
 package shop;
@@ -181,7 +181,7 @@ def test_values_of_confluent_kafkas_protobuf_serializer_decode_and_ours_deserial
     from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from kafscale_lakehouse.schema.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
+    from kafscale_lakehouse.value_formats.confluent_registry import ConfluentRegistryClient, ConfluentRegistrySettings
 
     order_class = message_factory.GetMessageClass(message_descriptor(_serialized(ORDER_V1), None, what="v1"))
     refund_class = message_factory.GetMessageClass(

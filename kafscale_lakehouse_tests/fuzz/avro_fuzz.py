@@ -6,7 +6,7 @@ reason, never an exception: the only exceptions taken as clean are the project's
 and `pa.ArrowCapacityError` for a map of more than 2^31 entries in one batch). Any other exception, a result
 `decode_input` finds broken, a crash or a sanitizer report is a finding.
 
-`AVRO_FUZZ_EXTENSION`: the path of the extension build to load as `kafscale_lakehouse.schema._avro_columns` (the
+`AVRO_FUZZ_EXTENSION`: the path of the extension build to load as `kafscale_lakehouse.value_formats._avro_columns` (the
 sanitized one); without it the installed extension is fuzzed. The arguments are libFuzzer's.
 """
 
@@ -22,16 +22,16 @@ import atheris
 
 def _load_extension(path: str) -> None:
     """Imports the extension at `path` under the installed one's name, before anything imports that."""
-    import kafscale_lakehouse.schema as schema_package
+    import kafscale_lakehouse.value_formats as value_formats_package
 
-    name = "kafscale_lakehouse.schema._avro_columns"
+    name = "kafscale_lakehouse.value_formats._avro_columns"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"no extension module at {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[name] = module
-    schema_package._avro_columns = module  # type: ignore[attr-defined]
+    value_formats_package._avro_columns = module  # type: ignore[attr-defined]
 
 
 if os.environ.get("AVRO_FUZZ_EXTENSION"):
@@ -41,8 +41,8 @@ _INSTRUMENTED = [name for name in os.environ.get("AVRO_FUZZ_INSTRUMENT", "").spl
 with atheris.instrument_imports(include=_INSTRUMENTED) if _INSTRUMENTED else contextlib.nullcontext():
     import pyarrow as pa
 
-    from kafscale_lakehouse.schema import avro_columns
     from kafscale_lakehouse.schema.errors import SchemaMappingError
+    from kafscale_lakehouse.value_formats import avro_columns
     from kafscale_lakehouse_tests.fuzz.avro_inputs import FuzzDecoders, decode_input
 
 if os.environ.get("AVRO_FUZZ_EXTENSION"):

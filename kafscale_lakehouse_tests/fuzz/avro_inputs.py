@@ -29,8 +29,8 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
 from kafscale_lakehouse.apps.workload import PIZZA_AVRO_SCHEMA
-from kafscale_lakehouse.schema.avro import AvroValueDecoder, avro_value_fields, parse_avro_schema
-from kafscale_lakehouse.schema.framed import WIRE_MAGIC, FramedValueSchemas
+from kafscale_lakehouse.value_formats.avro import AvroValueDecoder, avro_value_fields, parse_avro_schema
+from kafscale_lakehouse.value_formats.framed import WIRE_MAGIC, FramedValueSchemas
 from kafscale_lakehouse_tests.formats.test_avro_columns import ALL_TYPES_V1, ALL_TYPES_V2, random_value
 
 log = logging.getLogger(__name__)

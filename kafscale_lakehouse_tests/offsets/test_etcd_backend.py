@@ -17,8 +17,8 @@ from kafscale_lakehouse.config import ConfigError, parse_config
 from kafscale_lakehouse.connections import etcd_client_from_config
 from kafscale_lakehouse.etcd import EtcdAuthError, EtcdClient, EtcdUnavailableError
 from kafscale_lakehouse.offsets import EtcdOffsetStore
-from kafscale_lakehouse.testing.leases import held_leases
-from kafscale_lakehouse.testing.servers import Etcd, free_ports
+from kafscale_lakehouse_tests.support.leases import held_leases
+from kafscale_lakehouse_tests.support.servers import Etcd, free_ports
 
 pytestmark = pytest.mark.integration
 

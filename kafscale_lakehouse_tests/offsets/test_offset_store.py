@@ -18,8 +18,8 @@ from kafscale_lakehouse.offsets import (
     OffsetRegressionError,
 )
 from kafscale_lakehouse.offsets.store import now_ms
-from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse_tests.offsets.conftest import SHORT_TTL_SECONDS
+from kafscale_lakehouse_tests.support.leases import held_leases
 
 pytestmark = pytest.mark.integration
 

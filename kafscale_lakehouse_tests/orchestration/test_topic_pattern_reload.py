@@ -15,7 +15,6 @@ import yaml
 
 from kafscale_lakehouse.orchestration.dagster_home import write_dagster_home
 from kafscale_lakehouse.orchestration.topic_patterns import WEBSERVER_URL_ENV_VAR
-from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.orchestration.smoke.test_dagster_dev import (
     BIN,
     REPO_ROOT,
@@ -24,6 +23,7 @@ from kafscale_lakehouse_tests.orchestration.smoke.test_dagster_dev import (
     _stop,
     _tail,
 )
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ import pytest
 from kafscale_lakehouse.apps import cli
 from kafscale_lakehouse.format.base_columns import record_id
 from kafscale_lakehouse.format.headers_json import go_headers_json
-from kafscale_lakehouse.testing.servers import Etcd, KafScaleBroker
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.real_broker.clients import Acked
+from kafscale_lakehouse_tests.support.servers import Etcd, KafScaleBroker
 
 PARTITIONS = 3
 

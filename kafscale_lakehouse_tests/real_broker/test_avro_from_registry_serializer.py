@@ -11,10 +11,10 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from kafscale_lakehouse.testing.schema_registry import ConfluentCompatibleRegistry
 from kafscale_lakehouse_tests.formats.avro_orders import ORDER_V1, order
 from kafscale_lakehouse_tests.real_broker.clients import Acked, Outgoing
 from kafscale_lakehouse_tests.real_broker.conftest import PARTITIONS
+from kafscale_lakehouse_tests.support.schema_registry import ConfluentCompatibleRegistry
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.orchestration.checks import evaluate_retention_headroom
 from kafscale_lakehouse.storage import RetentionPolicy, partition_prefix
 from kafscale_lakehouse.storage.retention import read_retention
-from kafscale_lakehouse.testing.servers import S3_BUCKET
 from kafscale_lakehouse_tests.real_broker.clients import produce, records
 from kafscale_lakehouse_tests.real_broker.conftest import PARTITIONS
+from kafscale_lakehouse_tests.support.servers import S3_BUCKET
 
 pytestmark = pytest.mark.integration
 

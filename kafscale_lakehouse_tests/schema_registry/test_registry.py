@@ -16,14 +16,14 @@ from kafscale_lakehouse.config import ConfigError, parse_config
 from kafscale_lakehouse.connections import schema_registry_client
 from kafscale_lakehouse.schema.columns import Column
 from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.registry import (
+from kafscale_lakehouse.schema.validation import InvalidSchemaDocumentError
+from kafscale_lakehouse.value_formats.registry import (
     SchemaNotFoundError,
     SchemaRegistryClient,
     SchemaRegistryError,
     SchemaRegistryRequestError,
     SchemaRegistryUnavailableError,
 )
-from kafscale_lakehouse.schema.validation import InvalidSchemaDocumentError
 from kafscale_lakehouse_tests.config.test_config import MINIMAL_GO
 from kafscale_lakehouse_tests.schema_registry.conftest import REGISTRY_PATH, Answer
 from kafscale_lakehouse_tests.schema_registry.pizza_schema import PIZZA_JSON_SCHEMA

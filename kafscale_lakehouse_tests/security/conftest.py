@@ -30,10 +30,10 @@ from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.connections import segment_store_from_config
 from kafscale_lakehouse.format import encode_segment
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX
-from kafscale_lakehouse.testing.servers import REGION, Etcd, SeaweedFS
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.orchestration.core.conftest import run_ingest_job
 from kafscale_lakehouse_tests.schema_registry.conftest import RegistryServer
+from kafscale_lakehouse_tests.support.servers import REGION, Etcd, SeaweedFS
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_RECORDS, records_with_faults, serve_schema
 
 # Loggers read at DEBUG during the run (others at their usual WARNING).

@@ -34,8 +34,8 @@ from kafscale_lakehouse.engine.tables.checks import CHECK_NAMES
 from kafscale_lakehouse.engine.tables.summary import read_topic_offsets
 from kafscale_lakehouse.etcd import EtcdAuthError, EtcdClient
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX, lakehouse_resources
-from kafscale_lakehouse.schema.registry import SchemaRegistryError
 from kafscale_lakehouse.storage import StorageAuthError
+from kafscale_lakehouse.value_formats.registry import SchemaRegistryError
 from kafscale_lakehouse_tests.orchestration.core.conftest import run_ingest_job
 from kafscale_lakehouse_tests.schema_registry.conftest import REGISTRY_PATH, Answer
 from kafscale_lakehouse_tests.security.conftest import (

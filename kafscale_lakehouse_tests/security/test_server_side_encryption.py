@@ -21,8 +21,8 @@ from kafscale_lakehouse.engine.tables.catalogs import CatalogSettings, load_cata
 from kafscale_lakehouse.engine.tables.data_files import file_io_properties
 from kafscale_lakehouse.engine.tables.file_io import TABLES_FILE_IO
 from kafscale_lakehouse.storage import S3SegmentStore
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, SeaweedFS
 from kafscale_lakehouse_tests.security.conftest import SecuredRun
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, SeaweedFS
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import pytest
 
 from kafscale_lakehouse.format.segment_frame import SegmentFooter, SegmentHeader, encode_footer, encode_header
 from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore, SegmentStore
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, Etcd, SeaweedFS
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, Etcd, SeaweedFS
 
 # Storage only reads footers, so a synthetic body is enough; the index content is never parsed here.
 INDEX_BYTES = b"IDX\x00" + bytes(12)

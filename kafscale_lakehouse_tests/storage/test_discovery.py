@@ -17,8 +17,8 @@ from kafscale_lakehouse.storage import (
     MetadataSnapshotError,
     discover_partitions,
 )
-from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.storage.conftest import write_segments
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 # What a broker writes: Go field names, null slices, an unhealthy topic and an unhealthy partition.
 SNAPSHOT = {

@@ -7,8 +7,8 @@ import pytest
 from kafscale_lakehouse.config import ConfigError, parse_config
 from kafscale_lakehouse.connections import offset_store_from_config, segment_store_from_config
 from kafscale_lakehouse.storage import LocalSegmentStore, S3SegmentStore
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
 from kafscale_lakehouse_tests.storage.conftest import write_segments
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
 
 ICEBERG = {"catalog": {"type": "rest", "uri": "http://127.0.0.1:1"}, "warehouse": "s3://warehouse"}
 OFFSETS = {"backend": "local", "local_path": "offsets.db"}

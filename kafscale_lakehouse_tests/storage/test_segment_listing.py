@@ -15,8 +15,8 @@ from kafscale_lakehouse.storage import (
     SegmentRef,
     segment_key,
 )
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, SECRET_KEY
 from kafscale_lakehouse_tests.storage.conftest import INDEX_BYTES, segment_bytes, write_segments
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, SECRET_KEY
 
 TOPIC = "weird.topic-name_1"
 

@@ -18,8 +18,8 @@ from kafscale_lakehouse.storage import (
     StorageRequestError,
     StorageUnreachableError,
 )
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, free_ports
 from kafscale_lakehouse_tests.storage.conftest import make_s3_store, write_segments
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, free_ports
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from kafscale_lakehouse.engine.ingestion.run import IngestContext, IngestFailedE
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog, open_table
 from kafscale_lakehouse.engine.tables.data_files import IcebergSinkError
 from kafscale_lakehouse.engine.tables.summary import RUN_ID_PROPERTY, STAGED_SNAPSHOT_PROPERTY
-from kafscale_lakehouse.schema.registry import SchemaNotFoundError
+from kafscale_lakehouse.value_formats.registry import SchemaNotFoundError
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.validation_modes.faults import FAULTS, SEGMENT_RECORDS, records_with_faults, serve_schema
 

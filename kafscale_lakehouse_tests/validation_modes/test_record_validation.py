@@ -10,8 +10,8 @@ from kafscale_lakehouse.config import ConfigError, parse_config
 from kafscale_lakehouse.connections import schema_registry_client
 from kafscale_lakehouse.engine.ingestion.validation import resolve_record_validation
 from kafscale_lakehouse.schema.columns import Column
-from kafscale_lakehouse.schema.registry import SchemaNotFoundError, SchemaRegistryUnavailableError
-from kafscale_lakehouse.testing.servers import free_ports
+from kafscale_lakehouse.value_formats.registry import SchemaNotFoundError, SchemaRegistryUnavailableError
+from kafscale_lakehouse_tests.support.servers import free_ports
 from kafscale_lakehouse_tests.validation_modes.faults import PIZZA_SCHEMA, serve_schema
 
 TOPIC = "stage-pizzas"

@@ -11,7 +11,7 @@ dead-letter table (`DEAD_LETTER_SCHEMA`), returned uncommitted in the task's sta
 builds the target on the driver and commits those files.
 
 Values in the Confluent wire format (`with_framed_value_columns`: Avro, Protobuf): the task decodes the values of the
-base-column batches into the table's value columns (schema/framed.py). A value that does not decode is an invalid
+base-column batches into the table's value columns (value_formats/framed.py). A value that does not decode is an invalid
 record when the run has a dead-letter target, else its partition stops there; a schema id the run does not know, or
 whose schema could not evolve the table, always stops the partition at its first record, as an unreadable segment
 does (`SegmentReadError`, `key` the record id, `error_type` `<Format>SchemaError` for a schema id or
@@ -41,8 +41,8 @@ from kafscale_lakehouse.engine.tables.dead_letters import DEAD_LETTER_ARROW_SCHE
 from kafscale_lakehouse.engine.tables.summary import LfsStats
 from kafscale_lakehouse.format import BASE_SCHEMA
 from kafscale_lakehouse.schema.columns import KAFKA_TIMESTAMP_ARROW_TYPE, KAFKA_TIMESTAMP_COLUMN
-from kafscale_lakehouse.schema.framed import DecodedValues, DecodeStop, FramedValueSchemas, ValueDecoder
-from kafscale_lakehouse.schema.keys import KeyDecoder, KeyDecoding
+from kafscale_lakehouse.value_formats.framed import DecodedValues, DecodeStop, FramedValueSchemas, ValueDecoder
+from kafscale_lakehouse.value_formats.keys import KeyDecoder, KeyDecoding
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def schema_with_key_columns(schema: pa.Schema, keys: KeyDecoding) -> pa.Schema:
 def with_key_columns(batches: Iterable[pa.RecordBatch], decoder: KeyDecoder, partition: SegmentRunPartition, *,
                      invalid_stops: bool) -> Iterator[pa.RecordBatch]:
     """`batches` (source batches with their invalid-reason column) with the record keys decoded into the key
-    columns (`schema_with_key_columns`, schema/keys.py): a key that does not decode makes its record invalid (a
+    columns (`schema_with_key_columns`, value_formats/keys.py): a key that does not decode makes its record invalid (a
     value's reason comes first) or (`invalid_stops`) stops the partition there, as a key schema id the run does not
     know always does, once the rows before it are yielded."""
     fields = decoder.decoding.arrow_fields()

@@ -133,8 +133,6 @@ from kafscale_lakehouse.offsets import Lease, LeaseLostError, OffsetStore, Table
 from kafscale_lakehouse.offsets.ranges import OffsetRange
 from kafscale_lakehouse.schema import evolve_table_schema, table_schema
 from kafscale_lakehouse.schema.columns import KAFKA_TIMESTAMP_COLUMN, Column, with_kafka_timestamp_column
-from kafscale_lakehouse.schema.registered_tables import RegisteredValueSchemas
-from kafscale_lakehouse.schema.registry import SchemaRegistryClient
 from kafscale_lakehouse.storage import (
     DiscoveryMode,
     SegmentOverlapError,
@@ -142,6 +140,8 @@ from kafscale_lakehouse.storage import (
     SegmentStore,
     discover_partitions,
 )
+from kafscale_lakehouse.value_formats.registered_tables import RegisteredValueSchemas
+from kafscale_lakehouse.value_formats.registry import SchemaRegistryClient
 
 log = logging.getLogger(__name__)
 

@@ -63,12 +63,12 @@ from kafscale_lakehouse.engine.tables.data_files import (
 from kafscale_lakehouse.engine.tables.dead_letters import DeadLetterTarget
 from kafscale_lakehouse.engine.tables.run_files import remove_run_files
 from kafscale_lakehouse.schema.columns import Column
-from kafscale_lakehouse.schema.decoders import value_decoder
-from kafscale_lakehouse.schema.framed import FramedValueSchemas
 from kafscale_lakehouse.schema.json_values import NumericTimestampUnit
-from kafscale_lakehouse.schema.keys import KeyDecoder, KeyDecoding
 from kafscale_lakehouse.schema.validation import CompiledJsonSchema
 from kafscale_lakehouse.storage import SegmentStore
+from kafscale_lakehouse.value_formats.decoders import value_decoder
+from kafscale_lakehouse.value_formats.framed import FramedValueSchemas
+from kafscale_lakehouse.value_formats.keys import KeyDecoder, KeyDecoding
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ Resolved on the driver once per run (`resolve_record_validation`), before any da
 - Values in the Confluent wire format (`mappings[].value_format: avro`, `protobuf`, `json_schema`): every version
   of the value subject, from the mapping's Confluent-compatible `schema_registry`, fetched here once per run
   (Protobuf ones as their serialized FileDescriptorProto); once the table is open, `with_registered_schemas` evolves
-  it through them and gives what the executors decode with (schema/registered_tables.py). The columns are the value
-  schema's fields; `schema.mode` does not judge them (json_schema values are validated by their own schema).
-- Decoded keys (`mappings[].key_format`, schema/keys.py): the key subject's versions (registry formats) are fetched
-  here too, and the `key_<field>` columns added once the table is open, by the same `with_registered_schemas`.
+  it through them and gives what the executors decode with (value_formats/registered_tables.py). The columns are the
+  value schema's fields; `schema.mode` does not judge them (json_schema values are validated by their own schema).
+- Decoded keys (`mappings[].key_format`, value_formats/keys.py): the key subject's versions (registry formats) are
+  fetched here too, and the `key_<field>` columns added once the table is open, by the same `with_registered_schemas`.
 - A registry that is down, answers 404 or serves a document that is no JSON Schema raises here
   (`SchemaRegistryError`, `InvalidSchemaDocumentError`): the run fails before it reads anything, and no record is
   ever judged invalid because of the registry.
@@ -32,22 +32,22 @@ from pyiceberg.table import Table
 from kafscale_lakehouse.config import ConfigError, LakehouseConfig, MappingConfig
 from kafscale_lakehouse.engine.tables.dead_letters import mapping_dead_letter_table
 from kafscale_lakehouse.schema.columns import LFS_METADATA_COLUMNS, Column
-from kafscale_lakehouse.schema.confluent_registry import (
+from kafscale_lakehouse.schema.errors import SchemaMappingError
+from kafscale_lakehouse.schema.validation import CompiledJsonSchema
+from kafscale_lakehouse.value_formats.confluent_registry import (
     ConfluentRegistryClient,
     ConfluentRegistrySettings,
     RegisteredSchema,
     subject_name,
 )
-from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.framed import FramedValueFormat, FramedValueSchemas
-from kafscale_lakehouse.schema.keys import KEY_COLUMN_PREFIX, KeyDecoding, key_columns_clash
-from kafscale_lakehouse.schema.registered_tables import (
+from kafscale_lakehouse.value_formats.framed import FramedValueFormat, FramedValueSchemas
+from kafscale_lakehouse.value_formats.keys import KEY_COLUMN_PREFIX, KeyDecoding, key_columns_clash
+from kafscale_lakehouse.value_formats.registered_tables import (
     RegisteredValueSchemas,
     evolve_table_to_key_columns,
     evolve_table_to_registered_versions,
 )
-from kafscale_lakehouse.schema.registry import SchemaRegistryClient
-from kafscale_lakehouse.schema.validation import CompiledJsonSchema
+from kafscale_lakehouse.value_formats.registry import SchemaRegistryClient
 
 SchemaMode = Literal["off", "lenient", "strict"]
 

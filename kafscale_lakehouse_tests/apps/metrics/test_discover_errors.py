@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from kafscale_lakehouse.apps.metrics import LakehouseStateCollector
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.storage import METADATA_SNAPSHOT_KEY
-from kafscale_lakehouse.testing.servers import Etcd
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
+from kafscale_lakehouse_tests.support.servers import Etcd
 
 pytestmark = pytest.mark.integration
 

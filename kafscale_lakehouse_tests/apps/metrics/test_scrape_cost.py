@@ -14,8 +14,8 @@ from kafscale_lakehouse.connections import offset_store_from_config
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.offsets.records import broker_next_offset_key
 from kafscale_lakehouse.storage import ObjectKind
-from kafscale_lakehouse.testing.servers import S3_BUCKET
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
+from kafscale_lakehouse_tests.support.servers import S3_BUCKET
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ import pytest
 from kafscale_lakehouse.etcd import EtcdClient
 from kafscale_lakehouse.storage import ObjectKind
 from kafscale_lakehouse.storage.retention import topic_config_key
-from kafscale_lakehouse.testing.servers import S3_BUCKET
 from kafscale_lakehouse_tests.apps.metrics.conftest import running_metrics_server, scrape
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
 from kafscale_lakehouse_tests.storage.test_retention import topic_config
+from kafscale_lakehouse_tests.support.servers import S3_BUCKET
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from kafscale_lakehouse.engine.tables.summary import (
     WATERMARK_TIMESTAMP_PROPERTY,
     WRITE_LATENCY_PROPERTY,
 )
-from kafscale_lakehouse.testing.leases import held_leases
 from kafscale_lakehouse_tests.engine.ingestion.harness import IngestWorld
+from kafscale_lakehouse_tests.support.leases import held_leases
 
 
 @pytest.fixture

@@ -32,8 +32,8 @@ from kafscale_lakehouse.format import Record, encode_segment
 from kafscale_lakehouse.offsets.local_store import LocalOffsetStore
 from kafscale_lakehouse.offsets.records import decode_offset
 from kafscale_lakehouse.storage import ObjectKind, segment_key
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET, SeaweedFS
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET, SeaweedFS
 
 CLI = Path(sys.executable).parent / "kafscale-lakehouse"
 SUBPROCESS_TIMEOUT_SECONDS = 240

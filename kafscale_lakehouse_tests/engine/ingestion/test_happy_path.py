@@ -8,9 +8,9 @@ import yaml
 
 from kafscale_lakehouse.engine.ingestion.run import ingest
 from kafscale_lakehouse.engine.tables.summary import OFFSETS_PROPERTY_PREFIX
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, PIZZA_COLUMNS, IngestWorld
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
 
 PARTITION_SEGMENTS = {  # partition → (records, codecs of its segments in turn)
     0: (200, ("none", "gzip", "snappy", "lz4", "zstd")),

@@ -10,8 +10,8 @@ import pytest
 import kafscale_lakehouse.engine.ingestion.run as ingest_module
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, IngestFailedError, ingest, ingest_mapping
 from kafscale_lakehouse.etcd import EtcdClient
-from kafscale_lakehouse.testing.servers import Etcd
 from kafscale_lakehouse_tests.engine.ingestion.harness import LEASE_TTL_SECONDS, IngestWorld
+from kafscale_lakehouse_tests.support.servers import Etcd
 
 
 def test_second_ingester_on_the_same_partitions_aborts_cleanly(production_world, spark, cli_main, monkeypatch,

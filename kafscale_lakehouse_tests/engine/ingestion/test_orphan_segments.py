@@ -17,7 +17,7 @@ from kafscale_lakehouse.engine.ingestion.run import IngestFailedError, ingest
 from kafscale_lakehouse.engine.tables.summary import SKIPPED_PROPERTY_PREFIX, read_topic_offsets
 from kafscale_lakehouse.format import build_index_entries, decode_segment, encode_index
 from kafscale_lakehouse.storage import ObjectKind
-from kafscale_lakehouse.testing.servers import S3_BUCKET
+from kafscale_lakehouse_tests.support.servers import S3_BUCKET
 
 
 def lose_object(world, partition: int, base_offset: int, kind: ObjectKind) -> str:

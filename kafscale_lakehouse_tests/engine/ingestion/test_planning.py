@@ -6,7 +6,7 @@ import logging
 
 from kafscale_lakehouse.engine.ingestion.run import IngestContext, prepare_ingest
 from kafscale_lakehouse.offsets.ranges import OffsetRange
-from kafscale_lakehouse.testing.leases import held_leases
+from kafscale_lakehouse_tests.support.leases import held_leases
 
 
 def test_the_run_rechecks_the_sensor_plan_against_the_committed_offsets_and_reads_a_segment_held_mid_way(

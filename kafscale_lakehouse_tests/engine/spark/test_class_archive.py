@@ -19,7 +19,7 @@ from kafscale_lakehouse.engine.spark.engine import (
     stop_connect_server,
 )
 from kafscale_lakehouse.local_processes import DIRECTORY_VARIABLE
-from kafscale_lakehouse.testing.servers import free_ports
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 
 def driver_default_options(command: list[str]) -> str:

@@ -22,9 +22,9 @@ from kafscale_lakehouse.engine.spark.engine import (
     token_path,
 )
 from kafscale_lakehouse.engine.spark.session import get_spark_session
-from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.conftest import REPO_ROOT, hung
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from kafscale_lakehouse.engine.spark.engine import (
     shared_session_url,
 )
 from kafscale_lakehouse.engine.spark.session import get_spark_session
-from kafscale_lakehouse.testing.servers import free_ports
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 
 @pytest.mark.parametrize(("url", "expected"), [

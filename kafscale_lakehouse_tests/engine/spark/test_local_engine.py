@@ -32,8 +32,8 @@ from kafscale_lakehouse.local_processes import (
     IDLE_SECONDS_VARIABLE,
     start_ticks,
 )
-from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 pytestmark = pytest.mark.integration
 

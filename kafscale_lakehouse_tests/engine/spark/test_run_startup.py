@@ -67,8 +67,8 @@ sys.exit(main())
 # client imports them itself.)
 NOT_FOR_INGEST = ("dagster", "kafscale_lakehouse.orchestration", "kafscale_lakehouse.apps.segment_inspect",
                   "kafscale_lakehouse.apps.report", "kafscale_lakehouse.apps.metrics",
-                  "kafscale_lakehouse.engine.maintenance", "fastavro", "kafscale_lakehouse.schema.avro",
-                  "kafscale_lakehouse.schema.protobuf", "kafscale_lakehouse.schema.json_schema_values")
+                  "kafscale_lakehouse.engine.maintenance", "fastavro", "kafscale_lakehouse.value_formats.avro",
+                  "kafscale_lakehouse.value_formats.protobuf", "kafscale_lakehouse.value_formats.json_schema_values")
 
 
 def test_ingest_once_starts_without_collections_loads_no_dagster_and_ends_without_teardown(

@@ -37,10 +37,10 @@ from kafscale_lakehouse.local_processes import (
     LocalProcessError,
     start_ticks,
 )
-from kafscale_lakehouse.testing.servers import SECRET_KEY
 from kafscale_lakehouse_tests.conftest import REPO_ROOT, hung
 from kafscale_lakehouse_tests.engine.ingestion.harness import CLI, IngestWorld
 from kafscale_lakehouse_tests.engine.spark.other_user import OTHER_UID, OtherUser
+from kafscale_lakehouse_tests.support.servers import SECRET_KEY
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from kafscale_lakehouse.engine.tables.data_files import (
     check_arrow_schema,
     write_batches_as_data_files,
 )
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, SECRET_KEY, TABLE_BUCKET
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, SECRET_KEY, TABLE_BUCKET
 
 BASE_COLUMNS = ["record_id", "topic", "partition", "offset", "timestamp_ms", "key", "value", "headers"]
 MAPPED_COLUMNS = ["amount", "customer"]

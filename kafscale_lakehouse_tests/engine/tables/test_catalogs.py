@@ -21,8 +21,8 @@ from kafscale_lakehouse.engine.tables.catalogs import (
     open_table,
 )
 from kafscale_lakehouse.redaction import redact_url
-from kafscale_lakehouse.testing.servers import free_ports
 from kafscale_lakehouse_tests.engine.tables.helpers import BASE_COLUMNS, MAPPED_COLUMNS, lakehouse_schema, rest_settings
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 pytestmark = pytest.mark.integration
 

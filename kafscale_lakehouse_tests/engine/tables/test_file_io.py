@@ -16,7 +16,7 @@ from pyiceberg.io import PY_IO_IMPL, load_file_io
 
 from kafscale_lakehouse.engine.tables import CatalogSettings
 from kafscale_lakehouse.engine.tables.file_io import TABLES_FILE_IO
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, S3_BUCKET, SECRET_KEY
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, S3_BUCKET, SECRET_KEY
 
 
 def test_our_catalogs_use_it_unless_told_otherwise():

@@ -20,8 +20,8 @@ from kafscale_lakehouse.engine.tables.checks import CHECK_NAMES
 from kafscale_lakehouse.orchestration.audited_publish import AUDITED_PUBLISH_SENSOR
 from kafscale_lakehouse.orchestration.naming import ingest_job_name, partitions_def_name, pool_name
 from kafscale_lakehouse.orchestration.resources import SECRET_ENV_PREFIX
-from kafscale_lakehouse.testing.servers import SECRET_KEY
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
+from kafscale_lakehouse_tests.support.servers import SECRET_KEY
 
 DEMO_TABLE_KEY = dg.AssetKey(["rpc", "pizzas"])
 DEMO_TOPIC_KEY = dg.AssetKey(["kafscale", PIZZA_TOPIC])
@@ -124,7 +124,7 @@ def test_definitions_load_with_every_server_down_and_the_sensor_names_a_missing_
     does not exist yet is reported by its sensor's tick, naming it, instead of failing the code location."""
     from kafscale_lakehouse.config import parse_config
     from kafscale_lakehouse.orchestration.sensors import sensor_name
-    from kafscale_lakehouse.testing.servers import free_ports
+    from kafscale_lakehouse_tests.support.servers import free_ports
 
     s3, etcd, rest, registry = (f"http://127.0.0.1:{port}" for port in free_ports(4))
     down = parse_config({

@@ -7,7 +7,7 @@ import pytest
 from kafscale_lakehouse.config import parse_config
 from kafscale_lakehouse.orchestration.io_manager import KafscaleIcebergIOManager
 from kafscale_lakehouse.orchestration.resources import IcebergCatalogResource, SparkResource
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
 
 
 @pytest.fixture(params=["sql", "rest"])

@@ -35,12 +35,12 @@ from kafscale_lakehouse.engine.spark.writes import write_arrow
 from kafscale_lakehouse.engine.tables.catalogs import load_catalog
 from kafscale_lakehouse.engine.tables.writes import TableWrite
 from kafscale_lakehouse.orchestration.io_manager import DAGSTER_PARTITIONS_PROPERTY, DAGSTER_RUN_PROPERTY
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
 from kafscale_lakehouse_tests.conftest import REPO_ROOT
 from kafscale_lakehouse_tests.engine.faults.actor import OTHER_POINTS, command
 from kafscale_lakehouse_tests.engine.faults.held import files_of_every_snapshot, finish, run_held, wait_reached
 from kafscale_lakehouse_tests.engine.faults.io_run import ids_of, instance_of, materialize, spec_document
 from kafscale_lakehouse_tests.engine.faults.matrix import point_family
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
 
 # (primary, point, action, meanwhile). The primary writes partition `a` in its write mode (`failed`: an append whose
 # DataFrame raises); meanwhile another run materializes partition `b` (with upsert: the same keys) or `a` (`same`).

@@ -11,10 +11,10 @@ from kafscale_lakehouse.engine.ingestion import (
     scan_namespace,
 )
 from kafscale_lakehouse.storage import ObjectKind, partition_prefix, topic_prefix
-from kafscale_lakehouse.testing.leases import held_leases
-from kafscale_lakehouse.testing.servers import S3_BUCKET
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import NamespaceWorld, TopicWorld
 from kafscale_lakehouse_tests.orchestration.namespace.test_namespace_sensor import batch_tables, publish_watermarks
+from kafscale_lakehouse_tests.support.leases import held_leases
+from kafscale_lakehouse_tests.support.servers import S3_BUCKET
 
 
 def record_listings(sources: WatchSources) -> list[str]:

@@ -15,9 +15,9 @@ from kafscale_lakehouse.orchestration.land_tables import BATCH_TABLES_TAG, LAND_
 from kafscale_lakehouse.orchestration.naming import partitions_def_name, topic_asset_key
 from kafscale_lakehouse.orchestration.sensors import build_sensors
 from kafscale_lakehouse.storage import ObjectKind, namespace_prefix
-from kafscale_lakehouse.testing.leases import held_leases
-from kafscale_lakehouse.testing.servers import S3_BUCKET
 from kafscale_lakehouse_tests.orchestration.namespace.conftest import POLL_INTERVAL_SECONDS, NamespaceWorld
+from kafscale_lakehouse_tests.support.leases import held_leases
+from kafscale_lakehouse_tests.support.servers import S3_BUCKET
 
 
 def batch_tables(request: dg.RunRequest) -> dict[str, dict]:

@@ -20,8 +20,8 @@ from kafscale_lakehouse.config import LakehouseConfig, parse_config
 from kafscale_lakehouse.engine.ingestion.topic_scan import WatchSources
 from kafscale_lakehouse.orchestration.naming import partitions_def_name
 from kafscale_lakehouse.orchestration.sensors import SensorCursor, build_sensors
-from kafscale_lakehouse.testing.leases import held_leases
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
+from kafscale_lakehouse_tests.support.leases import held_leases
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY, TABLE_BUCKET
 
 POLL_INTERVAL_SECONDS = 7
 

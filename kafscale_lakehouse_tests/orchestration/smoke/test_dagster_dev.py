@@ -27,7 +27,7 @@ from kafscale_lakehouse.orchestration.dagster_home import write_dagster_home
 from kafscale_lakehouse.orchestration.forking_launcher import RUN_WORKER_PID_TAG
 from kafscale_lakehouse.orchestration.naming import ingest_job_name
 from kafscale_lakehouse.orchestration.sensors import PARTITION_RANGE_END_TAG, PARTITION_RANGE_START_TAG, sensor_name
-from kafscale_lakehouse.testing.servers import free_ports
+from kafscale_lakehouse_tests.support.servers import free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,7 @@ from kafscale_lakehouse.storage import (
     segment_key,
     segments_from,
 )
-from kafscale_lakehouse.testing.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
+from kafscale_lakehouse_tests.support.servers import ACCESS_KEY, REGION, S3_BUCKET, SECRET_KEY
 
 TOPIC = PIZZA_TOPIC
 # Small batches and a short index interval give segments several index entries, so ranged reads have a choice.

@@ -1,7 +1,7 @@
 """JSON values in the Confluent wire format (`value_format: json_schema`): their Iceberg columns from the registered
 JSON Schema, validation against it, and decoding into Arrow columns.
 
-Wire format (Confluent, schema/framed.py): magic byte 0, the 4-byte schema id, then the value as UTF-8 JSON text
+Wire format (Confluent, value_formats/framed.py): magic byte 0, the 4-byte schema id, then the value as UTF-8 JSON text
 (Confluent's JSONSchemaSerializer); with `latest` the bare JSON of the subject's newest version.
 
 Columns: the properties of the schema's root object are columns after the base columns, matched by name; types map
@@ -14,7 +14,8 @@ as
   and anything else (no `type`, several non-null types, an object without properties) → string, the value's JSON
   text. `$ref`s within the document (`#/$defs/...`, `#/definitions/...`) are followed; a recursive one has no
   Iceberg type: `SchemaMappingError` naming the field.
-Every struct field is optional in the table. Evolution by name, as for Avro and Protobuf (schema/registered_tables.py).
+Every struct field is optional in the table. Evolution by name, as for Avro and Protobuf
+(value_formats/registered_tables.py).
 
 Decoding (`JsonSchemaValueDecoder`, on the executors): each value is parsed (`json.loads`) and validated against
 its schema id's document (jsonschema, compiled once per id, as Confluent's deserializer validates): a value that is
@@ -48,12 +49,12 @@ from pyiceberg.types import (
 )
 
 from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.framed import (
+from kafscale_lakehouse.schema.validation import CompiledJsonSchema, InvalidSchemaDocumentError, compile_json_schema
+from kafscale_lakehouse.value_formats.framed import (
     WIRE_HEADER_SIZE,
     FramedValueDecoder,
     FramedValueSchemas,
 )
-from kafscale_lakehouse.schema.validation import CompiledJsonSchema, InvalidSchemaDocumentError, compile_json_schema
 
 _FORMATS: dict[str, IcebergType] = {"date-time": TimestamptzType(), "date": DateType()}
 _PRIMITIVES: dict[str, IcebergType] = {"integer": LongType(), "number": DoubleType(), "boolean": BooleanType()}

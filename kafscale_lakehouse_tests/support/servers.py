@@ -50,7 +50,7 @@ def _wait_for(check, what: str, timeout: float, proc: subprocess.Popen, log_path
         try:
             if check():
                 return
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:  # not up yet
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{what} not ready after {timeout}s; log:\n{log_tail(log_path)}")

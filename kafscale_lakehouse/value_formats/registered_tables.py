@@ -30,10 +30,10 @@ from kafscale_lakehouse.schema.columns import (
     Column,
     table_schema,
 )
-from kafscale_lakehouse.schema.confluent_registry import RegisteredSchema
 from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.framed import REGISTRY_SCHEMA_TYPES, FramedValueFormat, FramedValueSchemas
-from kafscale_lakehouse.schema.keys import KeyDecoding, key_column_name
+from kafscale_lakehouse.value_formats.confluent_registry import RegisteredSchema
+from kafscale_lakehouse.value_formats.framed import REGISTRY_SCHEMA_TYPES, FramedValueFormat, FramedValueSchemas
+from kafscale_lakehouse.value_formats.keys import KeyDecoding, key_column_name
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class RegisteredValueSchemas:
 def evolve_table_to_registered_versions(table: Table, table_name: str, registered: RegisteredValueSchemas, *,
                                         prefix: str = "") -> FramedValueSchemas:
     """Evolve `table` through the subject's versions (oldest first) and return what the executors decode with.
-    `prefix`: the subject's fields are the table's columns of that name prefix (record keys: schema/keys.py); the
+    `prefix`: the subject's fields are the table's columns of that name prefix (record keys: value_formats/keys.py); the
     decoded fields (`value_schema`) are unprefixed."""
     subject, versions = registered.subject, registered.versions
     schema_type = REGISTRY_SCHEMA_TYPES[registered.value_format]
@@ -117,16 +117,16 @@ def _value_fields(version: RegisteredSchema, registered: RegisteredValueSchemas,
     # Each format's module (fastavro, protobuf, jsonschema) is imported when a table of that format is opened, not
     # by every run that imports this module (the fixed cost of a run).
     if registered.value_format == "protobuf":
-        from kafscale_lakehouse.schema.protobuf import protobuf_value_fields
+        from kafscale_lakehouse.value_formats.protobuf import protobuf_value_fields
 
         fields = protobuf_value_fields(version.text, registered.message_name, what=what, first_id=first_id,
                                        imports=registered.imports.get(version.schema_id, ()))
     elif registered.value_format == "json_schema":
-        from kafscale_lakehouse.schema.json_schema_values import json_schema_value_fields
+        from kafscale_lakehouse.value_formats.json_schema_values import json_schema_value_fields
 
         fields = json_schema_value_fields(version.text, what=what, first_id=first_id)
     else:
-        from kafscale_lakehouse.schema.avro import avro_value_fields, parse_avro_schema
+        from kafscale_lakehouse.value_formats.avro import avro_value_fields, parse_avro_schema
 
         fields = avro_value_fields(parse_avro_schema(version.text, what=what), what=what, first_id=first_id)
     clashes = [f.name for f in fields if f.name in BASE_COLUMN_NAMES]

@@ -9,7 +9,7 @@ is `SchemaMappingError`.
 - `json`: the key is a JSON object; `key_columns` (the mapping's declaration, as `schema.columns`) are coerced like
   mapped value columns (schema/coercion.py).
 - `avro`, `protobuf`, `json_schema`: Confluent-framed keys with their schemas in the mapping's registry, subject
-  `<topic>-key` (or the strategy's with `key_record_name`), decoded by the value decoders (schema/framed.py) and
+  `<topic>-key` (or the strategy's with `key_record_name`), decoded by the value decoders (value_formats/framed.py) and
   evolved by name like value columns.
 A null key (records without one) is a row of null key columns; a key that does not decode is an invalid record.
 """
@@ -23,8 +23,8 @@ import pyarrow as pa
 
 from kafscale_lakehouse.schema.coercion import JsonColumnCoercer
 from kafscale_lakehouse.schema.columns import ARROW_TYPES, Column
-from kafscale_lakehouse.schema.decoders import value_decoder
-from kafscale_lakehouse.schema.framed import DecodedValues, FramedValueSchemas, ValueDecoder
+from kafscale_lakehouse.value_formats.decoders import value_decoder
+from kafscale_lakehouse.value_formats.framed import DecodedValues, FramedValueSchemas, ValueDecoder
 
 KEY_COLUMN_PREFIX = "key_"
 

@@ -5,7 +5,7 @@ Wire format (Confluent): magic byte 0, the schema id as 4 bytes big-endian, then
 Protobuf's message indexes then the message; JSON text). With `latest` (producers that do not write the prefix)
 every value is the bare encoding of one schema id.
 
-`FramedValueSchemas` is built on the driver (schema/registered_tables.py) and pickled into the task spec; each
+`FramedValueSchemas` is built on the driver (value_formats/registered_tables.py) and pickled into the task spec; each
 format's decoder (`value_decoder`) turns a batch of values into the table's value columns (`DecodedValues`): a null
 value (tombstone) is a row of nulls, a value that does not decode is an invalid record with the reason, a schema id
 the run does not know, or one whose schema could not evolve the table, stops the partition at that record.

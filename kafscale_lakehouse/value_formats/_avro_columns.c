@@ -1,4 +1,4 @@
-/* Avro binary values straight into Arrow column buffers (schema/avro_columns.py drives it).
+/* Avro binary values straight into Arrow column buffers (value_formats/avro_columns.py drives it).
  *
  * Python compiles a writer schema into a program: a list of nodes, node 0 the value's record. `decode` walks each
  * value's bytes once and appends to growable buffers per node: validity bytes (one per entry; Python packs them),

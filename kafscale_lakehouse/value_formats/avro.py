@@ -1,8 +1,8 @@
 """Avro values in the Confluent wire format: their Iceberg columns, and decoding them into Arrow columns.
 
-Wire format (Confluent, schema/framed.py): magic byte 0, the schema id as 4 bytes big-endian, then the Avro binary
-encoding of the value without a container. With `latest` (producers that do not write the prefix) every value is the
-bare Avro encoding of one schema id.
+Wire format (Confluent, value_formats/framed.py): magic byte 0, the schema id as 4 bytes big-endian, then the Avro
+binary encoding of the value without a container. With `latest` (producers that do not write the prefix) every value is
+the bare Avro encoding of one schema id.
 
 Columns: the top-level fields of the value's record are columns after the base columns, matched by name; nested
 types map as
@@ -16,12 +16,12 @@ nullable. A union of two or more non-null types, and a recursive record, have no
 naming the field.
 
 Decoding (`AvroValueDecoder`, on the executors): each run of values of one schema id goes through the columnar decoder
-(schema/avro_columns.py and its C extension), which reads the Avro binary straight into Arrow buffers and fits the
-writer's columns to the table's by name (a narrower writer type, e.g. int into a long column, widens there); fastavro
-parses the schemas and writes values (the producer side), it does not read them. A null value (tombstone) is a row of
-nulls; a value that is not in the wire format or does not decode (out of bytes, bytes left after the record, a bad
-varint, union branch or enum index, invalid UTF-8, a value out of its type's range, a boolean byte other than 0 or 1)
-is an invalid record with the reason; a schema id the run does not know, or one whose schema could not evolve the
+(value_formats/avro_columns.py and its C extension), which reads the Avro binary straight into Arrow buffers and fits
+the writer's columns to the table's by name (a narrower writer type, e.g. int into a long column, widens there);
+fastavro parses the schemas and writes values (the producer side), it does not read them. A null value (tombstone) is a
+row of nulls; a value that is not in the wire format or does not decode (out of bytes, bytes left after the record, a
+bad varint, union branch or enum index, invalid UTF-8, a value out of its type's range, a boolean byte other than 0 or
+1) is an invalid record with the reason; a schema id the run does not know, or one whose schema could not evolve the
 table, stops the partition at that record (`DecodedValues.stop`).
 """
 
@@ -58,9 +58,9 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from kafscale_lakehouse.schema.avro_columns import AvroProgram, record_columns
 from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.framed import (
+from kafscale_lakehouse.value_formats.avro_columns import AvroProgram, record_columns
+from kafscale_lakehouse.value_formats.framed import (
     WIRE_MAGIC,
     DecodedValues,
     FramedValueDecoder,
@@ -84,9 +84,9 @@ _LOGICAL: dict[tuple[str, str], IcebergType] = {
 
 def parse_avro_schema(text: str, *, what: str, for_reading: bool = False) -> Any:
     """The parsed (fastavro) form of a schema's JSON text; `what` names it in errors. Named types are expanded
-    inline (to map them to columns and compile them, schema/avro_columns.py), or, `for_reading`, the form fastavro's
-    readers and writers take without parsing it again on every call (they re-parse a schema that lacks fastavro's
-    parsed marker: several times slower per value)."""
+    inline (to map them to columns and compile them, value_formats/avro_columns.py), or, `for_reading`, the form
+    fastavro's readers and writers take without parsing it again on every call (they re-parse a schema that lacks
+    fastavro's parsed marker: several times slower per value)."""
     try:
         if for_reading:
             return fastavro.parse_schema(json.loads(text))
@@ -181,7 +181,7 @@ def _describe(avro: Any) -> str:
 
 class AvroValueDecoder(FramedValueDecoder):
     """Decodes Confluent-framed Avro values into the table's value columns (one per executor task): each run of one
-    schema id through the columnar decoder (schema/avro_columns.py), in row order."""
+    schema id through the columnar decoder (value_formats/avro_columns.py), in row order."""
 
     def __init__(self, schemas: FramedValueSchemas) -> None:
         super().__init__(schemas)

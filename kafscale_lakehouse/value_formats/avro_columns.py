@@ -1,5 +1,5 @@
 """Columnar Avro decoding: a run of values of one writer schema straight into Arrow arrays, through the C extension
-`schema/_avro_columns.c`.
+`value_formats/_avro_columns.c`.
 
 `AvroProgram` compiles a writer schema (parsed, named types expanded) into the extension's program: one node per
 Avro type, in an order where children follow their parent. The extension walks each value's bytes once into
@@ -20,9 +20,9 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
-from kafscale_lakehouse.schema import _avro_columns  # type: ignore[attr-defined]  # the C extension
 from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.framed import uuid_array
+from kafscale_lakehouse.value_formats import _avro_columns  # type: ignore[attr-defined]  # the C extension
+from kafscale_lakehouse.value_formats.framed import uuid_array
 
 # Node kinds, as `_avro_columns.c` numbers them.
 _BOOLEAN, _INT, _LONG, _FLOAT, _DOUBLE, _BYTES, _STRING, _FIXED, _ENUM, _RECORD, _ARRAY, _MAP = range(1, 13)

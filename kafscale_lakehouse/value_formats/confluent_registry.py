@@ -4,7 +4,7 @@ values in the Confluent wire format (`mappings[].value_format: avro`, `protobuf`
 Plain HTTP (urllib), not confluent-kafka's `SchemaRegistryClient`: the run needs three GETs on the driver
 (a subject's versions, each version), which do not justify confluent-kafka plus httpx, authlib, attrs and cachetools
 as runtime dependencies, and this way the errors, retries and secrets behave like our JSON Schema registry client's
-(schema/registry.py): 404 is `SchemaNotFoundError`, an outage after retries is `SchemaRegistryUnavailableError`,
+(value_formats/registry.py): 404 is `SchemaNotFoundError`, an outage after retries is `SchemaRegistryUnavailableError`,
 another refusal `SchemaRegistryRequestError`, all naming the subject or schema id and the URL without credentials.
 Credentials: HTTP Basic (`username`/`password`) or a bearer token; TLS with an optional CA and client certificate.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kafscale_lakehouse.redaction import redact_url
-from kafscale_lakehouse.schema.registry import (
+from kafscale_lakehouse.value_formats.registry import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRY_BACKOFF_SECONDS,
     SchemaNotFoundError,

@@ -1,7 +1,8 @@
 """The harness the benchmarks share (`benchmarks/`): the servers they start in a temporary directory (SeaweedFS,
 etcd), the processes of a deployment as `make demo` runs them (the Spark engine, `dagster dev`, its DAGSTER_HOME with
 the opt-ins of docs/operations-one-host.md), what they measure those processes with, and the fan-out workload of
-`fanout.py` and `batch_cost.py` (N topics of pizza orders). The benchmarks import it from the installed package."""
+`fanout.py` and `batch_cost.py` (N topics of pizza orders). The benchmarks import it from the repository (test
+support is not in the wheel)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from kafscale_lakehouse.config import LakehouseConfig
 from kafscale_lakehouse.connections import segment_store_from_config
 from kafscale_lakehouse.format import EncodedSegment, encode_segment
 from kafscale_lakehouse.orchestration.dagster_home import write_dagster_home
-from kafscale_lakehouse.testing.servers import (
+from kafscale_lakehouse_tests.support.servers import (
     ACCESS_KEY,
     REGION,
     S3_BUCKET,
@@ -472,13 +473,13 @@ class FanoutProducer:
                         return
                     topic, partition = self.slots[number % len(self.slots)]
                     pool.submit(self._write_recorded, topic, partition, landings)
-        except BaseException as exc:  # noqa: BLE001 - handed to the measuring thread, which stops on it
+        except BaseException as exc:  # handed to the measuring thread, which stops on it
             landings.error = exc
 
     def _write_recorded(self, topic: str, partition: int, landings: Landings) -> None:
         try:
             segment, landed_at, records = self.write(topic, partition, time.time(), same_segments=self.same_segments)
-        except BaseException as exc:  # noqa: BLE001 - handed to the measuring thread, which stops on it
+        except BaseException as exc:  # handed to the measuring thread, which stops on it
             landings.error = exc
             return
         with landings.lock:

@@ -16,7 +16,7 @@ status codes and error bodies (`{"error_code": 40401, "message": ...}`):
   resolution rules; other schema types are accepted as they are.
 - optional HTTP Basic or bearer authentication (401 `{"error_code": 401, ...}` otherwise).
 
-`python -m kafscale_lakehouse.testing.schema_registry --port 8081` serves it until interrupted (`make demo`).
+`python -m kafscale_lakehouse_tests.support.schema_registry --port 8081` serves it until interrupted (`make demo`).
 """
 
 from __future__ import annotations

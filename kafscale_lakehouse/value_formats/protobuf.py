@@ -1,6 +1,6 @@
 """Protobuf values in the Confluent wire format: their Iceberg columns, and decoding them into Arrow columns.
 
-Wire format (Confluent, schema/framed.py): magic byte 0, the 4-byte schema id, then the *message indexes* (which
+Wire format (Confluent, value_formats/framed.py): magic byte 0, the 4-byte schema id, then the *message indexes* (which
 message of the schema's file the value is: a count and the indexes along the nested path, as zigzag varints, with
 the first message `[0]` written as a single byte 0), then the message's binary encoding. With `latest` the value is
 the bare message, of the table's message.
@@ -22,7 +22,7 @@ Every struct field is optional in the table (a tombstone lands with nulls, and a
 a field without presence (a proto3 scalar not marked `optional`) reads as its default when the value leaves it
 out, as every Protobuf reader does, and one with presence (messages, `optional`, oneof members) reads as null.
 A recursive message has no Iceberg type: `SchemaMappingError` naming the field. Field numbers are not field ids:
-evolution is by name, as for Avro (schema/registered_tables.py).
+evolution is by name, as for Avro (value_formats/registered_tables.py).
 
 Decoding (`ProtobufValueDecoder`, on the executors): protobuf's C (upb) parser decodes each value with a message
 class built from the descriptor (descriptor_pool + message_factory, no generated code); a converter compiled once per
@@ -70,7 +70,7 @@ from pyiceberg.types import (
 )
 
 from kafscale_lakehouse.schema.errors import SchemaMappingError
-from kafscale_lakehouse.schema.framed import (
+from kafscale_lakehouse.value_formats.framed import (
     WIRE_HEADER_SIZE,
     WIRE_MAGIC,
     FramedValueDecoder,
